@@ -1,0 +1,147 @@
+"""Model configuration: one dataclass that fully describes an Image Transformer.
+
+SPEC §1 (representations and grids), §2 (inputs), §3 (layers), §4 (attention
+kinds and block sizes), §5 (heads), §6 (super-resolution encoder), §8 (presets).
+The configuration is stored in every checkpoint so that evaluation and sampling
+rebuild the model from the file alone.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Literal
+
+HEADS = ("categorical", "dmol")
+ATTENTIONS = ("local_1d", "local_2d", "full")
+POSITION_ENCODINGS = ("sinusoidal", "learned")
+NORMS = ("post", "pre")
+CHANNELS = 3  # RGB
+LEVELS = 256  # values of one sub-pixel
+
+
+@dataclass
+class ModelConfig:
+    image_size: int = 32  # side of the square target image, in pixels
+    head: Literal["categorical", "dmol"] = "categorical"  # §5: one position per sub-pixel or per pixel
+    n_layers: int = 12
+    d_model: int = 512
+    n_heads: int = 4
+    d_filter: int = 2048  # hidden size of the feed-forward sublayer
+    dropout: float = 0.3  # on input embeddings and residual branches (T2T: attention dropout is 0)
+    attention: Literal["local_1d", "local_2d", "full"] = "local_1d"
+    # 1D local attention (§4): query blocks of this many positions, in raster order ...
+    query_block_length: int = 256
+    # ... each also seeing this many whole previous blocks (T2T: exactly one).
+    memory_blocks: int = 1
+    # 2D local attention (§4): query block (rows, cols) in grid cells, and the flange
+    # (rows above, cols either side) of memory around it. T2T default: (16,16), (16,32).
+    query_block_shape: tuple[int, int] = (16, 16)
+    memory_flange: tuple[int, int] = (16, 32)
+    position_encoding: Literal["sinusoidal", "learned"] = "sinusoidal"
+    num_classes: int = 0  # 0 = unconditional; else one learned vector per class (§2)
+    norm: Literal["post", "pre"] = "post"  # post-LayerNorm is the paper's block (§3)
+    mixture_components: int = 10  # K of the DMOL head (§5); unused by the categorical head
+    # Super-resolution (§6): 0 = plain decoder; >0 = encoder layers over a low-res image.
+    encoder_layers: int = 0
+    low_res_size: int = 8  # side of the encoder's input image, in pixels
+
+    def __post_init__(self) -> None:
+        # YAML and JSON hand us lists; the dataclass promises tuples.
+        self.query_block_shape = tuple(self.query_block_shape)  # type: ignore[assignment]
+        self.memory_flange = tuple(self.memory_flange)  # type: ignore[assignment]
+
+    # ----- derived geometry -------------------------------------------------
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        """(rows, cols) of the generation grid: sub-pixels for categorical, pixels for DMOL."""
+        if self.head == "categorical":
+            return self.image_size, self.image_size * CHANNELS
+        return self.image_size, self.image_size
+
+    @property
+    def seq_len(self) -> int:
+        rows, cols = self.grid_shape
+        return rows * cols
+
+    @property
+    def dims_per_image(self) -> int:
+        """Sub-pixels per image: the denominator of bits/dim (§5)."""
+        return self.image_size * self.image_size * CHANNELS
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    # ----- validation --------------------------------------------------------
+    def validate(self) -> "ModelConfig":
+        """Raise ValueError naming the field, its value and what would be valid."""
+
+        def bad(field: str, value: Any, valid: str) -> None:
+            raise ValueError(f"ModelConfig.{field}={value!r} is invalid: {valid}")
+
+        for name, choices in (
+            ("head", HEADS),
+            ("attention", ATTENTIONS),
+            ("position_encoding", POSITION_ENCODINGS),
+            ("norm", NORMS),
+        ):
+            if getattr(self, name) not in choices:
+                bad(name, getattr(self, name), f"choose one of {', '.join(choices)}")
+        for name in ("image_size", "n_layers", "d_model", "n_heads", "d_filter"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                bad(name, value, "must be a positive integer")
+        if self.d_model % self.n_heads:
+            bad("n_heads", self.n_heads, f"must divide d_model={self.d_model} (e.g. {_divisors(self.d_model)})")
+        if self.d_model % 2:
+            bad("d_model", self.d_model, "must be even: half encodes the row, half the column")
+        if not 0.0 <= self.dropout < 1.0:
+            bad("dropout", self.dropout, "must be in [0, 1)")
+        if self.num_classes < 0:
+            bad("num_classes", self.num_classes, "must be 0 (unconditional) or the number of classes")
+        if self.head == "dmol" and self.mixture_components < 1:
+            bad("mixture_components", self.mixture_components, "must be at least 1")
+        if self.encoder_layers < 0:
+            bad("encoder_layers", self.encoder_layers, "must be 0 (no encoder) or a positive count")
+        if self.encoder_layers and (self.low_res_size < 1 or self.image_size % self.low_res_size):
+            bad("low_res_size", self.low_res_size, f"must divide image_size={self.image_size}")
+        rows, cols = self.grid_shape
+        if self.attention == "local_1d":
+            if self.query_block_length < 1:
+                bad("query_block_length", self.query_block_length, "must be a positive integer")
+            if self.memory_blocks < 0:
+                bad("memory_blocks", self.memory_blocks, "must be 0 or more previous blocks")
+        if self.attention == "local_2d":
+            qh, qw = self.query_block_shape
+            fh, fw = self.memory_flange
+            if qh < 1 or rows % qh:
+                bad("query_block_shape", self.query_block_shape,
+                    f"block height must divide the grid's {rows} rows (grid {rows}x{cols}, {self.head} head)")
+            if qw < 1 or cols % qw:
+                bad("query_block_shape", self.query_block_shape,
+                    f"block width must divide the grid's {cols} columns (grid {rows}x{cols}, {self.head} head)")
+            if fh < 0 or fw < 0:
+                bad("memory_flange", self.memory_flange, "flange sizes must be 0 or more")
+            if fh > qh:
+                bad("memory_flange", self.memory_flange,
+                    f"flange height must not exceed the query-block height {qh}, or attention is not causal")
+        return self
+
+    # ----- (de)serialisation -------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["query_block_shape"] = list(self.query_block_shape)
+        out["memory_flange"] = list(self.memory_flange)
+        return out
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(values) - known)
+        if unknown:
+            raise ValueError(f"unknown ModelConfig field(s) {unknown}; valid fields: {sorted(known)}")
+        return cls(**values)
+
+
+def _divisors(n: int) -> list[int]:
+    return [k for k in range(1, min(n, 64) + 1) if n % k == 0]

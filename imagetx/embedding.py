@@ -1,0 +1,73 @@
+"""Input embeddings and position encodings (SPEC §2).
+
+* Categorical: one table of 3·256 vectors; sub-pixel value v in channel c uses row
+  v + 256·c ("channel-specific"), multiplied by √d.
+* DMOL: the pixel's three values scaled to [-1, 1], a linear map to d, then ReLU.
+* Positions: d/2 dimensions encode the grid row, d/2 the grid column, either
+  sinusoidal per axis or learned tables.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor, nn
+
+from .config import CHANNELS, LEVELS
+
+
+class SubPixelEmbedding(nn.Module):
+    """Values (B, T) with channel ids (T,) -> (B, T, d)."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.table = nn.Embedding(CHANNELS * LEVELS, d_model)
+        # T2T initialises with std d^-½ so that after the √d scale entries are ~unit size.
+        nn.init.normal_(self.table.weight, std=d_model**-0.5)
+        self.scale = math.sqrt(d_model)
+
+    def forward(self, values: Tensor, channels: Tensor) -> Tensor:
+        return self.table(values.long() + LEVELS * channels) * self.scale
+
+
+class PixelEmbedding(nn.Module):
+    """Pixels (B, T, 3) -> (B, T, d); T2T's 1×3 stride-3 convolution is this linear map."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(CHANNELS, d_model)
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        return torch.relu(self.proj(pixels.to(self.proj.weight.dtype) / 127.5 - 1.0))
+
+
+def sinusoid(positions: Tensor, dim: int) -> Tensor:
+    """(T,) integer positions -> (T, dim) sin/cos features with geometric frequencies."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, dtype=torch.float32) / max(half, 1))
+    angles = positions.float()[:, None] * freqs[None, :]
+    out = torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+    return nn.functional.pad(out, (0, dim - out.shape[-1]))  # odd dim: one zero column
+
+
+class PositionEncoding(nn.Module):
+    """Row and column encodings for a rows×cols grid, concatenated to d."""
+
+    def __init__(self, rows: int, cols: int, d_model: int, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.row_dim = d_model // 2
+        self.col_dim = d_model - self.row_dim
+        if kind == "learned":
+            self.rows = nn.Embedding(rows, self.row_dim)
+            self.cols = nn.Embedding(cols, self.col_dim)
+            nn.init.normal_(self.rows.weight, std=0.02)
+            nn.init.normal_(self.cols.weight, std=0.02)
+
+    def forward(self, rows: Tensor, cols: Tensor) -> Tensor:
+        """(T,) grid rows and columns -> (T, d)."""
+        if self.kind == "learned":
+            return torch.cat([self.rows(rows), self.cols(cols)], dim=-1)
+        device = rows.device
+        return torch.cat([sinusoid(rows.cpu(), self.row_dim), sinusoid(cols.cpu(), self.col_dim)], dim=-1).to(device)

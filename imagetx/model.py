@@ -1,0 +1,203 @@
+"""The Image Transformer network (SPEC §1–§3, §5, §6): a plain ``nn.Module``.
+
+Read top to bottom: one transformer layer (post- or pre-LayerNorm, optional
+cross-attention), the super-resolution encoder, then the decoder that embeds
+images in generation order, shifts them right by one step, runs the local
+attention stack and returns the head's distribution parameters.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+
+from .attention import AttentionPattern, MultiHeadAttention, pattern_for
+from .config import CHANNELS, LEVELS, ModelConfig
+from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
+from .heads import CategoricalHead, DMOLHead
+from .order import GenerationOrder, images_to_sequence
+
+
+class TransformerLayer(nn.Module):
+    """Self-attention [+ cross-attention] + feed-forward, each with add-and-norm (SPEC §3)."""
+
+    def __init__(self, config: ModelConfig, pattern: AttentionPattern | None, cross_attention: bool) -> None:
+        super().__init__()
+        d = config.d_model
+        self.pre_norm = config.norm == "pre"
+        self.self_attn = MultiHeadAttention(d, config.n_heads, pattern)
+        self.self_norm = nn.LayerNorm(d)
+        self.cross_attn = MultiHeadAttention(d, config.n_heads) if cross_attention else None
+        self.cross_norm = nn.LayerNorm(d) if cross_attention else None
+        self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
+        self.ffn_norm = nn.LayerNorm(d)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def sublayer(self, x: Tensor, fn: Callable[[Tensor], Tensor], norm: nn.LayerNorm) -> Tensor:
+        if self.pre_norm:
+            return x + self.dropout(fn(norm(x)))
+        return norm(x + self.dropout(fn(x)))  # the paper's "dropout, add, norm"
+
+    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        x = self.sublayer(x, self.self_attn, self.self_norm)
+        if self.cross_attn is not None:
+            x = self.sublayer(x, lambda h: self.cross_attn(h, context), self.cross_norm)
+        return self.sublayer(x, self.ffn, self.ffn_norm)
+
+
+class Encoder(nn.Module):
+    """Unmasked self-attention over the low-resolution image's sub-pixels (SPEC §6)."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        side = config.low_res_size
+        self.order = GenerationOrder(side, side * CHANNELS)
+        rows, cols = self.order.cell_of_step()
+        self.register_buffer("channels", cols % CHANNELS, persistent=False)
+        self.register_buffer("rows", rows, persistent=False)
+        self.register_buffer("cols", cols, persistent=False)
+        self.embedding = SubPixelEmbedding(config.d_model)
+        self.positions = PositionEncoding(side, side * CHANNELS, config.d_model, config.position_encoding)
+        self.dropout = nn.Dropout(config.dropout)
+        self.layers = nn.ModuleList(TransformerLayer(config, None, False) for _ in range(config.encoder_layers))
+        self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
+
+    def forward(self, low_res: Tensor) -> Tensor:
+        """(B, h, w, 3) uint8 -> (B, 3·h·w, d)."""
+        values = images_to_sequence(low_res, self.order, "categorical")
+        x = self.embedding(values, self.channels) + self.positions(self.rows, self.cols)
+        x = self.dropout(x)
+        for layer in self.layers:
+            x = layer(x)
+        return self.final_norm(x)
+
+
+class ImageTransformer(nn.Module):
+    """Decoder-only (or encoder–decoder) autoregressive model over sub-pixels or pixels."""
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config.validate()
+        d = config.d_model
+        self.order = GenerationOrder.for_config(config)
+        self.pattern = pattern_for(config)
+        rows, cols = self.order.cell_of_step()
+        self.register_buffer("step_rows", rows, persistent=False)
+        self.register_buffer("step_cols", cols, persistent=False)
+        self.register_buffer("step_channels", cols % CHANNELS, persistent=False)
+        categorical = config.head == "categorical"
+        self.value_embedding = SubPixelEmbedding(d) if categorical else PixelEmbedding(d)
+        self.positions = PositionEncoding(*config.grid_shape, d, config.position_encoding)
+        self.class_embedding = nn.Embedding(config.num_classes, d) if config.num_classes else None
+        self.input_dropout = nn.Dropout(config.dropout)
+        self.encoder = Encoder(config) if config.encoder_layers else None
+        self.layers = nn.ModuleList(
+            TransformerLayer(config, self.pattern, cross_attention=self.encoder is not None)
+            for _ in range(config.n_layers)
+        )
+        self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
+        self.head = CategoricalHead(d) if categorical else DMOLHead(d, config.mixture_components)
+
+    # ----- inputs -----------------------------------------------------------
+    def targets(self, images: Tensor) -> Tensor:
+        """(B, H, W, 3) -> (B, T) sub-pixel values or (B, T, 3) pixels, in generation order."""
+        return images_to_sequence(images.long(), self.order, self.config.head)
+
+    def embed_values(self, targets: Tensor) -> Tensor:
+        """Targets in generation order -> (B, T, d) value embeddings, not yet shifted."""
+        if self.config.head == "categorical":
+            return self.value_embedding(targets, self.step_channels)
+        return self.value_embedding(targets)
+
+    def condition(self, labels: Tensor | None) -> Tensor | None:
+        """(B, 1, d) class vector added to every position, or None."""
+        if self.class_embedding is None:
+            return None
+        return self.class_embedding(labels).unsqueeze(1)
+
+    def encode(self, low_res: Tensor | None) -> Tensor | None:
+        return None if self.encoder is None else self.encoder(low_res)
+
+    # ----- the decoder ------------------------------------------------------
+    def decoder_inputs(self, value_embeddings: Tensor, labels: Tensor | None, shift: bool = True) -> Tensor:
+        """Shift right by one step in generation order, add positions and class, dropout."""
+        x = value_embeddings
+        if shift:  # step t sees the value generated at step t-1; step 0 sees zeros
+            x = nn.functional.pad(x[:, :-1], (0, 0, 1, 0))
+        x = x + self.positions(self.step_rows, self.step_cols)
+        cond = self.condition(labels)
+        if cond is not None:
+            x = x + cond
+        return self.input_dropout(x)
+
+    def decode(
+        self,
+        value_embeddings: Tensor,
+        labels: Tensor | None = None,
+        context: Tensor | None = None,
+        shift: bool = True,
+    ) -> Tensor:
+        """(B, T, d) unshifted value embeddings -> (B, T, P) distribution parameters.
+
+        Exposed separately so tests can differentiate with respect to the embedded
+        inputs; ``shift=False`` exists only as the causality tests' negative control.
+        """
+        x = self.decoder_inputs(value_embeddings, labels, shift)
+        for layer in self.layers:
+            x = layer(x, context)
+        return self.head(self.final_norm(x))
+
+    def forward(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
+        """uint8 images (B, H, W, 3) -> (B, T, P) distribution parameters in generation order."""
+        self.check_inputs(images, labels, low_res)
+        targets = self.targets(images)
+        return self.decode(self.embed_values(targets), labels, self.encode(low_res))
+
+    # ----- likelihoods ------------------------------------------------------
+    def log_prob(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
+        """(B, T) log-likelihood of every generation step, in nats."""
+        params = self(images, labels, low_res)
+        return self.head.log_prob(params, self.targets(images))
+
+    def nll(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
+        """(B,) negative log-likelihood of each whole image, in nats."""
+        return -self.log_prob(images, labels, low_res).sum(dim=1)
+
+    def bits_per_dim(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
+        """(B,) bits per sub-pixel of each image (SPEC §5)."""
+        return self.nll(images, labels, low_res) / (self.config.dims_per_image * math.log(2))
+
+    # ----- input checks -----------------------------------------------------
+    def check_inputs(self, images: Tensor, labels: Tensor | None, low_res: Tensor | None) -> None:
+        """Clear one-line errors for inputs the model cannot take."""
+        cfg = self.config
+        side = cfg.image_size
+        expect = f"uint8 images of shape (B, {side}, {side}, 3) with values 0..255"
+        if not isinstance(images, Tensor) or images.dim() != 4 or tuple(images.shape[1:]) != (side, side, CHANNELS):
+            shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+            raise ValueError(f"images have shape {shape}; this model takes {expect}")
+        if images.is_floating_point():
+            raise ValueError(f"images are {images.dtype}; this model takes {expect}, not floats")
+        if images.dtype != torch.uint8 and images.numel():  # uint8 is in range by construction
+            low, high = int(images.min()), int(images.max())
+            if low < 0 or high >= LEVELS:
+                raise ValueError(f"image values span {low}..{high}; expected 0..255")
+        if cfg.num_classes:
+            if labels is None:
+                raise ValueError(f"this model is class-conditional ({cfg.num_classes} classes): pass labels (B,)")
+            if labels.shape != images.shape[:1]:
+                raise ValueError(f"labels have shape {tuple(labels.shape)}; expected ({images.shape[0]},)")
+            if labels.numel() and (labels.min() < 0 or labels.max() >= cfg.num_classes):
+                raise ValueError(f"labels span {int(labels.min())}..{int(labels.max())}; expected 0..{cfg.num_classes - 1}")
+        elif labels is not None:
+            raise ValueError("this model is unconditional (num_classes=0): pass labels=None")
+        if self.encoder is not None:
+            low = cfg.low_res_size
+            if low_res is None or tuple(low_res.shape) != (images.shape[0], low, low, CHANNELS):
+                got = None if low_res is None else tuple(low_res.shape)
+                raise ValueError(f"this super-resolution model needs low_res of shape (B, {low}, {low}, 3); got {got}")
+        elif low_res is not None:
+            raise ValueError("this model has no encoder (encoder_layers=0): pass low_res=None")

@@ -1,0 +1,393 @@
+"""Benchmark one attention layer: 1D local vs 2D local vs full causal (SPEC §4).
+
+What it measures
+----------------
+At the paper's CIFAR-10 size (categorical grid 32 rows x 96 columns = 3072 positions,
+d_model = 512, 4 heads), the forward + backward pass of ONE
+``imagetx.attention.MultiHeadAttention(d_model, n_heads, pattern)`` layer applied to an
+input ``x`` of shape (batch, 3072, 512) with ``requires_grad=True``, followed by a
+backward pass of a random-projection loss (``y.backward(g)`` with a fixed random ``g``
+of ``y``'s shape; equivalent to ``(y * g).sum().backward()``). Patterns:
+
+* ``local_1d``: ``Local1D(3072, block_length=256, memory_blocks=1)``
+* ``local_2d``: ``Local2D(32, 96, block=(16, 16), flange=(16, 32))`` (the T2T default;
+  16 divides both 32 and 96, so it tiles the categorical grid)
+* ``full``:     ``FullCausal(3072)`` (PyTorch's fused ``scaled_dot_product_attention``
+  with ``is_causal=True``)
+
+for each batch size and dtype asked for. bfloat16 is run under
+``torch.autocast(device, dtype=torch.bfloat16)`` with float32 module weights and a
+float32 input (mixed precision, as the model is trained), not by casting the module.
+
+Each (variant, batch, dtype) runs in a fresh subprocess (this script with the hidden
+``--worker`` flag): ``--warmup`` untimed runs, then ``--repeats`` timed runs; the median
+is reported. Peak memory:
+
+* CPU: peak resident-set growth in MiB = ``ru_maxrss`` (resource.getrusage) after the
+  timed runs minus the current RSS right before the first forward (after the module
+  and inputs exist).
+* CUDA: ``torch.cuda.max_memory_allocated`` minus ``torch.cuda.memory_allocated``
+  before the first forward; timings are bracketed by ``torch.cuda.synchronize()``.
+
+The table gives the median ms for forward+backward, peak MiB, the speed-up against
+full causal (full ms / variant ms) and the memory ratio against full (variant MiB /
+full MiB) in the same batch/dtype, and a PASS/FAIL line per batch/dtype for the target
+"1D local at least 2x faster than full causal with no more peak memory". All figures
+and machine info go to the JSON file.
+
+Run (from the repository root; the default run takes a few minutes on 2 CPU cores):
+
+    .venv/bin/python scripts/bench_attention.py
+
+Options: ``--batches 1 4 --dtypes float32 bfloat16 --repeats 5 --warmup 1
+--max-cell-seconds 30 --json bench_attention.json --seq-rows 32 --seq-cols 96 --threads N --device cpu|cuda
+--variants local_1d local_2d full``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+VARIANTS = ("local_1d", "local_2d", "full")
+D_MODEL, N_HEADS = 512, 4
+BLOCK_LENGTH_1D, MEMORY_BLOCKS_1D = 256, 1
+BLOCK_2D, FLANGE_2D = (16, 16), (16, 32)
+RESULT_MARKER = "BENCH_RESULT_JSON:"
+
+
+def build_pattern(variant: str, rows: int, cols: int):
+    from imagetx.attention import FullCausal, Local1D, Local2D
+
+    length = rows * cols
+    if variant == "local_1d":
+        return Local1D(length, block_length=BLOCK_LENGTH_1D, memory_blocks=MEMORY_BLOCKS_1D)
+    if variant == "local_2d":
+        return Local2D(rows, cols, block=BLOCK_2D, flange=FLANGE_2D)
+    if variant == "full":
+        return FullCausal(length)
+    raise ValueError(f"unknown variant {variant!r}")
+
+
+def current_rss_bytes() -> int:
+    """Resident set size of this process now (Linux /proc; falls back to ru_maxrss)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return maxrss_bytes()
+
+
+def maxrss_bytes() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
+
+
+# ----------------------------------------------------------------------------- worker
+
+
+def run_worker(args: argparse.Namespace) -> dict:
+    """One (variant, batch, dtype) measurement in this (fresh) process."""
+    import torch
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    cuda = device.type == "cuda"
+    dtype = args.dtypes[0]
+    batch = args.batches[0]
+    variant = args.variants[0]
+    use_autocast = dtype == "bfloat16"
+
+    torch.manual_seed(0)
+    pattern = build_pattern(variant, args.seq_rows, args.seq_cols)
+    length = args.seq_rows * args.seq_cols
+    from imagetx.attention import MultiHeadAttention
+
+    module = MultiHeadAttention(D_MODEL, N_HEADS, pattern).to(device)
+    x = torch.randn(batch, length, D_MODEL, device=device, requires_grad=True)
+    out_dtype = torch.bfloat16 if use_autocast else torch.float32
+    grad_out = torch.randn(batch, length, D_MODEL, device=device, dtype=out_dtype)
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast):
+            y = module(x)
+        y.backward(grad_out.to(y.dtype))  # random-projection loss: d/dy (y * g).sum() = g
+        x.grad = None
+        for p in module.parameters():
+            p.grad = None
+
+    def sync() -> None:
+        if cuda:
+            torch.cuda.synchronize(device)
+
+    sync()
+    rss_before = current_rss_bytes()
+    maxrss_before = maxrss_bytes()
+    if cuda:
+        torch.cuda.reset_peak_memory_stats(device)
+        cuda_alloc_before = torch.cuda.memory_allocated(device)
+
+    t0 = time.perf_counter()
+    for _ in range(args.warmup):
+        step()
+    sync()
+    warmup_s = (time.perf_counter() - t0) / max(1, args.warmup)
+    # Keep slow cells within --max-cell-seconds of timed runs, but never below 3 runs.
+    repeats = args.repeats
+    if args.max_cell_seconds and args.warmup and warmup_s * repeats > args.max_cell_seconds:
+        repeats = max(min(3, args.repeats), int(args.max_cell_seconds / warmup_s))
+    times_ms = []
+    for _ in range(repeats):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        sync()
+        times_ms.append((time.perf_counter() - t0) * 1000.0)
+
+    result = {
+        "variant": variant,
+        "pattern": pattern.describe(),
+        "batch": batch,
+        "dtype": dtype,
+        "precision_mode": "autocast(bfloat16), float32 weights and input" if use_autocast else "float32",
+        "repeats": repeats,
+        "warmup_ms": warmup_s * 1000.0,
+        "times_ms": times_ms,
+        "median_ms": statistics.median(times_ms),
+        "min_ms": min(times_ms),
+        "threads": torch.get_num_threads(),
+    }
+    if cuda:
+        peak = torch.cuda.max_memory_allocated(device) - cuda_alloc_before
+        result.update(peak_mib=peak / 2**20, memory_metric="cuda max_memory_allocated growth")
+    else:
+        maxrss_after = maxrss_bytes()
+        result.update(
+            peak_mib=max(0, maxrss_after - rss_before) / 2**20,
+            memory_metric="peak RSS growth (ru_maxrss after - RSS before first forward)",
+            rss_before_mib=rss_before / 2**20,
+            maxrss_before_mib=maxrss_before / 2**20,
+            maxrss_after_mib=maxrss_after / 2**20,
+            # If the high-water mark never moved, the layer's peak hid under an earlier one
+            # (e.g. import time) and the growth figure is only a lower bound.
+            peak_is_lower_bound=maxrss_after <= maxrss_before,
+        )
+    return result
+
+
+# ----------------------------------------------------------------------------- driver
+
+
+def spawn_worker(args: argparse.Namespace, variant: str, batch: int, dtype: str) -> dict:
+    cmd = [
+        sys.executable, str(Path(__file__).resolve()), "--worker",
+        "--variants", variant, "--batches", str(batch), "--dtypes", dtype,
+        "--repeats", str(args.repeats), "--warmup", str(args.warmup),
+        "--max-cell-seconds", str(args.max_cell_seconds),
+        "--seq-rows", str(args.seq_rows), "--seq-cols", str(args.seq_cols),
+        "--device", args.device,
+    ]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    wall = time.perf_counter() - t0
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            result = json.loads(line[len(RESULT_MARKER):])
+            result["worker_wall_s"] = wall
+            return result
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+    return {"variant": variant, "batch": batch, "dtype": dtype, "error": f"rc={proc.returncode}: " + " | ".join(tail),
+            "worker_wall_s": wall}
+
+
+def machine_info(args: argparse.Namespace) -> dict:
+    import torch
+
+    info = {
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads_default": torch.get_num_threads(),
+        "threads_requested": args.threads,
+        "device": args.device,
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    info["cpu_bf16_support"] = sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})
+                    break
+    except OSError:
+        pass
+    if args.device == "cuda" and torch.cuda.is_available():
+        info["cuda_device"] = torch.cuda.get_device_name(0)
+        info["cuda_version"] = torch.version.cuda
+    return info
+
+
+def fmt(value, spec: str, missing: str = "-") -> str:
+    return missing if value is None else format(value, spec)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs; the median is reported")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed runs before the timed ones")
+    parser.add_argument("--max-cell-seconds", type=float, default=30.0,
+                        help="cut a cell's timed runs (to no fewer than 3) when they would take longer "
+                             "than this, judged by the warmup run; 0 = never")
+    parser.add_argument("--json", default="bench_attention.json", help="where to write all figures")
+    parser.add_argument("--seq-rows", type=int, default=32)
+    parser.add_argument("--seq-cols", type=int, default=96)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        result = run_worker(args)
+        print(RESULT_MARKER + json.dumps(result), flush=True)
+        return 0
+
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda asked for, but torch.cuda.is_available() is False")
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
+
+    rows, cols = args.seq_rows, args.seq_cols
+    length = rows * cols
+    variants = list(args.variants)
+    print(f"Attention layer benchmark: grid {rows}x{cols} = {length} positions, d_model={D_MODEL}, "
+          f"heads={N_HEADS}, device={args.device}")
+    print(f"  local_1d: Local1D({length}, block_length={BLOCK_LENGTH_1D}, memory_blocks={MEMORY_BLOCKS_1D})")
+    if "local_2d" in variants:
+        if rows % BLOCK_2D[0] or cols % BLOCK_2D[1]:
+            print(f"  local_2d: skipped: block {BLOCK_2D} does not tile the {rows}x{cols} grid")
+            variants.remove("local_2d")
+        else:
+            print(f"  local_2d: Local2D({rows}, {cols}, block={BLOCK_2D}, flange={FLANGE_2D}) "
+                  f"(note: {BLOCK_2D[0]} divides {rows} and {BLOCK_2D[1]} divides {cols}, so the T2T default "
+                  f"query block tiles the grid)")
+    print(f"  full:     FullCausal({length}) (fused scaled_dot_product_attention, is_causal=True)")
+    print("  bfloat16 = torch.autocast(bfloat16) around the layer, float32 weights and input")
+    print(f"  each cell: fresh subprocess, {args.warmup} warmup + {args.repeats} timed fwd+bwd runs, median reported"
+          + (f" (fewer, >= 3, where they would exceed {args.max_cell_seconds:g} s)" if args.max_cell_seconds else ""))
+    if args.device == "cpu":
+        print("  peak MiB = peak resident-set growth (ru_maxrss after the runs - RSS before the first forward), MiB")
+    else:
+        print("  peak MiB = torch.cuda.max_memory_allocated growth over the runs, MiB")
+    print(flush=True)
+
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    if load_start:
+        print(f"  load average at start: {load_start[0]:.2f} on {os.cpu_count()} CPUs"
+              + ("  (other work is running: timings will be noisy)" if load_start[0] > 0.5 else ""))
+    t_start = time.perf_counter()
+    results = []
+    for dtype in args.dtypes:
+        for batch in args.batches:
+            for variant in variants:
+                r = spawn_worker(args, variant, batch, dtype)
+                results.append(r)
+                status = r.get("error") or f"{r['median_ms']:.1f} ms, {r['peak_mib']:.1f} MiB"
+                print(f"  done {variant:9s} batch={batch} {dtype:8s}: {status} ({r['worker_wall_s']:.1f} s)",
+                      flush=True)
+
+    def lookup(variant, batch, dtype):
+        for r in results:
+            if (r["variant"], r["batch"], r["dtype"]) == (variant, batch, dtype) and "error" not in r:
+                return r
+        return None
+
+    for r in results:
+        full = lookup("full", r["batch"], r["dtype"])
+        ok = "error" not in r and full is not None
+        r["speedup_vs_full"] = full["median_ms"] / r["median_ms"] if ok else None
+        r["memory_ratio_vs_full"] = (r["peak_mib"] / full["peak_mib"]) if ok and full["peak_mib"] > 0 else None
+
+    header = f"{'variant':10s} {'batch':>5s} {'dtype':9s} {'median ms':>10s} {'min ms':>9s} {'runs':>4s} " \
+             f"{'peak MiB':>9s} {'speed-up vs full':>17s} {'mem vs full':>12s}"
+    print()
+    print(header)
+    print("-" * len(header))
+    for r in results:
+        if "error" in r:
+            print(f"{r['variant']:10s} {r['batch']:5d} {r['dtype']:9s} ERROR {r['error']}")
+            continue
+        flag = "*" if r.get("peak_is_lower_bound") else ""
+        print(f"{r['variant']:10s} {r['batch']:5d} {r['dtype']:9s} {r['median_ms']:10.1f} {r['min_ms']:9.1f} "
+              f"{r['repeats']:4d} {r['peak_mib']:8.1f}{flag or ' '} {fmt(r['speedup_vs_full'], '16.2f')}x "
+              f"{fmt(r['memory_ratio_vs_full'], '11.2f')}x")
+    if any(r.get("peak_is_lower_bound") for r in results):
+        print("* ru_maxrss did not rise during the runs: the figure is a lower bound")
+
+    print()
+    print("Target: 1D local at least 2x faster than full causal with no more peak memory")
+    verdicts = []
+    for dtype in args.dtypes:
+        for batch in args.batches:
+            local, full = lookup("local_1d", batch, dtype), lookup("full", batch, dtype)
+            if local is None or full is None:
+                verdict = {"batch": batch, "dtype": dtype, "pass": None, "reason": "missing measurement"}
+                print(f"  batch={batch} {dtype:8s}: N/A (missing measurement)")
+            else:
+                speedup = full["median_ms"] / local["median_ms"]
+                fast = speedup >= 2.0
+                lean = local["peak_mib"] <= full["peak_mib"]
+                verdict = {"batch": batch, "dtype": dtype, "pass": fast and lean, "speedup": speedup,
+                           "local_1d_ms": local["median_ms"], "full_ms": full["median_ms"],
+                           "local_1d_peak_mib": local["peak_mib"], "full_peak_mib": full["peak_mib"]}
+                print(f"  batch={batch} {dtype:8s}: {'PASS' if fast and lean else 'FAIL'}  "
+                      f"speed-up {speedup:.2f}x ({local['median_ms']:.1f} vs {full['median_ms']:.1f} ms; "
+                      f"{'>=' if fast else '<'} 2x), peak {local['peak_mib']:.1f} vs {full['peak_mib']:.1f} MiB "
+                      f"({'<=' if lean else '>'} full)")
+            verdicts.append(verdict)
+
+    total_s = time.perf_counter() - t_start
+    report = {
+        "config": {"rows": rows, "cols": cols, "length": length, "d_model": D_MODEL, "n_heads": N_HEADS,
+                   "batches": args.batches, "dtypes": args.dtypes, "variants": variants,
+                   "repeats": args.repeats, "warmup": args.warmup, "max_cell_seconds": args.max_cell_seconds,
+                   "bf16_mode": "torch.autocast(bfloat16), float32 weights and input",
+                   "loss": "random projection: y.backward(g), g ~ N(0, 1) fixed",
+                   "local_1d": {"block_length": BLOCK_LENGTH_1D, "memory_blocks": MEMORY_BLOCKS_1D},
+                   "local_2d": {"block": BLOCK_2D, "flange": FLANGE_2D}},
+        "machine": {**machine_info(args), "loadavg_start": load_start,
+                    "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None},
+        "results": results,
+        "target": {"statement": "1D local at least 2x faster than full causal with no more peak memory",
+                   "verdicts": verdicts},
+        "total_runtime_s": total_s,
+    }
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    print(f"\nTotal runtime {total_s:.1f} s; figures written to {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,196 @@
+"""Every fast attention path equals the dense reference (SPEC §4).
+
+pattern.attend(q, k, v) is computed block by block; dense_attention(q, k, v,
+pattern.can_attend()) masks an n×n matrix. Outputs and gradients must agree to
+float64 precision, and the float32 / bfloat16 paths must stay close to that.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from imagetx.attention import FullCausal, Local1D, Local2D, MultiHeadAttention, dense_attention
+from imagetx.order import GenerationOrder
+
+CASES_1D = [
+    (10, 4, 0), (10, 4, 1), (10, 4, 2), (10, 4, 3),  # length not divisible by the block
+    (16, 4, 1), (16, 4, 0), (16, 4, 3),               # divisible
+    (7, 8, 1), (3, 8, 0), (1, 4, 2),                  # shorter than one block
+    (13, 5, 2), (12, 3, 6),                           # more memory than there are blocks
+    (5, 1, 1), (9, 2, 3), (50, 7, 2),
+]
+
+CASES_2D = [
+    (4, 6, (2, 3), (1, 2)),
+    (4, 6, (2, 3), (0, 2)),   # fh = 0
+    (4, 6, (2, 3), (2, 0)),   # fw = 0, flange height equal to block height
+    (4, 6, (2, 2), (1, 5)),   # flange wider than the block (and than the grid)
+    (6, 6, (2, 2), (2, 3)),
+    (4, 4, (1, 1), (1, 1)),
+    (4, 8, (4, 2), (3, 4)),
+    (2, 4, (2, 4), (1, 1)),   # a single block row
+    (4, 12, (2, 3), (0, 0)),  # no flange at all
+    (6, 9, (3, 3), (1, 4)),
+    (8, 8, (2, 4), (2, 2)),
+    (2, 2, (2, 2), (2, 2)),   # a single block
+]
+
+
+def rand_qkv(length: int, dtype=torch.float64, batch=2, heads=2, dim=4, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(batch, heads, length, dim, generator=gen, dtype=torch.float64).to(dtype).requires_grad_()
+            for _ in range(3)]
+
+
+def outputs_and_grads(fn, q, k, v, seed=1):
+    out = fn(q, k, v)
+    gen = torch.Generator().manual_seed(seed)
+    proj = torch.randn(out.shape, generator=gen, dtype=torch.float64).to(out.dtype)
+    grads = torch.autograd.grad((out * proj).sum(), (q, k, v))
+    return out.detach(), [g.detach() for g in grads]
+
+
+def check_against_dense(pattern, atol=1e-10):
+    q, k, v = rand_qkv(pattern.length)
+    mask = pattern.can_attend()
+    fast, fast_grads = outputs_and_grads(pattern.attend, q, k, v)
+    ref, ref_grads = outputs_and_grads(lambda a, b, c: dense_attention(a, b, c, mask), q, k, v)
+    assert fast.shape == ref.shape == q.shape
+    assert fast.dtype == torch.float64
+    torch.testing.assert_close(fast, ref, atol=atol, rtol=0)
+    for name, g, r in zip("qkv", fast_grads, ref_grads):
+        torch.testing.assert_close(g, r, atol=atol, rtol=0, msg=lambda m: f"grad w.r.t. {name}: {m}")
+
+
+@pytest.mark.parametrize("length,block,memory", CASES_1D)
+def test_local_1d_equals_dense(length, block, memory):
+    check_against_dense(Local1D(length, block, memory))
+
+
+@pytest.mark.parametrize("rows,cols,block,flange", CASES_2D)
+def test_local_2d_equals_dense(rows, cols, block, flange):
+    check_against_dense(Local2D(rows, cols, block, flange))
+
+
+@pytest.mark.parametrize("length", [1, 7, 16])
+def test_full_causal_equals_dense(length):
+    check_against_dense(FullCausal(length))
+
+
+def test_dense_reference_is_plain_softmax_attention():
+    # The reference itself, against a per-query loop.
+    q, k, v = (t.detach() for t in rand_qkv(6, batch=1, heads=1))
+    mask = Local1D(6, 2, 1).can_attend()
+    out = dense_attention(q, k, v, mask)
+    for i in range(6):
+        keys = mask[i].nonzero().flatten()
+        scores = (k[0, 0, keys] @ q[0, 0, i]) / math.sqrt(q.shape[-1])
+        expected = torch.softmax(scores, dim=0) @ v[0, 0, keys]
+        torch.testing.assert_close(out[0, 0, i], expected, atol=1e-12, rtol=0)
+
+
+def test_the_comparison_detects_a_wrong_mask():
+    # Negative control: a fast path compared with a different pattern's mask must not pass.
+    pattern = Local1D(12, 4, 1)
+    q, k, v = rand_qkv(12)
+    wrong = Local1D(12, 4, 2).can_attend()
+    assert not torch.allclose(pattern.attend(q, k, v), dense_attention(q, k, v, wrong), atol=1e-6)
+    pattern2d = Local2D(4, 6, (2, 3), (1, 2))
+    wrong2d = Local2D(4, 6, (2, 3), (1, 1)).can_attend()
+    q, k, v = rand_qkv(24)
+    assert not torch.allclose(pattern2d.attend(q, k, v), dense_attention(q, k, v, wrong2d), atol=1e-6)
+
+
+# ----- lower precision --------------------------------------------------------------
+
+LOW_PRECISION_PATTERNS = [
+    Local1D(50, 8, 1), Local1D(10, 4, 0), Local1D(30, 4, 3),
+    Local2D(4, 6, (2, 3), (1, 2)), Local2D(8, 8, (2, 4), (2, 2)), Local2D(4, 6, (2, 2), (1, 5)),
+    FullCausal(20),
+]
+
+
+@pytest.mark.parametrize("pattern", LOW_PRECISION_PATTERNS, ids=lambda p: p.describe())
+@pytest.mark.parametrize("dtype,atol,grad_atol", [(torch.float32, 5e-6, 1e-5), (torch.bfloat16, 3e-2, 6e-2)])
+def test_low_precision_close_to_float64(pattern, dtype, atol, grad_atol):
+    # bf16 errors include rounding the inputs themselves to 8 bits of mantissa (~4e-3 relative).
+    q64, k64, v64 = rand_qkv(pattern.length, dim=8)
+    ref, ref_grads = outputs_and_grads(lambda a, b, c: dense_attention(a, b, c, pattern.can_attend()), q64, k64, v64)
+    q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q64, k64, v64))
+    out, grads = outputs_and_grads(pattern.attend, q, k, v)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), ref, atol=atol, rtol=0)
+    for g, r in zip(grads, ref_grads):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.double(), r, atol=grad_atol, rtol=0)
+
+
+# ----- the 2D sequence is in block-raster order ---------------------------------------
+
+
+def grid_reference_attention(qg, kg, vg, block, flange):
+    """Attention computed on the grid (b, h, rows, cols, d) with keys chosen cell by cell."""
+    (qh, qw), (fh, fw) = block, flange
+    _, _, rows, cols, d = qg.shape
+    out = torch.zeros_like(qg)
+    for r in range(rows):
+        for c in range(cols):
+            r0, c0 = r // qh * qh, c // qw * qw
+            keys = []
+            for kr in range(rows):
+                for kc in range(cols):
+                    top = r0 - fh <= kr < r0 and c0 - fw <= kc < c0 + qw + fw
+                    left = r0 <= kr < r0 + qh and c0 - fw <= kc < c0
+                    # own block, raster order inside the block: earlier rows, or same row up to c
+                    own = (r0 <= kr < r0 + qh and c0 <= kc < c0 + qw) and (kr < r or (kr == r and kc <= c))
+                    if top or left or own:
+                        keys.append((kr, kc))
+            kk = torch.stack([kg[:, :, kr, kc] for kr, kc in keys], dim=2)  # b h n d
+            vv = torch.stack([vg[:, :, kr, kc] for kr, kc in keys], dim=2)
+            scores = torch.einsum("bhd,bhnd->bhn", qg[:, :, r, c], kk) / math.sqrt(d)
+            out[:, :, r, c] = torch.einsum("bhn,bhnd->bhd", torch.softmax(scores, -1), vv)
+    return out
+
+
+@pytest.mark.parametrize("rows,cols,block,flange", [(4, 6, (2, 3), (1, 2)), (6, 6, (3, 2), (2, 1)), (4, 8, (2, 4), (0, 3))])
+def test_local_2d_sequence_is_block_raster(rows, cols, block, flange):
+    """Attention on grid cells, moved to and from the sequence with GenerationOrder."""
+    gen = torch.Generator().manual_seed(5)
+    qg, kg, vg = (torch.randn(1, 2, rows, cols, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    order = GenerationOrder(rows, cols, block)
+
+    def to_seq(t):  # (b, h, rows, cols, d) -> (b, h, T, d) in generation order
+        return order.grid_to_sequence(t.permute(0, 2, 3, 1, 4)).permute(0, 2, 1, 3)
+
+    out_seq = Local2D(rows, cols, block, flange).attend(to_seq(qg), to_seq(kg), to_seq(vg))
+    out_grid = order.sequence_to_grid(out_seq.permute(0, 2, 1, 3)).permute(0, 3, 1, 2, 4)
+    expected = grid_reference_attention(qg, kg, vg, block, flange)
+    torch.testing.assert_close(out_grid, expected, atol=1e-10, rtol=0)
+    # ... and a raster-ordered input would give a different answer (the test can fail).
+    raster = GenerationOrder(rows, cols)
+
+    def to_raster(t):
+        return raster.grid_to_sequence(t.permute(0, 2, 3, 1, 4)).permute(0, 2, 1, 3)
+
+    wrong = Local2D(rows, cols, block, flange).attend(to_raster(qg), to_raster(kg), to_raster(vg))
+    wrong_grid = raster.sequence_to_grid(wrong.permute(0, 2, 1, 3)).permute(0, 3, 1, 2, 4)
+    assert not torch.allclose(wrong_grid, expected, atol=1e-6)
+
+
+# ----- multi-head wrapper ------------------------------------------------------------
+
+
+def test_multi_head_attention_matches_dense_per_head():
+    torch.manual_seed(0)
+    d, h, n = 16, 4, 20
+    pattern = Local1D(n, 6, 1)
+    mha = MultiHeadAttention(d, h, pattern).double()
+    x = torch.randn(2, n, d, dtype=torch.float64)
+    q = mha.to_q(x).view(2, n, h, d // h).transpose(1, 2)
+    k = mha.to_k(x).view(2, n, h, d // h).transpose(1, 2)
+    v = mha.to_v(x).view(2, n, h, d // h).transpose(1, 2)
+    ref = dense_attention(q, k, v, pattern.can_attend()).transpose(1, 2).reshape(2, n, d)
+    torch.testing.assert_close(mha(x), mha.to_out(ref), atol=1e-10, rtol=0)

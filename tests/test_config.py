@@ -1,0 +1,180 @@
+"""Configuration validation (one test per rule), (de)serialisation, and a 64×64 model.
+
+Every bad configuration must raise ValueError naming the offending field, whether the
+check happens when the ModelConfig is made or when the model is built from it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import random_images, tiny_config, tiny_model
+from imagetx import ImageTransformer, ModelConfig
+
+
+def assert_rejected(field: str, **overrides) -> None:
+    with pytest.raises(ValueError, match=rf"\b{field}\b"):
+        ImageTransformer(tiny_config(**overrides))
+
+
+def test_tiny_config_itself_is_valid():
+    # The base of every rejection below builds fine: each failure is due to its override.
+    for attention in ("local_1d", "local_2d", "full"):
+        for head in ("categorical", "dmol"):
+            ImageTransformer(tiny_config(attention=attention, head=head))
+
+
+def test_heads_must_divide_d_model():
+    assert_rejected("n_heads", d_model=16, n_heads=3)
+
+
+@pytest.mark.parametrize("field,value", [
+    ("head", "gaussian"),
+    ("attention", "local_3d"),
+    ("position_encoding", "rotary"),
+    ("norm", "sandwich"),
+])
+def test_unknown_choice(field, value):
+    assert_rejected(field, **{field: value})
+
+
+def test_2d_block_must_divide_grid_rows():
+    # categorical 4×4 image -> 4×12 grid: 3 rows do not divide 4
+    assert_rejected("query_block_shape", attention="local_2d", query_block_shape=(3, 3), memory_flange=(1, 1))
+
+
+def test_2d_block_must_divide_grid_columns():
+    assert_rejected("query_block_shape", attention="local_2d", query_block_shape=(2, 5), memory_flange=(1, 1))
+
+
+def test_2d_block_is_checked_against_the_head_grid():
+    # image 32: categorical grid 32×96, DMOL grid 32×32. A 16×48 block tiles only the first.
+    ModelConfig(image_size=32, attention="local_2d", query_block_shape=(16, 48)).validate()
+    with pytest.raises(ValueError, match=r"\bquery_block_shape\b"):
+        ModelConfig(image_size=32, head="dmol", attention="local_2d", query_block_shape=(16, 48)).validate()
+    with pytest.raises(ValueError, match=r"\bquery_block_shape\b"):
+        ModelConfig(image_size=32, attention="local_2d", query_block_shape=(16, 64)).validate()  # 96 % 64
+
+
+def test_2d_block_must_be_positive():
+    assert_rejected("query_block_shape", attention="local_2d", query_block_shape=(0, 3), memory_flange=(0, 1))
+
+
+def test_flange_height_must_not_exceed_block_height():
+    assert_rejected("memory_flange", attention="local_2d", query_block_shape=(2, 3), memory_flange=(3, 1))
+
+
+def test_flange_height_equal_to_block_height_is_fine():
+    ImageTransformer(tiny_config(attention="local_2d", query_block_shape=(2, 3), memory_flange=(2, 7)))
+
+
+@pytest.mark.parametrize("flange", [(-1, 1), (1, -1)])
+def test_negative_flange(flange):
+    assert_rejected("memory_flange", attention="local_2d", query_block_shape=(2, 3), memory_flange=flange)
+
+
+@pytest.mark.parametrize("dropout", [1.0, 1.5, -0.1])
+def test_dropout_range(dropout):
+    assert_rejected("dropout", dropout=dropout)
+
+
+@pytest.mark.parametrize("value", [0, -1])
+def test_non_positive_decoder_layers(value):
+    assert_rejected("n_layers", n_layers=value)
+
+
+def test_negative_encoder_layers():
+    assert_rejected("encoder_layers", encoder_layers=-1)
+
+
+@pytest.mark.parametrize("field", ["d_model", "d_filter", "image_size"])
+def test_non_positive_sizes(field):
+    assert_rejected(field, **{field: 0})
+
+
+def test_odd_d_model():
+    assert_rejected("d_model", d_model=15, n_heads=1)
+
+
+def test_negative_num_classes():
+    assert_rejected("num_classes", num_classes=-1)
+
+
+def test_dmol_needs_a_component():
+    assert_rejected("mixture_components", head="dmol", mixture_components=0)
+
+
+def test_1d_block_length_must_be_positive():
+    assert_rejected("query_block_length", query_block_length=0)
+
+
+def test_negative_memory_blocks():
+    assert_rejected("memory_blocks", memory_blocks=-1)
+
+
+def test_encoder_low_res_must_divide_image_size():
+    assert_rejected("low_res_size", image_size=8, encoder_layers=1, low_res_size=3)
+
+
+def test_low_res_size_is_ignored_without_encoder():
+    ImageTransformer(tiny_config(image_size=8, encoder_layers=0, low_res_size=3))
+
+
+def test_unknown_field_in_from_dict():
+    values = tiny_config().to_dict()
+    values["qurey_block_length"] = 4
+    with pytest.raises(ValueError, match="qurey_block_length"):
+        ModelConfig.from_dict(values)
+
+
+# ----- (de)serialisation -----------------------------------------------------------------
+
+
+def test_to_dict_from_dict_round_trip():
+    cfg = tiny_config(head="dmol", attention="local_2d", query_block_shape=(2, 2), memory_flange=(1, 3),
+                      num_classes=7, norm="pre", position_encoding="learned", mixture_components=4,
+                      encoder_layers=2, image_size=8, low_res_size=4, dropout=0.25)
+    values = cfg.to_dict()
+    assert json.loads(json.dumps(values)) == values  # plain JSON-able values
+    back = ModelConfig.from_dict(json.loads(json.dumps(values)))
+    assert back == cfg
+    assert back.query_block_shape == (2, 2) and isinstance(back.query_block_shape, tuple)
+    assert back.memory_flange == (1, 3) and isinstance(back.memory_flange, tuple)
+    assert back.to_dict() == values
+
+
+def test_from_dict_accepts_a_partial_dict():
+    cfg = ModelConfig.from_dict({"d_model": 32, "query_block_shape": [8, 8]})
+    assert cfg.d_model == 32 and cfg.query_block_shape == (8, 8) and cfg.n_layers == ModelConfig().n_layers
+
+
+def test_grid_geometry():
+    assert tiny_config(image_size=32).grid_shape == (32, 96)
+    assert tiny_config(image_size=32, head="dmol").grid_shape == (32, 32)
+    assert tiny_config(image_size=32).seq_len == 3072
+    assert tiny_config(image_size=32, head="dmol").seq_len == 1024
+    assert tiny_config(image_size=32, head="dmol").dims_per_image == 3072
+
+
+# ----- 64×64 images ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("head,attention", [("categorical", "local_1d"), ("categorical", "local_2d"), ("dmol", "local_1d")])
+def test_image_size_64_builds_and_scores(head, attention):
+    model = tiny_model(image_size=64, head=head, attention=attention, query_block_length=64,
+                       query_block_shape=(8, 16), memory_flange=(4, 8))
+    assert model.config.grid_shape == ((64, 192) if head == "categorical" else (64, 64))
+    if head == "categorical":  # uniform logits: exactly 8 bits/dim over 64·64·3 sub-pixels
+        with torch.no_grad():
+            model.head.proj.weight.zero_()
+            model.head.proj.bias.zero_()
+    images = random_images(1, 64, seed=2)
+    with torch.no_grad():
+        nll = model.nll(images)
+    assert nll.shape == (1,) and torch.isfinite(nll).all()
+    if head == "categorical":
+        assert abs(nll.item() - 64 * 64 * 3 * math.log(256)) < 1e-2 * 64
