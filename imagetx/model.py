@@ -174,20 +174,13 @@ class ImageTransformer(nn.Module):
     def check_inputs(self, images: Tensor, labels: Tensor | None, low_res: Tensor | None) -> None:
         """Clear one-line errors for inputs the model cannot take."""
         cfg = self.config
-        side = cfg.image_size
-        expect = f"uint8 images of shape (B, {side}, {side}, 3) with values 0..255"
-        if not isinstance(images, Tensor) or images.dim() != 4 or tuple(images.shape[1:]) != (side, side, CHANNELS):
-            shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
-            raise ValueError(f"images have shape {shape}; this model takes {expect}")
-        if images.is_floating_point():
-            raise ValueError(f"images are {images.dtype}; this model takes {expect}, not floats")
-        if images.dtype != torch.uint8 and images.numel():  # uint8 is in range by construction
-            low, high = int(images.min()), int(images.max())
-            if low < 0 or high >= LEVELS:
-                raise ValueError(f"image values span {low}..{high}; expected 0..255")
+        check_image_tensor("images", images, cfg.image_size)
         if cfg.num_classes:
             if labels is None:
                 raise ValueError(f"this model is class-conditional ({cfg.num_classes} classes): pass labels (B,)")
+            if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.dtype == torch.bool:
+                kind = labels.dtype if isinstance(labels, Tensor) else type(labels).__name__
+                raise ValueError(f"labels are {kind}; pass integer class ids (a long tensor of shape (B,))")
             if labels.shape != images.shape[:1]:
                 raise ValueError(f"labels have shape {tuple(labels.shape)}; expected ({images.shape[0]},)")
             if labels.numel() and (labels.min() < 0 or labels.max() >= cfg.num_classes):
@@ -195,9 +188,25 @@ class ImageTransformer(nn.Module):
         elif labels is not None:
             raise ValueError("this model is unconditional (num_classes=0): pass labels=None")
         if self.encoder is not None:
-            low = cfg.low_res_size
-            if low_res is None or tuple(low_res.shape) != (images.shape[0], low, low, CHANNELS):
-                got = None if low_res is None else tuple(low_res.shape)
-                raise ValueError(f"this super-resolution model needs low_res of shape (B, {low}, {low}, 3); got {got}")
+            if low_res is None:
+                low = cfg.low_res_size
+                raise ValueError(f"this super-resolution model needs low_res images of shape (B, {low}, {low}, 3)")
+            check_image_tensor("low_res", low_res, cfg.low_res_size)
+            if low_res.shape[0] != images.shape[0]:
+                raise ValueError(f"low_res has {low_res.shape[0]} images for {images.shape[0]} targets")
         elif low_res is not None:
             raise ValueError("this model has no encoder (encoder_layers=0): pass low_res=None")
+
+
+def check_image_tensor(name: str, images: Tensor, side: int) -> None:
+    """uint8-like (B, side, side, 3) with values 0..255, or a ValueError naming ``name``."""
+    expect = f"uint8 images of shape (B, {side}, {side}, 3) with values 0..255"
+    if not isinstance(images, Tensor) or images.dim() != 4 or tuple(images.shape[1:]) != (side, side, CHANNELS):
+        shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
+        raise ValueError(f"{name} have shape {shape}; this model takes {expect}")
+    if images.is_floating_point() or images.dtype == torch.bool:
+        raise ValueError(f"{name} are {images.dtype}; this model takes {expect}")
+    if images.dtype != torch.uint8 and images.numel():  # uint8 is in range by construction
+        low, high = int(images.min()), int(images.max())
+        if low < 0 or high >= LEVELS:
+            raise ValueError(f"{name} values span {low}..{high}; expected 0..255")

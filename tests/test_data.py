@@ -1,0 +1,263 @@
+"""imagetx.data: npz shards, the torchvision folder, clear DataErrors, downsampling, the DataModule."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import CIFAR_CLASSES, cifar_arrays, write_cifar_npz, write_npz_shard
+from imagetx.data import CIFAR10DataModule, DataError, downsample_area, load_cifar10
+
+pytestmark = pytest.mark.usefixtures("no_cifar_download")
+
+
+# ----- npz shards --------------------------------------------------------------------------
+
+def test_npz_train_val_split_and_shard_order(tmp_path):
+    train_images, train_labels, _, _ = write_cifar_npz(tmp_path, train_sizes=(5, 7))
+    images, labels = load_cifar10(tmp_path, "train", val_size=4)
+    assert images.dtype == torch.uint8 and images.shape == (8, 32, 32, 3)
+    assert labels.dtype == torch.long and labels.shape == (8,)
+    np.testing.assert_array_equal(images.numpy(), train_images[:8])
+    np.testing.assert_array_equal(labels.numpy(), train_labels[:8])
+    # val = the last val_size training images (they straddle nothing here: all in train-1)
+    val_images, val_labels = load_cifar10(tmp_path, "val", val_size=4)
+    np.testing.assert_array_equal(val_images.numpy(), train_images[8:])
+    np.testing.assert_array_equal(val_labels.numpy(), train_labels[8:])
+    # a val split crossing the shard boundary
+    val_images, _ = load_cifar10(tmp_path, "val", val_size=9)
+    np.testing.assert_array_equal(val_images.numpy(), train_images[3:])
+
+
+def test_npz_shards_read_in_name_order_not_creation_order(tmp_path):
+    parts = {i: cifar_arrays(2, seed=i) for i in (0, 1, 2, 10)}
+    for i in (10, 2, 1, 0):  # written in reverse, so directory order is no help
+        write_npz_shard(tmp_path / f"train-{i}.npz", *parts[i])
+    images, labels = load_cifar10(tmp_path, "train", val_size=1)
+    expected = np.concatenate([parts[i][0] for i in (0, 1, 2, 10)])  # train-10 after train-2
+    np.testing.assert_array_equal(images.numpy(), expected[:-1])
+    expected_labels = np.concatenate([parts[i][1] for i in (0, 1, 2, 10)])
+    np.testing.assert_array_equal(labels.numpy(), expected_labels[:-1])
+
+
+def test_npz_test_split_comes_from_test_shards(tmp_path):
+    train_images, _, test_images, test_labels = write_cifar_npz(tmp_path, train_sizes=(4,), test_size=5)
+    images, labels = load_cifar10(tmp_path, "test", val_size=2)
+    assert images.shape == (5, 32, 32, 3) and labels.dtype == torch.long
+    np.testing.assert_array_equal(images.numpy(), test_images)
+    np.testing.assert_array_equal(labels.numpy(), test_labels)
+    assert not np.array_equal(images.numpy()[:4], train_images)
+
+
+def test_unknown_split_and_bad_val_size(tmp_path):
+    write_cifar_npz(tmp_path, train_sizes=(4,))
+    with pytest.raises(DataError, match="unknown"):
+        load_cifar10(tmp_path, "validation")
+    for val_size in (0, 4, 10):
+        with pytest.raises(DataError, match="val_size"):
+            load_cifar10(tmp_path, "val", val_size=val_size)
+
+
+# ----- torchvision's cifar-10-batches-py folder --------------------------------------------
+
+def write_torchvision_folder(root, sizes=(2, 1, 2, 1, 2), test_size=3, seed=0, skip=()):
+    """A folder laid out like torchvision's extracted cifar-10-python.tar.gz.
+
+    The original pickles were written by Python 2, whose str keys load as str under
+    ``pickle.load(f, encoding="latin1")`` (torchvision reads entry["data"]); so the keys
+    are written here as str. 'data' is (N, 3072) uint8 in CHW-flattened order.
+    Returns (train images HWC, train labels, test images HWC, test labels).
+    """
+    folder = root / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    batches = [(f"data_batch_{i + 1}", cifar_arrays(n, seed=seed + i)) for i, n in enumerate(sizes)]
+    batches.append(("test_batch", cifar_arrays(test_size, seed=seed + 50)))
+    for name, (images, labels) in batches:
+        if name in skip:
+            continue
+        entry = {"batch_label": name, "labels": [int(v) for v in labels],
+                 "data": images.transpose(0, 3, 1, 2).reshape(len(images), 3072),
+                 "filenames": [f"{name}_{i}.png" for i in range(len(images))]}
+        with open(folder / name, "wb") as handle:
+            pickle.dump(entry, handle, protocol=2)
+    with open(folder / "batches.meta", "wb") as handle:
+        pickle.dump({"label_names": CIFAR_CLASSES, "num_cases_per_batch": 10000, "num_vis": 3072}, handle)
+    train = batches[:-1]
+    return (np.concatenate([b[1][0] for b in train]), np.concatenate([b[1][1] for b in train]),
+            batches[-1][1][0], batches[-1][1][1])
+
+
+@pytest.fixture
+def accept_fake_md5(monkeypatch):
+    # torchvision's CIFAR10 checks every batch file's md5 against the real CIFAR-10 files
+    # (CIFAR10._check_integrity and _load_meta both call cifar.check_integrity). Our
+    # stand-in files have other checksums, so the check is replaced by "the file exists":
+    # missing files still fail it, as they would for real.
+    import torchvision.datasets.cifar as cifar
+
+    monkeypatch.setattr(cifar, "check_integrity", lambda fpath, md5=None: os.path.isfile(fpath))
+
+
+@pytest.mark.usefixtures("accept_fake_md5")
+def test_torchvision_folder_read_with_hwc_pixels(tmp_path):
+    train_images, train_labels, test_images, test_labels = write_torchvision_folder(tmp_path)
+    images, labels = load_cifar10(tmp_path, "train", val_size=3, download=False)
+    assert images.dtype == torch.uint8 and images.shape == (5, 32, 32, 3) and labels.dtype == torch.long
+    np.testing.assert_array_equal(images.numpy(), train_images[:5])
+    np.testing.assert_array_equal(labels.numpy(), train_labels[:5])
+    val_images, val_labels = load_cifar10(tmp_path, "val", val_size=3, download=False)
+    np.testing.assert_array_equal(val_images.numpy(), train_images[5:])
+    np.testing.assert_array_equal(val_labels.numpy(), train_labels[5:])
+    images, labels = load_cifar10(tmp_path, "test", download=False)
+    np.testing.assert_array_equal(images.numpy(), test_images)
+    np.testing.assert_array_equal(labels.numpy(), test_labels)
+    # and with download=True nothing is downloaded when the folder is complete
+    images, _ = load_cifar10(tmp_path, "test", download=True)
+    np.testing.assert_array_equal(images.numpy(), test_images)
+
+
+@pytest.mark.usefixtures("accept_fake_md5")
+def test_incomplete_torchvision_folder_is_a_data_error(tmp_path):
+    write_torchvision_folder(tmp_path, skip=("data_batch_3",))
+    with pytest.raises(DataError, match="cifar-10-batches-py"):
+        load_cifar10(tmp_path, "train", val_size=2, download=False)
+
+
+# ----- no data at all ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("download", [True, False])
+def test_missing_data_names_directory_and_remedy(tmp_path, download):
+    root = tmp_path / "nothing-here"
+    with pytest.raises(DataError) as info:  # download=True fails: no_cifar_download
+        load_cifar10(root, "train", download=download)
+    message = str(info.value)
+    assert str(root.resolve()) in message
+    assert "train-*.npz" in message and "cifar-10-batches-py" in message
+    assert "--data.root" in message and "IMAGETX_DATA" in message
+
+
+def test_split_without_shards_is_a_clear_error(tmp_path):
+    write_cifar_npz(tmp_path, train_sizes=(4,))
+    with pytest.raises(DataError) as info:
+        load_cifar10(tmp_path, "test", download=False)
+    message = str(info.value)
+    assert "test-*.npz" in message and str(tmp_path.resolve()) in message
+    # the train split of the same directory is fine
+    assert load_cifar10(tmp_path, "train", val_size=1, download=False)[0].shape[0] == 3
+
+
+# ----- bad shards --------------------------------------------------------------------------
+
+def good(count=3):
+    return cifar_arrays(count, seed=7)
+
+
+@pytest.mark.parametrize("case", ["shape", "channels_first", "dtype", "label_high", "label_count", "label_float"])
+def test_bad_shard_contents_name_the_file(tmp_path, case):
+    images, labels = good()
+    if case == "shape":
+        images = images[:, :28, :28]
+    elif case == "channels_first":
+        images = np.ascontiguousarray(images.transpose(0, 3, 1, 2))
+    elif case == "dtype":
+        images = images.astype(np.int16)
+    elif case == "label_high":
+        labels = labels.copy()
+        labels[1] = 10
+    elif case == "label_count":
+        labels = labels[:2]
+    elif case == "label_float":
+        labels = labels.astype(np.float32)
+    write_npz_shard(tmp_path / "train-0.npz", *good())
+    write_npz_shard(tmp_path / "train-1.npz", images, labels)
+    with pytest.raises(DataError) as info:
+        load_cifar10(tmp_path, "train", val_size=1)
+    assert "train-1.npz" in str(info.value)
+
+
+def test_shard_missing_arrays_names_the_file(tmp_path):
+    np.savez(tmp_path / "train-0.npz", x=np.zeros(3))
+    with pytest.raises(DataError, match=r"train-0\.npz.*images"):
+        load_cifar10(tmp_path, "train", val_size=1)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_corrupt_shard_names_the_file(tmp_path, damage):
+    path = tmp_path / "train-0.npz"
+    write_npz_shard(path, *good())
+    data = path.read_bytes()
+    if damage == "truncated":
+        path.write_bytes(data[: len(data) // 2])
+    elif damage == "garbage":
+        path.write_bytes(b"not an npz file at all" * 10)
+    else:
+        path.write_bytes(b"")
+    with pytest.raises(DataError) as info:
+        load_cifar10(tmp_path, "train", val_size=1)
+    assert str(path) in str(info.value)
+
+
+# ----- downsample_area ---------------------------------------------------------------------
+
+def test_downsample_area_exact_rounding_half_up():
+    image = torch.zeros(1, 4, 4, 3, dtype=torch.uint8)
+    # channel 0 patches (2x2): {0,1,0,1} mean 0.5 -> 1; {10,10,10,11} 10.25 -> 10;
+    # all 255 -> 255 (no uint8 overflow); {3,4,4,4} 3.75 -> 4. Whole image: 1078/16 = 67.375 -> 67.
+    image[0, :, :, 0] = torch.tensor([[0, 1, 10, 10],
+                                      [0, 1, 10, 11],
+                                      [255, 255, 3, 4],
+                                      [255, 255, 4, 4]])
+    # channel 1: one 40 -> patch mean 10 exactly; whole image 40/16 = 2.5 -> 3 (half up, not to even)
+    image[0, 3, 0, 1] = 40
+    # channel 2 patches: {2,3,2,3} 2.5 -> 3; {1,0,0,0} 0.25 -> 0; {77,0,0,0} 19.25 -> 19; zeros -> 0.
+    # Whole image 88/16 = 5.5 -> 6.
+    image[0, :, :, 2] = torch.tensor([[2, 3, 1, 0],
+                                      [2, 3, 0, 0],
+                                      [77, 0, 0, 0],
+                                      [0, 0, 0, 0]])
+    two = downsample_area(image, 2)
+    assert two.dtype == torch.uint8 and two.shape == (1, 2, 2, 3)
+    assert two[0, :, :, 0].tolist() == [[1, 10], [255, 4]]
+    assert two[0, :, :, 1].tolist() == [[0, 0], [10, 0]]
+    assert two[0, :, :, 2].tolist() == [[3, 0], [19, 0]]
+    one = downsample_area(image, 1)
+    assert one.shape == (1, 1, 1, 3)
+    assert one[0, 0, 0].tolist() == [67, 3, 6]
+    assert torch.equal(downsample_area(image, 4), image)  # identity at full size
+
+
+def test_downsample_area_batch_and_32_to_8():
+    images = torch.from_numpy(cifar_arrays(2, seed=3)[0])
+    low = downsample_area(images, 8)
+    assert low.shape == (2, 8, 8, 3) and low.dtype == torch.uint8
+    patches = images.double().view(2, 8, 4, 8, 4, 3).mean(dim=(2, 4))
+    torch.testing.assert_close(low.long(), torch.floor(patches + 0.5).long(), rtol=0, atol=0)
+    with pytest.raises(ValueError):
+        downsample_area(images, 5)
+
+
+# ----- the DataModule ----------------------------------------------------------------------
+
+def test_datamodule_batches_and_no_dropped_images(tmp_path):
+    train_images, train_labels, test_images, _ = write_cifar_npz(tmp_path, train_sizes=(8, 7), test_size=5)
+    dm = CIFAR10DataModule(root=str(tmp_path), batch_size=3, eval_batch_size=4, val_size=10)
+    dm.setup("fit")
+    val_batches = list(dm.val_dataloader())
+    assert [len(b["images"]) for b in val_batches] == [4, 4, 2]  # drop_last=False
+    for batch in val_batches:
+        assert set(batch) == {"images", "labels"}
+        assert batch["images"].dtype == torch.uint8 and batch["images"].shape[1:] == (32, 32, 3)
+        assert batch["labels"].dtype == torch.long and batch["labels"].shape == batch["images"].shape[:1]
+    val = torch.cat([b["images"] for b in val_batches])
+    np.testing.assert_array_equal(val.numpy(), train_images[5:])  # in order, all 10
+    np.testing.assert_array_equal(torch.cat([b["labels"] for b in val_batches]).numpy(), train_labels[5:])
+    train_batches = list(dm.train_dataloader())
+    assert sorted(len(b["images"]) for b in train_batches) == [2, 3]  # 5 images, last batch kept
+    assert train_batches[0]["images"].dtype == torch.uint8
+    dm.setup("test")
+    test = torch.cat([b["images"] for b in dm.test_dataloader()])
+    np.testing.assert_array_equal(test.numpy(), test_images)

@@ -1,0 +1,82 @@
+"""imagetx.evaluate: bits/dim over a whole split equals a direct computation (SPEC §5, §6)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from conftest import tiny_model, write_cifar_npz
+from imagetx import save_model
+from imagetx.evaluate import main
+
+pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
+
+N_IMAGES = 13  # not a multiple of the batch size 4: the last batch has one image
+
+
+def run_evaluate(capsys, args):
+    main(args)
+    out = capsys.readouterr().out
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def setup_model_and_data(tmp_path, **overrides):
+    model = tiny_model(seed=3, image_size=32, **overrides)
+    ckpt = tmp_path / "model.ckpt"
+    save_model(model, ckpt)
+    root = tmp_path / "data"
+    _, _, test_images, test_labels = write_cifar_npz(root, train_sizes=(3,), test_size=N_IMAGES)
+    images = torch.from_numpy(test_images)
+    labels = torch.from_numpy(test_labels).long()
+    return model, ckpt, root, images, labels
+
+
+CASES = [
+    dict(head="dmol", query_block_length=64, position_encoding="learned"),
+    dict(head="categorical", query_block_length=256, num_classes=10),  # labels must be used
+]
+
+
+@pytest.mark.parametrize("overrides", CASES, ids=["dmol", "categorical-conditional"])
+def test_bpd_equals_direct_computation(tmp_path, capsys, overrides):
+    model, ckpt, root, images, labels = setup_model_and_data(tmp_path, **overrides)
+    result = run_evaluate(capsys, ["--ckpt", str(ckpt), "--data.root", str(root), "--split", "test",
+                                   "--batch_size", "4", "--device", "cpu"])
+    with torch.no_grad():
+        nats = model.nll(images, labels if model.config.num_classes else None).double().sum().item()
+    expected = nats / (N_IMAGES * 3072 * math.log(2))
+    assert result["images"] == N_IMAGES
+    assert result["bpd"] == pytest.approx(expected, rel=1e-5)
+    assert result["split"] == "test" and result["task"] == "likelihood"
+    # the average is over every image: leaving out the 13th would change it measurably
+    with torch.no_grad():
+        first12 = model.nll(images[:12], labels[:12] if model.config.num_classes else None).double().sum().item()
+    assert abs(first12 / (12 * 3072 * math.log(2)) - expected) > 1e-4
+
+
+def test_completion_bpd_scores_only_rows_below_the_prefix(tmp_path, capsys):
+    model, ckpt, root, images, labels = setup_model_and_data(tmp_path, head="dmol", query_block_length=64)
+    result = run_evaluate(capsys, ["--ckpt", str(ckpt), "--data.root", str(root), "--split", "test",
+                                   "--batch_size", "4", "--device", "cpu", "--task", "complete", "--rows", "16"])
+    with torch.no_grad():
+        log_p = model.log_prob(images).double()  # (13, 1024) in raster order of pixels
+    scored = model.step_rows >= 16
+    assert int(scored.sum()) == 512
+    expected = -log_p[:, scored].sum().item() / (N_IMAGES * 16 * 32 * 3 * math.log(2))
+    assert result["images"] == N_IMAGES and result["rows"] == 16
+    assert result["bpd"] == pytest.approx(expected, rel=1e-5)
+    # and it differs from the whole-image score (the top half is not included)
+    whole = -log_p.sum().item() / (N_IMAGES * 3072 * math.log(2))
+    assert abs(result["bpd"] - whole) > 1e-4
+
+
+def test_missing_checkpoint_exits_2(tmp_path, capsys):
+    write_cifar_npz(tmp_path / "data", train_sizes=(3,), test_size=2)
+    with pytest.raises(SystemExit) as info:
+        main(["--ckpt", str(tmp_path / "nope.ckpt"), "--data.root", str(tmp_path / "data"), "--device", "cpu"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "nope.ckpt" in err

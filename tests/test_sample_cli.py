@@ -1,0 +1,162 @@
+"""imagetx.sample (the sampling CLI): grids, JSON summaries, user images, one-line errors."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import tiny_model, write_cifar_npz
+from imagetx import save_model
+from imagetx.sample import main
+
+pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
+
+PAD, SIDE, SCALE = 2, 32, 2  # make_grid padding, image side, save_grid's nearest-neighbour scale
+
+
+def grid_size(rows, cols):
+    """(width, height) of a saved grid of rows x cols 32-pixel images."""
+    return ((cols * (SIDE + PAD) + PAD) * SCALE, (rows * (SIDE + PAD) + PAD) * SCALE)
+
+
+def cell(grid: np.ndarray, row: int, col: int) -> np.ndarray:
+    """The 32x32x3 image at (row, col) of a saved grid, undoing the x2 nearest upscale."""
+    small = grid[::SCALE, ::SCALE]
+    top, left = PAD + row * (SIDE + PAD), PAD + col * (SIDE + PAD)
+    return small[top : top + SIDE, left : left + SIDE]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    # 32x32 DMOL, one layer of d=16: 1024 cheap sampling steps.
+    model = tiny_model(seed=21, image_size=32, head="dmol", query_block_length=64)
+    path = tmp_path_factory.mktemp("ckpt") / "model.ckpt"
+    save_model(model, path)
+    return path
+
+
+@pytest.fixture
+def data_root(tmp_path):
+    root = tmp_path / "data"
+    train_images, _, _, _ = write_cifar_npz(root, train_sizes=(6,))
+    return root, train_images
+
+
+def run_ok(capsys, args):
+    main(args)
+    captured = capsys.readouterr()
+    return json.loads(captured.out.strip().splitlines()[-1]), captured.err
+
+
+def run_error(capsys, args) -> str:
+    with pytest.raises(SystemExit) as info:
+        main(args)
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    err = captured.err.strip()
+    assert err.startswith("error: ") and "\n" not in err, err  # one line, no traceback
+    assert "Traceback" not in captured.out + captured.err
+    return err
+
+
+def test_generate_writes_grid_and_summary(tmp_path, capsys, ckpt):
+    out = tmp_path / "out"
+    summary, _ = run_ok(capsys, ["--ckpt", str(ckpt), "--task", "generate", "--count", "2", "--out", str(out),
+                                 "--device", "cpu", "--seed", "3"])
+    with Image.open(out / "generate.png") as image:
+        image.verify()
+    with Image.open(out / "generate.png") as image:
+        assert image.format == "PNG" and image.mode == "RGB"
+        assert image.size == grid_size(1, 2)
+        grid = np.asarray(image)
+    saved = json.loads((out / "generate.json").read_text())
+    assert saved["images"] == 2 == summary["images"]
+    assert saved["files"] == [str(out / "generate.png")] and saved["seed"] == 3
+    # the grid holds the images the sampler draws with this seed
+    from imagetx import load_model
+    from imagetx.sampler import sample
+
+    expected = sample(load_model(ckpt), 2, generator=torch.Generator().manual_seed(3))
+    for i in range(2):
+        np.testing.assert_array_equal(cell(grid, 0, i), expected[i].numpy())
+
+
+def test_complete_from_npz_split(tmp_path, capsys, ckpt, data_root):
+    root, train_images = data_root
+    out = tmp_path / "out"
+    summary, _ = run_ok(capsys, ["--ckpt", str(ckpt), "--task", "complete", "--count", "2", "--samples", "1",
+                                 "--rows", "16", "--data.root", str(root), "--split", "val", "--val_size", "3",
+                                 "--out", str(out), "--device", "cpu"])
+    assert summary["images"] == 2 and (out / "complete.json").is_file()
+    with Image.open(out / "complete.png") as image:
+        assert image.size == grid_size(2, 3)  # per input: given prefix | 1 sample | original
+        grid = np.asarray(image.convert("RGB"))
+    originals = train_images[3:5]  # val = the last 3 training images; the first 2 of them
+    for i in range(2):
+        shown, completed, original = cell(grid, i, 0), cell(grid, i, 1), cell(grid, i, 2)
+        np.testing.assert_array_equal(original, originals[i])
+        np.testing.assert_array_equal(shown[:16], originals[i][:16])
+        assert (shown[16:] == 128).all()  # the part the model is not shown is grey
+        np.testing.assert_array_equal(completed[:16], originals[i][:16])  # the prefix is kept
+        assert not np.array_equal(completed[16:], originals[i][16:])
+
+
+def test_complete_user_image_is_cropped_and_resized(tmp_path, capsys, ckpt):
+    rng = np.random.default_rng(0)
+    picture = tmp_path / "mine.png"
+    Image.fromarray(rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)).save(picture)  # 50 wide, 40 high
+    out = tmp_path / "out"
+    summary, err = run_ok(capsys, ["--ckpt", str(ckpt), "--task", "complete", "--samples", "1", "--rows", "16",
+                                   "--images", str(picture), "--out", str(out), "--device", "cpu"])
+    assert "mine.png: 50x40, centre-cropped to 40x40, resized to 32x32" in err
+    assert summary["images"] == 1
+    with Image.open(out / "complete.png") as image:
+        assert image.size == grid_size(1, 3)
+
+
+def test_error_rows_out_of_range(tmp_path, capsys, ckpt, data_root):
+    err = run_error(capsys, ["--ckpt", str(ckpt), "--task", "complete", "--rows", "40",
+                             "--data.root", str(data_root[0]), "--out", str(tmp_path / "o")])
+    assert "--rows 40" in err
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--count", "0"], "--count 0"),
+    (["--temperature", "-1"], "temperature"),
+    (["--label", "3"], "unconditional"),
+])
+def test_error_bad_requests(tmp_path, capsys, ckpt, args, needle):
+    err = run_error(capsys, ["--ckpt", str(ckpt), "--task", "generate", "--out", str(tmp_path / "o"), *args])
+    assert needle in err
+    assert not (tmp_path / "o" / "generate.png").exists()
+
+
+def test_error_file_that_is_not_an_image(tmp_path, capsys, ckpt):
+    fake = tmp_path / "x.png"
+    fake.write_text("this is text, not a PNG\n")
+    err = run_error(capsys, ["--ckpt", str(ckpt), "--task", "complete", "--images", str(fake),
+                             "--out", str(tmp_path / "o")])
+    assert "x.png" in err and "not an image" in err
+
+
+def test_error_missing_image_file(tmp_path, capsys, ckpt):
+    err = run_error(capsys, ["--ckpt", str(ckpt), "--task", "complete", "--images", str(tmp_path / "gone.png"),
+                             "--out", str(tmp_path / "o")])
+    assert "gone.png" in err
+
+
+def test_error_output_directory_not_writable(tmp_path, capsys, ckpt):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    err = run_error(capsys, ["--ckpt", str(ckpt), "--task", "generate", "--count", "1",
+                             "--out", str(blocker / "out")])
+    assert "cannot write" in err and str(blocker / "out") in err
+
+
+def test_error_missing_checkpoint(tmp_path, capsys):
+    err = run_error(capsys, ["--ckpt", str(tmp_path / "none.ckpt"), "--out", str(tmp_path / "o")])
+    assert "none.ckpt" in err

@@ -1,0 +1,185 @@
+"""imagetx.train (the LightningCLI entry point) and ImageTransformerModule (SPEC §5, §8)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import yaml
+
+from conftest import random_images, tiny_config, write_cifar_npz
+from imagetx import ModelConfig, load_model
+from imagetx.lit import ImageTransformerModule
+from imagetx.train import main
+
+pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
+
+TINY_MODEL = dict(image_size=32, head="dmol", mixture_components=2, n_layers=1, d_model=16, n_heads=2,
+                  d_filter=32, dropout=0.0, attention="local_1d", query_block_length=256,
+                  position_encoding="learned")
+
+
+def write_config(tmp_path, root_dir, data_root, max_steps=3, **trainer):
+    config = {
+        "seed_everything": 0,
+        "trainer": {"default_root_dir": str(root_dir), "accelerator": "cpu", "devices": 1,
+                    "max_steps": max_steps, "val_check_interval": 2, "check_val_every_n_epoch": None,
+                    "limit_val_batches": 1, "enable_progress_bar": False, "enable_model_summary": False,
+                    "log_every_n_steps": 1, **trainer},
+        "model": {"config": TINY_MODEL, "optimizer": "adam_noam", "peak_lr": 0.003, "warmup_steps": 2},
+        "data": {"batch_size": 2, "eval_batch_size": 2, "val_size": 2},
+    }
+    path = tmp_path / f"config-{max_steps}.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+@pytest.fixture
+def data_root(tmp_path):
+    root = tmp_path / "data"
+    write_cifar_npz(root, train_sizes=(6, 6))
+    return root
+
+
+def test_train_writes_checkpoint_and_config(tmp_path, data_root, capsys):
+    run_dir = tmp_path / "run"
+    main(["--config", str(write_config(tmp_path, run_dir, data_root)), "--data.root", str(data_root),
+          "--wandb", "disabled"])
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert last.is_file()
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == 3
+    model = load_model(last)
+    assert model.config.to_dict() == ModelConfig(**TINY_MODEL).to_dict()
+    # the rebuilt model holds the trained weights, not a fresh initialisation
+    state = {k[len("model."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, state[name])
+    with torch.no_grad():
+        assert torch.isfinite(model.bits_per_dim(random_images(1, 32))).all()
+    # the best checkpoint by val/bpd (validated at step 2)
+    assert list((run_dir / "checkpoints").glob("best-*.ckpt"))
+    configs = list((run_dir / "csv").glob("version_*/config.yaml"))
+    assert len(configs) == 1
+    resolved = yaml.safe_load(configs[0].read_text())
+    assert resolved["model"]["config"]["d_model"] == 16
+    assert resolved["data"]["root"] == str(data_root)
+    assert resolved["trainer"]["max_steps"] == 3
+    metrics = (configs[0].parent / "metrics.csv").read_text()
+    assert "val/bpd" in metrics and "train/bpd" in metrics
+    assert not (run_dir / "wandb").exists()  # --wandb disabled: no W&B files at all
+    assert "checkpoints in" in capsys.readouterr().out
+
+
+def test_resume_last_continues_the_global_step(tmp_path, data_root):
+    run_dir = tmp_path / "run"
+    main(["--config", str(write_config(tmp_path, run_dir, data_root, max_steps=2)), "--data.root", str(data_root),
+          "--wandb", "disabled"])
+    last = run_dir / "checkpoints" / "last.ckpt"
+    first = torch.load(last, map_location="cpu", weights_only=False)
+    assert first["global_step"] == 2
+    main(["--config", str(write_config(tmp_path, run_dir, data_root, max_steps=4)), "--data.root", str(data_root),
+          "--wandb", "disabled", "--resume", "last"])
+    second = torch.load(last, map_location="cpu", weights_only=False)
+    assert second["global_step"] == 4
+    # the optimiser continued too: Adam's step count is the global step
+    adam = second["optimizer_states"][0]["state"]
+    assert {int(s["step"]) for s in adam.values()} == {4}
+    assert any(not torch.equal(first["state_dict"][k], second["state_dict"][k]) for k in first["state_dict"])
+
+
+def test_resume_last_without_checkpoint_exits_2(tmp_path, data_root, capsys):
+    run_dir = tmp_path / "run"
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(write_config(tmp_path, run_dir, data_root)), "--data.root", str(data_root),
+              "--wandb", "disabled", "--resume", "last"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "--resume last" in err and str(run_dir / "checkpoints" / "last.ckpt") in err
+    assert not (run_dir / "checkpoints" / "last.ckpt").exists()
+
+
+def test_unknown_config_key_exits_nonzero(tmp_path, data_root, capsys):
+    path = write_config(tmp_path, tmp_path / "run", data_root)
+    config = yaml.safe_load(path.read_text())
+    config["model"]["config"]["d_modle"] = 32  # a typo must not be ignored
+    path.write_text(yaml.safe_dump(config))
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(path), "--data.root", str(data_root), "--wandb", "disabled"])
+    assert info.value.code not in (0, None)
+    assert "d_modle" in capsys.readouterr().err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_missing_data_exits_2_with_a_clear_message(tmp_path, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(write_config(tmp_path, tmp_path / "run", tmp_path / "none")),
+              "--data.root", str(tmp_path / "none"), "--wandb", "disabled"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert "error:" in err and "train-*.npz" in err
+
+
+def test_wandb_auto_without_key_logs_offline(tmp_path, data_root, capsys, clean_wandb_env):
+    import wandb
+
+    run_dir = tmp_path / "run"
+    try:
+        main(["--config", str(write_config(tmp_path, run_dir, data_root, max_steps=2)),
+              "--data.root", str(data_root), "--wandb", "auto"])
+    finally:
+        if wandb.run is not None:
+            wandb.finish()
+    assert (run_dir / "checkpoints" / "last.ckpt").is_file()
+    err = capsys.readouterr().err
+    assert "logging offline" in err
+    offline_runs = list((run_dir / "wandb").glob("offline-run-*"))
+    assert len(offline_runs) == 1 and offline_runs[0].is_dir()
+    assert not list((run_dir / "wandb").glob("run-*"))  # no online run
+
+
+def test_loss_falls_when_overfitting_one_batch():
+    torch.manual_seed(0)
+    module = ImageTransformerModule(tiny_config(image_size=4, head="categorical", d_model=32, d_filter=64),
+                                    optimizer="adam_noam", peak_lr=3e-3, warmup_steps=1)
+    optimizer = module.configure_optimizers()["optimizer"]
+    batch = {"images": random_images(4, 4, seed=1), "labels": torch.zeros(4, dtype=torch.long)}
+    module.train()
+    history = []
+    for _ in range(30):
+        loss = module.bits_per_dim(batch).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        history.append(loss.item())
+    module.eval()
+    with torch.no_grad():
+        final = module.bits_per_dim(batch).mean().item()
+    assert 7.0 < history[0] < 9.5  # an untrained model is near the uniform 8 bits
+    assert final < history[0] - 1.0, (history[0], final)
+    assert math.isfinite(final)
+
+
+def test_invalid_wandb_mode_exits_2(tmp_path, data_root, capsys):
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(write_config(tmp_path, tmp_path / "run", data_root)), "--data.root", str(data_root),
+              "--wandb", "sometimes"])
+    assert info.value.code == 2
+    assert "--wandb 'sometimes' is invalid" in capsys.readouterr().err
+
+
+def test_limit_val_batches_one_in_a_config_means_one_batch(tmp_path, data_root):
+    # Lightning documents limit_val_batches as "int = number of batches, float = fraction".
+    # Its annotation is Union[float, int, None], so jsonargparse turns YAML `1` into 1.0,
+    # which Lightning reads as 100 % of the batches: a config asking for one validation
+    # batch silently validates the whole split (5,000 images with val_size 5000).
+    from imagetx.data import CIFAR10DataModule
+    from imagetx.train import ImagetxCLI
+
+    config = write_config(tmp_path, tmp_path / "run", data_root, max_steps=2)
+    cli = ImagetxCLI(ImageTransformerModule, CIFAR10DataModule, run=False,
+                     args=["--config", str(config), "--data.root", str(data_root), "--wandb", "disabled",
+                           "--data.val_size", "6"])  # 3 validation batches of 2
+    cli.trainer.fit(cli.model, cli.datamodule)
+    assert cli.trainer.num_val_batches == [1], cli.trainer.num_val_batches
