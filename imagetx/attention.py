@@ -36,7 +36,12 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, can_attend: Tensor) -> Tens
 
 
 class AttentionPattern:
-    """Which keys each query sees, over a sequence of ``length`` positions."""
+    """Which keys each query sees, over a sequence of ``length`` positions.
+
+    Two layouts of the same computation: ``attend`` takes (batch, heads, T, d);
+    ``attend_folded`` takes sequence-first (T, batch·heads, d), the layout the
+    projections produce without copies. A pattern implements either one.
+    """
 
     length: int
 
@@ -44,7 +49,13 @@ class AttentionPattern:
         raise NotImplementedError
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        raise NotImplementedError
+        batch = q.shape[0]
+        q, k, v = (rearrange(t, "b h t d -> t (b h) d") for t in (q, k, v))
+        return rearrange(self.attend_folded(q, k, v), "t (b h) d -> b h t d", b=batch)
+
+    def attend_folded(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        q, k, v = (rearrange(t, "t n d -> 1 n t d") for t in (q, k, v))
+        return rearrange(self.attend(q, k, v), "1 n t d -> t n d")
 
     def describe(self) -> str:
         return type(self).__name__
@@ -60,8 +71,9 @@ class FullCausal(AttentionPattern):
         steps = torch.arange(self.length)
         return steps[None, :] <= steps[:, None]
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    def attend_folded(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        q, k, v = (rearrange(t, "t n d -> 1 n t d") for t in (q, k, v))  # views
+        return rearrange(F.scaled_dot_product_attention(q, k, v, is_causal=True), "1 n t d -> t n d")
 
 
 class Local1D(AttentionPattern):
@@ -81,35 +93,41 @@ class Local1D(AttentionPattern):
         query_block, key_block = query // self.block_length, key // self.block_length
         return (key <= query) & (key_block >= query_block - self.memory_blocks)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        lq, m, length = self.block_length, self.memory_blocks, q.shape[2]
+    def attend_folded(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """(T, N, d) sequence-first -> (T, N, d), N = batch·heads.
+
+        Blocks 0..m−1 have every earlier position in memory: one causal call. Every
+        later block b needs the window of blocks [b−m, b]. Windows that start at
+        blocks s, s+(m+1), s+2(m+1), … do not overlap, so for each s in 0..m they are
+        a plain view of k and v (no gathered copies); the last block of each window
+        is queried against the whole window with one shared (lq, (m+1)·lq) mask.
+        """
+        lq, m, length = self.block_length, self.memory_blocks, q.shape[0]
         n_blocks = -(-length // lq)
         pad = n_blocks * lq - length
-        if pad:
-            q, k, v = (F.pad(t, (0, 0, 0, pad)) for t in (q, k, v))
-
-        # Blocks 0..m-1 have every earlier position in memory: plain causal attention.
+        if pad:  # padding comes after every real position: causality keeps it unseen
+            q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
+        out = q.new_empty(q.shape)
         head = min(m, n_blocks) * lq
-        outputs = [F.scaled_dot_product_attention(q[:, :, :head], k[:, :, :head], v[:, :, :head], is_causal=True)]
-        if n_blocks > m:
-            # Later blocks: own-block queries against [m previous blocks, own block],
-            # blocks folded into the batch axis. One (lq, (m+1)·lq) mask serves every
-            # block; on torch ≥ 2.5 the fused CPU kernel takes it (measured faster than
-            # running causal attention over the whole window and dropping rows).
-            queries = rearrange(q[:, :, m * lq:], "b h (n l) d -> (b n) h l d", l=lq)
-            keys, values = self._windows(k), self._windows(v)
-            can_attend = torch.ones(lq, (m + 1) * lq, dtype=torch.bool, device=q.device).tril(m * lq)
-            out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=can_attend)
-            outputs.append(rearrange(out, "(b n) h l d -> b h (n l) d", b=q.shape[0]))
-        return torch.cat(outputs, dim=2)[:, :, :length]
-
-    def _windows(self, t: Tensor) -> Tensor:
-        """Keys of block b ≥ m: its m predecessors then itself, blocks folded into the batch axis."""
-        m = self.memory_blocks
-        blocks = rearrange(t, "b h (n l) d -> b h n l d", l=self.block_length)
-        n_windows = blocks.shape[2] - m
-        window = torch.cat([blocks[:, :, j : j + n_windows] for j in range(m + 1)], dim=3)
-        return rearrange(window, "b h n l d -> (b n) h l d")
+        first = F.scaled_dot_product_attention(*(rearrange(t[:head], "t n d -> 1 n t d") for t in (q, k, v)),
+                                               is_causal=True)
+        out[:head] = rearrange(first, "1 n t d -> t n d")
+        window = (m + 1) * lq
+        can_attend = torch.ones(lq, window, dtype=torch.bool, device=q.device).tril(m * lq)
+        blocks_out = rearrange(out, "(b l) n d -> b l n d", l=lq)
+        for s in range(m + 1):
+            n_windows = -(-(n_blocks - m - s) // (m + 1))
+            if n_windows <= 0:
+                continue
+            span = slice(s * lq, (s + n_windows * (m + 1)) * lq)
+            # windows: (w, n, (m+1)·lq, d) views; queries: the last block of each window
+            keys, values = (rearrange(t[span], "(w l) n d -> w n l d", l=window) for t in (k, v))
+            queries = rearrange(q[span], "(w j l) n d -> w j n l d", j=m + 1, l=lq)[:, m]
+            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=can_attend)
+            first_block = s + m
+            blocks_out[first_block : first_block + n_windows * (m + 1) : m + 1] = rearrange(
+                attended, "w n l d -> w l n d")
+        return out[:length]
 
     def describe(self) -> str:
         return f"Local1D(lq={self.block_length}, memory_blocks={self.memory_blocks})"
@@ -128,7 +146,7 @@ class Local2D(AttentionPattern):
         self.order = GenerationOrder(rows, cols, block)
         self.length = rows * cols
         self.block, self.flange = tuple(block), tuple(flange)
-        self._memory_valid: Tensor | None = None
+        self._block_keys: tuple[Tensor, Tensor] | None = None
 
     def can_attend(self) -> Tensor:
         (qh, qw), (fh, fw) = self.block, self.flange
@@ -147,36 +165,48 @@ class Local2D(AttentionPattern):
         (qh, qw), (fh, fw) = self.block, self.flange
         return fh * (qw + 2 * fw) + qh * fw
 
-    def gather_memory(self, t: Tensor) -> Tensor:
-        """(b, h, T, d) in block-raster order -> (b, h, n_blocks, memory_size, d) flange cells."""
-        (qh, qw), (fh, fw) = self.block, self.flange
-        grid = self.order.sequence_to_grid(rearrange(t, "b h t d -> b t h d"))  # b rows cols h d
-        grid = F.pad(grid, (0, 0, 0, 0, fw, fw, fh, 0))  # zero cells above and either side
-        # windows: b, nh, nw, h, d, fh+qh, qw+2fw — each block's rows and columns of context
-        windows = grid.unfold(1, fh + qh, qh).unfold(2, qw + 2 * fw, qw)
-        top = rearrange(windows[..., :fh, :], "b nh nw h d r c -> b h (nh nw) (r c) d")
-        left = rearrange(windows[..., fh:, :fw], "b nh nw h d r c -> b h (nh nw) (r c) d")
-        return torch.cat([top, left], dim=3)
+    def block_keys(self, device: torch.device) -> tuple[Tensor, Tensor]:
+        """Every block's keys as generation steps, and which each of its queries may see.
 
-    def memory_valid(self, device: torch.device) -> Tensor:
-        """(n_blocks, memory_size) bool: which gathered flange cells lie inside the grid."""
-        if self._memory_valid is None or self._memory_valid.device != device:
-            inside = torch.ones(1, 1, self.length, 1, device=device)
-            self._memory_valid = self.gather_memory(inside)[0, 0, :, :, 0].bool()
-        return self._memory_valid
+        -> key_steps (n_blocks, M + L): the top flange (raster), the left flange, then the
+        block itself; a cell outside the grid is step T, which ``attend_folded`` maps to a
+        zero key. can_attend (n_blocks, L, M + L): inside-the-grid flange cells, and the
+        block's own cells causally.
+        """
+        if self._block_keys is None or self._block_keys[0].device != device:
+            (qh, qw), (fh, fw) = self.block, self.flange
+            block_len = qh * qw
+            # Step numbers laid on the grid, padded with 0 ("outside") above and either side;
+            # windows: nh, nw, fh+qh, qw+2fw — each block's rows and columns of context.
+            steps = self.order.sequence_to_grid(torch.arange(1, self.length + 1)[None])[0]
+            windows = F.pad(steps, (fw, fw, fh, 0)).unfold(0, fh + qh, qh).unfold(1, qw + 2 * fw, qw)
+            top = rearrange(windows[:, :, :fh, :], "nh nw r c -> (nh nw) (r c)")
+            left = rearrange(windows[:, :, fh:, :fw], "nh nw r c -> (nh nw) (r c)")
+            own = rearrange(torch.arange(1, self.length + 1), "(n l) -> n l", l=block_len)
+            key_steps = torch.cat([top, left, own], dim=1) - 1  # -1: outside the grid
+            n_blocks, n_memory = top.shape[0], top.shape[1] + left.shape[1]
+            causal = torch.ones(block_len, block_len, dtype=torch.bool).tril()
+            memory = (key_steps[:, None, :n_memory] >= 0).expand(-1, block_len, -1)
+            can_attend = torch.cat([memory, causal.expand(n_blocks, -1, -1)], dim=2)
+            key_steps = key_steps.masked_fill(key_steps < 0, self.length)
+            self._block_keys = (key_steps.to(device), can_attend.to(device))
+        return self._block_keys
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        (qh, qw) = self.block
-        block_len = qh * qw
-        # keys per block: [flange memory, own block]; (b, h, n, M + L, d)
-        k_all = torch.cat([self.gather_memory(k), rearrange(k, "b h (n l) d -> b h n l d", l=block_len)], dim=3)
-        v_all = torch.cat([self.gather_memory(v), rearrange(v, "b h (n l) d -> b h n l d", l=block_len)], dim=3)
-        q_blocks = rearrange(q, "b h (n l) d -> b h n l d", l=block_len)
-        causal = torch.ones(block_len, block_len, dtype=torch.bool, device=q.device).tril()
-        memory = self.memory_valid(q.device)[:, None, :].expand(-1, block_len, -1)  # n, L, M
-        can_attend = torch.cat([memory, causal.expand(memory.shape[0], -1, -1)], dim=2)  # n, L, M + L
-        out = F.scaled_dot_product_attention(q_blocks, k_all, v_all, attn_mask=can_attend)
-        return rearrange(out, "b h n l d -> b h (n l) d")
+    def attend_folded(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """(T, N, d) sequence-first in block-raster order -> (T, N, d), N = batch·heads.
+
+        Each block's keys are gathered with one index_select (an appended zero row
+        stands for cells outside the grid), and the blocks run as the batch axis of
+        one 4-D fused attention call with a per-block mask.
+        """
+        key_steps, can_attend = self.block_keys(q.device)
+        n_blocks, n_keys = key_steps.shape
+        zero = q.new_zeros(1, *q.shape[1:])
+        keys, values = (rearrange(torch.cat([t, zero]).index_select(0, key_steps.flatten()),
+                                  "(n s) N d -> n N s d", s=n_keys) for t in (k, v))
+        queries = rearrange(q, "(n l) N d -> n N l d", n=n_blocks)
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=can_attend[:, None])
+        return rearrange(out, "n N l d -> (n l) N d")
 
     def describe(self) -> str:
         return f"Local2D(query={self.block}, flange={self.flange})"
@@ -212,6 +242,8 @@ class MultiHeadAttention(nn.Module):
         return self.to_out(rearrange(x, "b h t d -> b t (h d)"))
 
     def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+        if context is None and self.pattern is not None:
+            return self.self_attend(x)
         source = x if context is None else context
         q, k, v = (self.split_heads(proj(inp)) for proj, inp in
                    ((self.to_q, x), (self.to_k, source), (self.to_v, source)))
@@ -220,3 +252,13 @@ class MultiHeadAttention(nn.Module):
         else:
             out = self.pattern.attend(q, k, v)
         return self.merge_heads(out)
+
+    def self_attend(self, x: Tensor) -> Tensor:
+        """Self-attention under the pattern in the sequence-first layout: the
+        projections of (T, B, d) fold heads into the batch axis as views."""
+        x = rearrange(x, "b t d -> t b d")
+        q, k, v = (rearrange(proj(x), "t b (h d) -> t (b h) d", h=self.n_heads)
+                   for proj in (self.to_q, self.to_k, self.to_v))
+        out = self.pattern.attend_folded(q, k, v)
+        out = self.to_out(rearrange(out, "t (b h) d -> t b (h d)", h=self.n_heads))
+        return rearrange(out, "t b d -> b t d")

@@ -30,35 +30,79 @@ def imagetx_metadata(config: ModelConfig) -> dict[str, Any]:
     return {"format": FORMAT_VERSION, "model_config": config.to_dict()}
 
 
+TEMPORARY_SUFFIX = ".tmp"
+
+
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """torch.save to a temporary file beside ``path``, then rename: a kill never leaves half a file."""
+    """torch.save to a temporary file beside ``path``, then rename: a kill never leaves half a file.
+
+    The data is fsync'ed before the rename and the directory after it, so even a power
+    cut leaves either the old file or the new one. A failed write removes its temporary
+    file; one left by a killed process is removed by ``remove_stale_temporaries``."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:
             torch.save(obj, handle)
             handle.flush()
             os.fsync(handle.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    _fsync_directory(path.parent)
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def _fsync_directory(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return  # e.g. platforms that cannot open directories
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files of writes that a killed process never finished
+    (``.NAME.XXXX.tmp``, as written by ``atomic_torch_save``); returns what was removed."""
+    directory = Path(directory)
+    removed = []
+    if directory.is_dir():
+        for stale in directory.glob(f".*{TEMPORARY_SUFFIX}"):
+            if stale.is_file():
+                stale.unlink(missing_ok=True)
+                removed.append(stale)
+    return removed
 
 
 def save_model(model: ImageTransformer, path: str | os.PathLike) -> None:
     atomic_torch_save({"imagetx": imagetx_metadata(model.config), "state_dict": model.state_dict()}, path)
 
 
-def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-    """Load the raw checkpoint dict, turning every failure into one clear CheckpointError."""
+def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                    mmap: bool = False) -> dict[str, Any]:
+    """Load the raw checkpoint dict, turning every failure into one clear CheckpointError.
+
+    ``mmap=True`` maps the tensors instead of reading them (a cheap look inside a big file)."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist: pass the path of a .ckpt file written by imagetx")
     try:
         # Lightning checkpoints hold more than tensors (loop state, callbacks), so
         # weights_only=False: load only checkpoints you trust, as with any pickle.
-        checkpoint = torch.load(path, map_location=map_location, weights_only=False)
+        checkpoint = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
     except Exception as error:  # truncated zip, wrong format, unpickling failure
         raise CheckpointError(f"checkpoint {path} cannot be read ({type(error).__name__}): "
                               "the file is truncated or corrupt; use another checkpoint (e.g. last.ckpt)") from error
@@ -82,10 +126,27 @@ def model_state_dict(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     return state
 
 
+def check_device(device: str | torch.device) -> None:
+    """A device this machine has, or a ValueError saying which to use instead."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"--device {device!r} is not a device name ({error}); use cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA GPU is available here; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                         f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+
+
 def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> ImageTransformer:
     """Rebuild the model stored at ``path`` (plain or Lightning checkpoint), in eval mode."""
     checkpoint = read_checkpoint(path, map_location)
-    model = ImageTransformer(model_config_of(checkpoint))
+    try:
+        config = model_config_of(checkpoint)
+    except CheckpointError as error:
+        raise CheckpointError(f"{path}: {error}; use a checkpoint written by imagetx.train or save_model") from error
+    model = ImageTransformer(config)
     try:
         model.load_state_dict(model_state_dict(checkpoint))
     except RuntimeError as error:

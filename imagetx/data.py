@@ -37,12 +37,14 @@ def default_root() -> Path:
 
 
 def _check_arrays(images: np.ndarray, labels: np.ndarray, source: str) -> None:
+    fix = "; replace it with a shard in the CIFAR-10 format, or remove it"
     if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != IMAGE_SHAPE:
-        raise DataError(f"{source}: 'images' is {images.dtype} {images.shape}; expected uint8 (N, 32, 32, 3)")
+        raise DataError(f"{source}: 'images' is {images.dtype} {images.shape}; expected uint8 (N, 32, 32, 3){fix}")
     if labels.shape != (images.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
-        raise DataError(f"{source}: 'labels' is {labels.dtype} {labels.shape}; expected integers ({images.shape[0]},)")
+        raise DataError(f"{source}: 'labels' is {labels.dtype} {labels.shape}; expected integers "
+                        f"({images.shape[0]},){fix}")
     if labels.size and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
-        raise DataError(f"{source}: labels span {labels.min()}..{labels.max()}; expected 0..{NUM_CLASSES - 1}")
+        raise DataError(f"{source}: labels span {labels.min()}..{labels.max()}; expected 0..{NUM_CLASSES - 1}{fix}")
 
 
 def read_npz_shards(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | None:
@@ -55,7 +57,8 @@ def read_npz_shards(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | 
         try:
             with np.load(shard) as data:
                 if "images" not in data or "labels" not in data:
-                    raise DataError(f"{shard}: holds {sorted(data.files)}; expected arrays 'images' and 'labels'")
+                    raise DataError(f"{shard}: holds {sorted(data.files)}; expected arrays 'images' and 'labels': "
+                                    "replace it with a shard in the CIFAR-10 format, or remove it")
                 shard_images, shard_labels = data["images"], data["labels"]
         except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
             raise DataError(f"{shard} is truncated or corrupt ({type(error).__name__}: {error}); "
@@ -67,17 +70,19 @@ def read_npz_shards(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | 
 
 
 def read_torchvision(root: Path, train: bool, download: bool) -> tuple[np.ndarray, np.ndarray] | None:
-    """The torchvision layout under root (downloading it if asked); None when absent."""
-    if not (root / TORCHVISION_FOLDER).is_dir() and not download:
+    """The torchvision layout under root, downloading it only when absent; None when unavailable."""
+    present = (root / TORCHVISION_FOLDER).is_dir()
+    if not present and not download:
         return None
     from torchvision.datasets import CIFAR10  # imported late: only this source needs it
 
     try:
-        dataset = CIFAR10(str(root), train=train, download=download)
+        dataset = CIFAR10(str(root), train=train, download=not present)
     except RuntimeError as error:  # torchvision's "Dataset not found or corrupted"
-        if download:
+        if not present:
             return None
-        raise DataError(f"{root / TORCHVISION_FOLDER} is incomplete or corrupt ({error})") from error
+        raise DataError(f"{root / TORCHVISION_FOLDER} is incomplete or corrupt ({error}); "
+                        "delete it to download again, or replace it") from error
     except OSError:  # no network: URLError is an OSError
         return None
     images, labels = np.asarray(dataset.data), np.asarray(dataset.targets, dtype=np.int64)

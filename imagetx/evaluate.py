@@ -22,7 +22,7 @@ import time
 import torch
 from tqdm.auto import tqdm
 
-from .checkpoint import CheckpointError, load_model
+from .checkpoint import CheckpointError, check_device, load_model
 from .data import SPLITS, DataError, default_root, load_cifar10
 from .lit import model_inputs
 from .model import ImageTransformer
@@ -77,6 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
             raise ValueError("--batch_size and --limit must be positive")
+        check_device(args.device)
         model = load_model(args.ckpt, map_location=args.device)
         images, labels = load_cifar10(args.root or default_root(), args.split, args.val_size)
         if args.limit:

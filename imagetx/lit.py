@@ -11,6 +11,7 @@ from typing import Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
@@ -22,7 +23,16 @@ from .schedule import noam, warmup_cosine
 
 
 class NonFiniteLossError(FloatingPointError):
-    """The training loss became NaN or infinite."""
+    """The training loss, the gradients or the weights became NaN or infinite."""
+
+
+def non_finite_tensors(state: dict[str, torch.Tensor]) -> list[str]:
+    """Names of the floating-point tensors in ``state`` holding a NaN or an infinity (one sync)."""
+    names = [name for name, value in state.items() if torch.is_tensor(value) and value.is_floating_point()]
+    if not names:
+        return []
+    finite = torch.stack([torch.isfinite(state[name]).all() for name in names]).cpu()
+    return [name for name, ok in zip(names, finite.tolist()) if not ok]
 
 
 def model_inputs(config: ModelConfig, batch: dict[str, torch.Tensor]):
@@ -48,6 +58,7 @@ class ImageTransformerModule(L.LightningModule):
         eps: float = 1e-9,
         weight_decay: float = 0.0,  # the paper uses none
         max_nonfinite_skips: int = 0,  # 0 = stop at the first NaN/inf loss
+        compile: bool = False,  # torch.compile the network (opt-in: start-up cost, helps on GPUs)
     ) -> None:
         super().__init__()
         config = config or ModelConfig()
@@ -56,6 +67,9 @@ class ImageTransformerModule(L.LightningModule):
         self.model = ImageTransformer(config)
         self.val_bpd, self.test_bpd = MeanMetric(), MeanMetric()
         self.nonfinite_skips = 0
+        if compile:
+            # In place, so parameter names (and checkpoints) stay those of the plain model.
+            self.model.compile()
 
     @property
     def config(self) -> ModelConfig:
@@ -81,14 +95,36 @@ class ImageTransformerModule(L.LightningModule):
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
         loss = self.shared_step(batch, "train")
         if not torch.isfinite(loss):
-            self.nonfinite_skips += 1
-            if self.nonfinite_skips > self.hparams.max_nonfinite_skips:
-                raise NonFiniteLossError(
-                    f"training loss is {loss.item()} at step {self.global_step} "
-                    f"(after {self.nonfinite_skips - 1} skipped non-finite steps; limit "
-                    f"model.max_nonfinite_skips={self.hparams.max_nonfinite_skips})")
-            return None  # Lightning skips the optimiser step for a None loss
+            self.skip_nonfinite(f"training loss is {loss.item()}")
+            return None  # Lightning skips backward and the optimiser step for a None loss
         return loss
+
+    def on_before_optimizer_step(self, optimizer) -> None:
+        """Non-finite gradients (with a finite loss) would turn the weights into NaN: skip such
+        a step like a non-finite loss. Under fp16 loss scaling the GradScaler does this itself."""
+        if self._trainer is not None and str(self.trainer.precision).startswith("16"):
+            return
+        grads = {name: p.grad for name, p in self.named_parameters() if p.grad is not None}
+        bad = non_finite_tensors(grads)
+        if bad:
+            self.skip_nonfinite(f"gradients are not finite (e.g. {bad[0]})")
+            for p in self.parameters():
+                p.grad = None  # the optimiser leaves parameters without gradients untouched
+
+    def skip_nonfinite(self, what: str) -> None:
+        """Count one non-finite step; raise NonFiniteLossError past model.max_nonfinite_skips."""
+        self.nonfinite_skips += 1
+        limit = self.hparams.max_nonfinite_skips
+        step = self.global_step + 1  # the optimiser step being taken (a checkpoint at step N is after it)
+        where = f"at step {step} (epoch {self.current_epoch})"
+        if self.nonfinite_skips > limit:
+            if limit:
+                why = f"{limit} such steps were skipped already, the limit set by --model.max_nonfinite_skips {limit}"
+            else:
+                why = "--model.max_nonfinite_skips N would skip up to N such steps"
+            raise NonFiniteLossError(f"{what} {where}; training stopped ({why})")
+        rank_zero_warn(f"{what} {where}: step skipped ({self.nonfinite_skips} of "
+                       f"model.max_nonfinite_skips={limit})")
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return self.shared_step(batch, "val")
@@ -113,4 +149,13 @@ class ImageTransformerModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        """Refuses to write weights holding NaN/inf: the last good checkpoint stays in place."""
+        bad = non_finite_tensors(checkpoint["state_dict"])
+        if bad:
+            raise NonFiniteLossError(f"the weights are not finite after step {checkpoint.get('global_step')} "
+                                     f"(e.g. {bad[0]}); that checkpoint was not written")
         checkpoint["imagetx"] = imagetx_metadata(self.config)
+        checkpoint["imagetx"]["nonfinite_skips"] = self.nonfinite_skips
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        self.nonfinite_skips = int(checkpoint.get("imagetx", {}).get("nonfinite_skips", 0))

@@ -49,26 +49,37 @@ class TransformerLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """Unmasked self-attention over the low-resolution image's sub-pixels (SPEC §6)."""
+    """Unmasked self-attention over the low-resolution image's sub-pixels (SPEC §6).
+
+    Each low-resolution sub-pixel is placed, for its position encoding, at the
+    centre of the high-resolution cells it summarises, using the decoder's own
+    position encoding: cross-attention can then find the low-resolution input
+    under each target cell by position alone, rather than learn the alignment.
+    """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         side = config.low_res_size
         self.order = GenerationOrder(side, side * CHANNELS)
         rows, cols = self.order.cell_of_step()
-        self.register_buffer("channels", cols % CHANNELS, persistent=False)
-        self.register_buffer("rows", rows, persistent=False)
-        self.register_buffer("cols", cols, persistent=False)
+        pixel_cols, channels = cols // CHANNELS, cols % CHANNELS
+        scale = config.image_size // side
+        target_rows = rows * scale + scale // 2
+        target_cols = pixel_cols * scale + scale // 2
+        if config.head == "categorical":  # decoder columns are sub-pixels
+            target_cols = target_cols * CHANNELS + channels
+        self.register_buffer("channels", channels, persistent=False)
+        self.register_buffer("rows", target_rows, persistent=False)
+        self.register_buffer("cols", target_cols, persistent=False)
         self.embedding = SubPixelEmbedding(config.d_model)
-        self.positions = PositionEncoding(side, side * CHANNELS, config.d_model, config.position_encoding)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(TransformerLayer(config, None, False) for _ in range(config.encoder_layers))
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
-    def forward(self, low_res: Tensor) -> Tensor:
-        """(B, h, w, 3) uint8 -> (B, 3·h·w, d)."""
+    def forward(self, low_res: Tensor, positions: PositionEncoding) -> Tensor:
+        """(B, h, w, 3) uint8 -> (B, 3·h·w, d), positions from the decoder's encoding."""
         values = images_to_sequence(low_res, self.order, "categorical")
-        x = self.embedding(values, self.channels) + self.positions(self.rows, self.cols)
+        x = self.embedding(values, self.channels) + positions(self.rows, self.cols)
         x = self.dropout(x)
         for layer in self.layers:
             x = layer(x)
@@ -119,7 +130,7 @@ class ImageTransformer(nn.Module):
         return self.class_embedding(labels).unsqueeze(1)
 
     def encode(self, low_res: Tensor | None) -> Tensor | None:
-        return None if self.encoder is None else self.encoder(low_res)
+        return None if self.encoder is None else self.encoder(low_res, self.positions)
 
     # ----- the decoder ------------------------------------------------------
     def decoder_inputs(self, value_embeddings: Tensor, labels: Tensor | None, shift: bool = True) -> Tensor:

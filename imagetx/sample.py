@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, load_model
+from .checkpoint import CheckpointError, check_device, load_model
 from .data import SPLITS, DataError, default_root, downsample_area, load_cifar10
 from .images import check_writable, load_image_file, save_grid, upsample_nearest
 from .model import ImageTransformer
@@ -58,8 +59,10 @@ def check_request(args: argparse.Namespace, model: ImageTransformer) -> None:
     cfg = model.config
     if args.count < 1 or args.samples < 1:
         raise ValueError(f"--count {args.count} / --samples {args.samples}: both must be at least 1")
-    if args.temperature < 0 or any(t < 0 for t in args.temperatures):
-        raise ValueError("temperatures must be >= 0 (0 = always the most likely value)")
+    for temperature in [args.temperature, *args.temperatures]:
+        if not math.isfinite(temperature) or temperature < 0:
+            raise ValueError(f"temperature {temperature} is invalid: temperatures must be finite and >= 0 "
+                             "(0 = always the most likely value)")
     if args.task == "complete" and not 0 <= args.rows <= cfg.image_size:
         raise ValueError(f"--rows {args.rows} is outside 0..{cfg.image_size}")
     if args.label is not None and not cfg.num_classes:
@@ -95,6 +98,7 @@ def labels_for(model: ImageTransformer, count: int, label: int | None, given: to
 
 
 def run(args: argparse.Namespace) -> dict:
+    check_device(args.device)
     model = load_model(args.ckpt, map_location=args.device)
     check_request(args, model)
     out = check_writable(args.out)

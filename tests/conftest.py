@@ -68,3 +68,121 @@ def random_labels(batch: int, num_classes: int, seed: int = 0) -> torch.Tensor:
 def _seed_everything():
     torch.manual_seed(1234)
     yield
+
+
+# ----- CIFAR-10 stand-ins for the data, training, evaluation and CLI tests ----------------
+# (Added for test_data/test_train/test_evaluate/test_sample_cli; nothing above changed.)
+
+CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+def cifar_arrays(count: int, seed: int = 0):
+    """Seeded random CIFAR-shaped arrays: images uint8 (count, 32, 32, 3), labels uint8 (count,)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=(count, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=(count,), dtype=np.uint8)
+    return images, labels
+
+
+def write_npz_shard(path, images, labels) -> None:
+    """One shard in the format of shared/cifar10/README.md."""
+    import numpy as np
+
+    np.savez(path, images=images, labels=labels)
+
+
+def write_cifar_npz(root, train_sizes=(6, 6), test_size: int = 0, seed: int = 0):
+    """train-0.npz, train-1.npz, ... (and test-0.npz) under root; returns the concatenated arrays.
+
+    -> (train_images, train_labels, test_images, test_labels) as numpy arrays in shard order.
+    """
+    import numpy as np
+
+    root.mkdir(parents=True, exist_ok=True)
+    parts = [cifar_arrays(n, seed=seed + i) for i, n in enumerate(train_sizes)]
+    for i, (images, labels) in enumerate(parts):
+        write_npz_shard(root / f"train-{i}.npz", images, labels)
+    train_images = np.concatenate([p[0] for p in parts])
+    train_labels = np.concatenate([p[1] for p in parts])
+    test_images = test_labels = None
+    if test_size:
+        test_images, test_labels = cifar_arrays(test_size, seed=seed + 100)
+        write_npz_shard(root / "test-0.npz", test_images, test_labels)
+    return train_images, train_labels, test_images, test_labels
+
+
+@pytest.fixture
+def no_cifar_download(monkeypatch):
+    """Make torchvision's CIFAR-10 download fail at once, as without a network: no test may
+    ever reach the internet (URLError is an OSError, which is what a dead network raises)."""
+    import urllib.error
+
+    import torchvision.datasets.cifar as cifar
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("network disabled in tests")
+
+    monkeypatch.setattr(cifar, "download_and_extract_archive", offline)
+
+
+@pytest.fixture
+def clean_wandb_env(monkeypatch, tmp_path):
+    """No W&B key, no WANDB_* settings, HOME in tmp_path (so no ~/.netrc key either).
+
+    imagetx.tracking writes WANDB_MODE / WANDB_SILENT into os.environ itself; setenv before
+    delenv makes monkeypatch remember the original state, so whatever the code under test
+    sets is undone after the test instead of leaking into later tests.
+    """
+    for name in ("WANDB_MODE", "WANDB_API_KEY", "WANDB_SILENT", "WANDB_DIR", "WANDB_DISABLED",
+                 "IMAGETX_DEBUG", "IMAGETX_DATA"):
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    return home
+
+
+# ----- reliability tests: tiny training runs driven through the train CLI -----------------
+# (Added for tests/test_reliability_*.py; nothing above changed.)
+
+TINY_TRAIN_MODEL = dict(image_size=32, head="dmol", mixture_components=2, n_layers=1, d_model=16, n_heads=2,
+                        d_filter=32, dropout=0.0, attention="local_1d", query_block_length=256,
+                        position_encoding="learned")
+
+
+def write_train_config(path, root_dir, data_root, max_steps=3, model=None, data=None, top=None, **trainer):
+    """A YAML config for imagetx.train: the tiny DMOL model, batches of 2, CPU, no progress bar.
+
+    ``model`` updates model.config, ``data`` the data section, ``top`` top-level keys
+    (e.g. checkpoint_every_n_steps), ``trainer`` the trainer section. Returns ``path``."""
+    import yaml
+
+    config = {
+        "seed_everything": 0,
+        "trainer": {"default_root_dir": str(root_dir), "accelerator": "cpu", "devices": 1,
+                    "max_steps": max_steps, "val_check_interval": 2, "check_val_every_n_epoch": None,
+                    "limit_val_batches": 1, "enable_progress_bar": False, "enable_model_summary": False,
+                    "log_every_n_steps": 1, **trainer},
+        "model": {"config": {**TINY_TRAIN_MODEL, **(model or {})}, "optimizer": "adam_noam", "peak_lr": 0.003,
+                  "warmup_steps": 2},
+        "data": {"root": str(data_root), "batch_size": 2, "eval_batch_size": 2, "val_size": 2, **(data or {})},
+        **(top or {}),
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def train_metrics(run_dir, column="train/bpd"):
+    """{step: value} of one column over every metrics.csv of a run (all versions, in order)."""
+    import csv
+
+    values = {}
+    for metrics in sorted(run_dir.glob("csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1])):
+        with metrics.open() as handle:
+            for row in csv.DictReader(handle):
+                if row.get(column):
+                    values[int(row["step"])] = float(row[column])
+    return values

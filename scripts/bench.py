@@ -1,0 +1,680 @@
+"""One benchmark for imagetx: training throughput, memory, FLOP utilisation and sampling speed.
+
+Run (from the repository root):
+
+    .venv/bin/python scripts/bench.py                      # the default plan for this machine
+    .venv/bin/python scripts/bench.py --presets quick cifar10_categorical cifar10_dmol cifar10_2d \\
+        --image-sizes 32 64 --batch 1 preset --precision bf16 --json bench.json
+    .venv/bin/python scripts/bench.py --quick-smoke        # seconds: proves the script runs, numbers meaningless
+
+Default plan: on CPU the ``quick`` preset and the paper categorical preset
+(``cifar10_categorical``) at batch 1, fp32, image sizes 32 and 64: about 8-10 minutes on
+an idle 2-core CPU, more than half of it the paper-size 64x64 full-attention steps
+(estimated from the analytic FLOP counts below and scripts/bench_attention.py's measured
+layer times, ~10 s per 32x32 and ~2 min per 64x64 full-attention step; the 64x64
+paper-size steps need several GB of RAM).
+On CUDA all four presets (quick, cifar10_categorical, cifar10_dmol, cifar10_2d), at batch
+1 and at the preset's own ``data.batch_size``. ``--presets`` takes preset names (files in
+configs/) or YAML paths.
+
+What one configuration measures
+-------------------------------
+A configuration is (preset, image size, attention, batch, precision). The model is
+``imagetx.ImageTransformer(ModelConfig.from_dict(yaml['model']['config']))`` with
+``image_size`` and ``attention`` overridden; everything else (dropout included, in
+training mode) is the preset's. A training step is exactly::
+
+    with torch.autocast(device, torch.bfloat16, enabled=precision == "bf16"):
+        loss = model.bits_per_dim(images, labels).mean()
+    optimizer.zero_grad(set_to_none=True); loss.backward(); optimizer.step()
+
+on random uint8 images (labels for class-conditional presets), with the optimiser of
+imagetx/lit.py (Adam, betas (0.9, 0.98), eps 1e-9, the preset's peak_lr; AdamW for
+``adamw_cosine``). No gradient clipping, no data loading: the model's own cost.
+``--warmup`` untimed steps, then ``--steps`` timed steps; the median is reported (fewer
+timed steps, at least 1, where they would exceed ``--max-cell-seconds``, default 40 s on
+CPU and 60 s on CUDA, judged by the last warm-up step). images/s = batch / median step
+time; tokens/s (positions/s) = images/s x positions per image (3072 for the categorical
+32x32 grid, 1024 for DMOL).
+
+Every configuration is the preset's attention (local_1d / local_2d) AND the same model
+with ``attention: full`` (full causal, PyTorch's fused kernel), each in a fresh
+subprocess, so the table shows the speed-up of local over full attention and the
+memory ratio, at every image size: ``--image-sizes 32 64`` shows how the two scale
+(64x64 categorical: a 64x192 grid, 12,288 positions; the 1D block length stays 256, so
+local attention's cost per position stays flat while full attention's doubles).
+
+Peak memory
+-----------
+* CPU: peak resident-set growth, MiB = ``ru_maxrss`` (resource.getrusage) after the timed
+  steps minus the RSS right before the first step (model, optimiser and inputs exist;
+  Adam's state, gradients and activations are inside the growth). One fresh process per
+  configuration, as in scripts/bench_attention.py (whose helpers this imports). ``*`` marks
+  a lower bound (the high-water mark never moved).
+* CUDA: ``torch.cuda.max_memory_allocated`` over the steps (absolute, weights included);
+  the growth over the allocation before the first step is in the JSON too.
+
+FLOPs and model FLOP utilisation (MFU)
+--------------------------------------
+FLOPs per image for one training step (forward + backward = 3 x forward), counted
+analytically for a decoder-only model with T positions per image, L layers, width d::
+
+    dense     = 6 x P_linear x T
+    attention = 3 x L x 4 x K x d x T
+    flops     = dense + attention
+
+P_linear = parameters of every nn.Linear (attention projections, feed-forward, head,
+DMOL's pixel projection; embedding tables are look-ups, not counted); 6 = 2 (a
+multiply-add) x 3 (fwd + bwd). K = mean number of keys a query may attend to, from
+the pattern: (T+1)/2 for full causal; for 1D local m*lq + (j+1) for position j of a
+block with m memory blocks (fewer in the first blocks); for 2D local the flange cells
+inside the image + (block size + 1)/2. 4·K·d per query and layer = QK^T (2·K·d) plus
+the weighted sum of values (2·K·d). Achieved FLOP/s = flops x images/s. MFU = achieved /
+peak, with the peak from ``--peak-tflops`` or, on CUDA, detected from the device name
+(H100 and H200: 989 TFLOP/s, dense bf16 without sparsity). Super-resolution encoders are
+not counted (their presets are not in this benchmark's list; MFU is left out for them).
+
+Sampling
+--------
+For each preset at its own image size (32; first ``--image-sizes`` value otherwise),
+model in eval mode, ``--sample-batch`` images (``--no-sampling`` skips all of it):
+
+* cached sampling, the ``quick`` preset: ``imagetx.sampler.sample`` for the whole batch,
+  all 1024 steps, timed end to end (after a few warm-up steps of a throw-away decoder);
+* cached sampling, paper presets: sampling all 3072 steps of a 12x512 model is slow on a
+  CPU, so this times the step loop of ``imagetx.sampler.CachedDecoder`` (step, head
+  sample, embed, the loop of ``sample``) for ``--sample-steps`` steps after 4 warm-up
+  steps, and extrapolates: decoder set-up + T x time per step. Every cached step costs
+  the same (fixed-width ring buffers), so the extrapolation is linear and exact up to
+  noise; the output says "extrapolated". ``--sample-steps 0`` runs all steps instead;
+* uncached recomputation (what T2T does), the ``quick`` preset: ``sample_uncached(...,
+  steps=K)`` after one warm-up step, extrapolated linearly to all steps (each step is
+  the same full forward pass), as scripts/bench_sampling.py does.
+
+``--precision bf16`` samples with the model cast to bfloat16 (the sampler keeps its cache
+in the model's dtype); fp32 otherwise.
+
+Targets (PASS/FAIL lines at the end)
+------------------------------------
+(a) cifar10_categorical (12 layers, d=512, 3072 positions), 32x32, batch 1: a training
+    step with 1D local attention at least 1.5x faster than with full causal attention,
+    with no more peak memory (2 % tolerance for RSS noise).
+(b) local attention's speed-up over full attention is larger at 64x64 than at 32x32
+    (each preset and batch measured at both sizes; the categorical batch-1 line first).
+(c) cached sampling with the quick preset at least 100x the images/s of uncached
+    recomputation.
+
+Precision: ``--precision fp32|bf16`` (bf16 = torch.autocast around the forward pass and
+the loss, float32 weights and Adam state, as Lightning's bf16-mixed). On CPUs without
+AVX512-BF16/AMX (this project's 2-core machine) bf16 matmuls are emulated and measured
+about 4x slower than fp32: the script reports what it measures.
+
+Options: ``--presets``, ``--image-sizes``, ``--batch`` (ints and/or ``preset``),
+``--precision``, ``--device cpu|cuda``, ``--warmup``, ``--steps``, ``--max-cell-seconds``,
+``--sample-batch``, ``--sample-steps``, ``--uncached-steps``, ``--no-sampling``,
+``--no-full``, ``--peak-tflops``, ``--threads``, ``--json`` (default bench.json),
+``--quick-smoke`` (1 layer, d=32, image sizes 16 and 32, one warm-up and one timed step,
+sampling batch 1: for checking the script, not the model).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = Path(__file__).resolve().parent
+for _path in (str(REPO_ROOT), str(SCRIPTS)):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
+
+# stdlib-only helpers: RSS now / peak RSS, machine description
+from bench_attention import current_rss_bytes, machine_info, maxrss_bytes  # noqa: E402
+
+PRESETS = ("quick", "cifar10_categorical", "cifar10_dmol", "cifar10_2d")
+CPU_DEFAULT_PRESETS = ("quick", "cifar10_categorical")
+PAPER_CATEGORICAL = "cifar10_categorical"
+QUICK = "quick"
+PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}  # dense bf16, no sparsity
+RESULT_MARKER = "BENCH_RESULT_JSON:"
+SMOKE_MODEL = dict(n_layers=1, d_model=32, n_heads=2, d_filter=64)
+SAMPLE_WARMUP_STEPS = 4
+MEMORY_TOLERANCE = 1.02  # target (a): "no more peak memory", within RSS noise
+
+
+# ----------------------------------------------------------------------------- presets
+
+def preset_path(name: str) -> Path:
+    path = Path(name)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        return path
+    candidate = REPO_ROOT / "configs" / f"{name}.yaml"
+    if candidate.is_file():
+        return candidate
+    raise SystemExit(f"error: preset {name!r} not found: give one of {', '.join(PRESETS)} or a YAML path")
+
+
+def preset_name(name: str) -> str:
+    return Path(name).stem
+
+
+def read_preset(name: str) -> dict:
+    import yaml
+
+    return yaml.safe_load(preset_path(name).read_text())
+
+
+def build_config(spec: dict):
+    """The ModelConfig of a configuration: the preset's, with image size, attention (and, for
+    the smoke run, the model size) overridden."""
+    from imagetx import ModelConfig
+
+    values = dict(read_preset(spec["preset"])["model"]["config"])
+    values["image_size"] = spec["image_size"]
+    values["attention"] = spec["attention"]
+    if spec.get("smoke"):
+        values.update(SMOKE_MODEL)
+    return ModelConfig.from_dict(values)
+
+
+# ----------------------------------------------------------------------------- FLOPs
+
+def keys_per_query(model) -> float:
+    """Mean number of keys a query of the decoder's self-attention may attend to."""
+    import torch
+
+    cfg, length = model.config, model.order.length
+    if cfg.attention == "full":
+        return (length + 1) / 2
+    if cfg.attention == "local_1d":
+        lq, m = cfg.query_block_length, cfg.memory_blocks
+        i = torch.arange(length)
+        block = i // lq
+        keys = torch.where(block < m, i + 1, m * lq + i % lq + 1)
+        return float(keys.double().mean())
+    pattern = model.pattern
+    if hasattr(pattern, "block_keys"):  # 2D: per block, which gathered keys each query sees
+        return float(pattern.block_keys(torch.device("cpu"))[1].sum(-1).double().mean())
+    return float(pattern.can_attend().sum(1).double().mean())
+
+
+def flops_per_image(model) -> dict:
+    """Training FLOPs (forward + backward) per image; see the module docstring."""
+    from torch import nn
+
+    cfg, length = model.config, model.order.length
+    linear = sum(p.numel() for mod in model.modules() if isinstance(mod, nn.Linear) for p in mod.parameters())
+    keys = keys_per_query(model)
+    dense = 6.0 * linear * length
+    attention = 3.0 * cfg.n_layers * 4.0 * keys * cfg.d_model * length
+    return {"linear_params": linear, "keys_per_query": keys, "dense_flops": dense,
+            "attention_flops": attention, "flops_per_image": dense + attention,
+            "counted": not cfg.encoder_layers}
+
+
+# ----------------------------------------------------------------------------- workers
+
+def sync(device) -> None:
+    import torch
+
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_inputs(cfg, batch: int, device, seed: int = 0):
+    import torch
+
+    from imagetx.data import downsample_area
+
+    gen = torch.Generator().manual_seed(seed)
+    images = torch.randint(0, 256, (batch, cfg.image_size, cfg.image_size, 3), generator=gen,
+                           dtype=torch.uint8).to(device)
+    labels = (torch.arange(batch) % cfg.num_classes).to(device) if cfg.num_classes else None
+    low_res = downsample_area(images, cfg.low_res_size) if cfg.encoder_layers else None
+    return images, labels, low_res
+
+
+def train_worker(spec: dict) -> dict:
+    """One training configuration, in this (fresh) process."""
+    import torch
+
+    from imagetx import ImageTransformer
+
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    device = torch.device(spec["device"])
+    cfg = build_config(spec)
+    hp = read_preset(spec["preset"])["model"]
+    torch.manual_seed(0)
+    model = ImageTransformer(cfg).to(device).train()
+    optimizer_class = torch.optim.AdamW if hp.get("optimizer") == "adamw_cosine" else torch.optim.Adam
+    optimizer = optimizer_class(model.parameters(), lr=hp.get("peak_lr", 3.5e-3),
+                                betas=tuple(hp.get("betas", (0.9, 0.98))), eps=hp.get("eps", 1e-9),
+                                weight_decay=hp.get("weight_decay", 0.0))
+    images, labels, low_res = make_inputs(cfg, spec["batch"], device)
+    bf16 = spec["precision"] == "bf16"
+    losses = []
+
+    def step() -> None:
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = model.bits_per_dim(images, labels, low_res).mean()
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+
+    sync(device)
+    rss_before, maxrss_before = current_rss_bytes(), maxrss_bytes()
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        cuda_before = torch.cuda.memory_allocated(device)
+
+    warmup_times = []
+    for _ in range(spec["warmup"]):
+        sync(device)
+        t0 = time.perf_counter()
+        step()
+        sync(device)
+        warmup_times.append(time.perf_counter() - t0)
+    steps = spec["steps"]
+    if spec["max_cell_seconds"] and warmup_times and warmup_times[-1] * steps > spec["max_cell_seconds"]:
+        steps = max(1, int(spec["max_cell_seconds"] / warmup_times[-1]))
+    times = []
+    for _ in range(steps):
+        sync(device)
+        t0 = time.perf_counter()
+        step()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+
+    median = statistics.median(times)
+    length = model.order.length
+    flops = flops_per_image(model)
+    images_per_sec = spec["batch"] / median
+    result = {
+        **spec, "kind": "train", "positions": length, "grid": list(cfg.grid_shape),
+        "params": sum(p.numel() for p in model.parameters()),
+        "warmup_s": warmup_times, "times_s": times, "timed_steps": steps, "median_s": median,
+        "images_per_sec": images_per_sec, "tokens_per_sec": images_per_sec * length,
+        "final_loss_bpd": float(losses[-1].float()), "threads": torch.get_num_threads(),
+        **flops,
+        "achieved_tflops": flops["flops_per_image"] * images_per_sec / 1e12 if flops["counted"] else None,
+    }
+    if device.type == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+        result.update(peak_mib=peak / 2**20, peak_growth_mib=(peak - cuda_before) / 2**20,
+                      memory_metric="torch.cuda.max_memory_allocated (absolute)",
+                      float32_matmul_precision=torch.get_float32_matmul_precision())
+    else:
+        maxrss_after = maxrss_bytes()
+        result.update(peak_mib=max(0, maxrss_after - rss_before) / 2**20,
+                      memory_metric="peak RSS growth (ru_maxrss after - RSS before the first step)",
+                      rss_before_mib=rss_before / 2**20, maxrss_after_mib=maxrss_after / 2**20,
+                      peak_is_lower_bound=maxrss_after <= maxrss_before)
+    return result
+
+
+def sample_worker(spec: dict) -> dict:
+    """Cached (and, if asked, uncached) sampling speed of one preset, in this process."""
+    import torch
+
+    from imagetx import ImageTransformer
+    from imagetx.sampler import CachedDecoder, sample, sample_uncached
+
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
+    device = torch.device(spec["device"])
+    cfg = build_config(spec)
+    torch.manual_seed(0)
+    model = ImageTransformer(cfg).to(device).eval()
+    if spec["precision"] == "bf16":
+        model = model.to(torch.bfloat16)
+    batch, length = spec["sample_batch"], model.order.length
+    _, labels, low_res = make_inputs(cfg, batch, device)
+    generator = torch.Generator(device=device).manual_seed(0)
+
+    @torch.no_grad()
+    def cached_steps(n: int, warm: int) -> tuple[float, float]:
+        """(decoder set-up seconds, seconds per step over steps warm..n-1) of sample()'s loop."""
+        sync(device)
+        t0 = time.perf_counter()
+        decoder = CachedDecoder(model, batch, labels, low_res)
+        sync(device)
+        setup = time.perf_counter() - t0
+        previous, t1 = None, time.perf_counter()
+        for t in range(n):
+            if t == warm:
+                sync(device)
+                t1 = time.perf_counter()
+            params = decoder.step(t, previous)
+            value = model.head.sample(params[:, None], 1.0, generator)[:, 0]
+            previous = decoder.embed_step(t, value)
+        sync(device)
+        return setup, (time.perf_counter() - t1) / max(1, n - warm)
+
+    result = {**spec, "kind": "sample", "positions": length, "threads": torch.get_num_threads()}
+    k = spec["sample_steps"]
+    if k == 0 or k + SAMPLE_WARMUP_STEPS >= length:  # every step, end to end
+        cached_steps(min(SAMPLE_WARMUP_STEPS, length), 0)  # warm-up on a throw-away decoder
+        sync(device)
+        t0 = time.perf_counter()
+        sample(model, batch, labels, low_res, generator=generator)
+        sync(device)
+        seconds = time.perf_counter() - t0
+        result.update(cached_seconds=seconds, cached_extrapolated=False, cached_steps_timed=length,
+                      cached_how=f"sample(), all {length} steps, timed")
+    else:
+        setup, per_step = cached_steps(SAMPLE_WARMUP_STEPS + k, SAMPLE_WARMUP_STEPS)
+        seconds = setup + per_step * length
+        result.update(cached_seconds=seconds, cached_extrapolated=True, cached_steps_timed=k,
+                      cached_setup_s=setup, cached_step_s=per_step,
+                      cached_how=f"CachedDecoder loop: {k} steps timed, extrapolated to {length}")
+    result["cached_images_per_sec"] = batch / seconds
+    u = spec["uncached_steps"]
+    if u:
+        sample_uncached(model, batch, labels, low_res, steps=1, generator=generator)  # warm-up
+        sync(device)
+        t0 = time.perf_counter()
+        sample_uncached(model, batch, labels, low_res, steps=u, generator=generator)
+        sync(device)
+        measured = time.perf_counter() - t0
+        uncached = measured / u * length
+        result.update(uncached_steps_timed=u, uncached_seconds_measured=measured,
+                      uncached_seconds=uncached, uncached_images_per_sec=batch / uncached,
+                      uncached_how=f"sample_uncached: {u} steps timed, extrapolated to {length}",
+                      cached_speedup=uncached / seconds)
+    return result
+
+
+def spawn(spec: dict) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
+    wall = time.perf_counter() - t0
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            result = json.loads(line[len(RESULT_MARKER):])
+            result["worker_wall_s"] = wall
+            return result
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
+    return {**spec, "error": f"rc={proc.returncode}: " + " | ".join(tail), "worker_wall_s": wall}
+
+
+# ----------------------------------------------------------------------------- driver
+
+def detect_peak_tflops(args) -> tuple[float | None, str]:
+    if args.peak_tflops:
+        return args.peak_tflops, "--peak-tflops"
+    if args.device != "cuda":
+        return None, "none (CPU; give --peak-tflops for an MFU figure)"
+    import torch
+
+    name = torch.cuda.get_device_name(0)
+    for key, value in PEAK_BF16_TFLOPS.items():
+        if key in name:
+            return value, f"{name}: {key} dense bf16 peak"
+    return None, f"{name}: unknown peak; give --peak-tflops"
+
+
+def batches_for(preset: str, wanted: list[str]) -> list[int]:
+    out = []
+    for item in wanted:
+        value = int(read_preset(preset)["data"]["batch_size"]) if item == "preset" else int(item)
+        if value not in out:
+            out.append(value)
+    return out
+
+
+def fmt(value, spec: str, missing: str = "-") -> str:
+    """format(value, spec), or ``missing`` right-aligned to the spec's width."""
+    if value is None:
+        width = "".join(c for c in spec.split(".")[0] if c.isdigit())
+        return missing.rjust(int(width)) if width else missing
+    return format(value, spec)
+
+
+def find(results, **key):
+    for r in results:
+        if "error" not in r and all(r.get(k) == v for k, v in key.items()):
+            return r
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--presets", nargs="+", default=None,
+                        help=f"names in configs/ or YAML paths (CPU default: {' '.join(CPU_DEFAULT_PRESETS)}; "
+                             f"CUDA: {' '.join(PRESETS)})")
+    parser.add_argument("--image-sizes", type=int, nargs="+", default=None, help="default 32 64")
+    parser.add_argument("--batch", nargs="+", default=None,
+                        help="batch sizes: integers and/or 'preset' (the preset's data.batch_size); "
+                             "default 1 on CPU, 1 and preset on CUDA")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default=None, help="default: cuda if available")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps (default 1 CPU, 3 CUDA)")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps, median reported (default 3 CPU, 10 CUDA)")
+    parser.add_argument("--max-cell-seconds", type=float, default=None,
+                        help="fewer timed steps (>= 1) where they would take longer than this, judged by the last "
+                             "warm-up step (default 40 CPU, 60 CUDA); 0 = never")
+    parser.add_argument("--sample-batch", type=int, default=None,
+                        help="images sampled at once (default 8 CPU, 64 CUDA)")
+    parser.add_argument("--sample-steps", type=int, default=64,
+                        help="paper presets: cached steps timed and extrapolated; 0 = sample every step")
+    parser.add_argument("--uncached-steps", type=int, default=8, help="quick: uncached steps timed and extrapolated")
+    parser.add_argument("--no-sampling", action="store_true", help="skip the sampling measurements")
+    parser.add_argument("--no-full", action="store_true", help="skip the full-attention comparison")
+    parser.add_argument("--peak-tflops", type=float, default=None,
+                        help="device peak for MFU (default on CUDA: H100/H200 dense bf16 989)")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--json", default="bench.json", help="where to write every figure")
+    parser.add_argument("--quick-smoke", action="store_true",
+                        help="tiny model (1 layer, d=32), sizes 16 32, 1 step: checks the script, not the model")
+    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.worker:
+        spec = json.loads(args.worker)
+        result = train_worker(spec) if spec["kind"] == "train" else sample_worker(spec)
+        print(RESULT_MARKER + json.dumps(result), flush=True)
+        return 0
+
+    import torch
+
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda asked for, but torch.cuda.is_available() is False")
+    cuda = args.device == "cuda"
+    presets = args.presets or list(PRESETS if cuda else CPU_DEFAULT_PRESETS)
+    for name in presets:
+        preset_path(name)
+    smoke = args.quick_smoke
+    sizes = args.image_sizes or ([16, 32] if smoke else [32, 64])
+    wanted_batches = args.batch or (["1"] if not cuda or smoke else ["1", "preset"])
+    for item in wanted_batches:
+        if item != "preset" and (not item.isdigit() or int(item) < 1):
+            parser.error(f"--batch {item!r}: give positive integers or 'preset'")
+    warmup = args.warmup if args.warmup is not None else (1 if smoke or not cuda else 3)
+    steps = args.steps if args.steps is not None else (1 if smoke else (10 if cuda else 3))
+    sample_batch = args.sample_batch or (1 if smoke else (64 if cuda else 8))
+    sample_steps = 4 if smoke and args.sample_steps == 64 else args.sample_steps
+    uncached_steps = 1 if smoke and args.uncached_steps == 8 else args.uncached_steps
+    if args.max_cell_seconds is None:
+        args.max_cell_seconds = 40.0 if not cuda else 60.0
+    if steps < 1 or warmup < 0:
+        parser.error("--steps must be >= 1 and --warmup >= 0")
+    peak_tflops, peak_source = detect_peak_tflops(args)
+    info = {**machine_info(argparse.Namespace(threads=args.threads, device=args.device))}
+
+    print(f"imagetx benchmark on {args.device} ({info.get('cuda_device') or info.get('cpu_model', '?')}), "
+          f"torch {info['torch_version']}, precision {args.precision}")
+    if smoke:
+        print("SMOKE RUN (--quick-smoke): tiny model, one step: the figures say nothing about the real models")
+    if not cuda and args.precision == "bf16" and not info.get("cpu_bf16_support"):
+        print("note: this CPU has no AVX512-BF16/AMX: bf16 matmuls are emulated (measured ~4x slower than fp32)")
+    print(f"presets {' '.join(map(preset_name, presets))}; image sizes {sizes}; batch {' '.join(wanted_batches)}; "
+          f"{warmup} warm-up + {steps} timed steps (median; fewer where > {args.max_cell_seconds:g} s); "
+          f"each configuration in a fresh process")
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    if load and not cuda and load[0] > 0.5 * (os.cpu_count() or 1):
+        print(f"note: load average {load[0]:.2f} on {os.cpu_count()} CPUs: other work is running, timings are noisy")
+
+    common = dict(device=args.device, precision=args.precision, threads=args.threads, smoke=smoke)
+    plan = []
+    for preset in presets:
+        base_attention = read_preset(preset)["model"]["config"].get("attention", "local_1d")
+        attentions = [base_attention] + ([] if args.no_full or base_attention == "full" else ["full"])
+        for size in sizes:
+            for batch in batches_for(preset, wanted_batches):
+                for attention in attentions:
+                    plan.append(dict(kind="train", preset=preset, image_size=size, attention=attention, batch=batch,
+                                     warmup=warmup, steps=steps, max_cell_seconds=args.max_cell_seconds, **common))
+        if not args.no_sampling:
+            is_quick = preset_name(preset) == QUICK
+            plan.append(dict(kind="sample", preset=preset, image_size=32 if 32 in sizes else sizes[0],
+                             attention=base_attention, sample_batch=sample_batch,
+                             sample_steps=0 if is_quick else sample_steps,
+                             uncached_steps=uncached_steps if is_quick else 0, **common))
+
+    started = time.perf_counter()
+    results = []
+    for i, spec in enumerate(plan, 1):
+        r = spawn(spec)
+        results.append(r)
+        name = preset_name(r["preset"])
+        if "error" in r:
+            status = f"ERROR {r['error']}"
+        elif r["kind"] == "train":
+            status = f"{r['median_s'] * 1000:.0f} ms/step, {r['images_per_sec']:.3g} images/s, {r['peak_mib']:.0f} MiB"
+        else:
+            status = f"cached {r['cached_images_per_sec']:.3g} images/s" + (
+                f", uncached {r['uncached_images_per_sec']:.3g} images/s" if "uncached_images_per_sec" in r else "")
+        what = (f"train {r['attention']:8s} {r['image_size']}x{r['image_size']} batch {r['batch']}"
+                if spec["kind"] == "train" else f"sample batch {spec['sample_batch']}")
+        print(f"  [{i}/{len(plan)}] {name:20s} {what}: {status} ({r['worker_wall_s']:.0f} s)", flush=True)
+
+    # ----- derived figures
+    for r in results:
+        if r.get("kind") != "train" or "error" in r:
+            continue
+        r["mfu"] = (r["achieved_tflops"] / peak_tflops if peak_tflops and r.get("achieved_tflops") else None)
+        full = None if r["attention"] == "full" else find(results, kind="train", preset=r["preset"], batch=r["batch"],
+                                                          image_size=r["image_size"], attention="full")
+        r["speedup_vs_full"] = full["median_s"] / r["median_s"] if full else None
+        r["memory_ratio_vs_full"] = r["peak_mib"] / full["peak_mib"] if full and full["peak_mib"] > 0 else None
+
+    # ----- tables
+    train_rows = [r for r in results if r.get("kind") == "train"]
+    header = (f"{'preset':20s} {'size':>5s} {'attention':9s} {'batch':>5s} {'positions':>9s} {'ms/step':>9s} "
+              f"{'images/s':>9s} {'tokens/s':>9s} {'peak MiB':>9s} {'TFLOP/s':>8s} {'MFU':>6s} "
+              f"{'vs full':>8s} {'mem/full':>8s}")
+    print(f"\nTraining step (forward + backward + Adam), {args.precision}, {args.device}")
+    print(header)
+    print("-" * len(header))
+    for r in train_rows:
+        if "error" in r:
+            print(f"{preset_name(r['preset']):20s} {r['image_size']:5d} {r['attention']:9s} {r['batch']:5d} "
+                  f"ERROR {r['error']}")
+            continue
+        star = "*" if r.get("peak_is_lower_bound") else ""
+        print(f"{preset_name(r['preset']):20s} {r['image_size']:5d} {r['attention']:9s} {r['batch']:5d} "
+              f"{r['positions']:9d} {r['median_s'] * 1000:9.1f} {r['images_per_sec']:9.3g} "
+              f"{r['tokens_per_sec']:9.3g} {r['peak_mib']:8.0f}{star or ' '} {fmt(r['achieved_tflops'], '8.3f')} "
+              f"{fmt(None if r['mfu'] is None else 100 * r['mfu'], '5.1f')}{' ' if r['mfu'] is None else '%'} "
+              f"{fmt(r['speedup_vs_full'], '7.2f')}{' ' if r['speedup_vs_full'] is None else 'x'} "
+              f"{fmt(r['memory_ratio_vs_full'], '8.2f')}")
+    print(f"  TFLOP/s: analytic FLOPs per image (module docstring) x images/s; MFU against {peak_source}"
+          + (f" = {peak_tflops:g} TFLOP/s" if peak_tflops else ""))
+    print("  vs full = full-attention ms / this ms (same model, size, batch); mem/full = peak MiB / full's peak MiB")
+    print(f"  peak MiB: {'torch.cuda.max_memory_allocated' if cuda else 'peak RSS growth over the steps'}"
+          + ("" if cuda else "; * = lower bound"))
+
+    sample_rows = [r for r in results if r.get("kind") == "sample"]
+    if sample_rows:
+        print(f"\nSampling (model in eval mode, {args.precision})")
+        header = f"{'preset':20s} {'batch':>5s} {'steps':>6s} {'cached s':>9s} {'images/s':>9s} " \
+                 f"{'uncached s':>11s} {'images/s':>9s} {'speed-up':>9s}  how"
+        print(header)
+        print("-" * len(header))
+        for r in sample_rows:
+            if "error" in r:
+                print(f"{preset_name(r['preset']):20s} {r['sample_batch']:5d} ERROR {r['error']}")
+                continue
+            how = r["cached_how"] + ("; " + r["uncached_how"] if "uncached_how" in r else "")
+            print(f"{preset_name(r['preset']):20s} {r['sample_batch']:5d} {r['positions']:6d} "
+                  f"{r['cached_seconds']:9.2f} {r['cached_images_per_sec']:9.3g} "
+                  f"{fmt(r.get('uncached_seconds'), '11.1f')} {fmt(r.get('uncached_images_per_sec'), '9.3g')} "
+                  f"{fmt(r.get('cached_speedup'), '8.0f')}{'x' if r.get('cached_speedup') else ' '}  {how}")
+
+    # ----- targets
+    verdicts = []
+
+    def verdict(name: str, ok: bool | None, text: str) -> None:
+        word = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
+        verdicts.append({"target": name, "verdict": word, "detail": text})
+        print(f"{word} ({name}) {text}")
+
+    print("\nTargets" + (" (SMOKE RUN: tiny model, verdicts meaningless)" if smoke else ""))
+    local_a = find(results, kind="train", image_size=32, batch=1, attention="local_1d",
+                   preset=next((p for p in presets if preset_name(p) == PAPER_CATEGORICAL), None))
+    if local_a and local_a.get("speedup_vs_full") and local_a.get("memory_ratio_vs_full") is not None:
+        ok = local_a["speedup_vs_full"] >= 1.5 and local_a["memory_ratio_vs_full"] <= MEMORY_TOLERANCE
+        verdict("a", ok, f"cifar10_categorical 32x32 batch 1: local_1d step {local_a['speedup_vs_full']:.2f}x faster "
+                         f"than full (target >= 1.5x), peak memory {local_a['memory_ratio_vs_full']:.2f}x full's "
+                         f"(target <= 1, {100 * (MEMORY_TOLERANCE - 1):.0f} % tolerance)")
+    else:
+        verdict("a", None, "not measured: needs --presets cifar10_categorical --image-sizes 32 --batch 1 (and full)")
+    pairs = []  # (smallest size, largest size) of every preset and batch; 32 -> 64 by default
+    small_size, big_size = min(sizes), max(sizes)
+    for r in train_rows:
+        if "error" in r or r["attention"] == "full" or r["image_size"] != small_size or small_size == big_size:
+            continue
+        big = find(results, kind="train", preset=r["preset"], batch=r["batch"], attention=r["attention"],
+                   image_size=big_size)
+        if big and r.get("speedup_vs_full") and big.get("speedup_vs_full"):
+            pairs.append((preset_name(r["preset"]) != PAPER_CATEGORICAL or r["batch"] != 1, r, big))
+    if not pairs:
+        verdict("b", None, "not measured: needs --image-sizes 32 64 with the full-attention comparison")
+    for _, small, big in sorted(pairs, key=lambda p: p[0]):
+        verdict("b", big["speedup_vs_full"] > small["speedup_vs_full"],
+                f"{preset_name(small['preset'])} batch {small['batch']}: local vs full speed-up "
+                f"{small['speedup_vs_full']:.2f}x at {small_size}x{small_size} -> {big['speedup_vs_full']:.2f}x "
+                f"at {big_size}x{big_size} (target: it grows)")
+    quick = next((r for r in sample_rows if preset_name(r["preset"]) == QUICK and "cached_speedup" in r), None)
+    if quick:
+        verdict("c", quick["cached_speedup"] >= 100,
+                f"quick, batch {quick['sample_batch']}: cached {quick['cached_images_per_sec']:.3g} images/s vs "
+                f"uncached {quick['uncached_images_per_sec']:.3g} images/s (extrapolated from "
+                f"{quick['uncached_steps_timed']} steps) = {quick['cached_speedup']:.0f}x (target >= 100x)")
+    else:
+        verdict("c", None, "not measured: needs the quick preset with sampling")
+
+    total = time.perf_counter() - started
+    report = {
+        "command": sys.argv,
+        "settings": {"presets": presets, "image_sizes": sizes, "batches": wanted_batches, "precision": args.precision,
+                     "device": args.device, "warmup": warmup, "steps": steps,
+                     "max_cell_seconds": args.max_cell_seconds, "sample_batch": sample_batch,
+                     "sample_steps": sample_steps, "uncached_steps": uncached_steps, "smoke": smoke,
+                     "peak_tflops": peak_tflops, "peak_source": peak_source,
+                     "flops_formula": "6 x P_linear x T + 3 x L x 4 x K x d x T per image (fwd+bwd)"},
+        "machine": {**info, "loadavg_start": load,
+                    "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None},
+        "results": results,
+        "targets": verdicts,
+        "total_runtime_s": total,
+    }
+    Path(args.json).write_text(json.dumps(report, indent=2))
+    print(f"\nTotal {total:.0f} s; every figure in {args.json}")
+    return 1 if any("error" in r for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

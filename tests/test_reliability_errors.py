@@ -1,0 +1,236 @@
+"""Bad input through the three commands: one line ``error: ...`` naming the problem and the
+fix, exit code 2, no traceback (IMAGETX_DEBUG=1 gives one).
+
+Complements test_data.py (the readers), test_api.py (load_model), test_sample_cli.py and
+test_evaluate.py (their own cases): here the same failures come through the CLIs,
+the training CLI above all.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import TINY_TRAIN_MODEL, tiny_model, write_cifar_npz, write_npz_shard, write_train_config
+from imagetx import save_model
+from imagetx.evaluate import main as evaluate_main
+from imagetx.sample import main as sample_main
+from imagetx.train import main as train_main
+
+pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
+
+
+def one_error_line(capsys, command, args) -> str:
+    """Run a CLI expecting failure: exit 2, stderr ends in the only 'error:' line, no traceback."""
+    with pytest.raises(SystemExit) as info:
+        command(args)
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    lines = [line for line in captured.err.strip().splitlines() if line.strip()]
+    assert lines and [line for line in lines if line.startswith("error:")] == lines[-1:], lines
+    assert not any(line.startswith("usage:") for line in lines), lines  # not the whole usage text
+    return lines[-1]
+
+
+@pytest.fixture
+def data_root(tmp_path):
+    root = tmp_path / "data"
+    write_cifar_npz(root, train_sizes=(6, 6))
+    return root
+
+
+def train_error(tmp_path, capsys, data_root, *extra, **settings) -> str:
+    config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, 2, **settings)
+    return one_error_line(capsys, train_main, ["--config", str(config), "--wandb", "disabled", *extra])
+
+
+# ----- training data ----------------------------------------------------------------------
+
+def bad_shard(root, case):
+    images, labels = np.zeros((4, 32, 32, 3), np.uint8), np.zeros(4, np.uint8)
+    if case == "images shape":
+        images = np.zeros((4, 32, 32), np.uint8)
+    elif case == "images dtype":
+        images = images.astype(np.float32)
+    elif case == "label range":
+        labels = np.full(4, 10, np.uint8)
+    write_npz_shard(root / "train-0.npz", images, labels)
+    if case == "truncated":
+        path = root / "train-0.npz"
+        path.write_bytes(path.read_bytes()[:3000])
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("images shape", "expected uint8 (N, 32, 32, 3)"),
+    ("images dtype", "'images' is float32"),
+    ("label range", "labels span 10..10; expected 0..9"),
+    ("truncated", "truncated or corrupt"),
+])
+def test_train_with_a_bad_shard(tmp_path, capsys, case, needle):
+    root = tmp_path / "data"
+    root.mkdir()
+    bad_shard(root, case)
+    line = train_error(tmp_path, capsys, root)
+    assert "train-0.npz" in line and needle in line, line
+    assert "replace" in line  # ... and what to do about it
+
+
+def test_train_with_an_empty_data_directory(tmp_path, capsys):
+    root = tmp_path / "empty"
+    root.mkdir()
+    line = train_error(tmp_path, capsys, root)
+    assert str(root) in line and "train-*.npz" in line and "--data.root" in line, line
+
+
+# ----- training configuration ------------------------------------------------------------
+
+@pytest.mark.parametrize("settings,extra,needles", [
+    (dict(model={"d_modle": 32}), [], ["model.config", "unknown key 'd_modle'", "did you mean 'd_model'"]),
+    ({}, ["--trainer.max_stepz", "3"], ["unknown key 'max_stepz'", "did you mean 'max_steps'"]),
+    (dict(top={"seed_everythin": 1}), [], ["unknown key 'seed_everythin'", "did you mean 'seed_everything'"]),
+    (dict(model={"d_model": "big"}), [], ["model.config.d_model", "int", "big"]),
+    ({}, ["--model.peak_lr", "fast"], ["model.peak_lr", "float", "fast"]),
+    ({}, ["--model.config.attention", "local_3d"], ["model.config.attention", "local_3d", "local_1d"]),
+    (dict(model={"n_heads": 3}), [], ["ModelConfig.n_heads=3", "must divide d_model=16"]),
+    (dict(model={"attention": "local_2d", "query_block_shape": [5, 8], "memory_flange": [1, 1]}), [],
+     ["ModelConfig.query_block_shape=(5, 8)", "must divide the grid's 32 rows"]),
+    (dict(model={"attention": "local_2d", "query_block_shape": [8, 8], "memory_flange": [9, 1]}), [],
+     ["ModelConfig.memory_flange=(9, 1)", "must not exceed"]),
+    ({}, ["--checkpoint_every_n_steps", "-1"], ["--checkpoint_every_n_steps -1"]),
+    ({}, ["--config", "/nonexistent/x.yaml"], ["/nonexistent/x.yaml", "does not exist"]),
+], ids=["typo-model-key", "typo-flag", "typo-top-key", "wrong-type", "wrong-type-flag", "bad-choice",
+        "heads-do-not-divide-d", "block-does-not-fit-grid", "flange-too-tall", "negative-interval",
+        "missing-config-file"])
+def test_train_with_a_bad_configuration(tmp_path, capsys, data_root, settings, extra, needles):
+    line = train_error(tmp_path, capsys, data_root, *extra, **settings)
+    for needle in needles:
+        assert needle in line, line
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_train_with_an_unwritable_run_directory(tmp_path, capsys, data_root):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    line = train_error(tmp_path, capsys, data_root, default_root_dir=str(blocker / "run"))
+    assert str(blocker / "run") in line and "--trainer.default_root_dir" in line, line
+
+
+def test_debug_mode_shows_the_traceback(tmp_path, data_root, monkeypatch):
+    monkeypatch.setenv("IMAGETX_DEBUG", "1")
+    config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, 2, model={"n_heads": 3})
+    with pytest.raises(ValueError, match="n_heads"):
+        train_main(["--config", str(config), "--wandb", "disabled"])
+
+
+# ----- checkpoints given to evaluate and sample ------------------------------------------
+
+def bad_checkpoint(tmp_path, kind):
+    path = tmp_path / f"{kind}.ckpt"
+    if kind == "truncated":
+        save_model(tiny_model(image_size=32, head="dmol"), path)
+        path.write_bytes(path.read_bytes()[:1000])
+    elif kind == "not-imagetx":
+        torch.save({"state_dict": {"layer.weight": torch.zeros(2, 2)}}, path)
+    elif kind == "text":
+        path.write_text("not a checkpoint\n")
+    elif kind == "incompatible":  # weights of another configuration than the one stored with them
+        save_model(tiny_model(image_size=32, head="dmol"), path)
+        checkpoint = torch.load(path, weights_only=False)
+        checkpoint["imagetx"]["model_config"]["d_model"] = 32
+        torch.save(checkpoint, path)
+    elif kind == "invalid-config":
+        save_model(tiny_model(image_size=32, head="dmol"), path)
+        checkpoint = torch.load(path, weights_only=False)
+        checkpoint["imagetx"]["model_config"]["n_heads"] = 3
+        torch.save(checkpoint, path)
+    return path
+
+
+KINDS = {"missing": "does not exist", "truncated": "truncated or corrupt", "text": "truncated or corrupt",
+         "not-imagetx": "not an imagetx checkpoint", "incompatible": "do not fit",
+         "invalid-config": "n_heads=3"}
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("command", ["evaluate", "sample"])
+def test_bad_checkpoint(tmp_path, capsys, data_root, command, kind):
+    path = tmp_path / "missing.ckpt" if kind == "missing" else bad_checkpoint(tmp_path, kind)
+    if command == "evaluate":
+        line = one_error_line(capsys, evaluate_main, ["--ckpt", str(path), "--data.root", str(data_root),
+                                                      "--split", "val", "--val_size", "2"])
+    else:
+        line = one_error_line(capsys, sample_main, ["--ckpt", str(path), "--out", str(tmp_path / "o")])
+    assert path.name in line and KINDS[kind] in line, line
+
+
+# ----- requests that do not fit the model -------------------------------------------------
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("ckpts")
+    plain, conditional = directory / "plain.ckpt", directory / "conditional.ckpt"
+    save_model(tiny_model(seed=1, image_size=32, head="dmol", query_block_length=64), plain)
+    save_model(tiny_model(seed=2, image_size=32, head="dmol", query_block_length=64, num_classes=10), conditional)
+    return {"plain": plain, "conditional": conditional}
+
+
+@pytest.mark.parametrize("model,args,needle", [
+    ("plain", ["--task", "complete", "--rows", "-1"], "--rows -1 is outside 0..32"),
+    ("plain", ["--task", "complete", "--rows", "33"], "--rows 33 is outside 0..32"),
+    ("conditional", ["--label", "10"], "--label 10 is outside 0..9"),
+    ("conditional", ["--label", "-1"], "--label -1 is outside 0..9"),
+    ("plain", ["--count", "-2"], "--count -2"),
+    ("plain", ["--samples", "0"], "--samples 0"),
+    ("plain", ["--temperature", "nan"], "temperature nan is invalid"),
+    ("plain", ["--temperature", "inf"], "temperature inf is invalid"),
+    ("plain", ["--temperatures", "0.9", "-0.5"], "temperature -0.5 is invalid"),
+    ("plain", ["--task", "superres"], "needs a super-resolution checkpoint"),
+], ids=["rows-negative", "rows-too-many", "label-too-big", "label-negative", "count-negative", "samples-zero",
+        "temperature-nan", "temperature-inf", "temperatures-negative", "superres-without-encoder"])
+def test_sample_request_out_of_range(tmp_path, capsys, data_root, checkpoints, model, args, needle):
+    line = one_error_line(capsys, sample_main, ["--ckpt", str(checkpoints[model]), "--out", str(tmp_path / "o"),
+                                                "--data.root", str(data_root), *args])
+    assert needle in line, line
+    assert not (tmp_path / "o").exists() or not list((tmp_path / "o").iterdir())
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--task", "complete", "--rows", "40"], "--rows 40 is invalid"),
+    (["--batch_size", "0"], "must be positive"),
+    (["--limit", "0"], "must be positive"),
+])
+def test_evaluate_request_out_of_range(capsys, data_root, checkpoints, args, needle):
+    line = one_error_line(capsys, evaluate_main, ["--ckpt", str(checkpoints["plain"]), "--data.root", str(data_root),
+                                                  "--split", "val", "--val_size", "2", *args])
+    assert needle in line, line
+
+
+@pytest.mark.parametrize("command", ["evaluate", "sample"])
+def test_missing_data_directory(tmp_path, capsys, checkpoints, command):
+    missing = tmp_path / "nowhere"
+    if command == "evaluate":
+        line = one_error_line(capsys, evaluate_main, ["--ckpt", str(checkpoints["plain"]), "--data.root", str(missing)])
+    else:
+        line = one_error_line(capsys, sample_main, ["--ckpt", str(checkpoints["plain"]), "--task", "complete",
+                                                    "--data.root", str(missing), "--out", str(tmp_path / "o")])
+    assert str(missing) in line and "--data.root" in line, line
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without CUDA")
+@pytest.mark.parametrize("command", ["evaluate", "sample"])
+def test_cuda_device_without_a_gpu(tmp_path, capsys, checkpoints, command):
+    if command == "evaluate":
+        main, where = evaluate_main, ["--split", "val"]
+    else:
+        main, where = sample_main, ["--out", str(tmp_path / "o")]
+    line = one_error_line(capsys, main, ["--ckpt", str(checkpoints["plain"]), "--device", "cuda", *where])
+    assert "--device cuda" in line and "--device cpu" in line, line
+
+
+def test_config_written_for_the_tiny_model_is_itself_valid():
+    # the fixtures above rely on TINY_TRAIN_MODEL being valid; a failure here means the helper broke
+    from imagetx.config import ModelConfig
+
+    ModelConfig(**TINY_TRAIN_MODEL).validate()

@@ -1,0 +1,136 @@
+"""Non-finite training: a NaN/inf loss (or gradient, or weight) is caught at the step it
+happens; the run stops with one line naming the step and the last good checkpoint, which is
+never overwritten by NaN weights; ``--model.max_nonfinite_skips N`` skips up to N such steps.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import write_cifar_npz, write_train_config
+from imagetx.lit import ImageTransformerModule
+from imagetx.train import main
+
+pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
+
+
+@pytest.fixture
+def data_root(tmp_path):
+    root = tmp_path / "data"
+    write_cifar_npz(root, train_sizes=(6, 6))
+    return root
+
+
+def inject(monkeypatch, bad_batches, how="loss"):
+    """Make the training batches numbered in ``bad_batches`` (1-based) non-finite."""
+    original = ImageTransformerModule.shared_step
+    seen = {"train": 0}
+
+    class InfiniteGradient(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x.clone()
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * float("inf")
+
+    def shared_step(self, batch, split):
+        loss = original(self, batch, split)
+        if split != "train":
+            return loss
+        seen["train"] += 1
+        if seen["train"] in bad_batches:
+            return loss * float("nan") if how == "loss" else InfiniteGradient.apply(loss)
+        return loss
+
+    monkeypatch.setattr(ImageTransformerModule, "shared_step", shared_step)
+    return seen
+
+
+def run(tmp_path, data_root, *extra, max_steps=6):
+    run_dir = tmp_path / "run"
+    config = write_train_config(tmp_path / "c.yaml", run_dir, data_root, max_steps, val_check_interval=4,
+                                top={"checkpoint_every_n_steps": 1})
+    main(["--config", str(config), "--wandb", "disabled", *extra])
+    return run_dir / "checkpoints" / "last.ckpt"
+
+
+def error_line(capsys) -> str:
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err
+    lines = captured.err.strip().splitlines()
+    assert [line for line in lines if line.startswith("error:")] == lines[-1:], lines
+    return lines[-1]
+
+
+def assert_good_checkpoint(last, step):
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == step
+    assert all(torch.isfinite(v).all() for v in checkpoint["state_dict"].values() if v.is_floating_point())
+
+
+def test_nan_loss_stops_at_that_step_and_names_the_last_good_checkpoint(tmp_path, data_root, monkeypatch, capsys):
+    inject(monkeypatch, {3})
+    with pytest.raises(SystemExit) as info:
+        run(tmp_path, data_root)
+    assert info.value.code == 2
+    line = error_line(capsys)
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    assert "training loss is nan at step 3" in line, line
+    assert f"the last good checkpoint is {last} (after step 2)" in line and "--resume last" in line, line
+    assert_good_checkpoint(last, 2)
+
+
+def test_nonfinite_gradients_with_a_finite_loss_are_caught_too(tmp_path, data_root, monkeypatch, capsys):
+    inject(monkeypatch, {2}, how="gradient")
+    with pytest.raises(SystemExit) as info:
+        run(tmp_path, data_root)
+    assert info.value.code == 2
+    line = error_line(capsys)
+    assert "gradients are not finite" in line and "at step 2" in line, line
+    assert_good_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt", 1)
+
+
+def test_max_nonfinite_skips_skips_that_many_steps(tmp_path, data_root, monkeypatch, capsys):
+    seen = inject(monkeypatch, {2, 4}, how="loss")
+    with pytest.warns(UserWarning, match="step skipped"):
+        last = run(tmp_path, data_root, "--model.max_nonfinite_skips", "2")
+    assert seen["train"] == 6
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    assert checkpoint["imagetx"]["nonfinite_skips"] == 2
+    assert_good_checkpoint(last, 6)
+    # the skipped steps left the optimiser alone: Adam took 4 steps in 6 batches
+    assert {int(s["step"]) for s in checkpoint["optimizer_states"][0]["state"].values()} == {4}
+
+
+def test_more_nonfinite_steps_than_allowed_stop_the_run(tmp_path, data_root, monkeypatch, capsys):
+    inject(monkeypatch, {2, 3, 5}, how="gradient")
+    with pytest.raises(SystemExit), pytest.warns(UserWarning, match="step skipped"):
+        run(tmp_path, data_root, "--model.max_nonfinite_skips", "2")
+    line = error_line(capsys)
+    assert "at step 5" in line and "2 such steps were skipped already" in line, line
+    assert_good_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt", 4)
+
+
+def test_nan_weights_are_never_written_over_the_last_good_checkpoint(tmp_path, data_root, monkeypatch, capsys):
+    """Weights that became NaN without a NaN loss first (here: poisoned after step 2's update)."""
+    original = ImageTransformerModule.optimizer_step
+    calls = {"n": 0}
+
+    def optimizer_step(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        calls["n"] += 1
+        if calls["n"] == 2:
+            with torch.no_grad():
+                next(self.parameters()).fill_(float("nan"))
+
+    monkeypatch.setattr(ImageTransformerModule, "optimizer_step", optimizer_step)
+    with pytest.raises(SystemExit) as info:
+        run(tmp_path, data_root)
+    assert info.value.code == 2
+    line = error_line(capsys)
+    assert "weights are not finite after step 2" in line and "not written" in line, line
+    assert "(after step 1)" in line
+    assert_good_checkpoint(tmp_path / "run" / "checkpoints" / "last.ckpt", 1)

@@ -1,0 +1,201 @@
+"""Crash and resume: a run killed with SIGKILL and continued with ``--resume last`` ends in
+exactly the state of a run that was never interrupted (bitwise, on CPU).
+
+What makes it exact (imagetx/train.py): the training order is a permutation drawn from
+(seed, epoch) that the checkpoint's loader state resumes mid-epoch, and every batch seeds
+torch's RNG from (seed, epoch, batch), so dropout and random flips do not depend on what
+ran before (a sanity check, validations, the killed process). The runs below use
+dropout 0.1 and random flips, and cross epoch boundaries (5 batches per epoch, 12 steps).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import lightning as L
+import pytest
+import torch
+
+from conftest import train_metrics, write_cifar_npz, write_train_config
+from imagetx.train import main
+
+pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS = 12
+# Dropout and flips on, so the RNG matters; validation every 3 steps and last.ckpt every step.
+SETTINGS = dict(model={"dropout": 0.1}, data={"random_flip": True}, top={"checkpoint_every_n_steps": 1},
+                val_check_interval=3)
+
+
+class SlowSteps(L.Callback):
+    """Used by the killed run only (through its YAML): makes each step last long enough to be
+    killed in the middle of the run rather than after it."""
+
+    def __init__(self, seconds: float = 0.3) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args) -> None:
+        time.sleep(self.seconds)
+
+
+@pytest.fixture
+def data_root(tmp_path):
+    root = tmp_path / "data"
+    write_cifar_npz(root, train_sizes=(6, 6))  # 10 training images (val_size 2): 5 batches of 2 per epoch
+    return root
+
+
+def train(tmp_path, run_dir, data_root, max_steps=STEPS, extra=(), **settings):
+    config = write_train_config(tmp_path / f"{run_dir.name}-{max_steps}.yaml", run_dir, data_root, max_steps,
+                                **{**SETTINGS, **settings})
+    main(["--config", str(config), "--wandb", "disabled", *extra])
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+
+
+def assert_identical(a, b, where="checkpoint"):
+    """Bitwise equality of nested checkpoint contents (tensors with torch.equal)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and a.shape == b.shape, where
+        assert torch.equal(a, b), f"{where} differs (max |diff| {(a.double() - b.double()).abs().max().item()})"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and set(a) == set(b), f"{where}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}"
+        for key in a:
+            assert_identical(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert isinstance(b, (list, tuple)) and len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_identical(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, f"{where}: {a!r} != {b!r}"
+
+
+def assert_same_training_state(resumed, uninterrupted):
+    assert resumed["global_step"] == uninterrupted["global_step"] == STEPS
+    assert resumed["epoch"] == uninterrupted["epoch"]
+    assert_identical(resumed["state_dict"], uninterrupted["state_dict"], "state_dict")
+    assert_identical(resumed["optimizer_states"], uninterrupted["optimizer_states"], "optimizer_states")
+    assert_identical(resumed["lr_schedulers"], uninterrupted["lr_schedulers"], "lr_schedulers")
+    # where the training order stands (epoch, batches of it consumed)
+    assert_identical(resumed["loops"]["fit_loop"]["state_dict"]["combined_loader"],
+                     uninterrupted["loops"]["fit_loop"]["state_dict"]["combined_loader"], "loader state")
+    assert resumed["imagetx"] == uninterrupted["imagetx"]
+
+
+@pytest.fixture
+def uninterrupted(tmp_path, data_root):
+    run_dir = tmp_path / "straight"
+    checkpoint = train(tmp_path, run_dir, data_root)
+    return checkpoint, train_metrics(run_dir)
+
+
+def test_sigkill_then_resume_last_matches_an_uninterrupted_run(tmp_path, data_root, uninterrupted):
+    run_dir = tmp_path / "killed"
+    config = write_train_config(
+        tmp_path / "killed.yaml", run_dir, data_root, STEPS, **SETTINGS,
+        callbacks=[{"class_path": "test_reliability_resume.SlowSteps", "init_args": {"seconds": 0.3}}])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
+           "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # the in-process runs use one thread too
+    process = subprocess.Popen([sys.executable, "-m", "imagetx.train", "--config", str(config), "--wandb", "disabled"],
+                               cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    try:
+        deadline = time.monotonic() + 240
+        while not last.exists():
+            assert process.poll() is None, process.stderr.read().decode()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.02)
+        time.sleep(1.0)  # a few more steps: the kill lands in the middle of a later epoch, maybe mid-write
+        os.kill(process.pid, signal.SIGKILL)
+    finally:
+        if process.poll() is None:
+            process.kill()
+        process.wait()
+        process.stderr.close()
+    assert process.returncode == -signal.SIGKILL
+    killed_at = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
+    assert 1 <= killed_at < STEPS, killed_at
+
+    resumed = train(tmp_path, run_dir, data_root, extra=["--resume", "last"])
+
+    straight, straight_losses = uninterrupted
+    assert_same_training_state(resumed, straight)
+    # and the steps after the crash saw the same losses
+    losses = train_metrics(run_dir)
+    after = [step for step in straight_losses if step >= killed_at]
+    assert after and all(losses[step] == straight_losses[step] for step in after), (killed_at, losses, straight_losses)
+    assert not list(last.parent.glob(".*.tmp"))  # a write cut short by the kill was cleaned up
+
+
+def test_finished_run_extended_with_resume_matches_an_uninterrupted_run(tmp_path, data_root, uninterrupted):
+    # 7 steps end mid-epoch (epoch 1, batch 2); the second run continues the order from there.
+    run_dir = tmp_path / "extended"
+    first = train(tmp_path, run_dir, data_root, max_steps=7)
+    assert first["global_step"] == 7
+    resumed = train(tmp_path, run_dir, data_root, extra=["--resume", "last"])
+    assert_same_training_state(resumed, uninterrupted[0])
+
+
+def test_training_order_is_a_function_of_seed_and_epoch_and_resumes_mid_epoch():
+    from imagetx.resumable import TrainOrder
+
+    dataset = list(range(10))
+    order = TrainOrder(dataset, seed=0)
+    epochs = []
+    for epoch in range(3):
+        order.set_epoch(epoch)
+        epochs.append(list(order))
+    assert all(sorted(e) == dataset for e in epochs) and len({tuple(e) for e in epochs}) == 3
+    again = TrainOrder(dataset, seed=0)
+    again.set_epoch(1)
+    assert list(again) == epochs[1]
+    again.resume_at(2, 4)  # resume epoch 2 after 4 samples
+    again.set_epoch(2)
+    assert list(again) == epochs[2][4:]
+    assert list(again) == epochs[2]  # only once
+    other = TrainOrder(dataset, seed=1)
+    assert list(other) != epochs[0]
+    # two processes share an epoch without overlap
+    halves = [TrainOrder(dataset, seed=0, num_replicas=2, rank=r) for r in (0, 1)]
+    assert sorted(list(halves[0]) + list(halves[1])) == dataset
+
+
+def test_resume_with_another_model_configuration_is_a_clear_error(tmp_path, data_root, capsys):
+    run_dir = tmp_path / "run"
+    train(tmp_path, run_dir, data_root, max_steps=1)
+    capsys.readouterr()
+    config = write_train_config(tmp_path / "other.yaml", run_dir, data_root, 2, model={"d_model": 32})
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(config), "--wandb", "disabled", "--resume", "last"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --resume") and "d_model=16 there, 32 here" in err[-1], err
+    assert "Traceback" not in "\n".join(err)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "not imagetx", "weights only"])
+def test_resume_from_a_bad_checkpoint_is_a_clear_error(tmp_path, data_root, capsys, damage):
+    from imagetx import save_model
+    from imagetx.model import ImageTransformer
+    from imagetx.config import ModelConfig
+    from conftest import TINY_TRAIN_MODEL
+
+    bad = tmp_path / "bad.ckpt"
+    if damage == "weights only":
+        save_model(ImageTransformer(ModelConfig(**TINY_TRAIN_MODEL)), bad)
+    else:
+        torch.save({"state_dict": {}} if damage == "not imagetx" else {"x": torch.zeros(1000)}, bad)
+        if damage == "truncated":
+            bad.write_bytes(bad.read_bytes()[:500])
+    config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, 2)
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(config), "--wandb", "disabled", "--resume", str(bad)])
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    last = captured.err.strip().splitlines()[-1]
+    assert last.startswith("error:") and "bad.ckpt" in last and "Traceback" not in captured.err

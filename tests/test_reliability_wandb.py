@@ -1,0 +1,98 @@
+"""W&B trouble never costs a run: without a key, offline, with a failing ``wandb.init`` or a
+failing logging call, training goes on, CSV metrics and checkpoints are still written, and
+the problem is said once on stderr."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import imagetx.train as train_module
+from conftest import train_metrics, write_cifar_npz, write_train_config
+from imagetx.train import main
+from imagetx.tracking import SafeWandbLogger
+
+pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
+
+
+@pytest.fixture
+def data_root(tmp_path):
+    root = tmp_path / "data"
+    write_cifar_npz(root, train_sizes=(6, 6))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def finish_wandb():
+    yield
+    import wandb
+
+    if wandb.run is not None:
+        wandb.finish()
+
+
+def train(tmp_path, data_root, wandb_mode):
+    run_dir = tmp_path / "run"
+    config = write_train_config(tmp_path / "c.yaml", run_dir, data_root, 3)
+    main(["--config", str(config), "--wandb", wandb_mode])
+    return run_dir
+
+
+def assert_run_complete(run_dir):
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 3
+    assert sorted(train_metrics(run_dir)) == [0, 1, 2]  # train/bpd of all three steps in the CSV
+
+
+def test_failing_log_metrics_turns_wandb_off_once_and_training_goes_on(tmp_path, data_root, monkeypatch, capsys):
+    from lightning.pytorch.loggers import WandbLogger
+
+    calls = []
+
+    def broken(self, *args, **kwargs):
+        calls.append(args)
+        raise RuntimeError("wandb.log: connection reset by peer")
+
+    monkeypatch.setattr(WandbLogger, "log_metrics", broken)
+    run_dir = train(tmp_path, data_root, "offline")
+    assert_run_complete(run_dir)
+    err = capsys.readouterr().err
+    assert err.count("W&B: log_metrics failed (RuntimeError: wandb.log: connection reset by peer)") == 1, err
+    assert "W&B logging is off for the rest of this run" in err
+    assert len(calls) == 1  # not tried again after the first failure
+
+
+def test_failing_wandb_init_does_not_stop_training(tmp_path, data_root, monkeypatch, capsys):
+    import wandb
+
+    def no_network(*args, **kwargs):
+        raise wandb.errors.CommError("failed to reach api.wandb.ai: network is unreachable")
+
+    monkeypatch.setattr(wandb, "init", no_network)
+    monkeypatch.setenv("WANDB_API_KEY", "x" * 40)  # "online with a key", but no network
+    run_dir = train(tmp_path, data_root, "auto")
+    assert_run_complete(run_dir)
+    err = capsys.readouterr().err
+    assert err.count("W&B:") == 1 and "network is unreachable" in err, err
+
+
+def test_wandb_logger_that_cannot_be_created_is_left_out(tmp_path, data_root, monkeypatch, capsys):
+    def missing(*args, **kwargs):
+        raise ModuleNotFoundError("wandb is not installed")
+
+    monkeypatch.setattr(train_module, "SafeWandbLogger", missing)
+    run_dir = train(tmp_path, data_root, "offline")
+    assert_run_complete(run_dir)
+    assert "W&B: cannot start (ModuleNotFoundError: wandb is not installed)" in capsys.readouterr().err
+
+
+def test_safe_logger_guards_every_logging_call():
+    from lightning.pytorch.loggers import WandbLogger
+
+    for name in ("log_metrics", "log_hyperparams", "log_image", "log_table", "log_text", "finalize",
+                 "after_save_checkpoint"):
+        assert getattr(SafeWandbLogger, name) is not getattr(WandbLogger, name), name
+    logger = SafeWandbLogger(project="p", offline=True)
+    logger.wandb_failed = "earlier failure"
+    assert logger.log_metrics({"a": 1.0}, step=0) is None  # a no-op once failed: no W&B run is started
+    assert logger._experiment is None

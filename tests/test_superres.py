@@ -1,0 +1,135 @@
+"""Super-resolution (SPEC §6): the encoder sees everything, the decoder stays causal,
+and the commands score and sample given the 8×8 input."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import random_images, tiny_model, write_cifar_npz
+from imagetx import load_model, save_model
+from imagetx.data import downsample_area
+from imagetx.evaluate import main as evaluate_main
+from imagetx.sample import main as sample_main
+
+pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
+
+
+def superres_model(head: str, attention: str, seed: int = 0):
+    geometry = {"local_1d": dict(query_block_length=16),
+                "local_2d": dict(query_block_shape=(2, 6) if head == "categorical" else (2, 2), memory_flange=(2, 3)),
+                "full": {}}[attention]
+    return tiny_model(seed=seed, dtype=torch.float64, head=head, attention=attention, image_size=8,
+                      encoder_layers=2, low_res_size=2, **geometry)
+
+
+class LeafEmbeddings:
+    """Makes the encoder's input embeddings a leaf we can differentiate with respect to."""
+
+    def __init__(self, model):
+        self.leaf = None
+        model.encoder.embedding.register_forward_hook(self.hook)
+
+    def hook(self, module, inputs, output):
+        self.leaf = output.detach().requires_grad_()
+        return self.leaf
+
+
+@pytest.mark.parametrize("head", ["categorical", "dmol"])
+@pytest.mark.parametrize("attention", ["local_1d", "local_2d", "full"])
+def test_decoder_causal_and_every_output_sees_all_of_the_low_res_input(head, attention):
+    model = superres_model(head, attention)
+    images, low_res = random_images(2, 8, seed=1), random_images(2, 2, seed=2)
+    leaf = LeafEmbeddings(model)
+    targets = model.targets(images)
+    emb = model.embed_values(targets).detach().requires_grad_()
+    params = model.decode(emb, None, model.encode(low_res))
+    length = params.shape[1]
+    for t in sorted({0, 1, length // 2, length - 1}):
+        proj = torch.randn(params.shape[0], params.shape[-1], dtype=params.dtype,
+                           generator=torch.Generator().manual_seed(t))
+        grad_emb, grad_low = torch.autograd.grad((params[:, t] * proj).sum(), (emb, leaf.leaf), retain_graph=True)
+        per_step = grad_emb.abs().sum(dim=(0, 2))
+        assert torch.all(per_step[t:] == 0), f"step {t} depends on steps >= {t}"
+        if t > 0:
+            assert per_step[:t].sum() > 0
+        per_low_res_input = grad_low.abs().sum(dim=(0, 2))  # (3·h·w,)
+        assert torch.all(per_low_res_input > 0), f"step {t} ignores some low-resolution sub-pixels"
+
+
+def test_encoder_is_not_causal():
+    model = superres_model("categorical", "local_1d")
+    leaf = LeafEmbeddings(model)
+    context = model.encode(random_images(1, 2, seed=3))  # (1, 12, d)
+    proj = torch.randn(context.shape[-1], dtype=context.dtype, generator=torch.Generator().manual_seed(0))
+    for i in range(context.shape[1]):
+        # a random projection: the plain sum of a LayerNorm output is constant
+        (grad,) = torch.autograd.grad((context[0, i] * proj).sum(), leaf.leaf, retain_graph=True)
+        assert torch.all(grad.abs().sum(dim=(0, 2)) > 0), f"encoder output {i} misses some inputs"
+
+
+def test_low_res_input_changes_the_likelihood():
+    model = superres_model("dmol", "local_1d")
+    images = random_images(2, 8, seed=4)
+    a = model.nll(images, None, random_images(2, 2, seed=5))
+    b = model.nll(images, None, random_images(2, 2, seed=6))
+    assert not torch.allclose(a, b)
+
+
+@pytest.fixture(scope="module")
+def superres_ckpt(tmp_path_factory):
+    # 32×32 DMOL decoder (1024 cheap steps) with a one-layer encoder over the 8×8 input.
+    model = tiny_model(seed=31, image_size=32, head="dmol", query_block_length=64, encoder_layers=1, low_res_size=8)
+    path = tmp_path_factory.mktemp("sr") / "sr.ckpt"
+    save_model(model, path)
+    return path
+
+
+def test_evaluate_scores_given_the_8x8_input(tmp_path, capsys, superres_ckpt):
+    root = tmp_path / "data"
+    _, _, test_images, _ = write_cifar_npz(root, train_sizes=(4,), test_size=5)
+    evaluate_main(["--ckpt", str(superres_ckpt), "--data.root", str(root), "--split", "test", "--batch_size", "2"])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    model = load_model(superres_ckpt)
+    images = torch.from_numpy(test_images)
+    with torch.no_grad():
+        nats = model.nll(images, None, downsample_area(images, 8)).double().sum()
+    assert result["images"] == 5
+    assert math.isclose(result["bpd"], float(nats) / (5 * 3072 * math.log(2)), rel_tol=1e-5)
+
+
+def test_sample_superres_grid(tmp_path, capsys, superres_ckpt):
+    root = tmp_path / "data"
+    train_images, _, _, _ = write_cifar_npz(root, train_sizes=(6,))
+    out = tmp_path / "out"
+    sample_main(["--ckpt", str(superres_ckpt), "--task", "superres", "--count", "2", "--temperatures", "0.8", "1.0",
+                 "--data.root", str(root), "--split", "val", "--val_size", "2", "--out", str(out)])
+    summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert summary["images"] == 4  # 2 inputs x 2 temperatures
+    grid = np.asarray(Image.open(out / "superres.png").convert("RGB"))[::2, ::2]  # undo the x2 display scale
+    pad, side = 2, 32
+
+    def cell(row, col):
+        top, left = pad + row * (side + pad), pad + col * (side + pad)
+        return grid[top : top + side, left : left + side]
+
+    originals = torch.from_numpy(train_images[-2:])
+    for row in range(2):
+        # first column: the 8×8 input repeated to 32×32; last column: the original
+        low = downsample_area(originals[row : row + 1], 8)[0].numpy()
+        assert np.array_equal(cell(row, 0), low.repeat(4, 0).repeat(4, 1))
+        assert np.array_equal(cell(row, 3), originals[row].numpy())
+
+
+def test_sample_superres_rejects_a_plain_model(tmp_path, capsys):
+    path = tmp_path / "plain.ckpt"
+    save_model(tiny_model(image_size=32, head="dmol", query_block_length=64), path)
+    with pytest.raises(SystemExit) as info:
+        sample_main(["--ckpt", str(path), "--task", "superres", "--out", str(tmp_path / "o")])
+    assert info.value.code == 2
+    assert "super-resolution checkpoint" in capsys.readouterr().err
