@@ -153,3 +153,18 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
         first = str(error).strip().splitlines()[0]
         raise CheckpointError(f"{path}: the weights do not fit the model configuration stored with them ({first})") from error
     return model.to(map_location).eval()
+
+
+def check_writable(directory: str | os.PathLike, setting: str) -> Path:
+    """Create ``directory`` if needed and prove it can be written, or raise one clear
+    OSError naming ``setting``, the option that chooses another."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".imagetx-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise OSError(f"cannot write to {directory} ({error.strerror or error}); "
+                      f"choose another with {setting} DIR") from None
+    return directory

@@ -15,20 +15,6 @@ from PIL import Image, UnidentifiedImageError
 from torchvision.utils import make_grid
 
 
-def check_writable(directory: str | Path) -> Path:
-    """Create ``directory`` if needed and prove it can be written, or raise one clear error."""
-    directory = Path(directory)
-    try:
-        directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / ".imagetx-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        raise OSError(f"cannot write to output directory {directory} ({error.strerror}); "
-                      "choose another with --out DIR") from error
-    return directory
-
-
 def grid_image(rows: list[torch.Tensor], padding: int = 2) -> Image.Image:
     """rows: each (N, H, W, 3) uint8, all with the same N and size -> one PIL image, one row each."""
     images = torch.cat([row.cpu() for row in rows])  # (rows·N, H, W, 3)

@@ -25,9 +25,9 @@ from pathlib import Path
 
 import torch
 
-from .checkpoint import CheckpointError, check_device, load_model
+from .checkpoint import CheckpointError, check_device, check_writable, load_model
 from .data import SPLITS, DataError, default_root, downsample_area, load_cifar10
-from .images import check_writable, load_image_file, save_grid, upsample_nearest
+from .images import load_image_file, save_grid, upsample_nearest
 from .model import ImageTransformer
 from .sampler import sample
 
@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> dict:
     check_device(args.device)
     model = load_model(args.ckpt, map_location=args.device)
     check_request(args, model)
-    out = check_writable(args.out)
+    out = check_writable(args.out, "--out")
     cfg, device = model.config, args.device
     generator = torch.Generator(device=device).manual_seed(args.seed)
     started, produced, grids = time.perf_counter(), 0, []

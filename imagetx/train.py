@@ -30,7 +30,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.loggers import CSVLogger
 
 from .callbacks import TrainingSpeed
-from .checkpoint import CheckpointError, read_checkpoint, remove_stale_temporaries
+from .checkpoint import CheckpointError, check_writable, read_checkpoint, remove_stale_temporaries
 from .config import ModelConfig
 from .data import DataError
 from .lit import ImageTransformerModule, NonFiniteLossError
@@ -57,17 +57,6 @@ def make_loggers(root: Path, wandb_choice: str, project: str) -> list:
     return loggers
 
 
-def check_writable(root: Path) -> None:
-    try:
-        root.mkdir(parents=True, exist_ok=True)
-        probe = root / ".imagetx-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
-    except OSError as error:
-        raise OSError(f"cannot write to trainer.default_root_dir {root} ({error.strerror or error}); "
-                      "choose another with --trainer.default_root_dir DIR") from None
-
-
 class ImagetxCLI(LightningCLI):
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--resume", type=str | None, default=None,
@@ -92,7 +81,7 @@ class ImagetxCLI(LightningCLI):
         every = self.config.checkpoint_every_n_steps
         if every < 0:
             raise ValueError(f"--checkpoint_every_n_steps {every} is invalid: give N >= 1, or 0 for validations only")
-        check_writable(root)
+        check_writable(root, "--trainer.default_root_dir")
         remove_stale_temporaries(root / CHECKPOINT_DIR)  # from a run killed mid-write
         if trainer_init.get("logger") in (None, True):
             trainer_init["logger"] = make_loggers(root, self.config.wandb, self.config.wandb_project)

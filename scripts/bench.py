@@ -123,7 +123,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -135,14 +134,13 @@ for _path in (str(REPO_ROOT), str(SCRIPTS)):
         sys.path.insert(0, _path)
 
 # stdlib-only helpers: RSS now / peak RSS, machine description
-from bench_attention import current_rss_bytes, machine_info, maxrss_bytes  # noqa: E402
+from bench_attention import RESULT_MARKER, current_rss_bytes, machine_info, maxrss_bytes, run_subprocess  # noqa: E402
 
 PRESETS = ("quick", "cifar10_categorical", "cifar10_dmol", "cifar10_2d")
 CPU_DEFAULT_PRESETS = ("quick", "cifar10_categorical")
 PAPER_CATEGORICAL = "cifar10_categorical"
 QUICK = "quick"
 PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}  # dense bf16, no sparsity
-RESULT_MARKER = "BENCH_RESULT_JSON:"
 SMOKE_MODEL = dict(n_layers=1, d_model=32, n_heads=2, d_filter=64)
 SAMPLE_WARMUP_STEPS = 4
 MEMORY_TOLERANCE = 1.02  # target (a): "no more peak memory", within RSS noise
@@ -394,16 +392,7 @@ def sample_worker(spec: dict) -> dict:
 
 def spawn(spec: dict) -> dict:
     cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT)
-    wall = time.perf_counter() - t0
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_MARKER):
-            result = json.loads(line[len(RESULT_MARKER):])
-            result["worker_wall_s"] = wall
-            return result
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-4:]
-    return {**spec, "error": f"rc={proc.returncode}: " + " | ".join(tail), "worker_wall_s": wall}
+    return run_subprocess(cmd, spec, cwd=REPO_ROOT)
 
 
 # ----------------------------------------------------------------------------- driver

@@ -202,8 +202,14 @@ def spawn_worker(args: argparse.Namespace, variant: str, batch: int, dtype: str)
     ]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
+    return run_subprocess(cmd, {"variant": variant, "batch": batch, "dtype": dtype})
+
+
+def run_subprocess(cmd: list[str], spec: dict, cwd: str | None = None) -> dict:
+    """Run one worker process; its result is the line marked RESULT_MARKER on stdout,
+    else ``spec`` with the error and the end of what it printed."""
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
     wall = time.perf_counter() - t0
     for line in reversed(proc.stdout.splitlines()):
         if line.startswith(RESULT_MARKER):
@@ -211,8 +217,7 @@ def spawn_worker(args: argparse.Namespace, variant: str, batch: int, dtype: str)
             result["worker_wall_s"] = wall
             return result
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-    return {"variant": variant, "batch": batch, "dtype": dtype, "error": f"rc={proc.returncode}: " + " | ".join(tail),
-            "worker_wall_s": wall}
+    return {**spec, "error": f"rc={proc.returncode}: " + " | ".join(tail), "worker_wall_s": wall}
 
 
 def machine_info(args: argparse.Namespace) -> dict:

@@ -186,3 +186,11 @@ def train_metrics(run_dir, column="train/bpd"):
                 if row.get(column):
                     values[int(row["step"])] = float(row[column])
     return values
+
+
+@pytest.fixture
+def data_root(tmp_path):
+    """npz shards of 12 training images (val_size 2 leaves 10: 5 batches of 2 per epoch)."""
+    root = tmp_path / "data"
+    write_cifar_npz(root, train_sizes=(6, 6))
+    return root

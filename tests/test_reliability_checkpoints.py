@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import imagetx.resumable as resumable_module
-from conftest import write_cifar_npz, write_train_config
+from conftest import write_train_config
 from imagetx import load_model
 from imagetx.checkpoint import atomic_torch_save, remove_stale_temporaries
 from imagetx.train import main
@@ -26,13 +26,6 @@ from imagetx.train import main
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture
-def data_root(tmp_path):
-    root = tmp_path / "data"
-    write_cifar_npz(root, train_sizes=(6, 6))
-    return root
 
 
 def train(tmp_path, run_dir, data_root, max_steps, *extra, **settings):

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_TRAIN_MODEL, tiny_model, write_cifar_npz, write_npz_shard, write_train_config
+from conftest import TINY_TRAIN_MODEL, tiny_model, write_npz_shard, write_train_config
 from imagetx import save_model
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
@@ -32,13 +32,6 @@ def one_error_line(capsys, command, args) -> str:
     assert lines and [line for line in lines if line.startswith("error:")] == lines[-1:], lines
     assert not any(line.startswith("usage:") for line in lines), lines  # not the whole usage text
     return lines[-1]
-
-
-@pytest.fixture
-def data_root(tmp_path):
-    root = tmp_path / "data"
-    write_cifar_npz(root, train_sizes=(6, 6))
-    return root
 
 
 def train_error(tmp_path, capsys, data_root, *extra, **settings) -> str:

@@ -8,18 +8,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import write_cifar_npz, write_train_config
+from conftest import write_train_config
 from imagetx.lit import ImageTransformerModule
 from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
-
-
-@pytest.fixture
-def data_root(tmp_path):
-    root = tmp_path / "data"
-    write_cifar_npz(root, train_sizes=(6, 6))
-    return root
 
 
 def inject(monkeypatch, bad_batches, how="loss"):

@@ -21,7 +21,7 @@ import lightning as L
 import pytest
 import torch
 
-from conftest import train_metrics, write_cifar_npz, write_train_config
+from conftest import train_metrics, write_train_config
 from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -42,13 +42,6 @@ class SlowSteps(L.Callback):
 
     def on_train_batch_end(self, *args) -> None:
         time.sleep(self.seconds)
-
-
-@pytest.fixture
-def data_root(tmp_path):
-    root = tmp_path / "data"
-    write_cifar_npz(root, train_sizes=(6, 6))  # 10 training images (val_size 2): 5 batches of 2 per epoch
-    return root
 
 
 def train(tmp_path, run_dir, data_root, max_steps=STEPS, extra=(), **settings):

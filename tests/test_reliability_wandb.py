@@ -8,18 +8,11 @@ import pytest
 import torch
 
 import imagetx.train as train_module
-from conftest import train_metrics, write_cifar_npz, write_train_config
+from conftest import train_metrics, write_train_config
 from imagetx.train import main
 from imagetx.tracking import SafeWandbLogger
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
-
-
-@pytest.fixture
-def data_root(tmp_path):
-    root = tmp_path / "data"
-    write_cifar_npz(root, train_sizes=(6, 6))
-    return root
 
 
 @pytest.fixture(autouse=True)

@@ -8,38 +8,15 @@ import pytest
 import torch
 import yaml
 
-from conftest import random_images, tiny_config, write_cifar_npz
+from conftest import TINY_TRAIN_MODEL, random_images, tiny_config, write_train_config
 from imagetx import ModelConfig, load_model
 from imagetx.lit import ImageTransformerModule
 from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
-TINY_MODEL = dict(image_size=32, head="dmol", mixture_components=2, n_layers=1, d_model=16, n_heads=2,
-                  d_filter=32, dropout=0.0, attention="local_1d", query_block_length=256,
-                  position_encoding="learned")
-
-
 def write_config(tmp_path, root_dir, data_root, max_steps=3, **trainer):
-    config = {
-        "seed_everything": 0,
-        "trainer": {"default_root_dir": str(root_dir), "accelerator": "cpu", "devices": 1,
-                    "max_steps": max_steps, "val_check_interval": 2, "check_val_every_n_epoch": None,
-                    "limit_val_batches": 1, "enable_progress_bar": False, "enable_model_summary": False,
-                    "log_every_n_steps": 1, **trainer},
-        "model": {"config": TINY_MODEL, "optimizer": "adam_noam", "peak_lr": 0.003, "warmup_steps": 2},
-        "data": {"batch_size": 2, "eval_batch_size": 2, "val_size": 2},
-    }
-    path = tmp_path / f"config-{max_steps}.yaml"
-    path.write_text(yaml.safe_dump(config))
-    return path
-
-
-@pytest.fixture
-def data_root(tmp_path):
-    root = tmp_path / "data"
-    write_cifar_npz(root, train_sizes=(6, 6))
-    return root
+    return write_train_config(tmp_path / f"config-{max_steps}.yaml", root_dir, data_root, max_steps, **trainer)
 
 
 def test_train_writes_checkpoint_and_config(tmp_path, data_root, capsys):
@@ -51,7 +28,7 @@ def test_train_writes_checkpoint_and_config(tmp_path, data_root, capsys):
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
     assert checkpoint["global_step"] == 3
     model = load_model(last)
-    assert model.config.to_dict() == ModelConfig(**TINY_MODEL).to_dict()
+    assert model.config.to_dict() == ModelConfig(**TINY_TRAIN_MODEL).to_dict()
     # the rebuilt model holds the trained weights, not a fresh initialisation
     state = {k[len("model."):]: v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
     for name, value in model.state_dict().items():
