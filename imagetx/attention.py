@@ -160,15 +160,10 @@ class Local2D(AttentionPattern):
         own = same_block & (steps[None, :] <= steps[:, None])
         return top | left | own
 
-    @property
-    def memory_size(self) -> int:
-        (qh, qw), (fh, fw) = self.block, self.flange
-        return fh * (qw + 2 * fw) + qh * fw
-
     def block_keys(self, device: torch.device) -> tuple[Tensor, Tensor]:
         """Every block's keys as generation steps, and which each of its queries may see.
 
-        -> key_steps (n_blocks, M + L): the top flange (raster), the left flange, then the
+        -> key_steps (n_blocks, M + L), M flange cells and L = qh·qw block cells: the top flange (raster), the left flange, then the
         block itself; a cell outside the grid is step T, which ``attend_folded`` maps to a
         zero key. can_attend (n_blocks, L, M + L): inside-the-grid flange cells, and the
         block's own cells causally.
