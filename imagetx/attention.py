@@ -163,9 +163,9 @@ class Local2D(AttentionPattern):
     def block_keys(self, device: torch.device) -> tuple[Tensor, Tensor]:
         """Every block's keys as generation steps, and which each of its queries may see.
 
-        -> key_steps (n_blocks, M + L), M flange cells and L = qh·qw block cells: the top flange (raster), the left flange, then the
-        block itself; a cell outside the grid is step T, which ``attend_folded`` maps to a
-        zero key. can_attend (n_blocks, L, M + L): inside-the-grid flange cells, and the
+        -> key_steps (n_blocks, M + L), M flange cells and L = qh·qw block cells: the top
+        flange (raster), the left flange, then the block itself; a cell outside the grid is
+        step T, which ``attend_folded`` maps to a zero key. can_attend (n_blocks, L, M + L): inside-the-grid flange cells, and the
         block's own cells causally.
         """
         if self._block_keys is None or self._block_keys[0].device != device:
