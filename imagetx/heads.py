@@ -24,7 +24,8 @@ BIN_MASS_FLOOR = 1e-5  # below this, the CDF difference has lost its precision
 
 def check_temperature(temperature: float) -> None:
     if not temperature >= 0 or math.isinf(temperature):
-        raise ValueError(f"temperature={temperature!r} is invalid: use a finite value >= 0 (0 = most likely value)")
+        raise ValueError(f"temperature {temperature} is invalid: temperatures must be finite and >= 0 "
+                         "(0 = always the most likely value)")
 
 
 class CategoricalHead(nn.Module):

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import sys
 import time
@@ -27,6 +26,7 @@ import torch
 
 from .checkpoint import CheckpointError, check_device, check_writable, load_model
 from .data import SPLITS, DataError, default_root, downsample_area, load_cifar10
+from .heads import check_temperature
 from .images import load_image_file, save_grid, upsample_nearest
 from .model import ImageTransformer
 from .sampler import sample
@@ -60,9 +60,7 @@ def check_request(args: argparse.Namespace, model: ImageTransformer) -> None:
     if args.count < 1 or args.samples < 1:
         raise ValueError(f"--count {args.count} / --samples {args.samples}: both must be at least 1")
     for temperature in [args.temperature, *args.temperatures]:
-        if not math.isfinite(temperature) or temperature < 0:
-            raise ValueError(f"temperature {temperature} is invalid: temperatures must be finite and >= 0 "
-                             "(0 = always the most likely value)")
+        check_temperature(temperature)
     if args.task == "complete" and not 0 <= args.rows <= cfg.image_size:
         raise ValueError(f"--rows {args.rows} is outside 0..{cfg.image_size}")
     if args.label is not None and not cfg.num_classes:
