@@ -35,6 +35,16 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, can_attend: Tensor) -> Tens
     return torch.einsum("bhqk,bhkd->bhqd", weights, v)
 
 
+def cross_can_attend(query_cells: tuple[Tensor, Tensor], key_cells: tuple[Tensor, Tensor], radius: int) -> Tensor:
+    """(Tq, Tk) local cross-attention: True where the key's low-resolution cell lies
+    within ``radius`` rows and columns of the query's. Cells are (rows, cols) index
+    tensors on the same low-resolution grid."""
+    (q_rows, q_cols), (k_rows, k_cols) = query_cells, key_cells
+    near_row = (q_rows[:, None] - k_rows[None, :]).abs() <= radius
+    near_col = (q_cols[:, None] - k_cols[None, :]).abs() <= radius
+    return near_row & near_col
+
+
 class AttentionPattern:
     """Which keys each query sees, over a sequence of ``length`` positions.
 
@@ -236,14 +246,16 @@ class MultiHeadAttention(nn.Module):
     def merge_heads(self, x: Tensor) -> Tensor:
         return self.to_out(rearrange(x, "b h t d -> b t (h d)"))
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor | None = None, can_attend: Tensor | None = None) -> Tensor:
+        """Self-attention under the pattern, or attention to ``context`` (cross-attention)
+        limited to ``can_attend`` (Tq, Tk) when one is given (True = may attend)."""
         if context is None and self.pattern is not None:
             return self.self_attend(x)
         source = x if context is None else context
         q, k, v = (self.split_heads(proj(inp)) for proj, inp in
                    ((self.to_q, x), (self.to_k, source), (self.to_v, source)))
         if self.pattern is None:
-            out = F.scaled_dot_product_attention(q, k, v)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=can_attend)
         else:
             out = self.pattern.attend(q, k, v)
         return self.merge_heads(out)

@@ -44,6 +44,10 @@ class ModelConfig:
     # Super-resolution (§6): 0 = plain decoder; >0 = encoder layers over a low-res image.
     encoder_layers: int = 0
     low_res_size: int = 8  # side of the encoder's input image, in pixels
+    # Reach of cross-attention (§6). None: every low-res sub-pixel, as in T2T. k >= 0:
+    # only the low-res pixels within k cells (rows and columns) of the one under the
+    # query, which a barely trained decoder cannot miss (the quick CPU preset uses 1).
+    cross_attention_radius: int | None = None
 
     def __post_init__(self) -> None:
         # YAML and JSON hand us lists; the dataclass promises tuples.
@@ -105,6 +109,9 @@ class ModelConfig:
             bad("encoder_layers", self.encoder_layers, "must be 0 (no encoder) or a positive count")
         if self.encoder_layers and (self.low_res_size < 1 or self.image_size % self.low_res_size):
             bad("low_res_size", self.low_res_size, f"must divide image_size={self.image_size}")
+        radius = self.cross_attention_radius
+        if radius is not None and (not isinstance(radius, int) or radius < 0):
+            bad("cross_attention_radius", radius, "must be None (every low-res cell) or 0 or more cells")
         rows, cols = self.grid_shape
         if self.attention == "local_1d":
             if self.query_block_length < 1:

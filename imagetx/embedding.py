@@ -18,14 +18,32 @@ from .config import CHANNELS, LEVELS
 
 
 class SubPixelEmbedding(nn.Module):
-    """Values (B, T) with channel ids (T,) -> (B, T, d)."""
+    """Values (B, T) with channel ids (T,) -> (B, T, d).
 
-    def __init__(self, d_model: int) -> None:
+    ``ordinal=True`` starts each channel's 256 rows on the straight line between two
+    random vectors, so that value 101 starts next to 100 instead of at an unrelated
+    random point; the rows are free to move apart in training. The super-resolution
+    encoder uses it: measured on the quick preset after 400 steps, a decoder fed
+    randomly initialised rows had not yet learnt to read intensities off them (shuffling
+    the 8×8 inputs across images changed its bits/dim by 0.016), one fed ordinal rows
+    had (0.16).
+    """
+
+    def __init__(self, d_model: int, ordinal: bool = False) -> None:
         super().__init__()
         self.table = nn.Embedding(CHANNELS * LEVELS, d_model)
         # T2T initialises with std d^-½ so that after the √d scale entries are ~unit size.
         nn.init.normal_(self.table.weight, std=d_model**-0.5)
+        if ordinal:
+            self.make_ordinal()
         self.scale = math.sqrt(d_model)
+
+    @torch.no_grad()
+    def make_ordinal(self) -> None:
+        """Row v of each channel := lerp(row 0, row 255, v / 255), keeping their random ends."""
+        table = self.table.weight.view(CHANNELS, LEVELS, -1)
+        fraction = torch.linspace(0.0, 1.0, LEVELS, dtype=table.dtype)[None, :, None]
+        table.copy_(table[:, :1] + (table[:, -1:] - table[:, :1]) * fraction)
 
     def forward(self, values: Tensor, channels: Tensor) -> Tensor:
         return self.table(values.long() + LEVELS * channels) * self.scale

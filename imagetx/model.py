@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from .attention import AttentionPattern, MultiHeadAttention, pattern_for
+from .attention import AttentionPattern, MultiHeadAttention, cross_can_attend, pattern_for
 from .config import CHANNELS, LEVELS, ModelConfig
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
@@ -41,10 +41,10 @@ class TransformerLayer(nn.Module):
             return x + self.dropout(fn(norm(x)))
         return norm(x + self.dropout(fn(x)))  # the paper's "dropout, add, norm"
 
-    def forward(self, x: Tensor, context: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor | None = None, cross_can_attend: Tensor | None = None) -> Tensor:
         x = self.sublayer(x, self.self_attn, self.self_norm)
         if self.cross_attn is not None:
-            x = self.sublayer(x, lambda h: self.cross_attn(h, context), self.cross_norm)
+            x = self.sublayer(x, lambda h: self.cross_attn(h, context, cross_can_attend), self.cross_norm)
         return self.sublayer(x, self.ffn, self.ffn_norm)
 
 
@@ -55,6 +55,8 @@ class Encoder(nn.Module):
     centre of the high-resolution cells it summarises, using the decoder's own
     position encoding: cross-attention can then find the low-resolution input
     under each target cell by position alone, rather than learn the alignment.
+    Its value table starts ordinal (``SubPixelEmbedding``), so intensities are
+    readable from the first step.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -63,6 +65,8 @@ class Encoder(nn.Module):
         self.order = GenerationOrder(side, side * CHANNELS)
         rows, cols = self.order.cell_of_step()
         pixel_cols, channels = cols // CHANNELS, cols % CHANNELS
+        self.register_buffer("cell_rows", rows, persistent=False)  # low-res pixel of each sub-pixel
+        self.register_buffer("cell_cols", pixel_cols, persistent=False)
         scale = config.image_size // side
         target_rows = rows * scale + scale // 2
         target_cols = pixel_cols * scale + scale // 2
@@ -71,7 +75,7 @@ class Encoder(nn.Module):
         self.register_buffer("channels", channels, persistent=False)
         self.register_buffer("rows", target_rows, persistent=False)
         self.register_buffer("cols", target_cols, persistent=False)
-        self.embedding = SubPixelEmbedding(config.d_model)
+        self.embedding = SubPixelEmbedding(config.d_model, ordinal=True)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(TransformerLayer(config, None, False) for _ in range(config.encoder_layers))
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
@@ -105,12 +109,24 @@ class ImageTransformer(nn.Module):
         self.class_embedding = nn.Embedding(config.num_classes, d) if config.num_classes else None
         self.input_dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config) if config.encoder_layers else None
+        self.register_buffer("cross_can_attend", self.local_cross_attention(), persistent=False)
         self.layers = nn.ModuleList(
             TransformerLayer(config, self.pattern, cross_attention=self.encoder is not None)
             for _ in range(config.n_layers)
         )
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
         self.head = CategoricalHead(d) if categorical else DMOLHead(d, config.mixture_components)
+
+    def local_cross_attention(self) -> Tensor | None:
+        """(T, 3·h·w) ``can_attend`` of each decoder step over the encoder's sub-pixels,
+        or None where cross-attention sees all of them (no radius, or no encoder)."""
+        radius = self.config.cross_attention_radius
+        if self.encoder is None or radius is None:
+            return None
+        scale = self.config.image_size // self.config.low_res_size
+        pixel_cols = self.step_cols // CHANNELS if self.config.head == "categorical" else self.step_cols
+        query_cells = (self.step_rows // scale, pixel_cols // scale)
+        return cross_can_attend(query_cells, (self.encoder.cell_rows, self.encoder.cell_cols), radius)
 
     # ----- inputs -----------------------------------------------------------
     def targets(self, images: Tensor) -> Tensor:
@@ -158,7 +174,7 @@ class ImageTransformer(nn.Module):
         """
         x = self.decoder_inputs(value_embeddings, labels, shift)
         for layer in self.layers:
-            x = layer(x, context)
+            x = layer(x, context, self.cross_can_attend)
         return self.head(self.final_norm(x))
 
     def forward(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:

@@ -77,10 +77,13 @@ class CachedDecoder:
         out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.index.valid[t : t + 1])
         return attn.merge_heads(out)
 
-    def _cross_attend(self, layer_index: int, hidden: Tensor) -> Tensor:
+    def _cross_attend(self, layer_index: int, hidden: Tensor, t: int) -> Tensor:
         attn = self.model.layers[layer_index].cross_attn
         keys, values = self.cross_kv[layer_index]
-        return attn.merge_heads(F.scaled_dot_product_attention(attn.split_heads(attn.to_q(hidden)), keys, values))
+        local = self.model.cross_can_attend
+        can_attend = None if local is None else local[t : t + 1]
+        q = attn.split_heads(attn.to_q(hidden))
+        return attn.merge_heads(F.scaled_dot_product_attention(q, keys, values, attn_mask=can_attend))
 
     def step(self, t: int, previous: Tensor | None) -> Tensor:
         """Parameters for step t, given the embedding (B, 1, d) of step t−1's value (None at t = 0)."""
@@ -90,7 +93,7 @@ class CachedDecoder:
         for i, layer in enumerate(self.model.layers):
             x = layer.sublayer(x, lambda h: self._self_attend(i, h, t), layer.self_norm)
             if self.cross_kv is not None:
-                x = layer.sublayer(x, lambda h: self._cross_attend(i, h), layer.cross_norm)
+                x = layer.sublayer(x, lambda h: self._cross_attend(i, h, t), layer.cross_norm)
             x = layer.sublayer(x, layer.ffn, layer.ffn_norm)
         return self.model.head(self.model.final_norm(x))[:, 0]
 

@@ -116,6 +116,12 @@ def test_negative_memory_blocks():
     assert_rejected("memory_blocks", memory_blocks=-1)
 
 
+@pytest.mark.parametrize("radius", [-1, 1.5])
+def test_cross_attention_radius_is_none_or_a_count(radius):
+    assert_rejected("cross_attention_radius", image_size=8, encoder_layers=1, low_res_size=4,
+                    cross_attention_radius=radius)
+
+
 def test_encoder_low_res_must_divide_image_size():
     assert_rejected("low_res_size", image_size=8, encoder_layers=1, low_res_size=3)
 

@@ -59,13 +59,15 @@ def test_ring_buffer_is_shorter_than_the_sequence():
     assert decoder.index.ring == 32 < model.order.length == 192
 
 
-@pytest.mark.parametrize("head,attention", [("categorical", "local_2d"), ("dmol", "local_1d")])
-def test_cached_decoder_matches_full_pass_with_encoder(head, attention):
+@pytest.mark.parametrize("head,attention,radius", [("categorical", "local_2d", None), ("dmol", "local_1d", None),
+                                                   ("categorical", "local_1d", 0), ("dmol", "local_2d", 1)])
+def test_cached_decoder_matches_full_pass_with_encoder(head, attention, radius):
+    # low_res_size 4 with radius 0 or 1: each step's cross-attention sees part of the 4x4 input
     model = tiny_model(seed=4, dtype=torch.float64, head=head, attention=attention, num_classes=10,
-                       encoder_layers=1, low_res_size=2, query_block_shape=block_shape(head),
-                       **{**SMALL_BLOCKS, "n_layers": 1})
+                       encoder_layers=1, low_res_size=2 if radius is None else 4, cross_attention_radius=radius,
+                       query_block_shape=block_shape(head), **{**SMALL_BLOCKS, "n_layers": 1})
     images = random_images(2, 8, seed=5)
-    low_res = downsample_area(random_images(2, 8, seed=6), 2)  # not the images' own: the input matters
+    low_res = downsample_area(random_images(2, 8, seed=6), model.config.low_res_size)  # not the images' own
     check_cached_equals_full(model, images, random_labels(2, 10, seed=7), low_res)
 
 

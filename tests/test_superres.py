@@ -13,6 +13,7 @@ from PIL import Image
 
 from conftest import random_images, tiny_model, write_cifar_npz
 from imagetx import load_model, save_model
+from imagetx.attention import dense_attention
 from imagetx.data import downsample_area
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
@@ -20,12 +21,13 @@ from imagetx.sample import main as sample_main
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
 
-def superres_model(head: str, attention: str, seed: int = 0):
+def superres_model(head: str, attention: str, seed: int = 0, radius: int | None = None, **overrides):
     geometry = {"local_1d": dict(query_block_length=16),
                 "local_2d": dict(query_block_shape=(2, 6) if head == "categorical" else (2, 2), memory_flange=(2, 3)),
                 "full": {}}[attention]
-    return tiny_model(seed=seed, dtype=torch.float64, head=head, attention=attention, image_size=8,
-                      encoder_layers=2, low_res_size=2, **geometry)
+    values = dict(encoder_layers=2, low_res_size=2, cross_attention_radius=radius, **geometry)
+    values.update(overrides)
+    return tiny_model(seed=seed, dtype=torch.float64, head=head, attention=attention, image_size=8, **values)
 
 
 class LeafEmbeddings:
@@ -40,10 +42,12 @@ class LeafEmbeddings:
         return self.leaf
 
 
+@pytest.mark.parametrize("radius", [None, 0])
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
 @pytest.mark.parametrize("attention", ["local_1d", "local_2d", "full"])
-def test_decoder_causal_and_every_output_sees_all_of_the_low_res_input(head, attention):
-    model = superres_model(head, attention)
+def test_decoder_causal_and_every_output_sees_all_of_the_low_res_input(head, attention, radius):
+    # radius 0: cross-attention sees one low-res pixel, the rest arrives through the encoder
+    model = superres_model(head, attention, radius=radius)
     images, low_res = random_images(2, 8, seed=1), random_images(2, 2, seed=2)
     leaf = LeafEmbeddings(model)
     targets = model.targets(images)
@@ -60,6 +64,42 @@ def test_decoder_causal_and_every_output_sees_all_of_the_low_res_input(head, att
             assert per_step[:t].sum() > 0
         per_low_res_input = grad_low.abs().sum(dim=(0, 2))  # (3·h·w,)
         assert torch.all(per_low_res_input > 0), f"step {t} ignores some low-resolution sub-pixels"
+
+
+def pixel_of_step(step: int, head: str, side: int) -> tuple[int, int]:
+    """(row, col) of the pixel a raster-order step belongs to, written out independently."""
+    per_row = side * 3 if head == "categorical" else side
+    col = step % per_row
+    return step // per_row, col // 3 if head == "categorical" else col
+
+
+@pytest.mark.parametrize("head", ["categorical", "dmol"])
+@pytest.mark.parametrize("radius", [0, 1])
+def test_local_cross_attention_reaches_exactly_the_nearby_low_res_pixels(head, radius):
+    # One decoder layer: step t's output depends on the encoder output only through its own
+    # cross-attention, so the gradient's support is that step's row of can_attend.
+    model = superres_model(head, "local_1d", radius=radius, low_res_size=4, n_layers=1)
+    images, low_res = random_images(1, 8, seed=1), random_images(1, 4, seed=2)
+    context = model.encode(low_res).detach().requires_grad_()
+    params = model.decode(model.embed_values(model.targets(images)), None, context)
+    for t in range(params.shape[1]):
+        (grad,) = torch.autograd.grad(params[0, t].sum(), context, retain_graph=True)
+        reached = grad[0].abs().sum(dim=-1) > 0
+        row, col = pixel_of_step(t, head, 8)
+        for s in range(context.shape[1]):
+            low_row, low_col = pixel_of_step(s, "categorical", 4)  # the encoder reads sub-pixels
+            near = abs(row // 2 - low_row) <= radius and abs(col // 2 - low_col) <= radius
+            assert bool(reached[s]) == near, f"step {t} (pixel {row},{col}) vs low-res sub-pixel {s}"
+
+
+def test_local_cross_attention_equals_the_dense_reference():
+    model = superres_model("dmol", "local_1d", radius=1, low_res_size=4)
+    attn, can_attend = model.layers[0].cross_attn, model.cross_can_attend
+    x = torch.randn(2, 64, 16, dtype=torch.float64)
+    context = torch.randn(2, 48, 16, dtype=torch.float64)
+    q, k, v = attn.split_heads(attn.to_q(x)), attn.split_heads(attn.to_k(context)), attn.split_heads(attn.to_v(context))
+    expected = attn.merge_heads(dense_attention(q, k, v, can_attend))
+    torch.testing.assert_close(attn(x, context, can_attend), expected, rtol=1e-10, atol=1e-10)
 
 
 def test_encoder_is_not_causal():
@@ -133,3 +173,14 @@ def test_sample_superres_rejects_a_plain_model(tmp_path, capsys):
         sample_main(["--ckpt", str(path), "--task", "superres", "--out", str(tmp_path / "o")])
     assert info.value.code == 2
     assert "super-resolution checkpoint" in capsys.readouterr().err
+
+
+def test_encoder_embedding_starts_ordinal():
+    # Each channel's rows start on a line from row 0 to row 255: equal steps between
+    # neighbouring values, so intensities are readable before any training.
+    model = superres_model("dmol", "local_1d")
+    table = model.encoder.embedding.table.weight.detach().view(3, 256, -1)
+    steps = table[:, 1:] - table[:, :-1]
+    torch.testing.assert_close(steps, steps[:, :1].expand_as(steps), rtol=0, atol=1e-6)  # built in fp32
+    assert torch.all(steps[:, 0].abs().sum(dim=-1) > 0)  # not collapsed to one point
+    assert not torch.allclose(table[0], table[1])  # channels keep separate lines
