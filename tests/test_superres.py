@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -14,7 +17,7 @@ from PIL import Image
 from conftest import random_images, tiny_model, write_cifar_npz
 from imagetx import load_model, save_model
 from imagetx.attention import dense_attention
-from imagetx.data import downsample_area
+from imagetx.data import downsample_area, load_cifar10
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
 
@@ -184,3 +187,22 @@ def test_encoder_embedding_starts_ordinal():
     torch.testing.assert_close(steps, steps[:, :1].expand_as(steps), rtol=0, atol=1e-6)  # built in fp32
     assert torch.all(steps[:, 0].abs().sum(dim=-1) > 0)  # not collapsed to one point
     assert not torch.allclose(table[0], table[1])  # channels keep separate lines
+
+
+def test_input_use_script_compares_own_and_borrowed_inputs(tmp_path, superres_ckpt):
+    root = tmp_path / "data"
+    write_cifar_npz(root, train_sizes=(6,))
+    out = tmp_path / "use.json"
+    script = Path(__file__).parents[1] / "scripts" / "superres_input_use.py"
+    subprocess.run([sys.executable, str(script), str(superres_ckpt), "--data.root", str(root), "--split", "val",
+                    "--val_size", "4", "--count", "3", "--json", str(out)], check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    images = load_cifar10(root, "val", val_size=4)[0][:3]
+    model = load_model(superres_ckpt)
+    low_res = downsample_area(images, 8)
+    with torch.no_grad():
+        own = model.bits_per_dim(images, None, low_res).mean().item()
+        other = model.bits_per_dim(images, None, low_res[[2, 0, 1]]).mean().item()
+    assert math.isclose(result["bpd_own_input"], own, rel_tol=1e-6)
+    assert math.isclose(result["bpd_other_image_input"], other, rel_tol=1e-6)
+    assert result["images"] == 3
