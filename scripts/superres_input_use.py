@@ -17,12 +17,16 @@ import sys
 import torch
 
 from imagetx import load_model
+from imagetx.checkpoint import CheckpointError
 from imagetx.data import DataError, default_root, downsample_area, load_cifar10
 
 
-def bits_per_dim(model, images: torch.Tensor, low_res: torch.Tensor, batch: int) -> float:
+def bits_per_dim(model, images: torch.Tensor, labels: torch.Tensor | None, low_res: torch.Tensor,
+                 batch: int) -> float:
+    """Mean bits/dim of ``images`` given ``low_res`` (and ``labels`` for a class-conditional model)."""
     with torch.no_grad():
-        return torch.cat([model.bits_per_dim(images[i : i + batch], None, low_res[i : i + batch])
+        return torch.cat([model.bits_per_dim(images[i : i + batch], None if labels is None else labels[i : i + batch],
+                                             low_res[i : i + batch])
                           for i in range(0, len(images), batch)]).mean().item()
 
 
@@ -36,19 +40,23 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=50)
     parser.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args()
-    model = load_model(args.ckpt).eval()
+    try:
+        model = load_model(args.ckpt)
+    except CheckpointError as err:
+        sys.exit(f"error: {err}")
     if model.encoder is None:
         sys.exit(f"error: {args.ckpt} has no encoder (encoder_layers=0); pass a super-resolution checkpoint")
-    if args.count < 2:
-        sys.exit("error: --count must be at least 2: each image borrows another's input")
+    if args.count < 2 or args.batch_size < 1:
+        sys.exit("error: --count must be at least 2 (each image borrows another's input) and --batch_size at least 1")
     try:
-        images, _ = load_cifar10(args.root or default_root(), args.split, args.val_size, download=False)
+        images, labels = load_cifar10(args.root or default_root(), args.split, args.val_size, download=False)
     except DataError as err:
         sys.exit(f"error: {err}")
     images = images[: args.count]
+    labels = labels[: args.count] if model.config.num_classes else None
     low_res = downsample_area(images, model.config.low_res_size)
-    own = bits_per_dim(model, images, low_res, args.batch_size)
-    other = bits_per_dim(model, images, low_res.roll(1, dims=0), args.batch_size)
+    own = bits_per_dim(model, images, labels, low_res, args.batch_size)
+    other = bits_per_dim(model, images, labels, low_res.roll(1, dims=0), args.batch_size)
     result = {"bpd_own_input": own, "bpd_other_image_input": other, "gap": other - own,
               "images": len(images), "split": args.split, "ckpt": args.ckpt}
     print(json.dumps(result))

@@ -206,3 +206,21 @@ def test_input_use_script_compares_own_and_borrowed_inputs(tmp_path, superres_ck
     assert math.isclose(result["bpd_own_input"], own, rel_tol=1e-6)
     assert math.isclose(result["bpd_other_image_input"], other, rel_tol=1e-6)
     assert result["images"] == 3
+
+
+def test_input_use_script_class_conditional_and_bad_checkpoint(tmp_path):
+    root = tmp_path / "data"
+    write_cifar_npz(root, train_sizes=(6,))
+    script = str(Path(__file__).parents[1] / "scripts" / "superres_input_use.py")
+    ckpt = tmp_path / "cond.ckpt"
+    save_model(tiny_model(image_size=32, head="dmol", query_block_length=64, encoder_layers=1, low_res_size=8,
+                          num_classes=10), ckpt)
+    common = ["--data.root", str(root), "--split", "val", "--val_size", "4", "--count", "2"]
+    done = subprocess.run([sys.executable, script, str(ckpt), *common], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr  # labels are passed to a class-conditional model
+    assert json.loads(done.stdout.strip().splitlines()[-1])["images"] == 2
+    missing = subprocess.run([sys.executable, script, str(tmp_path / "nope.ckpt"), *common],
+                             capture_output=True, text=True)
+    assert missing.returncode != 0
+    assert missing.stderr.strip().startswith("error:") and "does not exist" in missing.stderr
+    assert "Traceback" not in missing.stderr
