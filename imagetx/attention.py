@@ -45,6 +45,48 @@ def cross_can_attend(query_cells: tuple[Tensor, Tensor], key_cells: tuple[Tensor
     return near_row & near_col
 
 
+class LocalCrossAttention(nn.Module):
+    """Cross-attention limited by a fixed (Tq, Tk) ``can_attend`` (True = may attend), run
+    on the keys it allows only.
+
+    Queries whose rows of ``can_attend`` are equal (the decoder positions over one
+    low-resolution cell) form groups of equal size; each group is attended against its own gathered
+    keys, as the batch of one 4-D fused call. With radius 0 that is 3 keys per query
+    instead of masking all 192. ``dense_attention`` with ``can_attend`` is the reference.
+    """
+
+    def __init__(self, can_attend: Tensor) -> None:
+        super().__init__()
+        if not can_attend.any(dim=1).all():
+            raise ValueError("local cross-attention: every query needs at least one key it may attend to")
+        key_sets, set_of_query = torch.unique(can_attend, dim=0, return_inverse=True)
+        # Groups of equal size: each set's queries cut into runs of the gcd of the set sizes
+        # (sets can differ in size where cells at the edge share a neighbourhood).
+        query_order = torch.argsort(set_of_query, stable=True)
+        size = math.gcd(*torch.bincount(set_of_query).tolist())
+        rows = can_attend[query_order[::size]]  # (groups, Tk): the key set of each group
+        n_keys = int(rows.sum(dim=1).max())
+        # Each group's allowed keys first (stable sort keeps them in index order), padded
+        # with disallowed ones that the mask hides.
+        key_index = torch.argsort((~rows).to(torch.int8), dim=1, stable=True)[:, :n_keys]
+        key_allowed = torch.gather(rows, 1, key_index)
+        self.register_buffer("can_attend", can_attend, persistent=False)
+        self.register_buffer("query_order", query_order, persistent=False)
+        self.register_buffer("query_position", torch.argsort(query_order), persistent=False)
+        self.register_buffer("key_index", key_index, persistent=False)
+        # None when every group sees equally many keys: no mask lets SDPA use its fused kernel.
+        self.register_buffer("key_allowed", None if key_allowed.all() else key_allowed[:, None, :], persistent=False)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """q (B, h, Tq, d), k and v (B, h, Tk, d) -> (B, h, Tq, d)."""
+        n_groups = self.key_index.shape[0]
+        queries = rearrange(q[:, :, self.query_order], "b h (g n) d -> (b h) g n d", g=n_groups)
+        keys, values = (rearrange(t[:, :, self.key_index], "b h g s d -> (b h) g s d") for t in (k, v))
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.key_allowed)
+        out = rearrange(out, "(b h) g n d -> b h (g n) d", b=q.shape[0])
+        return out[:, :, self.query_position]
+
+
 class AttentionPattern:
     """Which keys each query sees, over a sequence of ``length`` positions.
 
@@ -246,16 +288,18 @@ class MultiHeadAttention(nn.Module):
     def merge_heads(self, x: Tensor) -> Tensor:
         return self.to_out(rearrange(x, "b h t d -> b t (h d)"))
 
-    def forward(self, x: Tensor, context: Tensor | None = None, can_attend: Tensor | None = None) -> Tensor:
-        """Self-attention under the pattern, or attention to ``context`` (cross-attention)
-        limited to ``can_attend`` (Tq, Tk) when one is given (True = may attend)."""
+    def forward(self, x: Tensor, context: Tensor | None = None, local: LocalCrossAttention | None = None) -> Tensor:
+        """Self-attention under the pattern, or attention to ``context`` (cross-attention),
+        over every context position or, with ``local``, only those it allows."""
         if context is None and self.pattern is not None:
             return self.self_attend(x)
         source = x if context is None else context
         q, k, v = (self.split_heads(proj(inp)) for proj, inp in
                    ((self.to_q, x), (self.to_k, source), (self.to_v, source)))
-        if self.pattern is None:
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=can_attend)
+        if local is not None:
+            out = local.attend(q, k, v)
+        elif self.pattern is None:
+            out = F.scaled_dot_product_attention(q, k, v)
         else:
             out = self.pattern.attend(q, k, v)
         return self.merge_heads(out)

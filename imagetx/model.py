@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 from torch import Tensor, nn
 
-from .attention import AttentionPattern, MultiHeadAttention, cross_can_attend, pattern_for
+from .attention import AttentionPattern, LocalCrossAttention, MultiHeadAttention, cross_can_attend, pattern_for
 from .config import CHANNELS, LEVELS, ModelConfig
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
@@ -41,10 +41,10 @@ class TransformerLayer(nn.Module):
             return x + self.dropout(fn(norm(x)))
         return norm(x + self.dropout(fn(x)))  # the paper's "dropout, add, norm"
 
-    def forward(self, x: Tensor, context: Tensor | None = None, cross_can_attend: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, context: Tensor | None = None, local_cross: LocalCrossAttention | None = None) -> Tensor:
         x = self.sublayer(x, self.self_attn, self.self_norm)
         if self.cross_attn is not None:
-            x = self.sublayer(x, lambda h: self.cross_attn(h, context, cross_can_attend), self.cross_norm)
+            x = self.sublayer(x, lambda h: self.cross_attn(h, context, local_cross), self.cross_norm)
         return self.sublayer(x, self.ffn, self.ffn_norm)
 
 
@@ -110,7 +110,7 @@ class ImageTransformer(nn.Module):
         self.class_embedding = nn.Embedding(config.num_classes, d) if config.num_classes else None
         self.input_dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config) if config.encoder_layers else None
-        self.register_buffer("cross_can_attend", self.local_cross_attention(), persistent=False)
+        self.local_cross = self.local_cross_attention()
         self.layers = nn.ModuleList(
             TransformerLayer(config, self.pattern, cross_attention=self.encoder is not None)
             for _ in range(config.n_layers)
@@ -118,16 +118,21 @@ class ImageTransformer(nn.Module):
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
         self.head = CategoricalHead(d) if categorical else DMOLHead(d, config.mixture_components)
 
-    def local_cross_attention(self) -> Tensor | None:
-        """(T, 3·h·w) ``can_attend`` of each decoder step over the encoder's sub-pixels,
-        or None where cross-attention sees all of them (no radius, or no encoder)."""
+    def local_cross_attention(self) -> LocalCrossAttention | None:
+        """Cross-attention of each decoder step to the encoder's sub-pixels within the radius,
+        or None where it sees all of them (no radius, or no encoder)."""
         radius = self.config.cross_attention_radius
         if self.encoder is None or radius is None:
             return None
         scale = self.config.image_size // self.config.low_res_size
         pixel_cols = self.step_cols // CHANNELS if self.config.head == "categorical" else self.step_cols
         query_cells = (self.step_rows // scale, pixel_cols // scale)
-        return cross_can_attend(query_cells, (self.encoder.cell_rows, self.encoder.cell_cols), radius)
+        return LocalCrossAttention(cross_can_attend(query_cells, (self.encoder.cell_rows, self.encoder.cell_cols), radius))
+
+    @property
+    def cross_can_attend(self) -> Tensor | None:
+        """(T, 3·h·w) ``can_attend`` of decoder steps over encoder sub-pixels, or None (all)."""
+        return None if self.local_cross is None else self.local_cross.can_attend
 
     # ----- inputs -----------------------------------------------------------
     def targets(self, images: Tensor) -> Tensor:
@@ -175,7 +180,7 @@ class ImageTransformer(nn.Module):
         """
         x = self.decoder_inputs(value_embeddings, labels, shift)
         for layer in self.layers:
-            x = layer(x, context, self.cross_can_attend)
+            x = layer(x, context, self.local_cross)
         return self.head(self.final_norm(x))
 
     def forward(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:

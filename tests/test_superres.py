@@ -95,14 +95,24 @@ def test_local_cross_attention_reaches_exactly_the_nearby_low_res_pixels(head, r
             assert bool(reached[s]) == near, f"step {t} (pixel {row},{col}) vs low-res sub-pixel {s}"
 
 
-def test_local_cross_attention_equals_the_dense_reference():
-    model = superres_model("dmol", "local_1d", radius=1, low_res_size=4)
+@pytest.mark.parametrize("head", ["categorical", "dmol"])
+@pytest.mark.parametrize("radius", [0, 1, 2])
+def test_local_cross_attention_equals_the_dense_reference(head, radius):
+    # radius 0: 3 keys for every query, no mask; 1 and 2: edge cells see fewer keys (masked)
+    model = superres_model(head, "local_1d", radius=radius, low_res_size=4)
     attn, can_attend = model.layers[0].cross_attn, model.cross_can_attend
-    x = torch.randn(2, 64, 16, dtype=torch.float64)
-    context = torch.randn(2, 48, 16, dtype=torch.float64)
+    length = model.config.seq_len
+    x = torch.randn(2, length, 16, dtype=torch.float64, requires_grad=True)
+    context = torch.randn(2, 48, 16, dtype=torch.float64, requires_grad=True)
     q, k, v = attn.split_heads(attn.to_q(x)), attn.split_heads(attn.to_k(context)), attn.split_heads(attn.to_v(context))
     expected = attn.merge_heads(dense_attention(q, k, v, can_attend))
-    torch.testing.assert_close(attn(x, context, can_attend), expected, rtol=1e-10, atol=1e-10)
+    got = attn(x, context, model.local_cross)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+    weights = torch.randn_like(got)
+    grads = torch.autograd.grad((got * weights).sum(), (x, context))
+    expected_grads = torch.autograd.grad((expected * weights).sum(), (x, context))
+    for grad, expected_grad in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected_grad, rtol=1e-10, atol=1e-10)
 
 
 def test_encoder_is_not_causal():
