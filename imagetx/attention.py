@@ -50,16 +50,17 @@ class LocalCrossAttention(nn.Module):
     on the keys it allows only.
 
     Queries whose rows of ``can_attend`` are equal (the decoder positions over one
-    low-resolution cell) form groups of equal size; each group is attended against its own gathered
-    keys, as the batch of one 4-D fused call. With radius 0 that is 3 keys per query
-    instead of masking all 192. ``dense_attention`` with ``can_attend`` is the reference.
+    low-resolution cell) form groups of equal size; each group is attended against its
+    own gathered keys, as the batch of one 4-D fused call. With radius 0 that is 3 keys
+    per query instead of masking all 192. ``dense_attention`` with ``can_attend`` is the
+    reference.
     """
 
     def __init__(self, can_attend: Tensor) -> None:
         super().__init__()
         if not can_attend.any(dim=1).all():
             raise ValueError("local cross-attention: every query needs at least one key it may attend to")
-        key_sets, set_of_query = torch.unique(can_attend, dim=0, return_inverse=True)
+        _, set_of_query = torch.unique(can_attend, dim=0, return_inverse=True)
         # Groups of equal size: each set's queries cut into runs of the gcd of the set sizes
         # (sets can differ in size where cells at the edge share a neighbourhood).
         query_order = torch.argsort(set_of_query, stable=True)

@@ -1,4 +1,5 @@
-"""Configuration validation (one test per rule), (de)serialisation, and a 64×64 model.
+"""Configuration validation (one test per rule), (de)serialisation, a 64×64 model, and the
+shipped presets in configs/.
 
 Every bad configuration must raise ValueError naming the offending field, whether the
 check happens when the ModelConfig is made or when the model is built from it.
@@ -6,14 +7,18 @@ check happens when the ModelConfig is made or when the model is built from it.
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from conftest import random_images, tiny_config, tiny_model
 from imagetx import ImageTransformer, ModelConfig
+from imagetx.lit import ImageTransformerModule
 
 
 def assert_rejected(field: str, **overrides) -> None:
@@ -184,3 +189,33 @@ def test_image_size_64_builds_and_scores(head, attention):
     assert nll.shape == (1,) and torch.isfinite(nll).all()
     if head == "categorical":
         assert abs(nll.item() - 64 * 64 * 3 * math.log(256)) < 1e-2 * 64
+
+
+PRESETS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+
+
+def test_presets_are_found():
+    assert {p.name for p in PRESETS} >= {"quick.yaml", "quick_superres.yaml", "superres.yaml"}
+
+
+@pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
+def test_every_preset_holds_a_valid_model_and_schedule(preset):
+    values = yaml.safe_load(preset.read_text())
+    ModelConfig.from_dict(values["model"]["config"]).validate()
+    model_args = inspect.signature(ImageTransformerModule).parameters
+    assert set(values["model"]) <= set(model_args), f"{preset.name}: unknown model keys"
+    if values["model"].get("optimizer") == "adamw_cosine":
+        # the cosine horizon is max_steps: without it the learning rate would never decay
+        assert values["trainer"]["max_steps"] > values["model"]["warmup_steps"]
+
+
+def test_quick_presets_differ_only_by_the_encoder():
+    # The quick super-resolution result is quoted against quick: same decoder, same recipe.
+    quick, superres = (yaml.safe_load((PRESETS[0].parent / name).read_text())
+                       for name in ("quick.yaml", "quick_superres.yaml"))
+    encoder_fields = {"encoder_layers", "low_res_size", "cross_attention_radius"}
+    decoder = {k: v for k, v in superres["model"]["config"].items() if k not in encoder_fields}
+    assert decoder == quick["model"]["config"]
+    assert {k: v for k, v in superres["model"].items() if k != "config"} == \
+        {k: v for k, v in quick["model"].items() if k != "config"}
+    assert quick["data"] == superres["data"] and quick["trainer"]["max_time"] == superres["trainer"]["max_time"]
