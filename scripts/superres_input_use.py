@@ -2,21 +2,26 @@
 image given its own low-resolution version, and given the next image's instead.
 
     .venv/bin/python scripts/superres_input_use.py runs/quick_superres/checkpoints/last.ckpt \
-        --data.root ../shared/cifar10 [--split val] [--count 200] [--json out.json]
+        --data.root ../shared/cifar10 [--split val] [--count 200] [--json out.json] \
+        [--baseline runs/quick/checkpoints/last.ckpt]
 
 A model that ignores its input scores both the same; the gap is what the input is
-worth to it. Prints one JSON object.
+worth to it. With ``--baseline`` (a model without encoder), also where in the image the
+super-resolution model does better or worse than it: bits per sub-pixel by column and
+row inside the low-resolution cells, and on the first image column. Prints one JSON object.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 import torch
 
 from imagetx import load_model
+from imagetx.config import CHANNELS
 from imagetx.checkpoint import CheckpointError
 from imagetx.data import DataError, default_root, downsample_area, load_cifar10
 
@@ -30,6 +35,33 @@ def bits_per_dim(model, images: torch.Tensor, labels: torch.Tensor | None, low_r
                           for i in range(0, len(images), batch)]).mean().item()
 
 
+def bits_per_pixel_map(model, images: torch.Tensor, labels: torch.Tensor | None, low_res: torch.Tensor | None,
+                       batch: int) -> torch.Tensor:
+    """(H, W) mean bits per sub-pixel at each pixel position over ``images``."""
+    maps = []
+    with torch.no_grad():
+        for i in range(0, len(images), batch):
+            chunk = slice(i, i + batch)
+            log_probs = model.log_prob(images[chunk], None if labels is None else labels[chunk],
+                                       None if low_res is None else low_res[chunk])
+            grid = model.order.sequence_to_grid(log_probs)  # (B, rows, cols) in image layout
+            if model.config.head == "categorical":  # columns are sub-pixels: sum each pixel's three
+                grid = grid.unflatten(2, (-1, CHANNELS)).sum(dim=3)
+            maps.append(grid)
+    return -torch.cat(maps).mean(dim=0) / (CHANNELS * math.log(2))
+
+
+def gain_by_position(model, baseline, images, labels, low_res, batch: int) -> dict:
+    """Baseline minus super-resolution bits per sub-pixel (positive: the input helps there)."""
+    gain = (bits_per_pixel_map(baseline, images, labels if baseline.config.num_classes else None, None, batch)
+            - bits_per_pixel_map(model, images, labels, low_res, batch))
+    cell = model.config.image_size // model.config.low_res_size
+    return {"gain_by_cell_column": [round(gain[:, j::cell].mean().item(), 4) for j in range(cell)],
+            "gain_by_cell_row": [round(gain[i::cell].mean().item(), 4) for i in range(cell)],
+            "gain_first_image_column": round(gain[:, 0].mean().item(), 4),
+            "gain_overall": round(gain.mean().item(), 4)}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ckpt")
@@ -39,11 +71,16 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=200, help="first N images of the split (at least 2)")
     parser.add_argument("--batch_size", type=int, default=50)
     parser.add_argument("--json", default=None, help="also write the result here")
+    parser.add_argument("--baseline", default=None, help="a checkpoint without encoder to compare position by position")
     args = parser.parse_args()
     try:
         model = load_model(args.ckpt)
+        baseline = load_model(args.baseline) if args.baseline else None
     except CheckpointError as err:
         sys.exit(f"error: {err}")
+    if baseline is not None and (baseline.encoder is not None or baseline.config.image_size != model.config.image_size):
+        sys.exit(f"error: --baseline {args.baseline} must be a {model.config.image_size}x{model.config.image_size} "
+                 "model without encoder (encoder_layers=0)")
     if model.encoder is None:
         sys.exit(f"error: {args.ckpt} has no encoder (encoder_layers=0); pass a super-resolution checkpoint")
     if args.count < 2 or args.batch_size < 1:
@@ -59,6 +96,8 @@ def main() -> None:
     other = bits_per_dim(model, images, labels, low_res.roll(1, dims=0), args.batch_size)
     result = {"bpd_own_input": own, "bpd_other_image_input": other, "gap": other - own,
               "images": len(images), "split": args.split, "ckpt": args.ckpt}
+    if baseline is not None:
+        result.update(gain_by_position(model, baseline, images, labels, low_res, args.batch_size), baseline=args.baseline)
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:

@@ -234,3 +234,30 @@ def test_input_use_script_class_conditional_and_bad_checkpoint(tmp_path):
     assert missing.returncode != 0
     assert missing.stderr.strip().startswith("error:") and "does not exist" in missing.stderr
     assert "Traceback" not in missing.stderr
+
+
+def test_input_use_script_compares_with_a_baseline_position_by_position(tmp_path, superres_ckpt):
+    root = tmp_path / "data"
+    write_cifar_npz(root, train_sizes=(6,))
+    baseline = tmp_path / "plain.ckpt"
+    save_model(tiny_model(seed=5, image_size=32, head="dmol", query_block_length=64), baseline)
+    script = str(Path(__file__).parents[1] / "scripts" / "superres_input_use.py")
+    common = ["--data.root", str(root), "--split", "val", "--val_size", "4", "--count", "3"]
+    done = subprocess.run([sys.executable, script, str(superres_ckpt), *common, "--baseline", str(baseline)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    images = load_cifar10(root, "val", val_size=4)[0][:3]
+    with torch.no_grad():  # raster order over 32x32 pixels: step 32·row + col
+        sr_bits = -load_model(superres_ckpt).log_prob(images, None, downsample_area(images, 8)).view(3, 32, 32)
+        base_bits = -load_model(baseline).log_prob(images).view(3, 32, 32)
+    gain = (base_bits - sr_bits).mean(dim=0) / (3 * math.log(2))  # bits per sub-pixel
+    assert math.isclose(result["gain_first_image_column"], gain[:, 0].mean().item(), abs_tol=1e-4)
+    for j in range(4):
+        assert math.isclose(result["gain_by_cell_column"][j], gain[:, j::4].mean().item(), abs_tol=1e-4)
+        assert math.isclose(result["gain_by_cell_row"][j], gain[j::4].mean().item(), abs_tol=1e-4)
+    own_baseline = load_model(baseline).bits_per_dim(images).mean().item()
+    assert math.isclose(result["gain_overall"], own_baseline - result["bpd_own_input"], abs_tol=1e-4)
+    wrong = subprocess.run([sys.executable, script, str(superres_ckpt), *common, "--baseline", str(superres_ckpt)],
+                           capture_output=True, text=True)
+    assert wrong.returncode != 0 and "without encoder" in wrong.stderr and "Traceback" not in wrong.stderr
