@@ -46,7 +46,7 @@ class ModelConfig:
     low_res_size: int = 8  # side of the encoder's input image, in pixels
     # Reach of cross-attention (§6). None: every low-res sub-pixel, as in T2T. k >= 0:
     # only the low-res pixels within k cells (rows and columns) of the one under the
-    # query, which a barely trained decoder cannot miss (the quick CPU preset uses 1).
+    # query, which a barely trained decoder cannot miss (the quick CPU preset uses 0).
     cross_attention_radius: int | None = None
 
     def __post_init__(self) -> None:

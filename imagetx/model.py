@@ -55,7 +55,7 @@ class Encoder(nn.Module):
     centre of the high-resolution cells it summarises, using the decoder's own
     position encoding, so that cross-attention can match the low-resolution input
     under each target cell by position (a 20-minute CPU run did not learn to: see
-    ``cross_attention_radius`` for the local alternative).
+    ``cross_attention_radius`` for the local alternative, which the quick preset uses).
     Its value table starts ordinal (``SubPixelEmbedding``), so intensities are
     readable from the first step.
     """

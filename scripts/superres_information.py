@@ -82,16 +82,25 @@ def low_res_of(images: np.ndarray) -> np.ndarray:
     return downsample_area(torch.from_numpy(images.astype(np.uint8)), 32 // CELL).numpy().astype(np.float64)
 
 
+def rows_by_context(contexts: np.ndarray) -> dict[int, np.ndarray]:
+    """Context id -> the row indices holding it (one sort, not one scan per context)."""
+    order = np.argsort(contexts, kind="stable")
+    ids, starts = np.unique(contexts[order], return_index=True)
+    return dict(zip(ids.tolist(), np.split(order, starts[1:])))
+
+
 def bits_per_dim(train: np.ndarray, val: np.ndarray, variant: str) -> float:
     low_train, low_val = low_res_of(train), low_res_of(val)
     total = 0.0
     for channel in range(3):
         fx, fy, fc = features(train, low_train, variant, channel)
         vx, vy, vc = features(val, low_val, variant, channel)
-        for context in np.unique(vc):
-            fit, score = fc == context, vc == context
-            if fit.sum() < 2 * fx.shape[1]:  # too few examples to fit: fall back to every context
-                fit = np.ones_like(fit)
+        fit_rows = rows_by_context(fc)
+        everything = np.arange(len(fy))
+        for context, score in rows_by_context(vc).items():
+            fit = fit_rows.get(context, everything)
+            if len(fit) < 2 * fx.shape[1]:  # too few examples to fit: fall back to every context
+                fit = everything
             weights = np.linalg.lstsq(fx[fit], fy[fit], rcond=None)[0]
             total += coded_bits(fy[fit] - fx[fit] @ weights, vy[score] - vx[score] @ weights).sum()
     return total / val.size
