@@ -31,7 +31,8 @@ import torch
 
 from imagetx.data import DataError, default_root, downsample_area, load_cifar10
 
-CELL = 4  # 32 / 8: side of the high-resolution block under one low-resolution pixel
+SIDE = 32  # CIFAR-10 images are SIDE x SIDE pixels
+CELL = 4  # SIDE / 8: side of the high-resolution block under one low-resolution pixel
 EDGE_BINS = [2, 5, 10, 20, 40, 80]  # |difference| thresholds, in intensity levels
 RESIDUAL_RANGE = 600  # residuals are clipped to ±this for the histogram (levels are 0..255)
 
@@ -61,7 +62,7 @@ def features(images: np.ndarray, low_res: np.ndarray, variant: str, channel: int
     if variant != "without_input":
         own = cell_means(images, low_res)
         cols += [own[..., c]] + [own[..., earlier] for earlier in range(c)]
-        position = (np.arange(32)[:, None] % CELL) * CELL + np.arange(32)[None, :] % CELL
+        position = (np.arange(SIDE)[:, None] % CELL) * CELL + np.arange(SIDE)[None, :] % CELL
         context = (context * (len(EDGE_BINS) + 1) + np.digitize(np.abs(left[..., c] - own[..., c]), EDGE_BINS)) \
             * CELL * CELL + position
     if variant == "with_neighbour_cells":
@@ -79,7 +80,7 @@ def coded_bits(train_residual: np.ndarray, val_residual: np.ndarray) -> np.ndarr
 
 def low_res_of(images: np.ndarray) -> np.ndarray:
     """The 8×8 inputs (float), made exactly as the model's (imagetx.data.downsample_area)."""
-    return downsample_area(torch.from_numpy(images.astype(np.uint8)), 32 // CELL).numpy().astype(np.float64)
+    return downsample_area(torch.from_numpy(images.astype(np.uint8)), SIDE // CELL).numpy().astype(np.float64)
 
 
 def rows_by_context(contexts: np.ndarray) -> dict[int, np.ndarray]:
