@@ -43,7 +43,12 @@ def shifted(a: np.ndarray, axis: int) -> np.ndarray:
     return np.concatenate([first, np.delete(a, -1, axis=axis)], axis=axis)
 
 
-def cell_means(images: np.ndarray, low_res: np.ndarray, dr: int = 0, dc: int = 0) -> np.ndarray:
+def low_res_of(images: np.ndarray) -> np.ndarray:
+    """The 8×8 inputs (float), made exactly as the model's (imagetx.data.downsample_area)."""
+    return downsample_area(torch.from_numpy(images.astype(np.uint8)), SIDE // CELL).numpy().astype(np.float64)
+
+
+def cell_means(low_res: np.ndarray, dr: int = 0, dc: int = 0) -> np.ndarray:
     """(N, 32, 32, 3): the mean of the low-res cell (dr, dc) away from each pixel's own."""
     side = low_res.shape[1]
     padded = np.pad(low_res, ((0, 0), (1, 1), (1, 1), (0, 0)), mode="edge")[:, 1 + dr : 1 + dr + side,
@@ -51,22 +56,35 @@ def cell_means(images: np.ndarray, low_res: np.ndarray, dr: int = 0, dc: int = 0
     return padded.repeat(CELL, axis=1).repeat(CELL, axis=2)
 
 
-def features(images: np.ndarray, low_res: np.ndarray, variant: str, channel: int):
+NEIGHBOUR_CELLS = [(dr, dc) for dr in (-1, 0, 1) for dc in (-1, 0, 1) if dr or dc]
+
+
+def neighbourhood(images: np.ndarray, variant: str) -> dict[str, np.ndarray | list[np.ndarray]]:
+    """What the predictors may look at, computed once for all three channels: the left and
+    upper neighbours and, with the input, the cell means (N, 32, 32, 3 each)."""
+    near: dict = {"left": shifted(images, 2), "up": shifted(images, 1)}
+    if variant != "without_input":
+        low_res = low_res_of(images)
+        near["own"] = cell_means(low_res)
+        if variant == "with_neighbour_cells":
+            near["cells"] = [cell_means(low_res, dr, dc) for dr, dc in NEIGHBOUR_CELLS]
+    return near
+
+
+def features(images: np.ndarray, near: dict, channel: int):
     """-> (features (M, F), targets (M,), contexts (M,)) for one channel of every pixel."""
-    left, up = shifted(images, 2), shifted(images, 1)
-    c = channel
+    left, up, c = near["left"], near["up"], channel
     cols = [left[..., c], up[..., c], np.ones_like(images[..., c])]
     for earlier in range(c):
         cols += [images[..., earlier], left[..., earlier]]
     context = np.digitize(np.abs(left[..., c] - up[..., c]), EDGE_BINS)
-    if variant != "without_input":
-        own = cell_means(images, low_res)
+    if "own" in near:
+        own = near["own"]
         cols += [own[..., c]] + [own[..., earlier] for earlier in range(c)]
         position = (np.arange(SIDE)[:, None] % CELL) * CELL + np.arange(SIDE)[None, :] % CELL
         context = (context * (len(EDGE_BINS) + 1) + np.digitize(np.abs(left[..., c] - own[..., c]), EDGE_BINS)) \
             * CELL * CELL + position
-    if variant == "with_neighbour_cells":
-        cols += [cell_means(images, low_res, dr, dc)[..., c] for dr in (-1, 0, 1) for dc in (-1, 0, 1) if dr or dc]
+    cols += [cell[..., c] for cell in near.get("cells", [])]
     return (np.stack(cols, axis=-1).reshape(-1, len(cols)), images[..., c].reshape(-1), context.reshape(-1))
 
 
@@ -78,11 +96,6 @@ def coded_bits(train_residual: np.ndarray, val_residual: np.ndarray) -> np.ndarr
     return -np.log2(counts[to_bin(val_residual)] / counts.sum())
 
 
-def low_res_of(images: np.ndarray) -> np.ndarray:
-    """The 8×8 inputs (float), made exactly as the model's (imagetx.data.downsample_area)."""
-    return downsample_area(torch.from_numpy(images.astype(np.uint8)), SIDE // CELL).numpy().astype(np.float64)
-
-
 def rows_by_context(contexts: np.ndarray) -> dict[int, np.ndarray]:
     """Context id -> the row indices holding it (one sort, not one scan per context)."""
     order = np.argsort(contexts, kind="stable")
@@ -91,11 +104,11 @@ def rows_by_context(contexts: np.ndarray) -> dict[int, np.ndarray]:
 
 
 def bits_per_dim(train: np.ndarray, val: np.ndarray, variant: str) -> float:
-    low_train, low_val = low_res_of(train), low_res_of(val)
+    near_train, near_val = neighbourhood(train, variant), neighbourhood(val, variant)
     total = 0.0
     for channel in range(3):
-        fx, fy, fc = features(train, low_train, variant, channel)
-        vx, vy, vc = features(val, low_val, variant, channel)
+        fx, fy, fc = features(train, near_train, channel)
+        vx, vy, vc = features(val, near_val, channel)
         fit_rows = rows_by_context(fc)
         everything = np.arange(len(fy))
         for context, score in rows_by_context(vc).items():

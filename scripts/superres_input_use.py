@@ -26,35 +26,31 @@ from imagetx.checkpoint import CheckpointError
 from imagetx.data import DataError, default_root, downsample_area, load_cifar10
 
 
-def bits_per_dim(model, images: torch.Tensor, labels: torch.Tensor | None, low_res: torch.Tensor,
-                 batch: int) -> float:
-    """Mean bits/dim of ``images`` given ``low_res`` (and ``labels`` for a class-conditional model)."""
+def log_probs(model, images: torch.Tensor, labels: torch.Tensor | None, low_res: torch.Tensor | None,
+              batch: int) -> torch.Tensor:
+    """(N, T) log-likelihood of every generation step of ``images``, in nats, scored in batches."""
+    pick = lambda t, i: None if t is None else t[i : i + batch]  # noqa: E731
     with torch.no_grad():
-        return torch.cat([model.bits_per_dim(images[i : i + batch], None if labels is None else labels[i : i + batch],
-                                             low_res[i : i + batch])
-                          for i in range(0, len(images), batch)]).mean().item()
+        return torch.cat([model.log_prob(images[i : i + batch], pick(labels, i), pick(low_res, i))
+                          for i in range(0, len(images), batch)])
 
 
-def bits_per_pixel_map(model, images: torch.Tensor, labels: torch.Tensor | None, low_res: torch.Tensor | None,
-                       batch: int) -> torch.Tensor:
-    """(H, W) mean bits per sub-pixel at each pixel position over ``images``."""
-    maps = []
-    with torch.no_grad():
-        for i in range(0, len(images), batch):
-            chunk = slice(i, i + batch)
-            log_probs = model.log_prob(images[chunk], None if labels is None else labels[chunk],
-                                       None if low_res is None else low_res[chunk])
-            grid = model.order.sequence_to_grid(log_probs)  # (B, rows, cols) in image layout
-            if model.config.head == "categorical":  # columns are sub-pixels: sum each pixel's three
-                grid = grid.unflatten(2, (-1, CHANNELS)).sum(dim=3)
-            maps.append(grid)
-    return -torch.cat(maps).mean(dim=0) / (CHANNELS * math.log(2))
+def bits_per_dim(model, steps: torch.Tensor) -> float:
+    """Mean bits/dim of the images whose per-step log-likelihoods are ``steps`` (SPEC §5)."""
+    return (-steps.sum(dim=1) / (model.config.dims_per_image * math.log(2))).mean().item()
 
 
-def gain_by_position(model, baseline, images, labels, low_res, batch: int) -> dict:
+def bits_per_pixel_map(model, steps: torch.Tensor) -> torch.Tensor:
+    """(H, W) mean bits per sub-pixel at each pixel position, from per-step log-likelihoods."""
+    grid = model.order.sequence_to_grid(steps)  # (N, rows, cols) in image layout
+    if model.config.head == "categorical":  # columns are sub-pixels: sum each pixel's three
+        grid = grid.unflatten(2, (-1, CHANNELS)).sum(dim=3)
+    return -grid.mean(dim=0) / (CHANNELS * math.log(2))
+
+
+def gain_by_position(model, own_steps: torch.Tensor, baseline, baseline_steps: torch.Tensor) -> dict:
     """Baseline minus super-resolution bits per sub-pixel (positive: the input helps there)."""
-    gain = (bits_per_pixel_map(baseline, images, labels if baseline.config.num_classes else None, None, batch)
-            - bits_per_pixel_map(model, images, labels, low_res, batch))
+    gain = bits_per_pixel_map(baseline, baseline_steps) - bits_per_pixel_map(model, own_steps)
     cell = model.config.image_size // model.config.low_res_size
     return {"gain_by_cell_column": [round(gain[:, j::cell].mean().item(), 4) for j in range(cell)],
             "gain_by_cell_row": [round(gain[i::cell].mean().item(), 4) for i in range(cell)],
@@ -90,14 +86,18 @@ def main() -> None:
     except DataError as err:
         sys.exit(f"error: {err}")
     images = images[: args.count]
-    labels = labels[: args.count] if model.config.num_classes else None
+    all_labels = labels[: args.count]
+    labels = all_labels if model.config.num_classes else None
     low_res = downsample_area(images, model.config.low_res_size)
-    own = bits_per_dim(model, images, labels, low_res, args.batch_size)
-    other = bits_per_dim(model, images, labels, low_res.roll(1, dims=0), args.batch_size)
+    own_steps = log_probs(model, images, labels, low_res, args.batch_size)
+    own = bits_per_dim(model, own_steps)
+    other = bits_per_dim(model, log_probs(model, images, labels, low_res.roll(1, dims=0), args.batch_size))
     result = {"bpd_own_input": own, "bpd_other_image_input": other, "gap": other - own,
               "images": len(images), "split": args.split, "ckpt": args.ckpt}
     if baseline is not None:
-        result.update(gain_by_position(model, baseline, images, labels, low_res, args.batch_size), baseline=args.baseline)
+        baseline_labels = all_labels if baseline.config.num_classes else None
+        baseline_steps = log_probs(baseline, images, baseline_labels, None, args.batch_size)
+        result.update(gain_by_position(model, own_steps, baseline, baseline_steps), baseline=args.baseline)
     print(json.dumps(result))
     if args.json:
         with open(args.json, "w") as f:
