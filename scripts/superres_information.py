@@ -128,6 +128,8 @@ def main() -> None:
     parser.add_argument("--val", type=int, default=2000, help="val images they are scored on")
     parser.add_argument("--json", default=None, help="also write the result here")
     args = parser.parse_args()
+    if args.train < 1 or args.val < 1:
+        sys.exit("error: --train and --val must each be at least 1 image")
     try:
         train = load_cifar10(args.root or default_root(), "train", args.val_size, download=False)[0]
         val = load_cifar10(args.root or default_root(), "val", args.val_size, download=False)[0]

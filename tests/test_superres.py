@@ -280,3 +280,5 @@ def test_information_script_sees_what_a_constant_cell_input_gives_away(tmp_path)
     assert result["train_images"] == 20 and result["val_images"] == 10
     assert result["own_cell"] < 2.0 < result["without_input"]  # exact means leave ~nothing to code
     assert result["with_neighbour_cells"] < 2.0
+    empty = subprocess.run([sys.executable, script, "--data.root", str(root), "--train", "0"], capture_output=True, text=True)
+    assert empty.returncode != 0 and empty.stderr.startswith("error:") and "--train" in empty.stderr
