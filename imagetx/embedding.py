@@ -23,7 +23,7 @@ class SubPixelEmbedding(nn.Module):
     ``ordinal=True`` starts each channel's 256 rows on the straight line between two
     random vectors, so that value 101 starts next to 100 instead of at an unrelated
     random point; the rows are free to move apart in training. The super-resolution
-    encoder uses it: measured on the quick super-resolution preset (radius-1 cross-attention)
+    encoder uses it: measured on an earlier quick super-resolution preset (radius-1 cross-attention)
     after 400 steps, a decoder fed randomly initialised rows had not yet learnt to read
     intensities off them (shuffling the 8×8 inputs across images changed its bits/dim by
     0.016), one fed ordinal rows had (0.16).
