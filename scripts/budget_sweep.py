@@ -43,10 +43,13 @@ def read_plan(path: Path) -> list[Run]:
     """Runs of a plan file, or a SystemExit naming the bad line."""
     runs, names = [], set()
     for number, line in enumerate(path.read_text().splitlines(), start=1):
-        words = shlex.split(line, comments=True)
+        where = f"{path}:{number}"
+        try:
+            words = shlex.split(line, comments=True)
+        except ValueError as error:  # an unclosed quote
+            sys.exit(f"{where}: {error}")
         if not words:
             continue
-        where = f"{path}:{number}"
         if len(words) < 3 or not words[2].isdigit() or int(words[2]) < 1:
             sys.exit(f"{where}: expected 'NAME CONFIG STEPS [OVERRIDES...]' with STEPS a positive integer")
         if words[0] in names:
@@ -69,11 +72,11 @@ def train_and_score(run: Run, root: str, val_size: int, out: Path) -> dict:
     score = [sys.executable, "-m", "imagetx.evaluate", "--ckpt", str(folder / "checkpoints" / "last.ckpt"),
              "--data.root", root, "--val_size", str(val_size), "--split", "val"]
     result = {"name": run.name, "config": run.config, "steps": run.steps, "overrides": " ".join(run.overrides)}
-    start = time.time()
     with open(log, "w") as f:
         for what, command in (("train", train), ("evaluate", score)):
             f.write(f"$ {shlex.join(command)}\n")
             f.flush()
+            start = time.time()
             done = subprocess.run(command, stdout=f, stderr=subprocess.STDOUT)
             result[f"{what}_seconds"] = round(time.time() - start, 1)
             if done.returncode:
@@ -98,6 +101,10 @@ def main() -> None:
     if args.parallel < 1:
         sys.exit(f"--parallel {args.parallel}: must be 1 or more")
     runs = read_plan(args.plan)
+    # A second training run in the same folder would leave the first one's last.ckpt to be scored.
+    taken = [str(args.out / run.name) for run in runs if (args.out / run.name / "checkpoints").exists()]
+    if taken:
+        sys.exit(f"{', '.join(taken)} already hold checkpoints: remove them or pass another --out")
     with ThreadPoolExecutor(args.parallel) as pool:
         results = list(pool.map(lambda run: train_and_score(run, args.root, args.val_size, args.out), runs))
     for r in results:

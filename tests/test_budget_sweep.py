@@ -32,11 +32,13 @@ def sweep(tmp_path, plan_text, data_root, *extra):
     ("a configs/quick.yaml 0\n", "STEPS a positive integer"),
     ("a configs/quick.yaml 5\na configs/quick.yaml 6\n", "used twice"),
     ("# only a comment\n\n", "holds no runs"),
+    ("a configs/quick.yaml 5 --model.peak_lr '0.1\n", "No closing quotation"),
 ])
 def test_a_bad_plan_is_refused_in_one_line_naming_the_line(tmp_path, data_root, plan_text, problem):
     done = sweep(tmp_path, plan_text, data_root)
     assert done.returncode != 0
     assert problem in done.stderr and "Traceback" not in done.stderr
+    assert "plan.txt" in done.stderr  # names the file (and the line, where one is at fault)
     assert not (tmp_path / "sweep").exists()  # nothing trained
 
 
@@ -60,3 +62,10 @@ def test_sweep_scores_each_run_as_evaluate_does_and_reports_a_failed_run(tmp_pat
         expected = load_model(ckpt).bits_per_dim(images).mean().item()
     assert good["bpd"] == pytest.approx(expected, rel=1e-5)
     assert "one_layer" in done.stdout and "failed" in done.stdout
+
+
+def test_a_folder_that_holds_checkpoints_is_not_trained_over(tmp_path, data_root):
+    (tmp_path / "sweep" / "again" / "checkpoints").mkdir(parents=True)
+    done = sweep(tmp_path, "again configs/quick.yaml 5\n", data_root)
+    assert done.returncode != 0 and "already hold checkpoints" in done.stderr
+    assert not (tmp_path / "sweep" / "again" / "sweep.log").exists()  # nothing started
