@@ -24,7 +24,7 @@ import shlex
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -105,8 +105,13 @@ def main() -> None:
     taken = [str(args.out / run.name) for run in runs if (args.out / run.name / "checkpoints").exists()]
     if taken:
         sys.exit(f"{', '.join(taken)} already hold checkpoints: remove them or pass another --out")
+    print(f"{len(runs)} runs, {args.parallel} at a time; logs in {args.out}/NAME/sweep.log", file=sys.stderr)
     with ThreadPoolExecutor(args.parallel) as pool:
-        results = list(pool.map(lambda run: train_and_score(run, args.root, args.val_size, args.out), runs))
+        futures = [pool.submit(train_and_score, run, args.root, args.val_size, args.out) for run in runs]
+        for done, future in enumerate(as_completed(futures), start=1):  # progress, in finishing order
+            r = future.result()
+            print(f"[{done}/{len(runs)}] {r['name']}: {r.get('bpd', 'failed')}", file=sys.stderr, flush=True)
+        results = [future.result() for future in futures]
     for r in results:
         score = f"{r['bpd']:.3f}" if "bpd" in r else "failed"
         print(f"{r['name']:24s} {r['steps']:6d} steps  val bpd {score:>7s}  {r['overrides']}")

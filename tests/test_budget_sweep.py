@@ -62,6 +62,7 @@ def test_sweep_scores_each_run_as_evaluate_does_and_reports_a_failed_run(tmp_pat
         expected = load_model(ckpt).bits_per_dim(images).mean().item()
     assert good["bpd"] == pytest.approx(expected, rel=1e-5)
     assert "one_layer" in done.stdout and "failed" in done.stdout
+    assert "[2/2]" in done.stderr  # progress, one line per finished run
 
 
 def test_a_folder_that_holds_checkpoints_is_not_trained_over(tmp_path, data_root):
