@@ -28,6 +28,8 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
+from json_result import emit  # scripts/json_result.py, beside this file
+
 LOG_TAIL = 1500  # characters of a failed run's log shown in the table's error column
 
 
@@ -118,10 +120,7 @@ def main() -> None:
         if "error" in r:
             print(f"    {r['error']}")
     summary = {"plan": str(args.plan), "runs": results}
-    print(json.dumps(summary))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(summary, f, indent=1)
+    emit(summary, args.json)
     if any("error" in r for r in results):
         sys.exit(1)
 

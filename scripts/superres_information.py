@@ -23,13 +23,14 @@ the train split; scored on the first N of val. Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 
 import numpy as np
 import torch
 
 from imagetx.data import DataError, default_root, downsample_area, load_cifar10
+
+from json_result import emit  # scripts/json_result.py, beside this file
 
 SIDE = 32  # CIFAR-10 images are SIDE x SIDE pixels
 CELL = 4  # SIDE / 8: side of the high-resolution block under one low-resolution pixel
@@ -139,10 +140,7 @@ def main() -> None:
     result = {variant: round(bits_per_dim(train, val, variant), 4)
               for variant in ("without_input", "own_cell", "with_neighbour_cells")}
     result.update(train_images=len(train), val_images=len(val))
-    print(json.dumps(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    emit(result, args.json)
 
 
 if __name__ == "__main__":

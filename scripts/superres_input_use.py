@@ -14,7 +14,6 @@ row inside the low-resolution cells, and on the first image column. Prints one J
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 
@@ -24,6 +23,8 @@ from imagetx import load_model
 from imagetx.config import CHANNELS
 from imagetx.checkpoint import CheckpointError
 from imagetx.data import DataError, default_root, downsample_area, load_cifar10
+
+from json_result import emit  # scripts/json_result.py, beside this file
 
 
 def log_probs(model, images: torch.Tensor, labels: torch.Tensor | None, low_res: torch.Tensor | None,
@@ -98,10 +99,7 @@ def main() -> None:
         baseline_labels = all_labels if baseline.config.num_classes else None
         baseline_steps = log_probs(baseline, images, baseline_labels, None, args.batch_size)
         result.update(gain_by_position(model, own_steps, baseline, baseline_steps), baseline=args.baseline)
-    print(json.dumps(result))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    emit(result, args.json)
 
 
 if __name__ == "__main__":
