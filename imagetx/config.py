@@ -48,6 +48,10 @@ class ModelConfig:
     # only the low-res pixels within k cells (rows and columns) of the one under the
     # query, which a barely trained decoder cannot miss (the quick CPU preset uses 0).
     cross_attention_radius: int | None = None
+    # True: each decoder step also gets the mean that the not-yet-generated values of
+    # its low-res cell must have for the cell to box-average to the input (exact for
+    # the box-mean inputs of §6; imagetx/cell_remainder.py). Not in the paper.
+    cell_remainder_input: bool = False
 
     def __post_init__(self) -> None:
         # YAML and JSON hand us lists; the dataclass promises tuples.
@@ -112,6 +116,9 @@ class ModelConfig:
         radius = self.cross_attention_radius
         if radius is not None and (not isinstance(radius, int) or radius < 0):
             bad("cross_attention_radius", radius, "must be None (every low-res cell) or 0 or more cells")
+        if self.cell_remainder_input and not self.encoder_layers:
+            bad("cell_remainder_input", self.cell_remainder_input,
+                "needs a low-resolution input: set encoder_layers > 0")
         rows, cols = self.grid_shape
         if self.attention == "local_1d":
             if self.query_block_length < 1:

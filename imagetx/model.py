@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import AttentionPattern, LocalCrossAttention, MultiHeadAttention, cross_can_attend, pattern_for
+from .cell_remainder import CellRemainder
 from .config import CHANNELS, LEVELS, ModelConfig
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
@@ -111,6 +112,9 @@ class ImageTransformer(nn.Module):
         self.input_dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config) if config.encoder_layers else None
         self.local_cross = self.local_cross_attention()
+        self.cell_remainder = None
+        if config.cell_remainder_input:
+            self.cell_remainder = CellRemainder(config, self.step_rows, self.step_cols)
         self.layers = nn.ModuleList(
             TransformerLayer(config, self.pattern, cross_attention=self.encoder is not None)
             for _ in range(config.n_layers)
@@ -155,8 +159,10 @@ class ImageTransformer(nn.Module):
         return None if self.encoder is None else self.encoder(low_res, self.positions)
 
     # ----- the decoder ------------------------------------------------------
-    def decoder_inputs(self, value_embeddings: Tensor, labels: Tensor | None, shift: bool = True) -> Tensor:
-        """Shift right by one step in generation order, add positions and class, dropout."""
+    def decoder_inputs(self, value_embeddings: Tensor, labels: Tensor | None, shift: bool = True,
+                       remainder: Tensor | None = None) -> Tensor:
+        """Shift right by one step in generation order, add positions, class and (with
+        ``cell_remainder_input``) the cell remainder features, then dropout."""
         x = value_embeddings
         if shift:  # step t sees the value generated at step t-1; step 0 sees zeros
             x = nn.functional.pad(x[:, :-1], (0, 0, 1, 0))
@@ -164,6 +170,11 @@ class ImageTransformer(nn.Module):
         cond = self.condition(labels)
         if cond is not None:
             x = x + cond
+        if self.cell_remainder is not None:
+            if remainder is None:
+                raise ValueError("this model reads the cell remainder (cell_remainder_input=True): "
+                                 "pass remainder=model.cell_remainder(targets, low_res)")
+            x = x + remainder  # already causal: built from values before each step only
         return self.input_dropout(x)
 
     def decode(
@@ -172,13 +183,16 @@ class ImageTransformer(nn.Module):
         labels: Tensor | None = None,
         context: Tensor | None = None,
         shift: bool = True,
+        remainder: Tensor | None = None,
     ) -> Tensor:
         """(B, T, d) unshifted value embeddings -> (B, T, P) distribution parameters.
 
         Exposed separately so tests can differentiate with respect to the embedded
         inputs; ``shift=False`` exists only as the causality tests' negative control.
+        A model with ``cell_remainder_input`` also needs ``remainder`` =
+        ``self.cell_remainder(targets, low_res)``: it is built from raw values, not embeddings.
         """
-        x = self.decoder_inputs(value_embeddings, labels, shift)
+        x = self.decoder_inputs(value_embeddings, labels, shift, remainder)
         for layer in self.layers:
             x = layer(x, context, self.local_cross)
         return self.head(self.final_norm(x))
@@ -187,7 +201,8 @@ class ImageTransformer(nn.Module):
         """uint8 images (B, H, W, 3) -> (B, T, P) distribution parameters in generation order."""
         self.check_inputs(images, labels, low_res)
         targets = self.targets(images)
-        return self.decode(self.embed_values(targets), labels, self.encode(low_res))
+        remainder = None if self.cell_remainder is None else self.cell_remainder(targets, low_res)
+        return self.decode(self.embed_values(targets), labels, self.encode(low_res), remainder=remainder)
 
     # ----- likelihoods ------------------------------------------------------
     def log_prob(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:

@@ -59,6 +59,11 @@ class CachedDecoder:
         self.class_vector = model.condition(labels)  # (B, 1, d) or None
         self.start = torch.zeros(batch, 1, cfg.d_model, device=device, dtype=dtype)
         context = model.encode(low_res)
+        self.remainder = model.cell_remainder
+        if self.remainder is not None:  # running sums of each cell's values generated so far
+            self.remainder_low = self.remainder.low_res_values(low_res)  # (B, T, c)
+            self.remainder_sums = torch.zeros(batch, self.remainder.n_groups, self.remainder_low.shape[-1],
+                                              device=device, dtype=self.remainder.sum_dtype)
         self.cross_kv = None
         if context is not None:
             self.cross_kv = [(layer.cross_attn.split_heads(layer.cross_attn.to_k(context)),
@@ -90,6 +95,10 @@ class CachedDecoder:
         x = (self.start if previous is None else previous) + self.positions[t]
         if self.class_vector is not None:
             x = x + self.class_vector
+        if self.remainder is not None:
+            group = self.remainder.groups[t]
+            x = x + self.remainder.features(self.remainder_sums[:, group, None], self.remainder_low[:, t : t + 1],
+                                            self.remainder.still_to_come[t : t + 1])
         for i, layer in enumerate(self.model.layers):
             x = layer.sublayer(x, lambda h: self._self_attend(i, h, t), layer.self_norm)
             if self.cross_kv is not None:
@@ -100,6 +109,8 @@ class CachedDecoder:
     def embed_step(self, t: int, value: Tensor) -> Tensor:
         """Embedding (B, 1, d) of the value (B,) or (B, 3) generated at step t."""
         model = self.model
+        if self.remainder is not None:
+            self.remainder_sums[:, self.remainder.groups[t]] += self.remainder.step_values(value)
         if model.config.head == "categorical":
             return model.value_embedding(value[:, None], model.step_channels[t : t + 1])
         return model.value_embedding(value[:, None, :])

@@ -209,13 +209,13 @@ def test_every_preset_holds_a_valid_model_and_schedule(preset):
         assert values["trainer"]["max_steps"] > values["model"]["warmup_steps"]
 
 
-def test_quick_presets_differ_only_by_the_encoder_and_learning_rate():
+def test_quick_presets_differ_only_by_the_low_res_input_and_learning_rate():
     # The quick super-resolution result is quoted against quick: the same decoder and
     # schedule; each keeps the peak learning rate that scored best at its 20-minute budget.
     quick, superres = (yaml.safe_load((PRESETS[0].parent / name).read_text())
                        for name in ("quick.yaml", "quick_superres.yaml"))
-    encoder_fields = {"encoder_layers", "low_res_size", "cross_attention_radius"}
-    decoder = {k: v for k, v in superres["model"]["config"].items() if k not in encoder_fields}
+    low_res_fields = {"encoder_layers", "low_res_size", "cross_attention_radius", "cell_remainder_input"}
+    decoder = {k: v for k, v in superres["model"]["config"].items() if k not in low_res_fields}
     assert decoder == quick["model"]["config"]
     assert {k: v for k, v in superres["model"].items() if k not in ("config", "peak_lr")} == \
         {k: v for k, v in quick["model"].items() if k not in ("config", "peak_lr")}

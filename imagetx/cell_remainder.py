@@ -1,0 +1,87 @@
+"""What the rest of each low-resolution cell must average to: an exact extra input for
+super-resolution decoders (SPEC §6; ``ModelConfig.cell_remainder_input``). Not part of
+the paper's model.
+
+The low-resolution input is the rounded box mean of the target (4×4 cells for 8×8 →
+32×32), so each cell's N = 16 values of a channel sum to N·m within ±N/2. Before step t
+the values already generated in t's cell are known; the ones still to come (t's own
+included) must average to
+
+    (N·m − sum of the earlier ones) / (number still to come)
+
+within ±(N/2) / (number still to come): for the last pixel of a cell, its own value ±8.
+A decoder could learn to add up a cell's earlier pixels through attention; given this
+number it need not. It reads only values generated before step t, so the model stays
+autoregressive (tests perturb later steps and check earlier outputs do not move).
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from .config import CHANNELS, LEVELS, ModelConfig
+
+HALF_RANGE = (LEVELS - 1) / 2  # maps intensities 0..255 to -1..1, as PixelEmbedding does
+
+
+class CellRemainder(nn.Module):
+    """Targets (B, T[, 3]) and the low-res image -> (B, T, d): per step, the mean the
+    not-yet-generated values of its cell (and channel) must have, and how many they are."""
+
+    def __init__(self, config: ModelConfig, step_rows: Tensor, step_cols: Tensor) -> None:
+        super().__init__()
+        scale = config.image_size // config.low_res_size
+        self.cell_size = scale * scale  # values of one channel under one low-res pixel
+        self.categorical = config.head == "categorical"
+        pixel_cols = step_cols // CHANNELS if self.categorical else step_cols
+        cells = (step_rows // scale) * config.low_res_size + pixel_cols // scale  # (T,) low-res pixel
+        # A group is what one low-res value summarises: a cell's sub-pixels of one channel
+        # (categorical steps are sub-pixels), or a cell's pixels (DMOL steps are pixels).
+        groups = cells * CHANNELS + step_cols % CHANNELS if self.categorical else cells
+        order = torch.argsort(groups, stable=True)  # each group's steps together, in generation order
+        earlier = torch.empty_like(order)
+        earlier[order] = torch.arange(order.numel()) % self.cell_size  # steps of its group before it
+        self.register_buffer("groups", groups, persistent=False)
+        self.register_buffer("order", order, persistent=False)
+        self.register_buffer("inverse", torch.argsort(order), persistent=False)
+        self.register_buffer("still_to_come", (self.cell_size - earlier).float(), persistent=False)
+        values_per_step = 1 if self.categorical else CHANNELS
+        self.proj = nn.Linear(values_per_step + 1, config.d_model)
+
+    @property
+    def n_groups(self) -> int:
+        return self.groups.numel() // self.cell_size
+
+    @property
+    def sum_dtype(self) -> torch.dtype:
+        """At least float32 (a bf16 model too): sums up to 16·255 must stay exact."""
+        return torch.promote_types(self.proj.weight.dtype, torch.float32)
+
+    def step_values(self, values: Tensor) -> Tensor:
+        """(B, T) sub-pixels or (B, T, 3) pixels -> (B, T, c) floats, c values per step."""
+        values = values.to(self.sum_dtype)
+        return values[..., None] if self.categorical else values
+
+    def low_res_values(self, low_res: Tensor) -> Tensor:
+        """(B, h, w, 3) -> (B, T, c): the low-res value(s) each step's group averages to."""
+        if self.categorical:
+            flat = rearrange(low_res, "b h w c -> b (h w c)")  # index = cell·3 + channel = group
+            return self.step_values(flat[:, self.groups])
+        return self.step_values(rearrange(low_res, "b h w c -> b (h w) c")[:, self.groups])
+
+    def features(self, earlier_sum: Tensor, low_values: Tensor, still_to_come: Tensor) -> Tensor:
+        """(B, t, c) sums of the earlier values, (B, t, c) low-res values, (t,) counts -> (B, t, d)."""
+        still_to_come = still_to_come.to(self.sum_dtype)
+        remainder_mean = (self.cell_size * low_values - earlier_sum) / still_to_come[:, None]
+        uncertainty = (1.0 / still_to_come)[None, :, None].expand(*remainder_mean.shape[:2], 1)
+        features = torch.cat([remainder_mean / HALF_RANGE - 1.0, uncertainty], dim=-1)
+        return self.proj(features.to(self.proj.weight.dtype))
+
+    def forward(self, targets: Tensor, low_res: Tensor) -> Tensor:
+        values = self.step_values(targets)[:, self.order]
+        grouped = rearrange(values, "b (g n) c -> b g n c", n=self.cell_size)
+        earlier = grouped.cumsum(dim=2) - grouped  # exclusive: the group's earlier steps only
+        earlier = rearrange(earlier, "b g n c -> b (g n) c")[:, self.inverse]
+        return self.features(earlier, self.low_res_values(low_res), self.still_to_come)
