@@ -30,16 +30,18 @@ class CellRemainder(nn.Module):
     """Targets (B, T[, 3]) and the low-res image -> (B, T, d): per step, the mean the
     not-yet-generated values of its cell (and channel) must have, and how many they are."""
 
-    def __init__(self, config: ModelConfig, step_rows: Tensor, step_cols: Tensor) -> None:
+    def __init__(self, config: ModelConfig, step_cells: tuple[Tensor, Tensor], step_channels: Tensor) -> None:
+        """``step_cells``: (rows, cols) of the low-res pixel under each step (the model's
+        ``step_cells()``); ``step_channels``: each step's channel (used by categorical steps)."""
         super().__init__()
         scale = config.image_size // config.low_res_size
         self.cell_size = scale * scale  # values of one channel under one low-res pixel
         self.categorical = config.head == "categorical"
-        pixel_cols = step_cols // CHANNELS if self.categorical else step_cols
-        cells = (step_rows // scale) * config.low_res_size + pixel_cols // scale  # (T,) low-res pixel
+        cell_rows, cell_cols = step_cells
+        cells = cell_rows * config.low_res_size + cell_cols  # (T,) low-res pixel, raster index
         # A group is what one low-res value summarises: a cell's sub-pixels of one channel
         # (categorical steps are sub-pixels), or a cell's pixels (DMOL steps are pixels).
-        groups = cells * CHANNELS + step_cols % CHANNELS if self.categorical else cells
+        groups = cells * CHANNELS + step_channels if self.categorical else cells
         order = torch.argsort(groups, stable=True)  # each group's steps together, in generation order
         earlier = torch.empty_like(order)
         earlier[order] = torch.arange(order.numel()) % self.cell_size  # steps of its group before it

@@ -114,7 +114,7 @@ class ImageTransformer(nn.Module):
         self.local_cross = self.local_cross_attention()
         self.cell_remainder = None
         if config.cell_remainder_input:
-            self.cell_remainder = CellRemainder(config, self.step_rows, self.step_cols)
+            self.cell_remainder = CellRemainder(config, self.step_cells(), self.step_channels)
         self.layers = nn.ModuleList(
             TransformerLayer(config, self.pattern, cross_attention=self.encoder is not None)
             for _ in range(config.n_layers)
@@ -128,10 +128,13 @@ class ImageTransformer(nn.Module):
         radius = self.config.cross_attention_radius
         if self.encoder is None or radius is None:
             return None
+        return LocalCrossAttention(cross_can_attend(self.step_cells(), (self.encoder.cell_rows, self.encoder.cell_cols), radius))
+
+    def step_cells(self) -> tuple[Tensor, Tensor]:
+        """(rows, cols), each (T,): the low-resolution pixel each decoder step lies in."""
         scale = self.config.image_size // self.config.low_res_size
         pixel_cols = self.step_cols // CHANNELS if self.config.head == "categorical" else self.step_cols
-        query_cells = (self.step_rows // scale, pixel_cols // scale)
-        return LocalCrossAttention(cross_can_attend(query_cells, (self.encoder.cell_rows, self.encoder.cell_cols), radius))
+        return self.step_rows // scale, pixel_cols // scale
 
     @property
     def cross_can_attend(self) -> Tensor | None:
