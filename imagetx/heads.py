@@ -15,11 +15,10 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .config import CHANNELS, LEVELS
+from .config import CHANNELS, HALF_RANGE, LEVELS
 
 HALF_BIN = 1.0 / (LEVELS - 1)  # half-width of one value's bin on the [-1, 1] scale
 MIN_LOG_SCALE = -7.0  # PixelCNN++ clamp: keeps inv_s = exp(-s) below ~1100
-BIN_MASS_FLOOR = 1e-5  # below this, the CDF difference has lost its precision
 
 
 def check_temperature(temperature: float) -> None:
@@ -90,27 +89,28 @@ class DMOLHead(nn.Module):
         return torch.stack([m_r, m_g, m_b], dim=-2)
 
     def channel_log_probs(self, params: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
-        """Per component and channel log p of the target bin: (..., 3, K), and the mixture log-weights (..., K)."""
+        """Per component and channel log p of the target bin: (..., 3, K), and the mixture log-weights (..., K).
+
+        Channel c's bin [x − 1/255, x + 1/255] (the lowest and highest bins stretched to
+        ∓∞) under the logistic with mean m_c and scale e^s, in standardised units
+        lower = (x − m − 1/255)/e^s and upper = (x − m + 1/255)/e^s.
+        """
         logits, means, log_scales, coeffs = self.split(params)
         values = targets.long().unsqueeze(-1)  # (..., 3, 1)
-        x = values.float() / 127.5 - 1.0
+        x = values.float() / HALF_RANGE - 1.0
         centered = x - self.coupled_means(means, coeffs, x)
         inv_s = torch.exp(-log_scales)
-        plus_in = inv_s * (centered + HALF_BIN)
-        min_in = inv_s * (centered - HALF_BIN)
-        # Lowest bin (v = 0) takes all mass below its upper edge: log σ(plus_in).
-        log_cdf_plus = F.logsigmoid(plus_in)
-        # Highest bin (v = 255) takes all mass above its lower edge: log(1 − σ(min_in)) = −softplus(min_in).
-        log_one_minus_cdf_min = -F.softplus(min_in)
-        # Interior bins: the CDF difference; clamped only so log() sees no zero in the branch not taken.
-        cdf_delta = torch.sigmoid(plus_in) - torch.sigmoid(min_in)
-        log_cdf_delta = torch.log(cdf_delta.clamp(min=1e-12))
-        # Far in a tail the difference underflows: use the density at the bin centre times
-        # the bin width 2/255 (log-density − log 127.5), written in log-sigmoid form.
-        mid_in = inv_s * centered
-        log_pdf_mid = mid_in - log_scales - 2.0 * F.softplus(mid_in)
-        log_interior = torch.where(cdf_delta > BIN_MASS_FLOOR, log_cdf_delta, log_pdf_mid - math.log(127.5))
-        log_p = torch.where(values == 0, log_cdf_plus, torch.where(values == LEVELS - 1, log_one_minus_cdf_min, log_interior))
+        upper = inv_s * (centered + HALF_BIN)
+        lower = inv_s * (centered - HALF_BIN)
+        # Lowest bin (v = 0) takes all mass below its upper edge: log σ(upper).
+        log_lowest = F.logsigmoid(upper)
+        # Highest bin (v = 255) takes all mass above its lower edge: log(1 − σ(lower)) = log σ(−lower).
+        log_highest = F.logsigmoid(-lower)
+        # Interior bins: σ(u) − σ(l) = σ(u)·σ(−l)·(1 − e^(l−u)), exactly. In logs no term
+        # cancels, so the mass stays accurate in float32 however small it is (the plain
+        # difference of two sigmoids loses every digit far in a tail). l − u = −2·inv_s/255.
+        log_interior = F.logsigmoid(upper) + F.logsigmoid(-lower) + torch.log(-torch.expm1(-2.0 * HALF_BIN * inv_s))
+        log_p = torch.where(values == 0, log_lowest, torch.where(values == LEVELS - 1, log_highest, log_interior))
         return log_p, torch.log_softmax(logits, dim=-1)
 
     def log_prob(self, params: Tensor, targets: Tensor) -> Tensor:
@@ -119,7 +119,14 @@ class DMOLHead(nn.Module):
         return torch.logsumexp(log_weights + log_p.sum(dim=-2), dim=-1)
 
     def sample(self, params: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
-        """(B, T, 10K) -> (B, T, 3) values. Temperature sharpens the component choice and scales the noise."""
+        """(B, T, 10K) -> (B, T, 3) values, drawn from exactly the distribution ``log_prob`` scores.
+
+        Pick a component, then draw R, G, B in turn: a logistic draw, rounded to its level
+        (the bins of ``channel_log_probs``; values beyond ±1 fall in the edge bins), and
+        that *level* (not the continuous draw) enters the coupled means of the later
+        channels, as it does in ``log_prob``. Temperature divides the mixture logits and
+        scales the logistic noise; 0 takes the most likely component and its means.
+        """
         check_temperature(temperature)
         logits, means, log_scales, coeffs = self.split(params)
         if temperature == 0:
@@ -129,12 +136,21 @@ class DMOLHead(nn.Module):
             component = torch.multinomial(probs.reshape(-1, self.components), 1, generator=generator)
             component = component.view(probs.shape[:-1])
         pick = F.one_hot(component, self.components).to(means.dtype).unsqueeze(-2)  # (..., 1, K)
-        means, log_scales, coeffs = ((t * pick).sum(-1) for t in (means, log_scales, coeffs))  # (..., 3)
-        u = torch.rand(means.shape, generator=generator, device=means.device).clamp(1e-5, 1.0 - 1e-5)
-        noise = (torch.log(u) - torch.log1p(-u)) * temperature  # logistic, scaled by τ
-        x = means + torch.exp(log_scales) * noise
-        x_r = x[..., 0].clamp(-1, 1)
-        x_g = (x[..., 1] + coeffs[..., 0] * x_r).clamp(-1, 1)
-        x_b = (x[..., 2] + coeffs[..., 1] * x_r + coeffs[..., 2] * x_g).clamp(-1, 1)
-        x = torch.stack([x_r, x_g, x_b], dim=-1)
-        return torch.round((x + 1.0) * 127.5).long().clamp(0, LEVELS - 1)
+        means, log_scales, coeffs = ((t * pick).sum(-1).double() for t in (means, log_scales, coeffs))  # (..., 3)
+        # Logistic noise by inversion, in float64: u = 0 would give −inf, so it starts at the
+        # smallest positive float64; the largest u below 1 caps the draw at about 37 scale
+        # units, leaving out a mass of about 1e-16.
+        u = torch.rand(means.shape, generator=generator, device=means.device, dtype=torch.float64)
+        u = u.clamp(min=torch.finfo(torch.float64).tiny)
+        draws = means + torch.exp(log_scales) * (torch.log(u) - torch.log1p(-u)) * temperature
+
+        def level(y: Tensor) -> Tensor:  # a point on the [-1, 1] scale -> its bin's level (long)
+            return torch.round((y.clamp(-1.0, 1.0) + 1.0) * HALF_RANGE).long()
+
+        def scaled(v: Tensor) -> Tensor:  # a level -> its bin centre on the [-1, 1] scale
+            return v.double() / HALF_RANGE - 1.0
+
+        r = level(draws[..., 0])
+        g = level(draws[..., 1] + coeffs[..., 0] * scaled(r))
+        b = level(draws[..., 2] + coeffs[..., 1] * scaled(r) + coeffs[..., 2] * scaled(g))
+        return torch.stack([r, g, b], dim=-1)

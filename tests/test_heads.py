@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import math
 
+import mpmath
 import pytest
 import torch
 
-from conftest import random_images, tiny_model
+from helpers import random_images, tiny_model
 from imagetx.heads import CategoricalHead, DMOLHead
 
 LEVELS = 256
@@ -156,8 +157,7 @@ def test_dmol_edge_bins_use_stable_log_sigmoid_forms():
 
 
 def test_dmol_interior_tail_is_finite_and_tiny():
-    # An interior bin far from a sharp component: the CDF difference underflows, the
-    # fallback must still give a finite, very negative log-probability, and gradients.
+    # An interior bin far from a sharp component: a finite, very negative log-probability, and gradients.
     head = DMOLHead(8, 1)
     params = pack([0.0], torch.full((3, 1), -0.9, dtype=torch.float64), torch.full((3, 1), -7.0, dtype=torch.float64),
                   torch.zeros(3, 1, dtype=torch.float64)).requires_grad_()
@@ -166,6 +166,53 @@ def test_dmol_interior_tail_is_finite_and_tiny():
     assert (log_p < math.log(1e-5)).all()
     log_p.sum().backward()
     assert torch.isfinite(params.grad).all()
+
+
+def exact_interior_log_mass(x: float, mean: float, log_scale: float) -> float:
+    """log(σ(u) − σ(l)) of one interior bin, with 60 significant digits (mpmath): the CDF
+    difference itself, so a mass of 1e-30 next to σ ≈ 1 keeps 30 digits."""
+    with mpmath.workdps(60):
+        inv_s = mpmath.exp(-mpmath.mpf(log_scale))
+        centered = mpmath.mpf(x) - mpmath.mpf(mean)
+        half_bin = mpmath.mpf(1) / 255
+
+        def cdf(z):
+            return 1 / (1 + mpmath.exp(-z))
+
+        return float(mpmath.log(cdf(inv_s * (centered + half_bin)) - cdf(inv_s * (centered - half_bin))))
+
+
+def test_dmol_interior_bins_are_accurate_at_any_mass():
+    """Interior bins in float32 equal the exact log CDF difference within 1e-3 nats, for bin
+    masses from 1e-1 down to 1e-30 (every decade covered)."""
+    head = DMOLHead(8, 1)
+    log_scales = torch.linspace(-7.0, -1.0, 13).tolist()
+    means = [-0.3, 0.1037]
+    values = torch.arange(1, LEVELS - 1)  # the interior bins
+    errors, decades = [], set()
+    naive_worst = 0.0
+    for log_scale in log_scales:
+        for mean in means:
+            # R only (no coupling): the R mean is `mean`, the scale e^log_scale, in float32.
+            params = pack([0.0], torch.tensor([[mean], [0.0], [0.0]]), torch.full((3, 1), log_scale), torch.zeros(3, 1))
+            targets = torch.stack([values, torch.zeros_like(values), torch.zeros_like(values)], dim=1)
+            log_p = head.channel_log_probs(params.expand(len(values), -1), targets)[0][:, 0, 0]
+            # the reference sees exactly the float32 parameters the head sees
+            mean32, log_scale32 = float(params[1]), float(params[2])
+            for v, got in zip(values.tolist(), log_p.tolist()):
+                want = exact_interior_log_mass(v / 127.5 - 1.0, mean32, log_scale32)
+                if not math.log(1e-30) <= want <= math.log(1e-1):
+                    continue
+                errors.append(abs(got - want))
+                decades.add(math.floor(-want / math.log(10)))
+                # what the plain float32 difference of two sigmoids gives (the negative control)
+                u = torch.tensor((v / 127.5 - 1.0 - mean32 + 1 / 255) * math.exp(-log_scale32), dtype=torch.float32)
+                l = torch.tensor((v / 127.5 - 1.0 - mean32 - 1 / 255) * math.exp(-log_scale32), dtype=torch.float32)
+                naive = float(torch.log(torch.sigmoid(u) - torch.sigmoid(l)))
+                naive_worst = max(naive_worst, abs(naive - want) if math.isfinite(naive) else math.inf)
+    assert decades >= set(range(1, 30)), sorted(set(range(1, 30)) - decades)  # masses 1e-1 .. 1e-30 all seen
+    assert max(errors) < 1e-3, max(errors)
+    assert naive_worst > 1.0  # the check has teeth: the plain difference cannot pass it
 
 
 def test_dmol_log_scale_is_clamped_at_minus_seven():
@@ -393,11 +440,86 @@ def test_dmol_temperature_zero_is_deterministic():
     a = head.sample(params, 0.0, generator=torch.Generator().manual_seed(1))
     b = head.sample(params, 0.0, generator=torch.Generator().manual_seed(2))
     assert torch.equal(a, b)
-    # The chosen component's coupled means, with the clipped earlier channels (SPEC §5).
+    # The chosen component's coupled means, each earlier channel entering as its level's
+    # bin centre (what log_prob conditions on).
     alpha, beta, gamma = (math.tanh(float(coeffs[i, 1])) for i in range(3))
-    x_r = min(max(float(means[0, 1]), -1), 1)
-    x_g = min(max(float(means[1, 1]) + alpha * x_r, -1), 1)
-    x_b = min(max(float(means[2, 1]) + beta * x_r + gamma * x_g, -1), 1)
-    expected = [round((x + 1) * 127.5) for x in (x_r, x_g, x_b)]
-    assert a[0, 0].tolist() == expected
+
+    def level(y):
+        return round((min(max(y, -1.0), 1.0) + 1) * 127.5)
+
+    r = level(float(means[0, 1]))
+    g = level(float(means[1, 1]) + alpha * (r / 127.5 - 1))
+    b_ = level(float(means[2, 1]) + beta * (r / 127.5 - 1) + gamma * (g / 127.5 - 1))
+    assert a[0, 0].tolist() == [r, g, b_]
     assert (a == a[:, :1]).all()
+
+
+# ----- DMOL: samples follow exp(log_prob) exactly -----------------------------------------
+
+
+def dmol_table(head: DMOLHead, params: torch.Tensor, floor: float = 1e-9) -> tuple[torch.Tensor, torch.Tensor]:
+    """The pixel values (N, 3) that hold the mass of a K = 1 DMOL (every channel's conditional
+    probability above ``floor``), sorted, and exp(head.log_prob) of each (N,)."""
+
+    def conditional(fixed: list[int], channel: int) -> torch.Tensor:
+        targets = torch.tensor(fixed).repeat(LEVELS, 1)
+        targets[:, channel] = torch.arange(LEVELS)
+        return head.channel_log_probs(params.expand(LEVELS, -1), targets)[0][:, channel, 0].double().exp()
+
+    cells = []
+    for r in (conditional([0, 0, 0], 0) > floor).nonzero().flatten().tolist():
+        for g in (conditional([r, 0, 0], 1) > floor).nonzero().flatten().tolist():
+            cells += [(r, g, b) for b in (conditional([r, g, 0], 2) > floor).nonzero().flatten().tolist()]
+    cells = torch.tensor(cells)
+    return cells, head.log_prob(params.expand(len(cells), -1), cells).double().exp()
+
+
+def total_variation(samples: torch.Tensor, cells: torch.Tensor, probs: torch.Tensor) -> float:
+    """TV between the empirical distribution of ``samples`` (n, 3) and ``probs`` on ``cells``;
+    samples outside the cells and mass outside them both count in full."""
+    key = lambda t: (t[:, 0] * LEVELS + t[:, 1]) * LEVELS + t[:, 2]  # noqa: E731
+    cell_keys = key(cells)
+    values, counts = torch.unique(key(samples), return_counts=True)
+    where = torch.searchsorted(cell_keys, values).clamp(max=len(cells) - 1)
+    inside = cell_keys[where] == values
+    empirical = torch.zeros(len(cells), dtype=torch.float64)
+    empirical[where[inside]] = counts[inside].double() / len(samples)
+    outside = counts[~inside].sum().item() / len(samples)
+    return 0.5 * ((empirical - probs).abs().sum().item() + outside + (1.0 - probs.sum().item()))
+
+
+def exact_table_sample(cells: torch.Tensor, probs: torch.Tensor, n: int, seed: int) -> torch.Tensor:
+    """Exact by construction: inverse-CDF draws from the table of exp(log_prob) itself."""
+    cdf = torch.cumsum(probs, 0)
+    u = torch.rand(n, generator=torch.Generator().manual_seed(seed), dtype=torch.float64) * cdf[-1]
+    return cells[torch.searchsorted(cdf, u).clamp(max=len(cells) - 1)]
+
+
+def coupled_on_continuous_draws(head: DMOLHead, params: torch.Tensor, n: int, seed: int) -> torch.Tensor:
+    """The negative control: PixelCNN++'s sampler (K = 1), which couples G and B on the clipped
+    *continuous* draws of R and G, not on the levels that log_prob conditions on."""
+    _, means, log_scales, coeffs = (t[..., 0] for t in head.split(params.expand(n, -1)))
+    u = torch.rand(means.shape, generator=torch.Generator().manual_seed(seed)).clamp(1e-5, 1 - 1e-5)
+    x = means + torch.exp(log_scales) * (torch.log(u) - torch.log1p(-u))
+    x_r = x[:, 0].clamp(-1, 1)
+    x_g = (x[:, 1] + coeffs[:, 0] * x_r).clamp(-1, 1)
+    x_b = (x[:, 2] + coeffs[:, 1] * x_r + coeffs[:, 2] * x_g).clamp(-1, 1)
+    return torch.round((torch.stack([x_r, x_g, x_b], dim=1) + 1) * 127.5).long()
+
+
+@pytest.mark.parametrize("log_scale", [-6.0, -7.0])
+def test_dmol_samples_follow_exp_log_prob_for_sharp_coupled_components(log_scale):
+    """K = 1, sharp channels, coupling tanh(2): the joint of 10^5 samples is as close to
+    exp(log_prob) as an exact sampler's (within 3x its total variation), and the sampler
+    that couples on continuous draws is not."""
+    head = DMOLHead(8, 1)
+    params = pack([0.0], torch.tensor([[0.101], [-0.2], [0.3]]), torch.full((3, 1), log_scale),
+                  torch.full((3, 1), 2.0))
+    cells, probs = dmol_table(head, params)
+    assert abs(probs.sum().item() - 1) < 1e-4  # the table holds the mass
+    n = 100_000
+    noise_floor = sum(total_variation(exact_table_sample(cells, probs, n, seed), cells, probs)
+                      for seed in range(5)) / 5
+    samples = head.sample(params.expand(1, n, -1), 1.0, generator=torch.Generator().manual_seed(11))[0]
+    assert total_variation(samples, cells, probs) < 3 * noise_floor
+    assert total_variation(coupled_on_continuous_draws(head, params, n, seed=11), cells, probs) > 3 * noise_floor
