@@ -1,46 +1,64 @@
-"""Training callbacks: throughput, sample grids, and atomic checkpoint files.
+"""Training callbacks: ``last.ckpt`` for resuming, and sample grids.
 
-* ``TrainingSpeed`` logs images/s (and positions/s) of the optimisation steps.
+* ``LastCheckpoint`` keeps ``checkpoints/last.ckpt`` fresh, including at the step where a
+  run stops, so that ``--resume last`` continues it exactly.
 * ``SampleGrid`` draws images with the cached sampler every N steps, writes a PNG
   into the run directory and, when a W&B logger is active, logs the grid there.
 """
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_only
 
+from .checkpoint import LAST
+from .data import downsample_area
 from .images import save_grid
 from .sampler import sample
 
 
-class TrainingSpeed(L.Callback):
-    """Logs ``train/images_per_sec`` over the last ``window`` steps (data loading included)."""
+class LastCheckpoint(Checkpoint):
+    """Writes ``<dirpath>/last.ckpt`` every ``every_n_steps`` optimiser steps (0: never on a
+    count), after every validation, at the training step where the run stops (max_steps,
+    max_time, a callback's ``should_stop``), and at the end of the last epoch.
 
-    def __init__(self, window: int = 10) -> None:
-        self.window = window
-        self._start: float | None = None
-        self._images = 0
-        self._steps = 0
+    Written by hand because ModelCheckpoint(save_last=True) writes the stopping step's
+    last.ckpt only after the loop has closed the epoch, and a run resumed from it skips
+    the rest of that epoch; written from inside the loop, it resumes mid-epoch exactly.
+    A ``Checkpoint``, so Lightning runs it after the other callbacks (the Timer among them)."""
 
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if self._start is None:
-            self._start, self._images, self._steps = time.perf_counter(), 0, 0
+    def __init__(self, dirpath: str | Path, every_n_steps: int = 0) -> None:
+        self.path = Path(dirpath) / LAST
+        self.every_n_steps = every_n_steps
+        self.saved_step = -1
+
+    def save(self, trainer) -> None:
+        # The same decision on every rank: save_checkpoint waits for all of them.
+        if trainer.global_step > 0 and trainer.global_step != self.saved_step and not trainer.sanity_checking:
+            trainer.save_checkpoint(self.path, weights_only=False)
+            self.saved_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self._images += batch["images"].shape[0]
-        self._steps += 1
-        if self._steps >= self.window:
-            seconds = time.perf_counter() - self._start
-            images_per_sec = self._images * trainer.world_size / seconds
-            pl_module.log("train/images_per_sec", images_per_sec, rank_zero_only=True)
-            pl_module.log("train/positions_per_sec", images_per_sec * pl_module.model.order.length,
-                          rank_zero_only=True)
-            self._start = None
+        step = trainer.global_step
+        if (self.every_n_steps and step % self.every_n_steps == 0) or trainer.should_stop \
+                or 0 < trainer.max_steps <= step:
+            self.save(trainer)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit":
+            self.save(trainer)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.save(trainer)  # the epochs ran out (max_epochs): the checkpoint marks the last one finished
+
+
+def count_images(batch: dict[str, torch.Tensor]) -> int:
+    """Batch size for Lightning's ThroughputMonitor: its ``samples_per_sec`` are images/s."""
+    return batch["images"].shape[0]
 
 
 class SampleGrid(L.Callback):
@@ -71,8 +89,6 @@ class SampleGrid(L.Callback):
         if cfg.encoder_layers:
             if batch is None:
                 return  # super-resolution grids need inputs; the last batch is gone at train end
-            from .data import downsample_area
-
             low_res = downsample_area(batch["images"][: self.count], cfg.low_res_size)
         count = self.count if low_res is None else low_res.shape[0]
         images = sample(model, count, labels, low_res, self.temperature, generator=generator)

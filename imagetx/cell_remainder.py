@@ -13,17 +13,29 @@ within ±(N/2) / (number still to come): for the last pixel of a cell, its own v
 A decoder could learn to add up a cell's earlier pixels through attention; given this
 number it need not. It reads only values generated before step t, so the model stays
 autoregressive (tests perturb later steps and check earlier outputs do not move).
+Decoding one step at a time, the same ``forward`` keeps each group's running sum in a
+``RemainderCache`` instead of summing the whole sequence.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from .config import CHANNELS, LEVELS, ModelConfig
+from .config import CHANNELS, HALF_RANGE, ModelConfig
 
-HALF_RANGE = (LEVELS - 1) / 2  # maps intensities 0..255 to -1..1, as PixelEmbedding does
+
+@dataclass
+class RemainderCache:
+    """Decoding state: (B, T, c) the low-res value(s) of each step's group, (B, groups, c)
+    sums of each group's values generated so far, and ``step``, the next step to decode."""
+
+    low_values: Tensor
+    sums: Tensor
+    step: int = 0
 
 
 class CellRemainder(nn.Module):
@@ -81,9 +93,29 @@ class CellRemainder(nn.Module):
         features = torch.cat([remainder_mean / HALF_RANGE - 1.0, uncertainty], dim=-1)
         return self.proj(features.to(self.proj.weight.dtype))
 
-    def forward(self, targets: Tensor, low_res: Tensor) -> Tensor:
-        values = self.step_values(targets)[:, self.order]
-        grouped = rearrange(values, "b (g n) c -> b g n c", n=self.cell_size)
-        earlier = grouped.cumsum(dim=2) - grouped  # exclusive: the group's earlier steps only
-        earlier = rearrange(earlier, "b g n c -> b (g n) c")[:, self.inverse]
-        return self.features(earlier, self.low_res_values(low_res), self.still_to_come)
+    def start_decoding(self, low_res: Tensor) -> RemainderCache:
+        """An empty cache for decoding the images of ``low_res`` (B, h, w, 3) one step at a time."""
+        low_values = self.low_res_values(low_res)
+        sums = low_values.new_zeros(low_values.shape[0], self.n_groups, low_values.shape[-1])
+        return RemainderCache(low_values, sums)
+
+    def forward(self, targets: Tensor | None, low_res: Tensor | None, cache: RemainderCache | None = None) -> Tensor:
+        """Targets (B, T[, 3]) in generation order and the low-res image -> (B, T, d).
+
+        With ``cache``, one step, t = ``cache.step``: targets (B, 1[, 3]) is step t−1's
+        value (None at t = 0), added to its group's running sum; the low-res values come
+        from the cache (``low_res`` is not needed) -> (B, 1, d) for step t. The cache is
+        updated in place (its sums, ``step`` + 1).
+        """
+        if cache is None:
+            values = self.step_values(targets)[:, self.order]
+            grouped = rearrange(values, "b (g n) c -> b g n c", n=self.cell_size)
+            earlier = grouped.cumsum(dim=2) - grouped  # exclusive: the group's earlier steps only
+            earlier = rearrange(earlier, "b g n c -> b (g n) c")[:, self.inverse]
+            return self.features(earlier, self.low_res_values(low_res), self.still_to_come)
+        t = cache.step
+        if t > 0:
+            cache.sums[:, self.groups[t - 1]] += self.step_values(targets)[:, 0]
+        cache.step += 1
+        earlier = cache.sums[:, self.groups[t : t + 1]]  # (B, 1, c)
+        return self.features(earlier, cache.low_values[:, t : t + 1], self.still_to_come[t : t + 1])

@@ -3,7 +3,9 @@
 Every imagetx checkpoint — a plain one from ``save_model`` or a Lightning one
 written during training — carries ``checkpoint["imagetx"]["model_config"]``, so
 evaluation and sampling need nothing but the path. Writes are atomic: a
-temporary file in the same directory, renamed into place.
+temporary file in the same directory, renamed into place (``AtomicCheckpointIO`` makes
+Lightning write its checkpoints that way too). ``checkpoint_to_resume`` checks the
+checkpoint that ``--resume`` names before training starts.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from .config import ModelConfig
 from .model import ImageTransformer
 
 FORMAT_VERSION = 1
 LIGHTNING_PREFIX = "model."  # the LightningModule keeps the network as ``self.model``
+CHECKPOINT_DIR = "checkpoints"  # under the run's directory (trainer.default_root_dir)
+LAST = "last.ckpt"
 
 
 class CheckpointError(ValueError):
@@ -168,3 +173,71 @@ def check_writable(directory: str | os.PathLike, setting: str) -> Path:
         raise OSError(f"cannot write to {directory} ({error.strerror or error}); "
                       f"choose another with {setting} DIR") from None
     return directory
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer, through ``atomic_torch_save``: a kill or a full disk
+    mid-write never leaves a corrupt ``last.ckpt`` behind. Remote paths (``s3://``, ...)
+    are left to Lightning."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
+        if "://" in str(path):
+            return super().save_checkpoint(checkpoint, path, storage_options)
+        try:
+            atomic_torch_save(checkpoint, path)
+        except OSError as error:
+            raise CheckpointError(
+                f"cannot write checkpoint {path} ({error.strerror or error}); the previous {Path(path).name}, if any, "
+                "is intact: free disk space or choose another --trainer.default_root_dir, then continue with --resume"
+            ) from error
+
+
+def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig) -> str | None:
+    """The checkpoint ``--resume`` names ('last': ``root/checkpoints/last.ckpt``), checked: it
+    exists, is readable, is imagetx's, holds the training state and the same model
+    configuration as this run."""
+    if resume is None:
+        return None
+    path = root / CHECKPOINT_DIR / LAST if resume == "last" else Path(resume)
+    if not path.is_file():
+        raise CheckpointError(f"--resume {resume}: no checkpoint at {path}; start without --resume "
+                              "or pass the path of an existing .ckpt")
+    checkpoint = read_checkpoint(path, mmap=True)
+    if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
+        raise CheckpointError(f"--resume {path}: this checkpoint holds weights only (no optimiser or loop state); "
+                              "resume from a checkpoint written by imagetx.train, e.g. checkpoints/last.ckpt")
+    check_loader_state(checkpoint, path)
+    # fields a checkpoint from an older version lacks have their defaults
+    stored = {**ModelConfig().to_dict(), **checkpoint["imagetx"].get("model_config", {})}
+    wanted = config.to_dict()
+    differ = [f"{key}={stored[key]!r} there, {wanted[key]!r} here" for key in wanted if stored.get(key) != wanted[key]]
+    if differ:
+        raise CheckpointError(f"--resume {path}: the checkpoint's model differs from this run's "
+                              f"({'; '.join(differ[:3])}): resume with the configuration it was trained with, "
+                              "or start a new run elsewhere")
+    return str(path)
+
+
+def check_loader_state(checkpoint: dict[str, Any], path: Path) -> None:
+    """Refuse a training-loader state written by an imagetx older than the StatefulDataLoader
+    training order (data.py: TrainOrder, TrainLoader): its ``{epoch, batches, ...}`` cannot
+    place this version's order, and Lightning would fail deep inside the fit loop."""
+    loops = checkpoint.get("loops") or {}
+    states = ((loops.get("fit_loop") or {}).get("state_dict") or {}).get("combined_loader") or []
+    if any(isinstance(state, dict) and "batches" in state and "_num_yielded" not in state
+           and "_snapshot" not in state for state in states):
+        raise CheckpointError(
+            f"--resume {path}: this checkpoint's training-loader state is from an older imagetx, which this version "
+            "cannot continue: start a new run (without --resume, or in another --trainer.default_root_dir); its "
+            "weights still serve imagetx.evaluate and imagetx.sample as they are")
+
+
+def last_good_checkpoint(root: Path) -> str:
+    """Where to continue from after a non-finite loss, in words."""
+    last = root / CHECKPOINT_DIR / LAST
+    try:
+        step = read_checkpoint(last, mmap=True).get("global_step")
+    except CheckpointError:
+        return "no checkpoint was written yet: lower --model.peak_lr or set --trainer.gradient_clip_val and start again"
+    return (f"the last good checkpoint is {last} (after step {step}): continue with --resume last, perhaps with a "
+            "lower --model.peak_lr or --trainer.gradient_clip_val")

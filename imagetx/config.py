@@ -17,6 +17,9 @@ POSITION_ENCODINGS = ("sinusoidal", "learned")
 NORMS = ("post", "pre")
 CHANNELS = 3  # RGB
 LEVELS = 256  # values of one sub-pixel
+# Half the value range, 127.5: v / HALF_RANGE - 1 maps the integers 0..255 onto [-1, 1]
+# (the DMOL head's and the pixel embedding's scale).
+HALF_RANGE = (LEVELS - 1) / 2
 
 
 @dataclass
@@ -35,6 +38,8 @@ class ModelConfig:
     memory_blocks: int = 1
     # 2D local attention (§4): query block (rows, cols) in grid cells, and the flange
     # (rows above, cols either side) of memory around it. T2T default: (16,16), (16,32).
+    # Any flange height is causal: in block-raster order every row above a block belongs
+    # to an earlier row of blocks.
     query_block_shape: tuple[int, int] = (16, 16)
     memory_flange: tuple[int, int] = (16, 32)
     position_encoding: Literal["sinusoidal", "learned"] = "sinusoidal"
@@ -52,6 +57,10 @@ class ModelConfig:
     # its low-res cell must have for the cell to box-average to the input (exact for
     # the box-mean inputs of §6; imagetx/cell_remainder.py). Not in the paper.
     cell_remainder_input: bool = False
+    # True: every decoder self-attention layer adds a learned bias per head for each
+    # (row, column) offset between query and key to the attention scores, starting from a
+    # distance prior (imagetx/position_bias.py). Not in the paper; off in its presets.
+    relative_position_bias: bool = False
 
     def __post_init__(self) -> None:
         # YAML and JSON hand us lists; the dataclass promises tuples.
@@ -136,9 +145,6 @@ class ModelConfig:
                     f"block width must divide the grid's {cols} columns (grid {rows}x{cols}, {self.head} head)")
             if fh < 0 or fw < 0:
                 bad("memory_flange", self.memory_flange, "flange sizes must be 0 or more")
-            if fh > qh:
-                bad("memory_flange", self.memory_flange,
-                    f"flange height must not exceed the query-block height {qh}, or attention is not causal")
         return self
 
     # ----- (de)serialisation -------------------------------------------------

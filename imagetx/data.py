@@ -1,182 +1,248 @@
-"""CIFAR-10 data (SPEC §6 tasks; brief: data sources): reading, splitting, the DataModule.
+"""Training data (SPEC §6 tasks): the DataModule, the training order that a resumed run
+continues mid-epoch, and the box downsampling of super-resolution inputs.
 
-Two on-disk formats are read:
-
-* npz shards ``{split}-*.npz`` holding ``images`` uint8 (N, 32, 32, 3) and ``labels``
-  uint8 (N,), as in ``shared/cifar10/README.md``;
-* torchvision's ``cifar-10-batches-py`` folder, downloaded through torchvision when
-  it is missing and a network is there.
-
-Splits: ``train`` and ``val`` both come from the training images (``val`` is the
-last ``val_size`` of them), ``test`` from the official test images.
+The images come from ``imagetx/sources/`` (``--data.source cifar10|imagenet|folder``);
+``load_cifar10`` and the CIFAR-10 readers are kept here under their old names.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
-import zipfile
+import warnings
 from pathlib import Path
+from typing import Literal
 
 import lightning as L
-import numpy as np
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
-SPLITS = ("train", "val", "test")
-NUM_CLASSES = 10
-IMAGE_SHAPE = (32, 32, 3)
-TORCHVISION_FOLDER = "cifar-10-batches-py"
+from .sources import SPLITS, DataError, Reader, check_fits, default_root, tensors
+from .sources.cifar10 import IMAGE_SHAPE, NUM_CLASSES, TORCHVISION_FOLDER, read_npz_shards, read_torchvision
+from .sources.folder import CROPS, FILTERS
 
+# torchdata 0.11 calls torch.set_vital, which newer torch versions deprecate: harmless, and
+# otherwise said on every training run.
+warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
 
-class DataError(RuntimeError):
-    """Data that cannot be found or read; the message says where and what to do."""
-
-
-def default_root() -> Path:
-    return Path(os.environ.get("IMAGETX_DATA", "./data"))
-
-
-def _check_arrays(images: np.ndarray, labels: np.ndarray, source: str) -> None:
-    fix = "; replace it with a shard in the CIFAR-10 format, or remove it"
-    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != IMAGE_SHAPE:
-        raise DataError(f"{source}: 'images' is {images.dtype} {images.shape}; expected uint8 (N, 32, 32, 3){fix}")
-    if labels.shape != (images.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
-        raise DataError(f"{source}: 'labels' is {labels.dtype} {labels.shape}; expected integers "
-                        f"({images.shape[0]},){fix}")
-    if labels.size and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
-        raise DataError(f"{source}: labels span {labels.min()}..{labels.max()}; expected 0..{NUM_CLASSES - 1}{fix}")
-
-
-def read_npz_shards(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | None:
-    """All ``{prefix}-*.npz`` shards under root, in name order; None when there are none."""
-    shards = sorted(root.glob(f"{prefix}-*.npz"), key=lambda p: (len(p.name), p.name))
-    if not shards:
-        return None
-    images, labels = [], []
-    for shard in shards:
-        try:
-            with np.load(shard) as data:
-                if "images" not in data or "labels" not in data:
-                    raise DataError(f"{shard}: holds {sorted(data.files)}; expected arrays 'images' and 'labels': "
-                                    "replace it with a shard in the CIFAR-10 format, or remove it")
-                shard_images, shard_labels = data["images"], data["labels"]
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
-            raise DataError(f"{shard} is truncated or corrupt ({type(error).__name__}: {error}); "
-                            "replace it with a good copy") from error
-        _check_arrays(shard_images, shard_labels, str(shard))
-        images.append(shard_images)
-        labels.append(shard_labels.astype(np.int64))
-    return np.concatenate(images), np.concatenate(labels)
-
-
-def read_torchvision(root: Path, train: bool, download: bool) -> tuple[np.ndarray, np.ndarray] | None:
-    """The torchvision layout under root, downloading it only when absent; None when unavailable."""
-    present = (root / TORCHVISION_FOLDER).is_dir()
-    if not present and not download:
-        return None
-    from torchvision.datasets import CIFAR10  # imported late: only this source needs it
-
-    try:
-        dataset = CIFAR10(str(root), train=train, download=not present)
-    except RuntimeError as error:  # torchvision's "Dataset not found or corrupted"
-        if not present:
-            return None
-        raise DataError(f"{root / TORCHVISION_FOLDER} is incomplete or corrupt ({error}); "
-                        "delete it to download again, or replace it") from error
-    except OSError:  # no network: URLError is an OSError
-        return None
-    images, labels = np.asarray(dataset.data), np.asarray(dataset.targets, dtype=np.int64)
-    _check_arrays(images, labels, str(root / TORCHVISION_FOLDER))
-    return images, labels
+__all__ = ["DataError", "IMAGE_SHAPE", "NUM_CLASSES", "SPLITS", "TORCHVISION_FOLDER", "ImageDataModule",
+           "ImageDataset", "TrainLoader", "TrainOrder", "default_root", "downsample_area", "load_cifar10",
+           "read_npz_shards", "read_torchvision"]
 
 
 def load_cifar10(root: str | os.PathLike, split: str, val_size: int = 5000,
                  download: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 images (N, 32, 32, 3) and long labels (N,) of one split."""
-    if split not in SPLITS:
-        raise DataError(f"split {split!r} is unknown; choose one of {', '.join(SPLITS)}")
-    root = Path(root).expanduser()
-    source = "test" if split == "test" else "train"
-    arrays = read_npz_shards(root, source) if root.is_dir() else None
-    if arrays is None:
-        arrays = read_torchvision(root, train=source == "train", download=download)
-    if arrays is None:
-        raise DataError(
-            f"no CIFAR-10 {source} images under {root.resolve()}: looked for {source}-*.npz shards and "
-            f"{TORCHVISION_FOLDER}/, and could not download. Put the shards there (e.g. copy "
-            f"shared/cifar10/*.npz), or pass --data.root DIR / set IMAGETX_DATA=DIR, or run once with a network")
-    images, labels = arrays
-    if split != "test":
-        if not 0 < val_size < len(images):
-            raise DataError(f"val_size={val_size} must be between 1 and {len(images) - 1} (the training images)")
-        cut = len(images) - val_size
-        images, labels = (images[:cut], labels[:cut]) if split == "train" else (images[cut:], labels[cut:])
-    return torch.from_numpy(np.ascontiguousarray(images)), torch.from_numpy(labels)
+    """uint8 images (N, 32, 32, 3) and long labels (N,) of one CIFAR-10 split."""
+    return tensors(Reader("cifar10", root, val_size, download=download).split(split))
 
 
 class ImageDataset(Dataset):
-    """In-memory images and labels; items are dicts so every consumer names what it takes."""
+    """In-memory images and labels; items are dicts so every consumer names what it takes
+    (no ``labels`` for unlabelled images).
 
-    def __init__(self, images: torch.Tensor, labels: torch.Tensor, random_flip: bool = False) -> None:
-        self.images, self.labels, self.random_flip = images, labels, random_flip
+    A key is an index, or ``(index, flip)`` from ``TrainOrder``: the flips come with the
+    training order, so they draw nothing from the RNG while batches are fetched."""
+
+    def __init__(self, images: torch.Tensor, labels: torch.Tensor | None) -> None:
+        self.images, self.labels = images, labels
 
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+    def __getitem__(self, key: int | tuple[int, bool]) -> dict[str, torch.Tensor]:
+        index, flip = key if isinstance(key, tuple) else (key, False)
         image = self.images[index]
-        if self.random_flip and torch.rand(()) < 0.5:
-            image = image.flip(1)
-        return {"images": image, "labels": self.labels[index]}
+        item = {"images": image.flip(1) if flip else image}
+        if self.labels is not None:
+            item["labels"] = self.labels[index]
+        return item
 
 
-class CIFAR10DataModule(L.LightningDataModule):
-    """CIFAR-10 splits for training (``train``/``val``) and testing (``test``)."""
+def mix_seed(*parts: int | str) -> int:
+    """A well-spread 63-bit seed from integers (seed, epoch, batch, ...)."""
+    digest = hashlib.blake2b(":".join(map(str, ("imagetx", *parts))).encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") >> 1
+
+
+def run_seed() -> int:
+    """The run's ``seed_everything`` (Lightning keeps it in ``PL_GLOBAL_SEED``)."""
+    return int(os.environ.get("PL_GLOBAL_SEED", 0))
+
+
+class TrainOrder(DistributedSampler):
+    """Every epoch a permutation of the training set, and which images of it are flipped,
+    drawn from (seed, epoch) alone and shared out among processes.
+
+    Its state (epoch, samples of this process taken) travels in every checkpoint through
+    torchdata's StatefulDataLoader; a loaded state sets the epoch and resumes it where it
+    stopped, or, when the epoch was finished, starts the next one (as Lightning does).
+    A DistributedSampler, so that Lightning keeps it under DDP."""
+
+    def __init__(self, dataset, seed: int, random_flip: bool = False, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
+        self.random_flip = random_flip
+        self.taken = 0
+        self.resume: tuple[int, int] | None = None  # (epoch, samples to skip)
+        self.next_epoch_loaded = False  # the loaded state was that of a finished epoch
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "samples": self.taken}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        epoch, taken = state["epoch"], state["samples"]
+        self.next_epoch_loaded = taken >= len(self)
+        if self.next_epoch_loaded:
+            epoch, taken = epoch + 1, 0
+        self.set_epoch(epoch)
+        self.resume = (epoch, taken)
+
+    def __iter__(self):
+        # A generator: nothing is read before the first batch is asked for, and Lightning
+        # sets the epoch after it has created the iterator.
+        generator = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
+        order = torch.randperm(len(self.dataset), generator=generator).tolist()
+        flips = (torch.rand(len(order), generator=generator) < 0.5).tolist()
+        order += order[: self.total_size - len(order)]  # pad so every process gets as many
+        mine = order[self.rank : self.total_size : self.num_replicas]
+        skip = self.resume[1] if self.resume and self.resume[0] == self.epoch else 0
+        self.resume, self.taken = None, skip
+        for index in mine[skip:]:
+            self.taken += 1
+            yield (index, self.random_flip and flips[index])
+
+
+class TrainLoader(StatefulDataLoader):
+    """torchdata's StatefulDataLoader over a ``TrainOrder``.
+
+    A state taken at an epoch's last batch is resumed by Lightning at the start of the
+    next epoch, which torchdata would go on counting from the finished one (its counts
+    then differ from an uninterrupted run's; meta-pytorch/data#1437): the order keeps its
+    place (the next epoch, from its start) and the loader starts afresh."""
+
+    sampler: TrainOrder
+
+    def __iter__(self):
+        iterator = super().__iter__()  # loads a pending state into the order
+        if self.sampler.next_epoch_loaded:
+            self.sampler.next_epoch_loaded = False
+            self.load_state_dict({})
+            iterator = super().__iter__()
+        return iterator
+
+
+class ImageDataModule(L.LightningDataModule):
+    """The training (``train``/``val``) and test (``test``) splits of one data source.
+
+    Training batches come from a ``TrainLoader`` over a ``TrainOrder``, whose position
+    Lightning saves in every checkpoint: a run resumed with ``--resume`` continues
+    the epoch exactly where it stopped. Evaluation loaders keep the split's order and
+    drop nothing: bits/dim is averaged over every image. Before training, ``setup``
+    checks that the model fits the data (image size, classes); a folder is converted in
+    ``prepare_data`` (once per machine, before the other processes read it)."""
 
     def __init__(
         self,
         root: str | None = None,
+        source: Literal["cifar10", "imagenet", "folder"] = "cifar10",
         batch_size: int = 16,
         eval_batch_size: int | None = None,
-        val_size: int = 5000,  # the last 5,000 training images (half of the customary last shard)
+        val_size: int | None = None,
         num_workers: int = 0,  # data sits in memory; workers only add start-up cost on small machines
         random_flip: bool = False,  # the paper trains without augmentation
         download: bool = True,
+        image_size: int | None = None,
+        crop: Literal[CROPS] = "center",
+        resize: Literal[tuple(FILTERS)] = "area",
+        cache: str | None = None,
+        rebuild: bool = False,
     ) -> None:
+        """
+        Args:
+            root: data folder (default: $IMAGETX_DATA, else ./data)
+            source: cifar10 (npz shards or torchvision's folder), imagenet (downsampled ImageNet's batch
+                files, pickle or npz) or folder (PNG/JPEG files, converted once to npz shards); docs/data.md
+            batch_size: training images per device and step
+            eval_batch_size: validation and test images per batch (default: batch_size)
+            val_size: training images held out for validation, the last ones (default: 5000 for cifar10; 0 for
+                imagenet, which validates on the official validation set; for a folder a tenth, at most 5000)
+            num_workers: DataLoader worker processes
+            random_flip: flip training images left-right at random (the paper does not)
+            download: cifar10: download through torchvision when the data is missing
+            image_size: folder: the side images are converted to (default: the model's); other sources: the
+                side the data must have
+            crop: folder: center (the largest centred square) or celeba (CelebA's centred 138x138 face box)
+            resize: folder: the filter that resizes the crop: area (each pixel the mean of the area it covers) or
+                bilinear, bicubic, lanczos (for enlarging)
+            cache: folder: where the converted shards go (default: <root>/.imagetx-cache)
+            rebuild: folder: convert again, replacing an earlier conversion
+        """
         super().__init__()
         self.save_hyperparameters()
-        self.root = Path(root) if root else default_root()
+        self.source, self.root = source, Path(root) if root else default_root()
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.val_size, self.num_workers, self.random_flip, self.download = val_size, num_workers, random_flip, download
+        self.image_size, self.crop, self.resize, self.cache, self.rebuild = image_size, crop, resize, cache, rebuild
+        self.reader: Reader | None = None
         self.datasets: dict[str, ImageDataset] = {}
+
+    def model_config(self):
+        """The ModelConfig of the model being trained; None outside a Trainer."""
+        return getattr(getattr(self.trainer, "lightning_module", None), "config", None)
+
+    def make_reader(self, rebuild: bool) -> Reader:
+        config = self.model_config()
+        size = self.image_size or (config.image_size if config is not None and self.source == "folder" else None)
+        return Reader(self.source, self.root, self.val_size, size, self.download, self.crop, self.resize,
+                      self.cache, rebuild)
+
+    def prepare_data(self) -> None:
+        """Lightning calls this in one process per machine before ``setup``: a folder is
+        converted (or rebuilt) here, never by several processes at once."""
+        self.reader = self.make_reader(self.rebuild)
+        self.reader.prepare()
 
     def dataset(self, split: str) -> ImageDataset:
         if split not in self.datasets:
-            images, labels = load_cifar10(self.root, split, self.val_size, self.download)
-            self.datasets[split] = ImageDataset(images, labels, self.random_flip and split == "train")
+            if self.reader is None:  # prepare_data ran in another process (DDP), or not at all (direct use)
+                alone = self.trainer is None or self.trainer.world_size == 1
+                self.reader = self.make_reader(self.rebuild and alone)
+            data = self.reader.split(split)
+            config = self.model_config()
+            if config is not None:
+                check_fits(data, config)
+            self.datasets[split] = ImageDataset(*tensors(data))
         return self.datasets[split]
 
     def setup(self, stage: str | None = None) -> None:
-        if stage in ("fit", None):
-            self.dataset("train")
-            self.dataset("val")
-        if stage == "test":
-            self.dataset("test")
+        for split in ("test",) if stage == "test" else ("train", "val"):
+            self.dataset(split)
 
-    def loader(self, split: str, shuffle: bool = False) -> DataLoader:
-        # drop_last=False everywhere: bits/dim is averaged over every image of the split.
-        return DataLoader(self.dataset(split), batch_size=self.batch_size if shuffle else self.eval_batch_size,
-                          shuffle=shuffle, num_workers=self.num_workers, drop_last=False,
+    def train_dataloader(self) -> TrainLoader:
+        trainer = self.trainer  # None outside a Trainer
+        replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        order = TrainOrder(self.dataset("train"), run_seed(), self.random_flip, replicas, rank)
+        return TrainLoader(self.dataset("train"), batch_size=self.batch_size, sampler=order,
+                           num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
+
+    def eval_loader(self, split: str) -> DataLoader:
+        return DataLoader(self.dataset(split), batch_size=self.eval_batch_size, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0)
 
-    def train_dataloader(self) -> DataLoader:
-        return self.loader("train", shuffle=True)
-
     def val_dataloader(self) -> DataLoader:
-        return self.loader("val")
+        return self.eval_loader("val")
 
     def test_dataloader(self) -> DataLoader:
-        return self.loader("test")
+        return self.eval_loader("test")
+
+    def state_dict(self) -> dict[str, int]:
+        return {"batch_size": self.batch_size}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        """A resumed run must cut the epoch into the same batches as the run it continues."""
+        if state.get("batch_size", self.batch_size) != self.batch_size:
+            raise DataError(f"the checkpoint was trained with data.batch_size={state['batch_size']}, this run has "
+                            f"{self.batch_size}: resume with the same batch size (or start a new run)")
 
 
 def downsample_area(images: torch.Tensor, size: int) -> torch.Tensor:

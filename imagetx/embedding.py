@@ -14,7 +14,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-from .config import CHANNELS, LEVELS
+from .config import CHANNELS, HALF_RANGE, LEVELS
 
 
 class SubPixelEmbedding(nn.Module):
@@ -23,10 +23,9 @@ class SubPixelEmbedding(nn.Module):
     ``ordinal=True`` starts each channel's 256 rows on the straight line between two
     random vectors, so that value 101 starts next to 100 instead of at an unrelated
     random point; the rows are free to move apart in training. The super-resolution
-    encoder uses it: measured on an earlier quick super-resolution preset (radius-1 cross-attention)
-    after 400 steps, a decoder fed randomly initialised rows had not yet learnt to read
-    intensities off them (shuffling the 8×8 inputs across images changed its bits/dim by
-    0.016), one fed ordinal rows had (0.16).
+    encoder uses it: from random rows a decoder must first learn which rows are bright
+    and which dark before the low-resolution input tells it anything, and in a short run
+    it had not; ordinal rows carry intensity from the first step.
     """
 
     def __init__(self, d_model: int, ordinal: bool = False) -> None:
@@ -57,7 +56,7 @@ class PixelEmbedding(nn.Module):
         self.proj = nn.Linear(CHANNELS, d_model)
 
     def forward(self, pixels: Tensor) -> Tensor:
-        return torch.relu(self.proj(pixels.to(self.proj.weight.dtype) / 127.5 - 1.0))
+        return torch.relu(self.proj(pixels.to(self.proj.weight.dtype) / HALF_RANGE - 1.0))
 
 
 def sinusoid(positions: Tensor, dim: int) -> Tensor:
@@ -70,7 +69,9 @@ def sinusoid(positions: Tensor, dim: int) -> Tensor:
 
 
 class PositionEncoding(nn.Module):
-    """Row and column encodings for a rows×cols grid, concatenated to d."""
+    """Row and column encodings for a rows×cols grid, concatenated to d, each looked up in
+    a table: learned, or sinusoids computed once at construction and kept as a buffer (so
+    the position of one decoding step is an index, not a recomputation on the CPU)."""
 
     def __init__(self, rows: int, cols: int, d_model: int, kind: str) -> None:
         super().__init__()
@@ -82,10 +83,12 @@ class PositionEncoding(nn.Module):
             self.cols = nn.Embedding(cols, self.col_dim)
             nn.init.normal_(self.rows.weight, std=0.02)
             nn.init.normal_(self.cols.weight, std=0.02)
+        else:
+            self.register_buffer("row_table", sinusoid(torch.arange(rows), self.row_dim), persistent=False)
+            self.register_buffer("col_table", sinusoid(torch.arange(cols), self.col_dim), persistent=False)
 
     def forward(self, rows: Tensor, cols: Tensor) -> Tensor:
         """(T,) grid rows and columns -> (T, d)."""
         if self.kind == "learned":
             return torch.cat([self.rows(rows), self.cols(cols)], dim=-1)
-        device = rows.device
-        return torch.cat([sinusoid(rows.cpu(), self.row_dim), sinusoid(cols.cpu(), self.col_dim)], dim=-1).to(device)
+        return torch.cat([self.row_table[rows], self.col_table[cols]], dim=-1)

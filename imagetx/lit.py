@@ -17,7 +17,7 @@ from torchmetrics import MeanMetric
 
 from .checkpoint import imagetx_metadata
 from .config import ModelConfig
-from .data import downsample_area
+from .data import downsample_area, mix_seed, run_seed
 from .model import ImageTransformer
 from .schedule import noam, warmup_cosine
 
@@ -48,6 +48,8 @@ def model_inputs(config: ModelConfig, batch: dict[str, torch.Tensor]):
 
 
 class ImageTransformerModule(L.LightningModule):
+    flops_per_batch = None  # read by Lightning's ThroughputMonitor; not counted, so no FLOP/s metrics
+
     def __init__(
         self,
         config: ModelConfig | None = None,
@@ -92,6 +94,12 @@ class ImageTransformerModule(L.LightningModule):
         self.log(f"{split}/bpd", metric, prog_bar=True, on_step=False, on_epoch=True, batch_size=batch_size)
         return bpd.mean()
 
+    def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        """Dropout of each training step draws from a seed of (seed, epoch, batch, rank): a run
+        resumed mid-epoch takes the same steps as one never interrupted, whatever ran in
+        between (validations, sample grids, the restart itself)."""
+        torch.manual_seed(mix_seed(run_seed(), self.current_epoch, batch_idx, self.global_rank))
+
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
         loss = self.shared_step(batch, "train")
         if not torch.isfinite(loss):
@@ -102,7 +110,7 @@ class ImageTransformerModule(L.LightningModule):
     def on_before_optimizer_step(self, optimizer) -> None:
         """Non-finite gradients (with a finite loss) would turn the weights into NaN: skip such
         a step like a non-finite loss. Under fp16 loss scaling the GradScaler does this itself."""
-        if self._trainer is not None and str(self.trainer.precision).startswith("16"):
+        if str(self.trainer.precision).startswith("16"):
             return
         grads = {name: p.grad for name, p in self.named_parameters() if p.grad is not None}
         bad = non_finite_tensors(grads)

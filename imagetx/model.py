@@ -4,32 +4,62 @@ Read top to bottom: one transformer layer (post- or pre-LayerNorm, optional
 cross-attention), the super-resolution encoder, then the decoder that embeds
 images in generation order, shifts them right by one step, runs the local
 attention stack and returns the head's distribution parameters.
+
+Decoding one step at a time (the sampler) runs the same code: ``decode(..., cache=)``
+with the inputs of one step and a ``DecodingCache`` from ``start_decoding``, which
+every layer reads and updates in place.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
-from .attention import AttentionPattern, LocalCrossAttention, MultiHeadAttention, cross_can_attend, pattern_for
-from .cell_remainder import CellRemainder
+from .attention import (AttentionPattern, CrossAttentionCache, LocalCrossAttention, MultiHeadAttention,
+                        SelfAttentionCache, StepIndex, cross_can_attend, pattern_for)
+from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, LEVELS, ModelConfig
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
 from .order import GenerationOrder, images_to_sequence
+from .position_bias import RelativePositionBias
+
+
+@dataclass
+class LayerCache:
+    """One decoder layer's decoding state: its self-attention ring, its cross-attention keys."""
+
+    self_attn: SelfAttentionCache
+    cross_attn: CrossAttentionCache | None = None
+
+
+@dataclass
+class DecodingCache:
+    """Everything ``ImageTransformer.decode`` keeps between decoding steps (updated in place).
+
+    ``step``: the next step to decode; ``index``: the ring geometry every layer shares.
+    """
+
+    layers: list[LayerCache]
+    remainder: RemainderCache | None
+    index: StepIndex
+    step: int = 0
 
 
 class TransformerLayer(nn.Module):
     """Self-attention [+ cross-attention] + feed-forward, each with add-and-norm (SPEC §3)."""
 
-    def __init__(self, config: ModelConfig, pattern: AttentionPattern | None, cross_attention: bool) -> None:
+    def __init__(self, config: ModelConfig, pattern: AttentionPattern | None, cross_attention: bool,
+                 position_bias: RelativePositionBias | None = None) -> None:
         super().__init__()
         d = config.d_model
         self.pre_norm = config.norm == "pre"
-        self.self_attn = MultiHeadAttention(d, config.n_heads, pattern)
+        self.self_attn = MultiHeadAttention(d, config.n_heads, pattern, position_bias)
         self.self_norm = nn.LayerNorm(d)
         self.cross_attn = MultiHeadAttention(d, config.n_heads) if cross_attention else None
         self.cross_norm = nn.LayerNorm(d) if cross_attention else None
@@ -42,10 +72,20 @@ class TransformerLayer(nn.Module):
             return x + self.dropout(fn(norm(x)))
         return norm(x + self.dropout(fn(x)))  # the paper's "dropout, add, norm"
 
-    def forward(self, x: Tensor, context: Tensor | None = None, local_cross: LocalCrossAttention | None = None) -> Tensor:
-        x = self.sublayer(x, self.self_attn, self.self_norm)
+    def start_decoding(self, batch: int, index: StepIndex, context: Tensor | None = None,
+                       local_cross: LocalCrossAttention | None = None) -> LayerCache:
+        """This layer's empty decoding cache (cross-attention: keys and values over ``context``)."""
+        cross = None if self.cross_attn is None else self.cross_attn.start_decoding(batch, context, local_cross)
+        return LayerCache(self.self_attn.start_decoding(batch, index=index), cross)
+
+    def forward(self, x: Tensor, context: Tensor | None = None, local_cross: LocalCrossAttention | None = None,
+                cache: LayerCache | None = None) -> Tensor:
+        """(B, T, d) -> (B, T, d); with ``cache``, one step (B, 1, d) (see ``MultiHeadAttention``)."""
+        self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn, cache.cross_attn)
+        x = self.sublayer(x, partial(self.self_attn, cache=self_cache), self.self_norm)
         if self.cross_attn is not None:
-            x = self.sublayer(x, lambda h: self.cross_attn(h, context, local_cross), self.cross_norm)
+            x = self.sublayer(x, partial(self.cross_attn, context=context, local=local_cross, cache=cross_cache),
+                              self.cross_norm)
         return self.sublayer(x, self.ffn, self.ffn_norm)
 
 
@@ -116,7 +156,9 @@ class ImageTransformer(nn.Module):
         if config.cell_remainder_input:
             self.cell_remainder = CellRemainder(config, self.step_cells(), self.step_channels)
         self.layers = nn.ModuleList(
-            TransformerLayer(config, self.pattern, cross_attention=self.encoder is not None)
+            TransformerLayer(config, self.pattern, cross_attention=self.encoder is not None,
+                             position_bias=RelativePositionBias(config.n_heads, rows, cols)
+                             if config.relative_position_bias else None)
             for _ in range(config.n_layers)
         )
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
@@ -146,10 +188,11 @@ class ImageTransformer(nn.Module):
         """(B, H, W, 3) -> (B, T) sub-pixel values or (B, T, 3) pixels, in generation order."""
         return images_to_sequence(images.long(), self.order, self.config.head)
 
-    def embed_values(self, targets: Tensor) -> Tensor:
-        """Targets in generation order -> (B, T, d) value embeddings, not yet shifted."""
+    def embed_values(self, targets: Tensor, steps: slice = slice(None)) -> Tensor:
+        """Targets (B, T[, 3]) in generation order -> (B, T, d) value embeddings, not yet
+        shifted; ``steps``: which steps the targets are (one step when decoding)."""
         if self.config.head == "categorical":
-            return self.value_embedding(targets, self.step_channels)
+            return self.value_embedding(targets, self.step_channels[steps])
         return self.value_embedding(targets)
 
     def condition(self, labels: Tensor | None) -> Tensor | None:
@@ -163,13 +206,13 @@ class ImageTransformer(nn.Module):
 
     # ----- the decoder ------------------------------------------------------
     def decoder_inputs(self, value_embeddings: Tensor, labels: Tensor | None, shift: bool = True,
-                       remainder: Tensor | None = None) -> Tensor:
-        """Shift right by one step in generation order, add positions, class and (with
-        ``cell_remainder_input``) the cell remainder features, then dropout."""
+                       remainder: Tensor | None = None, steps: slice = slice(None)) -> Tensor:
+        """Shift right by one step in generation order, add the positions of ``steps``, class
+        and (with ``cell_remainder_input``) the cell remainder features, then dropout."""
         x = value_embeddings
         if shift:  # step t sees the value generated at step t-1; step 0 sees zeros
             x = nn.functional.pad(x[:, :-1], (0, 0, 1, 0))
-        x = x + self.positions(self.step_rows, self.step_cols)
+        x = x + self.positions(self.step_rows[steps], self.step_cols[steps])
         cond = self.condition(labels)
         if cond is not None:
             x = x + cond
@@ -180,6 +223,15 @@ class ImageTransformer(nn.Module):
             x = x + remainder  # already causal: built from values before each step only
         return self.input_dropout(x)
 
+    def start_decoding(self, batch: int, low_res: Tensor | None = None) -> DecodingCache:
+        """An empty cache for decoding ``batch`` images one step at a time with ``decode``.
+        The encoder runs here, once: cross-attention keeps its keys and values."""
+        context = self.encode(low_res)
+        index = StepIndex(self.pattern.can_attend()).to(self.step_rows.device)
+        layers = [layer.start_decoding(batch, index, context, self.local_cross) for layer in self.layers]
+        remainder = None if self.cell_remainder is None else self.cell_remainder.start_decoding(low_res)
+        return DecodingCache(layers, remainder, index)
+
     def decode(
         self,
         value_embeddings: Tensor,
@@ -187,6 +239,7 @@ class ImageTransformer(nn.Module):
         context: Tensor | None = None,
         shift: bool = True,
         remainder: Tensor | None = None,
+        cache: DecodingCache | None = None,
     ) -> Tensor:
         """(B, T, d) unshifted value embeddings -> (B, T, P) distribution parameters.
 
@@ -194,10 +247,19 @@ class ImageTransformer(nn.Module):
         inputs; ``shift=False`` exists only as the causality tests' negative control.
         A model with ``cell_remainder_input`` also needs ``remainder`` =
         ``self.cell_remainder(targets, low_res)``: it is built from raw values, not embeddings.
+
+        With ``cache`` (``start_decoding``), one step, t = ``cache.step``: value_embeddings
+        (B, 1, d) is the embedding of step t−1's value (zeros at t = 0), the input already
+        shifted; remainder is (B, 1, d), from ``cell_remainder(value, None, cache.remainder)``;
+        the context comes from the cache. -> (B, 1, P) for step t; the cache moves on to t+1.
         """
-        x = self.decoder_inputs(value_embeddings, labels, shift, remainder)
-        for layer in self.layers:
-            x = layer(x, context, self.local_cross)
+        steps = slice(None) if cache is None else slice(cache.step, cache.step + 1)
+        x = self.decoder_inputs(value_embeddings, labels, shift and cache is None, remainder, steps)
+        layer_caches = [None] * len(self.layers) if cache is None else cache.layers
+        for layer, layer_cache in zip(self.layers, layer_caches):
+            x = layer(x, context, self.local_cross, layer_cache)  # (B, T, d), T = 1 with a cache
+        if cache is not None:
+            cache.step += 1
         return self.head(self.final_norm(x))
 
     def forward(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:

@@ -8,54 +8,59 @@ Grids (PNG, one row per input):
 * generate: the samples;
 * complete: given prefix (rest grey) | samples | original;
 * superres: nearest-upsampled 8×8 input | one sample per temperature | original.
-Inputs come from a data split (``--data.root``, ``--split``) or from image files
+Inputs come from a data split (``--data.source``, ``--data.root``, ``--split``) or from image files
 (any size: centre-cropped and resized, which is printed). A JSON summary (files,
 seconds, images/s) is written beside the grids and printed as the last line.
+Settings can also come from a YAML file: ``--config FILE``.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
+from typing import Literal
 
 import torch
+from jsonargparse import ArgumentParser, Namespace
 
-from .checkpoint import CheckpointError, check_device, check_writable, load_model
-from .data import SPLITS, DataError, default_root, downsample_area, load_cifar10
+from .checkpoint import check_device, check_writable, load_model
+from .cli import Number, add_data_arguments, data_reader, parse, parser_for, run_or_exit
+from .config import ModelConfig
+from .data import downsample_area
 from .heads import check_temperature
 from .images import load_image_file, save_grid, upsample_nearest
 from .model import ImageTransformer
 from .sampler import sample
+from .sources import SPLITS, check_fits, tensors
 
 IMAGES_PER_ROW = 8
 GREY = 128  # fills the part of a completion's input that the model is not shown
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--ckpt", required=True)
-    parser.add_argument("--task", default="generate", choices=("generate", "complete", "superres"))
+def build_parser() -> ArgumentParser:
+    parser = parser_for(__doc__)
+    parser.add_argument("--ckpt", type=str, required=True, help="checkpoint written by imagetx.train or save_model")
+    parser.add_argument("--task", type=Literal["generate", "complete", "superres"], default="generate")
     parser.add_argument("--count", type=int, default=8, help="images to generate, or inputs to complete/upsample")
     parser.add_argument("--samples", type=int, default=3, help="samples per input (complete)")
-    parser.add_argument("--label", type=int, default=None, help="class for every image (class-conditional models)")
+    parser.add_argument("--label", type=int | None, default=None,
+                        help="class for every image (class-conditional models)")
     parser.add_argument("--rows", type=int, default=16, help="rows given for completion")
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--temperatures", type=float, nargs="+", default=[0.8, 0.9, 1.0], help="for superres")
+    parser.add_argument("--temperature", type=Number, default=1.0)
+    parser.add_argument("--temperatures", type=Number, nargs="+", default=[0.8, 0.9, 1.0], help="for superres")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default="samples", help="output directory")
-    parser.add_argument("--images", nargs="+", default=None, help="your own image files as inputs")
-    parser.add_argument("--data.root", dest="root", default=None)
-    parser.add_argument("--split", default="val", choices=SPLITS)
-    parser.add_argument("--val_size", type=int, default=5000)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    return parser.parse_args(argv)
+    parser.add_argument("--out", type=str, default="samples", help="output directory")
+    parser.add_argument("--images", type=str, nargs="+", default=None, help="your own image files as inputs")
+    add_data_arguments(parser)
+    parser.add_argument("--split", type=Literal[SPLITS], default="val")
+    parser.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu")
+    return parser
 
 
-def check_request(args: argparse.Namespace, model: ImageTransformer) -> None:
+def check_request(args: Namespace, model: ImageTransformer) -> None:
     cfg = model.config
     if args.count < 1 or args.samples < 1:
         raise ValueError(f"--count {args.count} / --samples {args.samples}: both must be at least 1")
@@ -73,15 +78,18 @@ def check_request(args: argparse.Namespace, model: ImageTransformer) -> None:
         raise ValueError("this is a super-resolution checkpoint: use --task superres")
 
 
-def load_inputs(args: argparse.Namespace, size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(N, size, size, 3) uint8 inputs and their labels (None for user files)."""
+def load_inputs(args: Namespace, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(N, size, size, 3) uint8 inputs and their labels (None for user files and unlabelled data)."""
+    size = config.image_size
     if args.images:
         loaded = [load_image_file(path, size) for path in args.images]
         for _, note in loaded:
             print(f"input {note}", file=sys.stderr)
         return torch.stack([image for image, _ in loaded]), None
-    images, labels = load_cifar10(args.root or default_root(), args.split, args.val_size)
-    return images[: args.count], labels[: args.count]
+    data = data_reader(args, size).split(args.split).part(None, args.count)
+    # with --label every image gets that class: the data's labels, if any, are not read
+    check_fits(data, config if args.label is None else replace(config, num_classes=0), checkpoint=True)
+    return tensors(data)
 
 
 def labels_for(model: ImageTransformer, count: int, label: int | None, given: torch.Tensor | None):
@@ -95,7 +103,7 @@ def labels_for(model: ImageTransformer, count: int, label: int | None, given: to
     return torch.arange(count) % classes
 
 
-def run(args: argparse.Namespace) -> dict:
+def run(args: Namespace) -> dict:
     check_device(args.device)
     model = load_model(args.ckpt, map_location=args.device)
     check_request(args, model)
@@ -111,7 +119,7 @@ def run(args: argparse.Namespace) -> dict:
         produced = args.count
         grids.append(save_grid(list(images.split(IMAGES_PER_ROW)), out / "generate.png"))
     else:
-        inputs, given_labels = load_inputs(args, cfg.image_size)
+        inputs, given_labels = load_inputs(args, cfg)
         count = len(inputs)
         labels = labels_for(model, count, args.label, given_labels)
         columns = []
@@ -160,14 +168,7 @@ def log_to_wandb(paths: list[Path], task: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = parse_args(argv)
-    try:
-        summary = run(args)
-    except (CheckpointError, DataError, ValueError, OSError) as error:
-        if os.environ.get("IMAGETX_DEBUG"):
-            raise
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    summary = run_or_exit(lambda: run(parse(build_parser(), argv, "sample")))
     print(json.dumps(summary))
 
 

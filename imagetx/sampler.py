@@ -1,17 +1,17 @@
 """Cached incremental sampling (SPEC §7): one generation step at a time through all layers.
 
-Each self-attention layer keeps a ring buffer of keys and values just long enough
-for the oldest key any later query can still see (for 1D local attention with one
-memory block: 2·lq positions, not the whole image). Which cached keys step t sees is
-read off the pattern's own ``can_attend`` matrix, so the cached path and the full
-teacher-forced pass share one definition of locality; tests check they agree.
-Cross-attention keys/values over the encoder output are computed once.
+The model decodes a step with the same forward as the full pass, given a cache
+(``ImageTransformer.start_decoding`` / ``decode(..., cache=)``): each self-attention
+layer keeps a ring buffer of keys and values just long enough for the oldest key any
+later query can still see (for 1D local attention with one memory block: 2·lq
+positions, not the whole image), with the slots each step reads taken from the
+pattern's own ``can_attend``; cross-attention keys/values over the encoder output are
+computed once. ``CachedDecoder`` only drives it: tests check it equals the full pass.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from tqdm.auto import tqdm
 
@@ -20,100 +20,35 @@ from .model import ImageTransformer
 from .order import sequence_to_images
 
 
-class StepIndex:
-    """For every step t: the ring-buffer slots of the keys it may see, and which are real."""
-
-    def __init__(self, can_attend: Tensor) -> None:
-        length = can_attend.shape[0]
-        steps = torch.arange(length)
-        counts = can_attend.sum(1)
-        width = int(counts.max())
-        # Stable sort puts each row's allowed keys first, in ascending order.
-        order = torch.argsort((~can_attend).to(torch.uint8), dim=1, stable=True)[:, :width]
-        self.valid = torch.arange(width)[None, :] < counts[:, None]  # (T, width)
-        key_steps = torch.where(self.valid, order, steps[:, None])
-        oldest = key_steps.min(dim=1).values
-        self.ring = int((steps - oldest).max()) + 1  # positions a layer must keep
-        self.slots = key_steps % self.ring  # (T, width)
-
-    def to(self, device: torch.device) -> "StepIndex":
-        self.valid, self.slots = self.valid.to(device), self.slots.to(device)
-        return self
-
-
 class CachedDecoder:
-    """Incremental decoder over a model in eval mode; ``step(t, previous)`` -> (B, P) parameters."""
+    """Incremental decoder over a model in eval mode; ``step(t, previous)`` -> (B, P) parameters.
+
+    Steps must come in order, t = 0, 1, 2, ...: the cache holds what steps before t left.
+    """
 
     def __init__(self, model: ImageTransformer, batch: int, labels: Tensor | None = None,
                  low_res: Tensor | None = None) -> None:
-        self.model = model
-        device = next(model.parameters()).device
-        dtype = next(model.parameters()).dtype
-        self.index = StepIndex(model.pattern.can_attend()).to(device)
-        cfg = model.config
-        heads, head_dim = cfg.n_heads, cfg.head_dim
-        self.keys = [torch.zeros(batch, heads, self.index.ring, head_dim, device=device, dtype=dtype)
-                     for _ in model.layers]
-        self.values = [torch.zeros_like(k) for k in self.keys]
-        self.positions = model.positions(model.step_rows, model.step_cols)  # (T, d)
-        self.class_vector = model.condition(labels)  # (B, 1, d) or None
-        self.start = torch.zeros(batch, 1, cfg.d_model, device=device, dtype=dtype)
-        context = model.encode(low_res)
-        self.remainder = model.cell_remainder
-        if self.remainder is not None:  # running sums of each cell's values generated so far
-            self.remainder_low = self.remainder.low_res_values(low_res)  # (B, T, c)
-            self.remainder_sums = torch.zeros(batch, self.remainder.n_groups, self.remainder_low.shape[-1],
-                                              device=device, dtype=self.remainder.sum_dtype)
-        self.cross_kv = None
-        if context is not None:
-            self.cross_kv = [(layer.cross_attn.split_heads(layer.cross_attn.to_k(context)),
-                              layer.cross_attn.split_heads(layer.cross_attn.to_v(context)))
-                             for layer in model.layers]
-
-    def _self_attend(self, layer_index: int, hidden: Tensor, t: int) -> Tensor:
-        attn = self.model.layers[layer_index].self_attn
-        q = attn.split_heads(attn.to_q(hidden))  # (B, h, 1, d)
-        slot = t % self.index.ring
-        self.keys[layer_index][:, :, slot] = attn.split_heads(attn.to_k(hidden))[:, :, 0]
-        self.values[layer_index][:, :, slot] = attn.split_heads(attn.to_v(hidden))[:, :, 0]
-        slots = self.index.slots[t]
-        keys = self.keys[layer_index][:, :, slots]
-        values = self.values[layer_index][:, :, slots]
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=self.index.valid[t : t + 1])
-        return attn.merge_heads(out)
-
-    def _cross_attend(self, layer_index: int, hidden: Tensor, t: int) -> Tensor:
-        attn = self.model.layers[layer_index].cross_attn
-        keys, values = self.cross_kv[layer_index]
-        local = self.model.cross_can_attend
-        can_attend = None if local is None else local[t : t + 1]
-        q = attn.split_heads(attn.to_q(hidden))
-        return attn.merge_heads(F.scaled_dot_product_attention(q, keys, values, attn_mask=can_attend))
+        self.model, self.labels = model, labels
+        self.cache = model.start_decoding(batch, low_res)
+        self.index = self.cache.index  # the self-attention layers' ring buffer geometry
+        weight = next(model.parameters())
+        self.start = torch.zeros(batch, 1, model.config.d_model, device=weight.device, dtype=weight.dtype)
+        self.previous_value: Tensor | None = None  # raw, for the cell remainder's running sums
 
     def step(self, t: int, previous: Tensor | None) -> Tensor:
         """Parameters for step t, given the embedding (B, 1, d) of step t−1's value (None at t = 0)."""
-        x = (self.start if previous is None else previous) + self.positions[t]
-        if self.class_vector is not None:
-            x = x + self.class_vector
-        if self.remainder is not None:
-            group = self.remainder.groups[t]
-            x = x + self.remainder.features(self.remainder_sums[:, group, None], self.remainder_low[:, t : t + 1],
-                                            self.remainder.still_to_come[t : t + 1])
-        for i, layer in enumerate(self.model.layers):
-            x = layer.sublayer(x, lambda h: self._self_attend(i, h, t), layer.self_norm)
-            if self.cross_kv is not None:
-                x = layer.sublayer(x, lambda h: self._cross_attend(i, h, t), layer.cross_norm)
-            x = layer.sublayer(x, layer.ffn, layer.ffn_norm)
-        return self.model.head(self.model.final_norm(x))[:, 0]
+        if t != self.cache.step:
+            raise ValueError(f"step {t} out of order: the cache is ready for step {self.cache.step}")
+        model, remainder = self.model, None
+        if model.cell_remainder is not None:
+            remainder = model.cell_remainder(self.previous_value, None, self.cache.remainder)
+        x = self.start if previous is None else previous
+        return model.decode(x, self.labels, remainder=remainder, cache=self.cache)[:, 0]
 
     def embed_step(self, t: int, value: Tensor) -> Tensor:
         """Embedding (B, 1, d) of the value (B,) or (B, 3) generated at step t."""
-        model = self.model
-        if self.remainder is not None:
-            self.remainder_sums[:, self.remainder.groups[t]] += self.remainder.step_values(value)
-        if model.config.head == "categorical":
-            return model.value_embedding(value[:, None], model.step_channels[t : t + 1])
-        return model.value_embedding(value[:, None, :])
+        self.previous_value = value[:, None]
+        return self.model.embed_values(self.previous_value, slice(t, t + 1))
 
 
 def check_sampling_request(model: ImageTransformer, count: int, labels: Tensor | None,

@@ -14,7 +14,9 @@ import os
 import sys
 from functools import wraps
 
-from lightning.pytorch.loggers import WandbLogger
+from pathlib import Path
+
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 WANDB_HOST = "api.wandb.ai"
@@ -49,6 +51,19 @@ def choose_wandb_mode(requested: str = "auto") -> str:
         mode = requested
     os.environ["WANDB_MODE"] = mode
     return mode
+
+
+def make_loggers(root: Path, wandb_choice: str, project: str) -> list:
+    """CSV metrics always (for plots and for runs with W&B off), plus W&B unless disabled.
+    W&B trouble (not installed, no network, a failing call) never stops training."""
+    loggers: list = [CSVLogger(save_dir=str(root), name="csv")]
+    if choose_wandb_mode(wandb_choice) != "disabled":
+        try:
+            loggers.append(SafeWandbLogger(project=project, save_dir=str(root), log_model=False))
+        except Exception as error:  # e.g. wandb not installed
+            print(f"W&B: cannot start ({type(error).__name__}: {error}); training without it, "
+                  "metrics still go to csv/", file=sys.stderr)
+    return loggers
 
 
 # ----- a W&B logger that never costs a run ----------------------------------------------

@@ -1,18 +1,16 @@
 """One benchmark for imagetx: training throughput, memory, FLOP utilisation and sampling speed.
 
-Run (from the repository root):
+Run (from the repository root, as a module):
 
-    .venv/bin/python scripts/bench.py                      # the default plan for this machine
-    .venv/bin/python scripts/bench.py --presets quick cifar10_categorical cifar10_dmol cifar10_2d \\
+    .venv/bin/python -m scripts.bench                      # the default plan for this machine
+    .venv/bin/python -m scripts.bench --presets quick cifar10_categorical cifar10_dmol cifar10_2d \\
         --image-sizes 32 64 --batch 1 preset --precision bf16 --json bench.json
-    .venv/bin/python scripts/bench.py --quick-smoke        # seconds: proves the script runs, numbers meaningless
+    .venv/bin/python -m scripts.bench --quick-smoke        # seconds: proves the script runs, numbers meaningless
 
 Default plan: on CPU the ``quick`` preset and the paper categorical preset
-(``cifar10_categorical``) at batch 1, fp32, image sizes 32 and 64: about 8-10 minutes on
-an idle 2-core CPU, more than half of it the paper-size 64x64 full-attention steps
-(estimated from the analytic FLOP counts below and scripts/bench_attention.py's measured
-layer times, ~10 s per 32x32 and ~2 min per 64x64 full-attention step; the 64x64
-paper-size steps need several GB of RAM).
+(``cifar10_categorical``) at batch 1, fp32, image sizes 32 and 64: minutes on a small
+CPU, most of them the paper-size 64x64 full-attention steps, which also need several GB
+of RAM (docs/results.md has the measured step times).
 On CUDA all four presets (quick, cifar10_categorical, cifar10_dmol, cifar10_2d), at batch
 1 and at the preset's own ``data.batch_size``. ``--presets`` takes preset names (files in
 configs/) or YAML paths.
@@ -106,8 +104,8 @@ Targets (PASS/FAIL lines at the end)
 
 Precision: ``--precision fp32|bf16`` (bf16 = torch.autocast around the forward pass and
 the loss, float32 weights and Adam state, as Lightning's bf16-mixed). On CPUs without
-AVX512-BF16/AMX (this project's 2-core machine) bf16 matmuls are emulated and measured
-about 4x slower than fp32: the script reports what it measures.
+AVX512-BF16/AMX bf16 matmuls are emulated and slower than fp32 (docs/results.md): the
+script reports what it measures.
 
 Options: ``--presets``, ``--image-sizes``, ``--batch`` (ints and/or ``preset``),
 ``--precision``, ``--device cpu|cuda``, ``--warmup``, ``--steps``, ``--max-cell-seconds``,
@@ -127,14 +125,10 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = Path(__file__).resolve().parent
-for _path in (str(REPO_ROOT), str(SCRIPTS)):
-    if _path not in sys.path:
-        sys.path.insert(0, _path)
-
 # stdlib-only helpers: RSS now / peak RSS, machine description
-from bench_attention import RESULT_MARKER, current_rss_bytes, machine_info, maxrss_bytes, run_subprocess  # noqa: E402
+from scripts.bench_attention import RESULT_MARKER, current_rss_bytes, machine_info, maxrss_bytes, run_subprocess
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 PRESETS = ("quick", "cifar10_categorical", "cifar10_dmol", "cifar10_2d")
 CPU_DEFAULT_PRESETS = ("quick", "cifar10_categorical")
@@ -391,7 +385,8 @@ def sample_worker(spec: dict) -> dict:
 
 
 def spawn(spec: dict) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(spec)]
+    # A module run from the repository root, as the user runs this script: ``scripts`` imports there.
+    cmd = [sys.executable, "-m", "scripts.bench", "--worker", json.dumps(spec)]
     return run_subprocess(cmd, spec, cwd=REPO_ROOT)
 
 
@@ -507,7 +502,7 @@ def main(argv: list[str] | None = None) -> int:
     if smoke:
         print("SMOKE RUN (--quick-smoke): tiny model, one step: the figures say nothing about the real models")
     if not cuda and args.precision == "bf16" and not info.get("cpu_bf16_support"):
-        print("note: this CPU has no AVX512-BF16/AMX: bf16 matmuls are emulated (measured ~4x slower than fp32)")
+        print("note: this CPU has no AVX512-BF16/AMX: bf16 matmuls are emulated, slower than fp32")
     print(f"presets {' '.join(map(preset_name, presets))}; image sizes {sizes}; batch {' '.join(wanted_batches)}; "
           f"{warmup} warm-up + {steps} timed steps (median; fewer where > {args.max_cell_seconds:g} s); "
           f"each configuration in a fresh process")

@@ -1,4 +1,4 @@
-"""Benchmark one attention layer: 1D local vs 2D local vs full causal (SPEC §4).
+"""Benchmark one attention layer: 1D local vs 2D local vs full causal (docs/model.md §4).
 
 What it measures
 ----------------
@@ -35,9 +35,9 @@ full MiB) in the same batch/dtype, and a PASS/FAIL line per batch/dtype for the 
 "1D local at least 2x faster than full causal with no more peak memory". All figures
 and machine info go to the JSON file.
 
-Run (from the repository root; the default run takes a few minutes on 2 CPU cores):
+Run (from the repository root, as a module; the default run takes minutes on a small CPU):
 
-    .venv/bin/python scripts/bench_attention.py
+    .venv/bin/python -m scripts.bench_attention
 
 Options: ``--batches 1 4 --dtypes float32 bfloat16 --repeats 5 --warmup 1
 --max-cell-seconds 30 --json bench_attention.json --seq-rows 32 --seq-cols 96 --threads N --device cpu|cuda
@@ -57,9 +57,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-if str(REPO_ROOT) not in sys.path:
-    sys.path.insert(0, str(REPO_ROOT))
+REPO_ROOT = Path(__file__).resolve().parent.parent  # workers run from here, where ``scripts`` imports
 
 VARIANTS = ("local_1d", "local_2d", "full")
 D_MODEL, N_HEADS = 512, 4
@@ -193,7 +191,7 @@ def run_worker(args: argparse.Namespace) -> dict:
 
 def spawn_worker(args: argparse.Namespace, variant: str, batch: int, dtype: str) -> dict:
     cmd = [
-        sys.executable, str(Path(__file__).resolve()), "--worker",
+        sys.executable, "-m", "scripts.bench_attention", "--worker",
         "--variants", variant, "--batches", str(batch), "--dtypes", dtype,
         "--repeats", str(args.repeats), "--warmup", str(args.warmup),
         "--max-cell-seconds", str(args.max_cell_seconds),
@@ -202,7 +200,7 @@ def spawn_worker(args: argparse.Namespace, variant: str, batch: int, dtype: str)
     ]
     if args.threads:
         cmd += ["--threads", str(args.threads)]
-    return run_subprocess(cmd, {"variant": variant, "batch": batch, "dtype": dtype})
+    return run_subprocess(cmd, {"variant": variant, "batch": batch, "dtype": dtype}, cwd=REPO_ROOT)
 
 
 def run_subprocess(cmd: list[str], spec: dict, cwd: str | None = None) -> dict:

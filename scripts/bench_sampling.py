@@ -4,7 +4,8 @@
                                                [--uncached-steps 8] [--json bench_sampling.json]
 
 The cached sampler runs every generation step once, through all layers, reading
-keys/values from per-layer ring buffers (imagetx/sampler.py). The uncached one is
+keys/values from per-layer ring buffers (imagetx/sampler.py drives the model's own
+forward with a cache, ``decode(..., cache=)``). The uncached one is
 what T2T and its PyTorch port do: rerun the whole network over the whole image at
 every step. Timing all 1024 or 3072 uncached steps would take hours on a CPU, so it
 times ``--uncached-steps`` steps and extrapolates linearly (every uncached step

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import imagetx
-from conftest import random_images, random_labels, tiny_config, tiny_model
+from helpers import random_images, random_labels, tiny_config, tiny_model
 from imagetx import CheckpointError, ImageTransformer, ModelConfig, load_model, save_model
 
 

@@ -3,6 +3,8 @@
 pattern.attend(q, k, v) is computed block by block; dense_attention(q, k, v,
 pattern.can_attend()) masks an n×n matrix. Outputs and gradients must agree to
 float64 precision, and the float32 / bfloat16 paths must stay close to that.
+q, k, v are sequence-first (T, N, e), N = batch·heads. Decoding one step at a time
+through a cache equals the full pass.
 """
 
 from __future__ import annotations
@@ -11,8 +13,10 @@ import math
 
 import pytest
 import torch
+from einops import rearrange
 
-from imagetx.attention import FullCausal, Local1D, Local2D, MultiHeadAttention, dense_attention
+from imagetx.attention import (FullCausal, LocalCrossAttention, Local1D, Local2D, MultiHeadAttention,
+                               cross_can_attend, dense_attention)
 from imagetx.order import GenerationOrder
 
 CASES_1D = [
@@ -36,12 +40,15 @@ CASES_2D = [
     (6, 9, (3, 3), (1, 4)),
     (8, 8, (2, 4), (2, 2)),
     (2, 2, (2, 2), (2, 2)),   # a single block
+    (6, 6, (2, 3), (4, 1)),   # flange taller than the block: two block rows above
+    (8, 4, (1, 2), (3, 1)),   # three rows above one-row blocks
 ]
 
 
 def rand_qkv(length: int, dtype=torch.float64, batch=2, heads=2, dim=4, seed=0):
+    """q, k, v (length, batch·heads, dim)."""
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(batch, heads, length, dim, generator=gen, dtype=torch.float64).to(dtype).requires_grad_()
+    return [torch.randn(length, batch * heads, dim, generator=gen, dtype=torch.float64).to(dtype).requires_grad_()
             for _ in range(3)]
 
 
@@ -87,9 +94,9 @@ def test_dense_reference_is_plain_softmax_attention():
     out = dense_attention(q, k, v, mask)
     for i in range(6):
         keys = mask[i].nonzero().flatten()
-        scores = (k[0, 0, keys] @ q[0, 0, i]) / math.sqrt(q.shape[-1])
-        expected = torch.softmax(scores, dim=0) @ v[0, 0, keys]
-        torch.testing.assert_close(out[0, 0, i], expected, atol=1e-12, rtol=0)
+        scores = (k[keys, 0] @ q[i, 0]) / math.sqrt(q.shape[-1])
+        expected = torch.softmax(scores, dim=0) @ v[keys, 0]
+        torch.testing.assert_close(out[i, 0], expected, atol=1e-12, rtol=0)
 
 
 def test_the_comparison_detects_a_wrong_mask():
@@ -162,21 +169,24 @@ def test_local_2d_sequence_is_block_raster(rows, cols, block, flange):
     qg, kg, vg = (torch.randn(1, 2, rows, cols, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     order = GenerationOrder(rows, cols, block)
 
-    def to_seq(t):  # (b, h, rows, cols, d) -> (b, h, T, d) in generation order
-        return order.grid_to_sequence(t.permute(0, 2, 3, 1, 4)).permute(0, 2, 1, 3)
+    def to_seq(t):  # (b, h, rows, cols, d) -> (T, b·h, d) in generation order
+        return rearrange(order.grid_to_sequence(t.permute(0, 2, 3, 1, 4)), "b t h d -> t (b h) d")
+
+    def to_grid(seq, order):  # (T, b·h, d) -> (b, h, rows, cols, d)
+        return order.sequence_to_grid(rearrange(seq, "t (b h) d -> b t h d", b=1)).permute(0, 3, 1, 2, 4)
 
     out_seq = Local2D(rows, cols, block, flange).attend(to_seq(qg), to_seq(kg), to_seq(vg))
-    out_grid = order.sequence_to_grid(out_seq.permute(0, 2, 1, 3)).permute(0, 3, 1, 2, 4)
+    out_grid = to_grid(out_seq, order)
     expected = grid_reference_attention(qg, kg, vg, block, flange)
     torch.testing.assert_close(out_grid, expected, atol=1e-10, rtol=0)
     # ... and a raster-ordered input would give a different answer (the test can fail).
     raster = GenerationOrder(rows, cols)
 
     def to_raster(t):
-        return raster.grid_to_sequence(t.permute(0, 2, 3, 1, 4)).permute(0, 2, 1, 3)
+        return rearrange(raster.grid_to_sequence(t.permute(0, 2, 3, 1, 4)), "b t h d -> t (b h) d")
 
     wrong = Local2D(rows, cols, block, flange).attend(to_raster(qg), to_raster(kg), to_raster(vg))
-    wrong_grid = raster.sequence_to_grid(wrong.permute(0, 2, 1, 3)).permute(0, 3, 1, 2, 4)
+    wrong_grid = to_grid(wrong, raster)
     assert not torch.allclose(wrong_grid, expected, atol=1e-6)
 
 
@@ -189,8 +199,47 @@ def test_multi_head_attention_matches_dense_per_head():
     pattern = Local1D(n, 6, 1)
     mha = MultiHeadAttention(d, h, pattern).double()
     x = torch.randn(2, n, d, dtype=torch.float64)
-    q = mha.to_q(x).view(2, n, h, d // h).transpose(1, 2)
-    k = mha.to_k(x).view(2, n, h, d // h).transpose(1, 2)
-    v = mha.to_v(x).view(2, n, h, d // h).transpose(1, 2)
-    ref = dense_attention(q, k, v, pattern.can_attend()).transpose(1, 2).reshape(2, n, d)
+    q, k, v = (proj(x).view(2, n, h, d // h).permute(1, 0, 2, 3).reshape(n, 2 * h, d // h)
+               for proj in (mha.to_q, mha.to_k, mha.to_v))  # (T, B·h, e), batch-major
+    ref = dense_attention(q, k, v, pattern.can_attend()).view(n, 2, h, d // h).permute(1, 0, 2, 3).reshape(2, n, d)
     torch.testing.assert_close(mha(x), mha.to_out(ref), atol=1e-10, rtol=0)
+
+
+# ----- one step at a time, through the cache --------------------------------------------
+
+
+def decode_step_by_step(mha, x, context=None, local=None):
+    """Run x (B, T, d) through ``mha`` one step at a time with a cache: (B, T, d)."""
+    cache = mha.start_decoding(x.shape[0], context, local)
+    steps = [mha(x[:, t : t + 1], cache=cache) for t in range(x.shape[1])]
+    assert cache.step == x.shape[1]
+    return torch.cat(steps, dim=1)
+
+
+@pytest.mark.parametrize("pattern", [Local1D(20, 6, 1), Local1D(20, 4, 2), Local2D(4, 6, (2, 3), (1, 2)),
+                                     FullCausal(20)], ids=lambda p: p.describe())
+def test_cached_self_attention_equals_the_full_pass(pattern):
+    torch.manual_seed(0)
+    mha = MultiHeadAttention(16, 4, pattern).double()
+    x = torch.randn(3, pattern.length, 16, dtype=torch.float64)
+    with torch.no_grad():
+        full = mha(x)
+        cached = decode_step_by_step(mha, x)
+        cache = mha.start_decoding(3)
+    torch.testing.assert_close(cached, full, atol=1e-12, rtol=0)
+    # the ring holds fewer keys than the sequence wherever the pattern is local
+    assert (cache.index.ring < pattern.length) == (not isinstance(pattern, FullCausal))
+
+
+@pytest.mark.parametrize("radius", [None, 0, 1])
+def test_cached_cross_attention_equals_the_full_pass(radius):
+    torch.manual_seed(0)
+    queries, keys = torch.arange(32), torch.arange(12)  # 2x2 low-res pixels under 4x8 queries, 3 sub-pixels each
+    query_cells, key_cells = (queries // 8 // 2, queries % 8 // 4), (keys // 6, keys % 6 // 3)
+    local = None if radius is None else LocalCrossAttention(cross_can_attend(query_cells, key_cells, radius))
+    mha = MultiHeadAttention(16, 4).double()
+    x, context = torch.randn(2, 32, 16, dtype=torch.float64), torch.randn(2, 12, 16, dtype=torch.float64)
+    with torch.no_grad():
+        full = mha(x, context, local)
+        cached = decode_step_by_step(mha, x, context, local)
+    torch.testing.assert_close(cached, full, atol=1e-12, rtol=0)

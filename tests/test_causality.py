@@ -15,7 +15,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import random_images, random_labels, tiny_model
+from helpers import random_images, random_labels, tiny_model
 from imagetx.attention import FullCausal
 
 # Block sizes chosen so that local attention is genuinely local: categorical 4×4 images
@@ -155,6 +155,23 @@ def test_causal_with_encoder_context(attention):
     assert not torch.allclose(model.decode(emb, None, context), model.decode(emb, None, other))
 
 
+# A 2D flange taller than the query block reaches into earlier rows of blocks only.
+TALL_FLANGE = {"categorical": dict(query_block_shape=(1, 3), memory_flange=(3, 2)),
+               "dmol": dict(query_block_shape=(1, 2), memory_flange=(2, 1))}
+
+
+@pytest.mark.parametrize("n_layers", [1, 2])
+@pytest.mark.parametrize("head", ["categorical", "dmol"])
+def test_flange_taller_than_the_block_is_causal(head, n_layers):
+    model, emb, _ = build(head, "local_2d", n_layers=n_layers, seed=3, **TALL_FLANGE[head])
+    fh, qh = model.config.memory_flange[0], model.config.query_block_shape[0]
+    assert fh > qh
+    steps = sorted(set(steps_to_check(model)) | set(range(model.pattern.length - 6, model.pattern.length)))
+    assert causality_violations(model, emb, steps, n_layers=n_layers) == []
+    # The check has teeth here too: without the shift the same model leaks.
+    assert any(p.startswith("leak") for p in causality_violations(model, emb, steps, shift=False))
+
+
 # ----- negative controls: the check must catch a leak ------------------------------------
 
 
@@ -182,3 +199,18 @@ def test_non_local_attention_is_caught(attention):
     problems = causality_violations(model, emb, [model.pattern.length - 1], n_layers=1)
     assert any(p.startswith("support") for p in problems)
     assert not any(p.startswith("leak") for p in problems)
+
+
+@pytest.mark.parametrize("head", ["categorical", "dmol"])
+@pytest.mark.parametrize("attention", ["local_1d", "local_2d", "full"])
+def test_relative_position_bias_is_causal(attention, head):
+    # The bias is looked up by position only and added before the mask: the support stays
+    # exactly the pattern's, over two layers; without the shift the same model leaks.
+    model, emb, _ = build(head, attention, n_layers=2, seed=4, relative_position_bias=True)
+    for layer in model.layers:
+        assert layer.self_attn.position_bias is not None
+        with torch.no_grad():
+            layer.self_attn.position_bias.table.add_(torch.randn_like(layer.self_attn.position_bias.table))
+    steps = steps_to_check(model)
+    assert causality_violations(model, emb, steps, n_layers=2) == []
+    assert any(p.startswith("leak") for p in causality_violations(model, emb, steps, shift=False))

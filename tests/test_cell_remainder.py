@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import random_images, tiny_model
+from helpers import random_images, tiny_model
 from imagetx.data import downsample_area
 from imagetx.order import sequence_to_images
 from test_sampler import SMALL_BLOCKS, block_shape, check_cached_equals_full

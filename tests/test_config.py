@@ -16,7 +16,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import random_images, tiny_config, tiny_model
+from helpers import random_images, tiny_config, tiny_model
 from imagetx import ImageTransformer, ModelConfig
 from imagetx.lit import ImageTransformerModule
 
@@ -69,8 +69,10 @@ def test_2d_block_must_be_positive():
     assert_rejected("query_block_shape", attention="local_2d", query_block_shape=(0, 3), memory_flange=(0, 1))
 
 
-def test_flange_height_must_not_exceed_block_height():
-    assert_rejected("memory_flange", attention="local_2d", query_block_shape=(2, 3), memory_flange=(3, 1))
+def test_flange_taller_than_the_block_is_accepted():
+    # Causal in block-raster order (tests/test_causality.py checks it by gradients).
+    model = ImageTransformer(tiny_config(attention="local_2d", query_block_shape=(1, 3), memory_flange=(3, 1)))
+    assert model.config.memory_flange == (3, 1)
 
 
 def test_flange_height_equal_to_block_height_is_fine():

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import CIFAR_CLASSES, cifar_arrays, write_cifar_npz, write_npz_shard
-from imagetx.data import CIFAR10DataModule, DataError, downsample_area, load_cifar10
+from helpers import CIFAR_CLASSES, cifar_arrays, write_cifar_npz, write_npz_shard
+from imagetx.data import DataError, ImageDataModule, downsample_area, load_cifar10
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download")
 
@@ -244,7 +244,7 @@ def test_downsample_area_batch_and_32_to_8():
 
 def test_datamodule_batches_and_no_dropped_images(tmp_path):
     train_images, train_labels, test_images, _ = write_cifar_npz(tmp_path, train_sizes=(8, 7), test_size=5)
-    dm = CIFAR10DataModule(root=str(tmp_path), batch_size=3, eval_batch_size=4, val_size=10)
+    dm = ImageDataModule(root=str(tmp_path), batch_size=3, eval_batch_size=4, val_size=10)
     dm.setup("fit")
     val_batches = list(dm.val_dataloader())
     assert [len(b["images"]) for b in val_batches] == [4, 4, 2]  # drop_last=False

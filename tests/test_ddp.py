@@ -3,8 +3,8 @@
 ``python -m imagetx.train ... --trainer.accelerator cpu --trainer.devices 2 --trainer.strategy ddp``
 is run as a subprocess (exactly what README "Multiple GPUs and machines" tells users to
 run): Lightning starts the second rank itself, the training batches are shared out by
-imagetx.train's TrainOrder, and the validation batches by the DistributedSampler that
-Lightning puts in front of CIFAR10DataModule's val loader. A small callback (written to
+imagetx.data's TrainOrder, and the validation batches by the DistributedSampler that
+Lightning puts in front of ImageDataModule's val loader. A small callback (written to
 tmp_path, imported by both ranks through PYTHONPATH) records each rank's final parameters
 and the validation images that rank saw.
 
@@ -30,7 +30,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import cifar_arrays, write_npz_shard
+from helpers import cifar_arrays, write_npz_shard
 from imagetx import load_model
 
 pytestmark = pytest.mark.usefixtures("clean_wandb_env")

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_model, write_cifar_npz
+from helpers import tiny_model, write_cifar_npz
 from imagetx import save_model
 from imagetx.evaluate import main
 

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 import torch
 
-import imagetx.resumable as resumable_module
-from conftest import write_train_config
+import imagetx.checkpoint as checkpoint_module
+from helpers import write_train_config
 from imagetx import load_model
 from imagetx.checkpoint import atomic_torch_save, remove_stale_temporaries
 from imagetx.train import main
@@ -80,7 +80,7 @@ def test_every_checkpoint_file_goes_through_the_atomic_writer(tmp_path, data_roo
         written.append(Path(path).name)
         atomic_torch_save(obj, path)
 
-    monkeypatch.setattr(resumable_module, "atomic_torch_save", spy)
+    monkeypatch.setattr(checkpoint_module, "atomic_torch_save", spy)
     run_dir = tmp_path / "run"
     train(tmp_path, run_dir, data_root, 5, top={"checkpoint_every_n_steps": 2})
     files = sorted((run_dir / "checkpoints").iterdir())  # best-N.ckpt, last.ckpt

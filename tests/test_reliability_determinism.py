@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from conftest import tiny_model, train_metrics, write_cifar_npz, write_train_config
+from helpers import tiny_model, train_metrics, write_cifar_npz, write_train_config
 from imagetx import save_model
 from imagetx.sample import main as sample_main
 from imagetx.train import main as train_main

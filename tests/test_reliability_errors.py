@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TINY_TRAIN_MODEL, tiny_model, write_npz_shard, write_train_config
+from helpers import TINY_TRAIN_MODEL, tiny_model, write_npz_shard, write_train_config
 from imagetx import save_model
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
@@ -89,12 +89,12 @@ def test_train_with_an_empty_data_directory(tmp_path, capsys):
     (dict(model={"n_heads": 3}), [], ["ModelConfig.n_heads=3", "must divide d_model=16"]),
     (dict(model={"attention": "local_2d", "query_block_shape": [5, 8], "memory_flange": [1, 1]}), [],
      ["ModelConfig.query_block_shape=(5, 8)", "must divide the grid's 32 rows"]),
-    (dict(model={"attention": "local_2d", "query_block_shape": [8, 8], "memory_flange": [9, 1]}), [],
-     ["ModelConfig.memory_flange=(9, 1)", "must not exceed"]),
+    (dict(model={"attention": "local_2d", "query_block_shape": [8, 8], "memory_flange": [-1, 1]}), [],
+     ["ModelConfig.memory_flange=(-1, 1)", "must be 0 or more"]),
     ({}, ["--checkpoint_every_n_steps", "-1"], ["--checkpoint_every_n_steps -1"]),
     ({}, ["--config", "/nonexistent/x.yaml"], ["/nonexistent/x.yaml", "does not exist"]),
 ], ids=["typo-model-key", "typo-flag", "typo-top-key", "wrong-type", "wrong-type-flag", "bad-choice",
-        "heads-do-not-divide-d", "block-does-not-fit-grid", "flange-too-tall", "negative-interval",
+        "heads-do-not-divide-d", "block-does-not-fit-grid", "flange-negative", "negative-interval",
         "missing-config-file"])
 def test_train_with_a_bad_configuration(tmp_path, capsys, data_root, settings, extra, needles):
     line = train_error(tmp_path, capsys, data_root, *extra, **settings)
@@ -108,6 +108,24 @@ def test_train_with_an_unwritable_run_directory(tmp_path, capsys, data_root):
     blocker.write_text("")
     line = train_error(tmp_path, capsys, data_root, default_root_dir=str(blocker / "run"))
     assert str(blocker / "run") in line and "--trainer.default_root_dir" in line, line
+
+
+def test_resume_from_a_checkpoint_with_an_older_loader_state(tmp_path, capsys, data_root):
+    # The previous imagetx (imagetx/resumable.py's ResumableLoader) saved the training loader's
+    # place as {epoch, batches, batch_size, seed}; Lightning failed on it deep in the fit loop.
+    train_main(["--config", str(write_train_config(tmp_path / "c2.yaml", tmp_path / "run", data_root, 2)),
+                "--wandb", "disabled"])
+    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"] = [
+        {"epoch": 0, "batches": 2, "batch_size": 2, "seed": 0}]
+    del checkpoint["ImageDataModule"]  # that version had no DataModule state either
+    torch.save(checkpoint, last)
+    capsys.readouterr()
+    line = train_error(tmp_path, capsys, data_root, "--resume", "last")
+    assert str(last) in line and "older imagetx" in line and "start a new run" in line, line
+    assert "imagetx.evaluate" in line  # ... and what the checkpoint is still good for
+    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 2  # left as it was
 
 
 def test_debug_mode_shows_the_traceback(tmp_path, data_root, monkeypatch):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import write_train_config
+from helpers import write_train_config
 from imagetx.lit import ImageTransformerModule
 from imagetx.train import main
 

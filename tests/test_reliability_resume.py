@@ -1,10 +1,10 @@
 """Crash and resume: a run killed with SIGKILL and continued with ``--resume last`` ends in
 exactly the state of a run that was never interrupted (bitwise, on CPU).
 
-What makes it exact (imagetx/train.py): the training order is a permutation drawn from
-(seed, epoch) that the checkpoint's loader state resumes mid-epoch, and every batch seeds
-torch's RNG from (seed, epoch, batch), so dropout and random flips do not depend on what
-ran before (a sanity check, validations, the killed process). The runs below use
+What makes it exact: the training order and its flips are drawn from (seed, epoch) and
+resumed mid-epoch from the checkpoint's loader state (imagetx/data.py), and every training
+step seeds torch's RNG from (seed, epoch, batch) (imagetx/lit.py), so dropout and random
+flips do not depend on what ran before (a sanity check, validations, the killed process). The runs below use
 dropout 0.1 and random flips, and cross epoch boundaries (5 batches per epoch, 12 steps).
 """
 
@@ -21,7 +21,7 @@ import lightning as L
 import pytest
 import torch
 
-from conftest import train_metrics, write_train_config
+from helpers import train_metrics, write_train_config
 from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -125,37 +125,52 @@ def test_sigkill_then_resume_last_matches_an_uninterrupted_run(tmp_path, data_ro
     assert not list(last.parent.glob(".*.tmp"))  # a write cut short by the kill was cleaned up
 
 
-def test_finished_run_extended_with_resume_matches_an_uninterrupted_run(tmp_path, data_root, uninterrupted):
+@pytest.mark.parametrize("first_steps", [7, 10], ids=["mid-epoch", "at-an-epoch-end"])
+def test_finished_run_extended_with_resume_matches_an_uninterrupted_run(tmp_path, data_root, uninterrupted,
+                                                                       first_steps):
     # 7 steps end mid-epoch (epoch 1, batch 2); the second run continues the order from there.
+    # 10 end at epoch 1's last batch: Lightning resumes at the start of epoch 2, which must
+    # start afresh (imagetx.data.TrainLoader), as in the uninterrupted run.
     run_dir = tmp_path / "extended"
-    first = train(tmp_path, run_dir, data_root, max_steps=7)
-    assert first["global_step"] == 7
+    first = train(tmp_path, run_dir, data_root, max_steps=first_steps)
+    assert first["global_step"] == first_steps
     resumed = train(tmp_path, run_dir, data_root, extra=["--resume", "last"])
     assert_same_training_state(resumed, uninterrupted[0])
 
 
 def test_training_order_is_a_function_of_seed_and_epoch_and_resumes_mid_epoch():
-    from imagetx.resumable import TrainOrder
+    from imagetx.data import TrainOrder
+
+    def indices(order):
+        return [index for index, _ in order]
 
     dataset = list(range(10))
     order = TrainOrder(dataset, seed=0)
     epochs = []
     for epoch in range(3):
         order.set_epoch(epoch)
-        epochs.append(list(order))
+        epochs.append(indices(order))
     assert all(sorted(e) == dataset for e in epochs) and len({tuple(e) for e in epochs}) == 3
+    assert order.state_dict() == {"epoch": 2, "samples": 10}
     again = TrainOrder(dataset, seed=0)
     again.set_epoch(1)
-    assert list(again) == epochs[1]
-    again.resume_at(2, 4)  # resume epoch 2 after 4 samples
+    assert indices(again) == epochs[1]
+    again.load_state_dict({"epoch": 2, "samples": 4})  # resume epoch 2 after 4 samples
+    again.set_epoch(1)
+    assert indices(again) == epochs[1]  # another epoch ignores it ...
+    again.load_state_dict({"epoch": 2, "samples": 4})
     again.set_epoch(2)
-    assert list(again) == epochs[2][4:]
-    assert list(again) == epochs[2]  # only once
+    assert indices(again) == epochs[2][4:]  # ... this one continues
+    assert indices(again) == epochs[2]  # only once
     other = TrainOrder(dataset, seed=1)
-    assert list(other) != epochs[0]
+    assert indices(other) != epochs[0]
+    # flips (when on) come with the order: a function of (seed, epoch) too, about half of the images
+    flips = [TrainOrder(dataset, seed=0, random_flip=True) for _ in range(2)]
+    assert list(flips[0]) == list(flips[1]) and 0 < sum(flip for _, flip in flips[0]) < 10
+    assert not any(flip for _, flip in order)
     # two processes share an epoch without overlap
     halves = [TrainOrder(dataset, seed=0, num_replicas=2, rank=r) for r in (0, 1)]
-    assert sorted(list(halves[0]) + list(halves[1])) == dataset
+    assert sorted(indices(halves[0]) + indices(halves[1])) == dataset
 
 
 def test_resume_with_another_model_configuration_is_a_clear_error(tmp_path, data_root, capsys):
@@ -171,12 +186,25 @@ def test_resume_with_another_model_configuration_is_a_clear_error(tmp_path, data
     assert "Traceback" not in "\n".join(err)
 
 
+def test_resume_with_another_batch_size_is_a_clear_error(tmp_path, data_root, capsys):
+    run_dir = tmp_path / "run"
+    train(tmp_path, run_dir, data_root, max_steps=1)
+    capsys.readouterr()
+    settings = {**SETTINGS, "data": {**SETTINGS["data"], "batch_size": 3}}  # only the batch size differs
+    config = write_train_config(tmp_path / "other.yaml", run_dir, data_root, 2, **settings)
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(config), "--wandb", "disabled", "--resume", "last"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error:") and "data.batch_size=2" in err[-1] and "same batch size" in err[-1], err
+
+
 @pytest.mark.parametrize("damage", ["truncated", "not imagetx", "weights only"])
 def test_resume_from_a_bad_checkpoint_is_a_clear_error(tmp_path, data_root, capsys, damage):
     from imagetx import save_model
     from imagetx.model import ImageTransformer
     from imagetx.config import ModelConfig
-    from conftest import TINY_TRAIN_MODEL
+    from helpers import TINY_TRAIN_MODEL
 
     bad = tmp_path / "bad.ckpt"
     if damage == "weights only":

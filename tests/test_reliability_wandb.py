@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-import imagetx.train as train_module
-from conftest import train_metrics, write_train_config
+import imagetx.tracking as tracking_module
+from helpers import train_metrics, write_train_config
 from imagetx.train import main
 from imagetx.tracking import SafeWandbLogger
 
@@ -73,7 +73,7 @@ def test_wandb_logger_that_cannot_be_created_is_left_out(tmp_path, data_root, mo
     def missing(*args, **kwargs):
         raise ModuleNotFoundError("wandb is not installed")
 
-    monkeypatch.setattr(train_module, "SafeWandbLogger", missing)
+    monkeypatch.setattr(tracking_module, "SafeWandbLogger", missing)
     run_dir = train(tmp_path, data_root, "offline")
     assert_run_complete(run_dir)
     assert "W&B: cannot start (ModuleNotFoundError: wandb is not installed)" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import tiny_model, write_cifar_npz
+from helpers import tiny_model, write_cifar_npz
 from imagetx import save_model
 from imagetx.sample import main
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import random_images, random_labels, tiny_model
+from helpers import random_images, random_labels, tiny_model
 from imagetx.data import downsample_area
 from imagetx.sampler import CachedDecoder, sample, sample_uncached
 

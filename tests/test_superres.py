@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from PIL import Image
 
-from conftest import random_images, tiny_model, write_cifar_npz
+from helpers import random_images, tiny_model, write_cifar_npz
 from imagetx import load_model, save_model
 from imagetx.attention import dense_attention
-from imagetx.data import downsample_area, load_cifar10
+from imagetx.data import downsample_area
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
 
@@ -104,7 +101,7 @@ def test_local_cross_attention_equals_the_dense_reference(head, radius):
     length = model.config.seq_len
     x = torch.randn(2, length, 16, dtype=torch.float64, requires_grad=True)
     context = torch.randn(2, 48, 16, dtype=torch.float64, requires_grad=True)
-    q, k, v = attn.split_heads(attn.to_q(x)), attn.split_heads(attn.to_k(context)), attn.split_heads(attn.to_v(context))
+    q, k, v = attn.heads(x, attn.to_q), attn.heads(context, attn.to_k), attn.heads(context, attn.to_v)
     expected = attn.merge_heads(dense_attention(q, k, v, can_attend))
     got = attn(x, context, model.local_cross)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
@@ -197,88 +194,3 @@ def test_encoder_embedding_starts_ordinal():
     torch.testing.assert_close(steps, steps[:, :1].expand_as(steps), rtol=0, atol=1e-6)  # built in fp32
     assert torch.all(steps[:, 0].abs().sum(dim=-1) > 0)  # not collapsed to one point
     assert not torch.allclose(table[0], table[1])  # channels keep separate lines
-
-
-def test_input_use_script_compares_own_and_borrowed_inputs(tmp_path, superres_ckpt):
-    root = tmp_path / "data"
-    write_cifar_npz(root, train_sizes=(6,))
-    out = tmp_path / "use.json"
-    script = Path(__file__).parents[1] / "scripts" / "superres_input_use.py"
-    subprocess.run([sys.executable, str(script), str(superres_ckpt), "--data.root", str(root), "--split", "val",
-                    "--val_size", "4", "--count", "3", "--json", str(out)], check=True, capture_output=True)
-    result = json.loads(out.read_text())
-    images = load_cifar10(root, "val", val_size=4)[0][:3]
-    model = load_model(superres_ckpt)
-    low_res = downsample_area(images, 8)
-    with torch.no_grad():
-        own = model.bits_per_dim(images, None, low_res).mean().item()
-        other = model.bits_per_dim(images, None, low_res[[2, 0, 1]]).mean().item()
-    assert math.isclose(result["bpd_own_input"], own, rel_tol=1e-6)
-    assert math.isclose(result["bpd_other_image_input"], other, rel_tol=1e-6)
-    assert result["images"] == 3
-
-
-def test_input_use_script_class_conditional_and_bad_checkpoint(tmp_path):
-    root = tmp_path / "data"
-    write_cifar_npz(root, train_sizes=(6,))
-    script = str(Path(__file__).parents[1] / "scripts" / "superres_input_use.py")
-    ckpt = tmp_path / "cond.ckpt"
-    save_model(tiny_model(image_size=32, head="dmol", query_block_length=64, encoder_layers=1, low_res_size=8,
-                          num_classes=10), ckpt)
-    common = ["--data.root", str(root), "--split", "val", "--val_size", "4", "--count", "2"]
-    done = subprocess.run([sys.executable, script, str(ckpt), *common], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr  # labels are passed to a class-conditional model
-    assert json.loads(done.stdout.strip().splitlines()[-1])["images"] == 2
-    missing = subprocess.run([sys.executable, script, str(tmp_path / "nope.ckpt"), *common],
-                             capture_output=True, text=True)
-    assert missing.returncode != 0
-    assert missing.stderr.strip().startswith("error:") and "does not exist" in missing.stderr
-    assert "Traceback" not in missing.stderr
-
-
-def test_input_use_script_compares_with_a_baseline_position_by_position(tmp_path, superres_ckpt):
-    root = tmp_path / "data"
-    write_cifar_npz(root, train_sizes=(6,))
-    baseline = tmp_path / "plain.ckpt"
-    save_model(tiny_model(seed=5, image_size=32, head="dmol", query_block_length=64), baseline)
-    script = str(Path(__file__).parents[1] / "scripts" / "superres_input_use.py")
-    common = ["--data.root", str(root), "--split", "val", "--val_size", "4", "--count", "3"]
-    done = subprocess.run([sys.executable, script, str(superres_ckpt), *common, "--baseline", str(baseline)],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    images = load_cifar10(root, "val", val_size=4)[0][:3]
-    with torch.no_grad():  # raster order over 32x32 pixels: step 32·row + col
-        sr_bits = -load_model(superres_ckpt).log_prob(images, None, downsample_area(images, 8)).view(3, 32, 32)
-        base_bits = -load_model(baseline).log_prob(images).view(3, 32, 32)
-    gain = (base_bits - sr_bits).mean(dim=0) / (3 * math.log(2))  # bits per sub-pixel
-    assert math.isclose(result["gain_first_image_column"], gain[:, 0].mean().item(), abs_tol=1e-4)
-    for j in range(4):
-        assert math.isclose(result["gain_by_cell_column"][j], gain[:, j::4].mean().item(), abs_tol=1e-4)
-        assert math.isclose(result["gain_by_cell_row"][j], gain[j::4].mean().item(), abs_tol=1e-4)
-    own_baseline = load_model(baseline).bits_per_dim(images).mean().item()
-    assert math.isclose(result["gain_overall"], own_baseline - result["bpd_own_input"], abs_tol=1e-4)
-    wrong = subprocess.run([sys.executable, script, str(superres_ckpt), *common, "--baseline", str(superres_ckpt)],
-                           capture_output=True, text=True)
-    assert wrong.returncode != 0 and "without encoder" in wrong.stderr and "Traceback" not in wrong.stderr
-
-
-def test_information_script_sees_what_a_constant_cell_input_gives_away(tmp_path):
-    # Images whose 4x4 cells are flat: the 8x8 input holds every pixel, so a predictor that
-    # uses it must code far fewer bits than one that sees only the neighbours.
-    rng = np.random.default_rng(0)
-    flat = rng.integers(0, 256, (30, 8, 8, 3), dtype=np.uint8).repeat(4, axis=1).repeat(4, axis=2)
-    root = tmp_path / "data"
-    root.mkdir()
-    np.savez(root / "train-0.npz", images=flat, labels=np.zeros(30, dtype=np.uint8))
-    out = tmp_path / "info.json"
-    script = str(Path(__file__).parents[1] / "scripts" / "superres_information.py")
-    done = subprocess.run([sys.executable, script, "--data.root", str(root), "--val_size", "10", "--train", "20",
-                           "--val", "10", "--json", str(out)], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    result = json.loads(out.read_text())
-    assert result["train_images"] == 20 and result["val_images"] == 10
-    assert result["own_cell"] < 2.0 < result["without_input"]  # exact means leave ~nothing to code
-    assert result["with_neighbour_cells"] < 2.0
-    empty = subprocess.run([sys.executable, script, "--data.root", str(root), "--train", "0"], capture_output=True, text=True)
-    assert empty.returncode != 0 and empty.stderr.startswith("error:") and "--train" in empty.stderr

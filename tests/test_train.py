@@ -8,7 +8,7 @@ import pytest
 import torch
 import yaml
 
-from conftest import TINY_TRAIN_MODEL, random_images, tiny_config, write_train_config
+from helpers import TINY_TRAIN_MODEL, random_images, tiny_config, write_train_config
 from imagetx import ModelConfig, load_model
 from imagetx.lit import ImageTransformerModule
 from imagetx.train import main
@@ -151,12 +151,10 @@ def test_limit_val_batches_one_in_a_config_means_one_batch(tmp_path, data_root):
     # Its annotation is Union[float, int, None], so jsonargparse turns YAML `1` into 1.0,
     # which Lightning reads as 100 % of the batches: a config asking for one validation
     # batch silently validates the whole split (5,000 images with val_size 5000).
-    from imagetx.data import CIFAR10DataModule
-    from imagetx.train import ImagetxCLI
+    from imagetx.train import make_cli
 
     config = write_config(tmp_path, tmp_path / "run", data_root, max_steps=2)
-    cli = ImagetxCLI(ImageTransformerModule, CIFAR10DataModule, run=False,
-                     args=["--config", str(config), "--data.root", str(data_root), "--wandb", "disabled",
-                           "--data.val_size", "6"])  # 3 validation batches of 2
+    cli = make_cli(["--config", str(config), "--data.root", str(data_root), "--wandb", "disabled",
+                    "--data.val_size", "6"])  # 3 validation batches of 2
     cli.trainer.fit(cli.model, cli.datamodule)
     assert cli.trainer.num_val_batches == [1], cli.trainer.num_val_batches

@@ -1,7 +1,7 @@
-"""What the 8×8 input can be worth to a weak model (SPEC §6): bits/dim of a simple
-per-context linear predictor with and without the low-resolution input.
+"""What the 8×8 input can be worth to a weak model (docs/model.md §6): bits/dim of a
+simple per-context linear predictor with and without the low-resolution input.
 
-    .venv/bin/python scripts/superres_information.py --data.root ../shared/cifar10 \
+    .venv/bin/python -m experiments.superres_information --data.root ../shared/cifar10 \
         [--train 6000] [--val 2000] [--json out.json]
 
 Each sub-pixel is predicted, channel by channel in the DMOL order (R, G, B), as a
@@ -15,9 +15,10 @@ far the left neighbour is from the cell's mean. Three predictors:
 * ``own_cell``: plus the mean of the low-resolution pixel it lies in,
 * ``with_neighbour_cells``: plus the 8 cells around that one.
 
-A trained 20-minute model scores near these numbers, so their difference is a fair
-guess at how much the input can lower its bits/dim. Training images: the first N of
-the train split; scored on the first N of val. Prints one JSON object.
+For a model that scores near these numbers, their difference is a fair guess at how
+much the input can lower its bits/dim (experiments/README.md says what it found).
+Training images: the first N of the train split; scored on the first N of val. Prints
+one JSON object.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import torch
 
 from imagetx.data import DataError, default_root, downsample_area, load_cifar10
 
-from json_result import emit  # scripts/json_result.py, beside this file
+from experiments.json_result import emit
 
 SIDE = 32  # CIFAR-10 images are SIDE x SIDE pixels
 CELL = 4  # SIDE / 8: side of the high-resolution block under one low-resolution pixel

@@ -1,29 +1,28 @@
-"""scripts/budget_sweep.py: the plan format, and a sweep whose scores equal evaluate's."""
+"""experiments/budget_sweep.py: the plan format, and a sweep whose scores equal evaluate's."""
 
 from __future__ import annotations
 
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-from conftest import write_train_config
+from experiments.tests.conftest import REPO_ROOT, write_train_config
 from imagetx import load_model
 from imagetx.data import load_cifar10
 
-SCRIPT = str(Path(__file__).parents[1] / "scripts" / "budget_sweep.py")
 VAL_SIZE = 2
 
 
 def sweep(tmp_path, plan_text, data_root, *extra):
     plan = tmp_path / "plan.txt"
     plan.write_text(plan_text)
-    return subprocess.run([sys.executable, SCRIPT, "--plan", str(plan), "--data.root", str(data_root),
-                           "--val_size", str(VAL_SIZE), "--out", str(tmp_path / "sweep"), *extra],
-                          capture_output=True, text=True)
+    return subprocess.run([sys.executable, "-m", "experiments.budget_sweep", "--plan", str(plan),
+                           "--data.root", str(data_root), "--val_size", str(VAL_SIZE),
+                           "--out", str(tmp_path / "sweep"), *extra],
+                          capture_output=True, text=True, cwd=REPO_ROOT)
 
 
 @pytest.mark.parametrize("plan_text, problem", [

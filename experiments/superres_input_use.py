@@ -1,7 +1,7 @@
-"""How much a super-resolution model uses its 8×8 input (SPEC §6): bits/dim of each
-image given its own low-resolution version, and given the next image's instead.
+"""How much a super-resolution model uses its 8×8 input (docs/model.md §6): bits/dim of
+each image given its own low-resolution version, and given the next image's instead.
 
-    .venv/bin/python scripts/superres_input_use.py runs/quick_superres/checkpoints/last.ckpt \
+    .venv/bin/python -m experiments.superres_input_use runs/quick_superres/checkpoints/last.ckpt \
         --data.root ../shared/cifar10 [--split val] [--count 200] [--json out.json] \
         [--baseline runs/quick/checkpoints/last.ckpt]
 
@@ -24,7 +24,7 @@ from imagetx.config import CHANNELS
 from imagetx.checkpoint import CheckpointError
 from imagetx.data import DataError, default_root, downsample_area, load_cifar10
 
-from json_result import emit  # scripts/json_result.py, beside this file
+from experiments.json_result import emit
 
 
 def log_probs(model, images: torch.Tensor, labels: torch.Tensor | None, low_res: torch.Tensor | None,
@@ -37,7 +37,7 @@ def log_probs(model, images: torch.Tensor, labels: torch.Tensor | None, low_res:
 
 
 def bits_per_dim(model, steps: torch.Tensor) -> float:
-    """Mean bits/dim of the images whose per-step log-likelihoods are ``steps`` (SPEC §5)."""
+    """Mean bits/dim of the images whose per-step log-likelihoods are ``steps`` (docs/model.md §5)."""
     return (-steps.sum(dim=1) / (model.config.dims_per_image * math.log(2))).mean().item()
 
 

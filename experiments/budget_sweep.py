@@ -1,7 +1,7 @@
 """Train preset variants for fixed step budgets, several at once, and score each on the
-whole validation split: how the quick presets (SPEC §8, shrunk) were chosen.
+whole validation split: how the quick presets (docs/model.md §8, shrunk) were chosen.
 
-    .venv/bin/python scripts/budget_sweep.py --plan scripts/quick_presets_plan.txt \
+    .venv/bin/python -m experiments.budget_sweep --plan experiments/quick_presets_plan.txt \
         --data.root DIR [--parallel 8] [--out runs/sweep] [--json sweep.json] [--val_size 5000]
 
 A plan holds one run per line, ``NAME CONFIG STEPS [OVERRIDES...]`` (``#`` starts a
@@ -28,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
 
-from json_result import emit  # scripts/json_result.py, beside this file
+from experiments.json_result import emit
 
 LOG_TAIL = 1500  # characters of a failed run's log shown in the table's error column
 

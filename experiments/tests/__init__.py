@@ -1,0 +1,1 @@
+"""Tests of the experiment scripts; pyproject.toml's testpaths makes ``pytest`` collect them."""

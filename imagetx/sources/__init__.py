@@ -1,0 +1,115 @@
+"""Where images come from (``--data.source``): CIFAR-10, downsampled ImageNet, or a folder
+of images. Each gives uint8 images (N, S, S, 3), RGB, and labels where it has them.
+
+    from imagetx.sources import load
+    images, labels = load("imagenet", "data/imagenet32", "train")   # labels: None when unlabelled
+
+Splits: ``train``, less the last ``val_size`` images; ``val``, those (ImageNet with
+``val_size`` 0, its default: the official validation set; other sources have no val
+with 0); ``test``, the official held-out images (CIFAR-10's test set, ImageNet's
+validation set; a folder has none).
+``val_size`` None takes the source's default: CIFAR-10 5,000, ImageNet 0, a folder a
+tenth of its images (at most 5,000). docs/data.md says where to get each dataset.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from . import cifar10, folder, imagenet
+from .common import DataError, Pool, check_fits
+
+SOURCES = {"cifar10": cifar10, "imagenet": imagenet, "folder": folder}
+SPLITS = ("train", "val", "test")
+FOLDER_DEFAULTS = {"crop": "center", "resize": "area", "cache": None, "rebuild": False}
+
+__all__ = ["DataError", "Pool", "Reader", "SOURCES", "SPLITS", "check_fits", "default_root", "load"]
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("IMAGETX_DATA", "./data"))
+
+
+class Reader:
+    """One source at one root, with its options: reads each pool once, cuts splits from it.
+
+    ``image_size``: the side a folder is converted to; for the other sources, when given,
+    the size the data must have. The ``folder`` options (``crop``, ``resize``, ``cache``,
+    ``rebuild``) are refused with another source."""
+
+    def __init__(self, source: str = "cifar10", root: str | os.PathLike | None = None, val_size: int | None = None,
+                 image_size: int | None = None, download: bool = True, crop: str = "center", resize: str = "area",
+                 cache: str | None = None, rebuild: bool = False) -> None:
+        if source not in SOURCES:
+            raise DataError(f"--data.source {source!r} is unknown: choose one of {', '.join(SOURCES)}")
+        options = {"crop": crop, "resize": resize, "cache": cache, "rebuild": rebuild}
+        if source != "folder":
+            given = [f"--data.{key}" for key, value in options.items() if value != FOLDER_DEFAULTS[key]]
+            if given:
+                raise DataError(f"{', '.join(given)} applies to --data.source folder only, not {source}: drop it")
+        self.source, self.module = source, SOURCES[source]
+        self.root = Path(root).expanduser() if root else default_root()
+        self.val_size, self.image_size, self.download, self.options = val_size, image_size, download, options
+        self.pools: dict[str, Pool] = {}
+        self.converted: Path | None = None  # a folder's conversion, once made or checked
+
+    def prepare(self) -> None:
+        """Whatever must happen once before reading: converting a folder (or rebuilding it)."""
+        if self.source == "folder" and self.converted is None:
+            self.converted = folder.convert(self.root, self.image_size or 32, **self.options)
+
+    def pool(self, part: str) -> Pool:
+        if part not in self.pools:
+            if self.source == "cifar10":
+                pool = cifar10.read(self.root, part, self.download)
+            elif self.source == "imagenet":
+                pool = imagenet.read(self.root, part)
+            else:
+                self.prepare()
+                pool = folder.read_converted(self.root, self.converted)
+            if self.image_size and pool.image_size != self.image_size:
+                raise DataError(f"{pool.where} holds {pool.image_size}x{pool.image_size} images, not the "
+                                f"{self.image_size}x{self.image_size} asked for: use data of that size")
+            self.pools[part] = pool
+        return self.pools[part]
+
+    def split(self, split: str) -> Pool:
+        """One split, as views into its pool."""
+        if split not in SPLITS:
+            raise DataError(f"split {split!r} is unknown; choose one of {', '.join(SPLITS)}")
+        held_out = self.module.HELD_OUT
+        if split == "test":
+            if held_out is None:
+                raise DataError(f"--data.source {self.source} has no test split (no official held-out images): "
+                                "use the split val (the last val_size images) or train")
+            return self.pool(held_out)
+        train = self.pool("train")
+        val_size = self.module.default_val_size(len(train)) if self.val_size is None else self.val_size
+        if val_size == 0:  # nothing held out of train
+            if split == "train":
+                return train
+            if held_out == "val":  # ImageNet: validate on the official validation set
+                return self.pool(held_out)
+            raise DataError(f"val_size=0 leaves --data.source {self.source} no val split: give val_size between 1 "
+                            f"and {len(train) - 1} (the last training images)")
+        if not 0 < val_size < len(train):
+            raise DataError(f"val_size={val_size} must be between 1 and {len(train) - 1} (the training images), or 0 "
+                            "to hold none out" + (" and validate on the official validation set"
+                                                   if held_out == "val" else ""))
+        cut = len(train) - val_size
+        return train.part(None, cut) if split == "train" else train.part(cut, None)
+
+
+def tensors(pool: Pool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(images uint8 (N, S, S, 3), labels long (N,) or None) as torch tensors, sharing memory where they can."""
+    images = torch.from_numpy(pool.images if pool.images.flags.c_contiguous else pool.images.copy())
+    return images, None if pool.labels is None else torch.from_numpy(pool.labels.astype("int64", copy=False))
+
+
+def load(source: str, root: str | os.PathLike | None, split: str, val_size: int | None = None,
+         **options) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """uint8 images (N, S, S, 3) and long labels (N,) (None when unlabelled) of one split."""
+    return tensors(Reader(source, root, val_size, **options).split(split))

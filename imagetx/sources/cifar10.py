@@ -1,0 +1,96 @@
+"""CIFAR-10 (``--data.source cifar10``, the default): 50,000 training and 10,000 test
+images, 32×32, 10 classes. Two on-disk formats are read:
+
+* npz shards ``{train,test}-*.npz`` holding ``images`` uint8 (N, 32, 32, 3) and ``labels``
+  uint8 (N,), as in ``shared/cifar10/README.md``;
+* torchvision's ``cifar-10-batches-py`` folder, downloaded through torchvision when
+  it is missing and a network is there.
+
+Pools: ``train`` (the training images) and ``test`` (the official test images).
+"""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+
+from .common import DataError, Pool
+
+NUM_CLASSES = 10
+IMAGE_SHAPE = (32, 32, 3)
+TORCHVISION_FOLDER = "cifar-10-batches-py"
+HELD_OUT = "test"  # the pool of the official held-out images: the test split
+
+
+def default_val_size(train_images: int) -> int:
+    return 5000  # the last 5,000 training images (half of the customary last shard)
+
+
+def _check_arrays(images: np.ndarray, labels: np.ndarray, source: str) -> None:
+    fix = "; replace it with a shard in the CIFAR-10 format, or remove it"
+    if images.dtype != np.uint8 or images.ndim != 4 or images.shape[1:] != IMAGE_SHAPE:
+        raise DataError(f"{source}: 'images' is {images.dtype} {images.shape}; expected uint8 (N, 32, 32, 3){fix}")
+    if labels.shape != (images.shape[0],) or not np.issubdtype(labels.dtype, np.integer):
+        raise DataError(f"{source}: 'labels' is {labels.dtype} {labels.shape}; expected integers "
+                        f"({images.shape[0]},){fix}")
+    if labels.size and (labels.min() < 0 or labels.max() >= NUM_CLASSES):
+        raise DataError(f"{source}: labels span {labels.min()}..{labels.max()}; expected 0..{NUM_CLASSES - 1}{fix}")
+
+
+def read_npz_shards(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | None:
+    """All ``{prefix}-*.npz`` shards under root, in name order; None when there are none."""
+    shards = sorted(root.glob(f"{prefix}-*.npz"), key=lambda p: (len(p.name), p.name))
+    if not shards:
+        return None
+    images, labels = [], []
+    for shard in shards:
+        try:
+            with np.load(shard) as data:
+                if "images" not in data or "labels" not in data:
+                    raise DataError(f"{shard}: holds {sorted(data.files)}; expected arrays 'images' and 'labels': "
+                                    "replace it with a shard in the CIFAR-10 format, or remove it")
+                shard_images, shard_labels = data["images"], data["labels"]
+        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+            raise DataError(f"{shard} is truncated or corrupt ({type(error).__name__}: {error}); "
+                            "replace it with a good copy") from error
+        _check_arrays(shard_images, shard_labels, str(shard))
+        images.append(shard_images)
+        labels.append(shard_labels.astype(np.int64))
+    return np.concatenate(images), np.concatenate(labels)
+
+
+def read_torchvision(root: Path, train: bool, download: bool) -> tuple[np.ndarray, np.ndarray] | None:
+    """The torchvision layout under root, downloading it only when absent; None when unavailable."""
+    present = (root / TORCHVISION_FOLDER).is_dir()
+    if not present and not download:
+        return None
+    from torchvision.datasets import CIFAR10  # imported late: only this source needs it
+
+    try:
+        dataset = CIFAR10(str(root), train=train, download=not present)
+    except RuntimeError as error:  # torchvision's "Dataset not found or corrupted"
+        if not present:
+            return None
+        raise DataError(f"{root / TORCHVISION_FOLDER} is incomplete or corrupt ({error}); "
+                        "delete it to download again, or replace it") from error
+    except OSError:  # no network: URLError is an OSError
+        return None
+    images, labels = np.asarray(dataset.data), np.asarray(dataset.targets, dtype=np.int64)
+    _check_arrays(images, labels, str(root / TORCHVISION_FOLDER))
+    return images, labels
+
+
+def read(root: Path, part: str, download: bool = True) -> Pool:
+    """The ``train`` or ``test`` pool: npz shards if there are any, else torchvision's folder."""
+    arrays = read_npz_shards(root, part) if root.is_dir() else None
+    if arrays is None:
+        arrays = read_torchvision(root, train=part == "train", download=download)
+    if arrays is None:
+        raise DataError(
+            f"no CIFAR-10 {part} images under {root.resolve()}: looked for {part}-*.npz shards and "
+            f"{TORCHVISION_FOLDER}/, and could not download. Put the shards there (e.g. copy "
+            f"shared/cifar10/*.npz), or pass --data.root DIR / set IMAGETX_DATA=DIR, or run once with a network")
+    images, labels = arrays
+    return Pool(images, labels, NUM_CLASSES, f"--data.source cifar10 --data.root {root}")

@@ -1,0 +1,92 @@
+"""What every data source shares: the error it raises, the pool of images it reads,
+and the check that a model fits the data.
+
+A source reads *pools*: its training images (``train``) and, where it has one, its
+official held-out set (CIFAR-10's ``test``, ImageNet's ``val``). ``imagetx.sources.Reader``
+cuts the splits (train / val / test) out of them.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+
+class DataError(RuntimeError):
+    """Data that cannot be found or read; the message says where and what to do."""
+
+
+@dataclass
+class Pool:
+    """Images of one pool of a source, or a split cut from one."""
+
+    images: np.ndarray  # uint8 (N, S, S, 3), RGB
+    labels: np.ndarray | None  # int64 (N,) in 0..num_classes-1; None: unlabelled
+    num_classes: int  # classes the source defines (0: unlabelled)
+    where: str  # the options that name the data, for messages: "--data.source imagenet --data.root DIR"
+
+    @property
+    def image_size(self) -> int:
+        return int(self.images.shape[1])
+
+    def __len__(self) -> int:
+        return len(self.images)
+
+    def part(self, start: int | None, stop: int | None) -> "Pool":
+        """Images [start:stop]: views, nothing copied."""
+        labels = None if self.labels is None else self.labels[start:stop]
+        return Pool(self.images[start:stop], labels, self.num_classes, self.where)
+
+
+def check_fits(data: Pool, config, checkpoint: bool = False) -> None:
+    """Raise a DataError when the model (a ModelConfig) cannot read ``data``: another image
+    size, a class-conditional model on unlabelled data, or another number of classes.
+
+    ``checkpoint``: the model comes from a checkpoint (evaluate, sample), so the fix is
+    other data rather than another model setting."""
+    size, model_size = data.image_size, config.image_size
+    if size != model_size:
+        the_model = "the checkpoint's model" if checkpoint else "the model"
+        fix = (f"use {model_size}x{model_size} data (e.g. the {model_size}x{model_size} variant of the dataset)"
+               if checkpoint else f"set --model.config.image_size {size} or use {model_size}x{model_size} data "
+                                  f"(e.g. the {model_size}x{model_size} variant of the dataset)")
+        raise DataError(f"{data.where} holds {size}x{size} images but {the_model} is {model_size}x{model_size}: {fix}")
+    classes = config.num_classes
+    if not classes:
+        return  # an unconditional model reads any images
+    if data.labels is None:
+        fix = ("give labelled data (a folder with one sub-folder per class)" if checkpoint
+               else "set --model.config.num_classes 0 for an unconditional model, or put the images in one "
+                    "sub-folder per class")
+        raise DataError(f"the model is class-conditional (num_classes={classes}) but {data.where} has no labels: {fix}")
+    if data.num_classes != classes:
+        fix = ("give data with as many classes" if checkpoint
+               else f"set --model.config.num_classes {data.num_classes} (or 0 for an unconditional model)")
+        raise DataError(f"{data.where} has {data.num_classes} classes but the model has num_classes={classes}: {fix}")
+
+
+def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    """``np.savez`` that gives the same bytes for the same arrays (a fixed zip timestamp)
+    and writes atomically: a temporary file beside ``path``, renamed into place."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            with zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED) as archive:
+                for name, array in arrays.items():
+                    info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+                    with archive.open(info, "w", force_zip64=True) as member:
+                        np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
+            handle.flush()
+            os.fsync(handle.fileno())
+        mask = os.umask(0o022)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600 files; give the usual permissions
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,253 @@
+"""A folder of images (``--data.source folder``): every PNG and JPEG under ``--data.root``,
+recursively, e.g. CelebA's ``img_align_celeba/`` or your own pictures.
+
+* **Classes**: when every image lies in a sub-folder, the class is the name of its first
+  sub-folder (classes numbered in name order); otherwise the folder is unlabelled.
+  Names starting with ``.`` (hidden files and folders, the cache below) are skipped.
+* **Pictures**: each image is turned upright (EXIF), made RGB, cropped to a square
+  (``center``: the largest centred square; ``celeba``: the centred 138×138 face crop of
+  CelebA's aligned 178×218 images) and resized to ``image_size`` with the ``resize``
+  filter, computed in floating point and rounded half up (``area`` by default: each
+  output pixel the mean of the area it covers, as T2T's resize by area).
+* **Conversion**: done once, into npz shards of ``SHARD_SIZE`` images in
+  ``<cache>/<size>px-<crop>-<resize>/`` (``cache``: ``--data.cache``, default
+  ``<root>/.imagetx-cache``), so that training does not decode images every epoch.
+  ``manifest.json`` lists the files (path, bytes, modification time) and the options; it
+  is written first, then the shards, each atomically, then ``complete.json``. An
+  interrupted conversion continues after its last finished shard; a folder that has
+  changed since is refused until ``--data.rebuild true`` converts it again. The same
+  folder always gives the same shards, byte for byte.
+* **Order**: images are ordered by a hash of their path (deterministic, and classes
+  mixed), so the held-out split, the last ``val_size`` images, draws from every class.
+* Files that cannot be read are skipped, counted, and the first few named.
+
+Pool: ``train`` only (there is no official held-out set; ``val`` is cut from it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from PIL import Image, ImageOps
+from tqdm.auto import tqdm
+
+from .common import DataError, Pool, write_npz
+
+SUFFIXES = {".png", ".jpg", ".jpeg"}
+CROPS = ("center", "celeba")
+# CelebA's face crop: the centred 138x138 box (40 rows off the top and bottom, 20 columns
+# off each side of the aligned 178x218 images), as T2T's img2img_celeba, the paper's
+# CelebA super-resolution task; others use 140 or 148 boxes.
+CELEBA_CROP = 138
+# area: each output pixel the mean of the input area it covers, partly covered pixels
+# weighted by the part covered (T2T's resize by area; PIL's BOX weighs whole pixels
+# instead). The others are PIL's filters, for enlarging.
+FILTERS = {"area": None, "bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
+           "lanczos": Image.Resampling.LANCZOS}
+SHARD_SIZE = 1000  # images per shard (fewer when some were skipped)
+CACHE_NAME = ".imagetx-cache"
+FORMAT = 1
+HELD_OUT = None  # no official held-out set: no test split
+SHOWN = 5  # unreadable files named in the warning
+
+# Called with the shard's number after each shard is written. For tests: a hook that
+# kills the process interrupts a conversion between two shards.
+after_shard: Callable[[int], None] | None = None
+
+
+def default_val_size(train_images: int) -> int:
+    return max(1, min(5000, train_images // 10))  # a tenth of the images, at most 5,000
+
+
+def scan(root: Path) -> tuple[list[list], list[str]]:
+    """([path relative to root, bytes, mtime in ns, label], ...) in conversion order, and the classes."""
+    files = []
+    for folder, subfolders, names in os.walk(root):
+        subfolders[:] = [name for name in subfolders if not name.startswith(".")]
+        for name in names:
+            if not name.startswith(".") and Path(name).suffix.lower() in SUFFIXES:
+                path = Path(folder) / name
+                stat = path.stat()
+                files.append([path.relative_to(root).as_posix(), stat.st_size, stat.st_mtime_ns])
+    labelled = bool(files) and all("/" in rel for rel, _, _ in files)
+    classes = sorted({rel.split("/")[0] for rel, _, _ in files}) if labelled else []
+    index = {name: i for i, name in enumerate(classes)}
+    files = [[rel, size, mtime, index[rel.split("/")[0]] if labelled else -1] for rel, size, mtime in files]
+    files.sort(key=lambda file: (hashlib.blake2b(file[0].encode(), digest_size=8).digest(), file[0]))
+    return files, classes
+
+
+def prepare_image(path: Path, image_size: int, crop: str, resize: str) -> np.ndarray:
+    """(image_size, image_size, 3) uint8 of one file; raises if the file cannot be read."""
+    with Image.open(path) as opened:
+        image = ImageOps.exif_transpose(opened).convert("RGB")
+    width, height = image.size
+    side = CELEBA_CROP if crop == "celeba" else min(width, height)
+    if side > min(width, height):
+        raise ValueError(f"{width}x{height} is smaller than the {side}x{side} celeba crop")
+    left, top = (width - side) // 2, (height - side) // 2
+    image = image.crop((left, top, left + side, top + side))
+    if side == image_size:
+        return np.asarray(image, dtype=np.uint8)
+    if resize == "area":
+        weights = area_weights(side, image_size)
+        resized = np.einsum("ah,bw,hwc->abc", weights, weights, np.asarray(image, dtype=np.float64))
+    else:  # each channel in float, rounded once below (PIL's 8-bit resize rounds between its two passes)
+        resized = np.stack([np.asarray(band.convert("F").resize((image_size, image_size), FILTERS[resize]))
+                            for band in image.split()], axis=-1)
+    return np.clip(np.floor(resized + 0.5), 0, 255).astype(np.uint8)  # rounded half up
+
+
+def area_weights(side: int, size: int) -> np.ndarray:
+    """(size, side): how much of each input pixel each output pixel covers, rows summing to 1."""
+    edges = np.arange(size + 1) * (side / size)
+    starts, stops = edges[:-1, None], edges[1:, None]
+    pixels = np.arange(side)[None, :]
+    covered = np.clip(np.minimum(stops, pixels + 1) - np.maximum(starts, pixels), 0, None)
+    return covered / covered.sum(axis=1, keepdims=True)
+
+
+def cache_dir(root: Path, cache: str | os.PathLike | None, image_size: int, crop: str, resize: str) -> Path:
+    return Path(cache or root / CACHE_NAME).expanduser() / f"{image_size}px-{crop}-{resize}"
+
+
+def convert(root: Path, image_size: int = 32, crop: str = "center", resize: str = "area",
+            cache: str | os.PathLike | None = None, rebuild: bool = False) -> Path:
+    """Convert the folder into shards (or continue, or check an earlier conversion); the shards' folder."""
+    if crop not in CROPS or resize not in FILTERS:
+        raise DataError(f"--data.crop {crop} / --data.resize {resize}: choose a crop of {', '.join(CROPS)} "
+                        f"and a filter of {', '.join(FILTERS)}")
+    if not root.is_dir():
+        raise DataError(f"--data.root {root} is not a folder: pass the folder that holds your images")
+    files, classes = scan(root)
+    if not files:
+        raise DataError(f"no PNG or JPEG images under {root.resolve()} (searched it and its sub-folders for "
+                        f"{', '.join(sorted(SUFFIXES))}): pass the folder that holds them with --data.root")
+    out = cache_dir(root, cache, image_size, crop, resize)
+    manifest = {"format": FORMAT, "image_size": image_size, "crop": crop, "resize": resize,
+                "shard_size": SHARD_SIZE, "classes": classes, "files": files}
+    text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    existing = out / "manifest.json"
+    if rebuild and existing.is_file():
+        shutil.rmtree(out)
+    if existing.is_file():
+        if existing.read_text() != text:
+            raise DataError(f"{root} has changed since it was converted into {out} ({differences(existing, files)}): "
+                            f"convert it again with --data.rebuild true (or delete {out})")
+        if (out / "complete.json").is_file():
+            return out
+    else:  # a new conversion: nothing found here before the manifest can be its work
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+            for old in [*out.glob("shard-*.npz"), out / "complete.json"]:
+                old.unlink(missing_ok=True)
+            write_text(existing, text)
+        except OSError as error:
+            raise DataError(f"cannot write the converted images to {out} ({error.strerror or error}): choose a "
+                            "writable folder with --data.cache DIR") from error
+    started = time.time()
+    shards = [files[k : k + SHARD_SIZE] for k in range(0, len(files), SHARD_SIZE)]
+    todo = [k for k in range(len(shards)) if not shard_path(out, k).is_file()]
+    print(f"converting {len(files)} images under {root} to {image_size}x{image_size} ({crop} crop, {resize} filter) "
+          f"into {out}" + (f", continuing at shard {todo[0]}" if 0 < len(todo) < len(shards) else ""),
+          file=sys.stderr)
+    if not classes and any("/" in file[0] for file in files):
+        print(f"note: some images lie directly in {root}, others in sub-folders: the folder is read as unlabelled "
+              "(put every image in a sub-folder per class for labels)", file=sys.stderr)
+    done = len(files) - sum(len(shards[k]) for k in todo)
+    with tqdm(total=len(files), initial=done, desc="converting", unit="image", disable=None) as progress:
+        for k in todo:
+            write_shard(root, out, k, shards[k], image_size, crop, resize)
+            progress.update(len(shards[k]))
+            if after_shard is not None:
+                after_shard(k)
+    skipped = []
+    for k in range(len(shards)):
+        with np.load(shard_path(out, k)) as shard:
+            skipped += [str(reason) for reason in shard["skipped"]]
+    write_text(out / "complete.json", json.dumps({"images": len(files) - len(skipped), "skipped": skipped}, indent=1))
+    for stale in out.glob(".*.tmp"):  # left by a killed conversion (not by one running beside this one)
+        try:
+            if stale.stat().st_mtime < started:
+                stale.unlink()
+        except FileNotFoundError:
+            pass
+    if skipped:
+        shown = "; ".join(skipped[:SHOWN]) + ("; ..." if len(skipped) > SHOWN else "")
+        print(f"warning: skipped {len(skipped)} of {len(files)} image files that could not be read: {shown} "
+              f"(all listed in {out / 'complete.json'})", file=sys.stderr)
+    return out
+
+
+def shard_path(out: Path, k: int) -> Path:
+    return out / f"shard-{k:05d}.npz"
+
+
+def write_shard(root: Path, out: Path, k: int, files: list[list], image_size: int, crop: str, resize: str) -> None:
+    images, labels, skipped = [], [], []
+    for rel, _, _, label in files:
+        try:
+            images.append(prepare_image(root / rel, image_size, crop, resize))
+            labels.append(label)
+        except Exception as error:  # a damaged file fails in many ways (PIL, zlib, struct...): skip it
+            skipped.append(f"{rel} ({type(error).__name__}: {' '.join(str(error).split())[:80]})")
+    write_npz(shard_path(out, k), {
+        "images": np.stack(images) if images else np.zeros((0, image_size, image_size, 3), np.uint8),
+        "labels": np.asarray(labels, dtype=np.int64), "skipped": np.asarray(skipped, dtype=str)})
+
+
+def write_text(path: Path, text: str) -> None:
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+
+
+def differences(manifest: Path, files: list[list]) -> str:
+    """What changed, in words: counts of files added, removed and changed, and one example."""
+    try:
+        old = json.loads(manifest.read_text())
+        before = {rel: (size, mtime, label) for rel, size, mtime, label in old["files"]}
+    except (ValueError, KeyError, TypeError):
+        return "its manifest.json is unreadable"
+    now = {rel: (size, mtime, label) for rel, size, mtime, label in files}
+    added, removed = sorted(now.keys() - before.keys()), sorted(before.keys() - now.keys())
+    changed = sorted(rel for rel in now.keys() & before.keys() if now[rel] != before[rel])
+    parts = [f"{len(names)} file(s) {what}, e.g. {names[0]}" for names, what in
+             ((added, "added"), (removed, "removed"), (changed, "changed")) if names]
+    return "; ".join(parts) or "converted with other settings"
+
+
+def read(root: Path, part: str = "train", image_size: int = 32, crop: str = "center", resize: str = "area",
+         cache: str | os.PathLike | None = None, rebuild: bool = False) -> Pool:
+    """The folder's images, converted first if need be."""
+    root = root.expanduser()
+    return read_converted(root, convert(root, image_size, crop, resize, cache, rebuild))
+
+
+def read_converted(root: Path, out: Path) -> Pool:
+    """The images of a finished conversion of ``root`` into ``out``."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    classes, count = manifest["classes"], len(manifest["files"])
+    images, labels = [], []
+    for shard in (shard_path(out, k) for k in range((count + SHARD_SIZE - 1) // SHARD_SIZE)):
+        try:
+            with np.load(shard) as data:
+                images.append(data["images"])
+                labels.append(data["labels"])
+        except Exception as error:
+            raise DataError(f"{shard} is truncated or corrupt ({type(error).__name__}): convert the folder again "
+                            "with --data.rebuild true") from error
+    images = np.concatenate(images)
+    if not len(images):
+        raise DataError(f"none of the image files under {root} could be read (see {out / 'complete.json'}): "
+                        "check the files, then convert again with --data.rebuild true")
+    where = f"--data.source folder --data.root {root}"
+    return Pool(images, np.concatenate(labels) if classes else None, len(classes), where)

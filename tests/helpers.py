@@ -1,0 +1,147 @@
+"""Helpers the tests import (``from helpers import ...``): tiny configurations, models and images,
+CIFAR-shaped npz shards, and train-CLI configs. Fixtures live in conftest.py.
+
+Everything here is deliberately small (d_model 16, one or two layers, 4×4 images) so
+that the whole suite runs in seconds on two shared CPU cores.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from imagetx import ImageTransformer, ModelConfig
+
+
+# Defaults for a tiny model. The 2D block (2, 2) tiles both the categorical grid of a
+# 4×4 image (4×12 sub-pixels) and the DMOL grid (4×4 pixels).
+TINY = dict(
+    image_size=4,
+    head="categorical",
+    n_layers=1,
+    d_model=16,
+    n_heads=2,
+    d_filter=32,
+    dropout=0.0,
+    attention="local_1d",
+    query_block_length=8,
+    memory_blocks=1,
+    query_block_shape=(2, 2),
+    memory_flange=(1, 1),
+    position_encoding="sinusoidal",
+    num_classes=0,
+    norm="post",
+    mixture_components=2,
+    encoder_layers=0,
+    low_res_size=2,
+)
+
+
+def tiny_config(**overrides) -> ModelConfig:
+    """A ModelConfig for a tiny model with dropout 0; any field can be overridden."""
+    values = dict(TINY)
+    values.update(overrides)
+    return ModelConfig(**values)
+
+
+def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> ImageTransformer:
+    """A seeded tiny ImageTransformer in eval mode."""
+    torch.manual_seed(seed)
+    model = ImageTransformer(tiny_config(**overrides))
+    return model.to(dtype).eval()
+
+
+def random_images(batch: int, size: int, seed: int = 0, dtype: torch.dtype = torch.uint8) -> torch.Tensor:
+    """Seeded random images (batch, size, size, 3) with values 0..255."""
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, 256, (batch, size, size, 3), generator=gen).to(dtype)
+
+
+def random_labels(batch: int, num_classes: int, seed: int = 0) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    return torch.randint(0, num_classes, (batch,), generator=gen)
+
+
+# ----- CIFAR-10 stand-ins for the data, training, evaluation and CLI tests ----------------
+
+CIFAR_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+
+
+def cifar_arrays(count: int, seed: int = 0):
+    """Seeded random CIFAR-shaped arrays: images uint8 (count, 32, 32, 3), labels uint8 (count,)."""
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    images = rng.integers(0, 256, size=(count, 32, 32, 3), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=(count,), dtype=np.uint8)
+    return images, labels
+
+
+def write_npz_shard(path, images, labels) -> None:
+    """One shard in the npz format imagetx reads: images uint8 (N, 32, 32, 3), labels (N,)."""
+    import numpy as np
+
+    np.savez(path, images=images, labels=labels)
+
+
+def write_cifar_npz(root, train_sizes=(6, 6), test_size: int = 0, seed: int = 0):
+    """train-0.npz, train-1.npz, ... (and test-0.npz) under root; returns the concatenated arrays.
+
+    -> (train_images, train_labels, test_images, test_labels) as numpy arrays in shard order.
+    """
+    import numpy as np
+
+    root.mkdir(parents=True, exist_ok=True)
+    parts = [cifar_arrays(n, seed=seed + i) for i, n in enumerate(train_sizes)]
+    for i, (images, labels) in enumerate(parts):
+        write_npz_shard(root / f"train-{i}.npz", images, labels)
+    train_images = np.concatenate([p[0] for p in parts])
+    train_labels = np.concatenate([p[1] for p in parts])
+    test_images = test_labels = None
+    if test_size:
+        test_images, test_labels = cifar_arrays(test_size, seed=seed + 100)
+        write_npz_shard(root / "test-0.npz", test_images, test_labels)
+    return train_images, train_labels, test_images, test_labels
+
+
+# ----- reliability tests: tiny training runs driven through the train CLI -----------------
+
+TINY_TRAIN_MODEL = dict(image_size=32, head="dmol", mixture_components=2, n_layers=1, d_model=16, n_heads=2,
+                        d_filter=32, dropout=0.0, attention="local_1d", query_block_length=256,
+                        position_encoding="learned")
+
+
+def write_train_config(path, root_dir, data_root, max_steps=3, model=None, data=None, top=None, **trainer):
+    """A YAML config for imagetx.train: the tiny DMOL model, batches of 2, CPU, no progress bar.
+
+    ``model`` updates model.config, ``data`` the data section, ``top`` top-level keys
+    (e.g. checkpoint_every_n_steps), ``trainer`` the trainer section. Returns ``path``."""
+    import yaml
+
+    config = {
+        "seed_everything": 0,
+        "trainer": {"default_root_dir": str(root_dir), "accelerator": "cpu", "devices": 1,
+                    "max_steps": max_steps, "val_check_interval": 2, "check_val_every_n_epoch": None,
+                    "limit_val_batches": 1, "enable_progress_bar": False, "enable_model_summary": False,
+                    "log_every_n_steps": 1, **trainer},
+        "model": {"config": {**TINY_TRAIN_MODEL, **(model or {})}, "optimizer": "adam_noam", "peak_lr": 0.003,
+                  "warmup_steps": 2},
+        "data": {"root": str(data_root), "batch_size": 2, "eval_batch_size": 2, "val_size": 2, **(data or {})},
+        **(top or {}),
+    }
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def train_metrics(run_dir, column="train/bpd"):
+    """{step: value} of one column over every metrics.csv of a run (all versions, in order)."""
+    import csv
+
+    values = {}
+    for metrics in sorted(run_dir.glob("csv/version_*/metrics.csv"), key=lambda p: int(p.parent.name.split("_")[1])):
+        with metrics.open() as handle:
+            for row in csv.DictReader(handle):
+                if row.get(column):
+                    values[int(row["step"])] = float(row[column])
+    return values
+
+
