@@ -1,4 +1,4 @@
-"""Local self-attention patterns and multi-head attention (SPEC §3, §4).
+"""Local self-attention patterns and multi-head attention (docs/model.md §3, §4).
 
 One layout throughout: q, k, v are sequence-first (T, N, e), N = batch·heads and e the
 head size, the layout the projections of a (T, B, d) input give as views.
@@ -121,7 +121,7 @@ class FullCausal(AttentionPattern):
 
 
 class Local1D(AttentionPattern):
-    """Query blocks of ``block_length`` positions in raster order (SPEC §4, 1D).
+    """Query blocks of ``block_length`` positions in raster order (docs/model.md §4, 1D).
 
     A query sees every position of the previous ``memory_blocks`` blocks and its own
     block up to and including itself. The sequence's end is padded to whole blocks;
@@ -190,7 +190,7 @@ class Local1D(AttentionPattern):
 
 
 class Local2D(AttentionPattern):
-    """Query blocks of qh×qw grid cells with a memory flange (SPEC §4, 2D).
+    """Query blocks of qh×qw grid cells with a memory flange (docs/model.md §4, 2D).
 
     The sequence is in block-raster order. A block with top-left cell (r0, c0) sees
     the top flange rows [r0−fh, r0) × cols [c0−fw, c0+qw+fw), the left flange rows

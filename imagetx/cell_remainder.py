@@ -1,5 +1,5 @@
 """What the rest of each low-resolution cell must average to: an exact extra input for
-super-resolution decoders (SPEC §6; ``ModelConfig.cell_remainder_input``). Not part of
+super-resolution decoders (docs/model.md §6; ``ModelConfig.cell_remainder_input``). Not part of
 the paper's model.
 
 The low-resolution input is the rounded box mean of the target (4×4 cells for 8×8 →

@@ -1,6 +1,6 @@
 """Model configuration: one dataclass that fully describes an Image Transformer.
 
-SPEC §1 (representations and grids), §2 (inputs), §3 (layers), §4 (attention
+docs/model.md §1 (representations and grids), §2 (inputs), §3 (layers), §4 (attention
 kinds and block sizes), §5 (heads), §6 (super-resolution encoder), §8 (presets).
 The configuration is stored in every checkpoint so that evaluation and sampling
 rebuild the model from the file alone.

@@ -1,4 +1,4 @@
-"""Training data (SPEC §6 tasks): the DataModule, the training order that a resumed run
+"""Training data (docs/model.md §6 tasks): the DataModule, the training order that a resumed run
 continues mid-epoch, and the box downsampling of super-resolution inputs.
 
 The images come from ``imagetx/sources/`` (``--data.source cifar10|imagenet|folder``);
@@ -247,7 +247,7 @@ class ImageDataModule(L.LightningDataModule):
 
 def downsample_area(images: torch.Tensor, size: int) -> torch.Tensor:
     """(B, H, W, 3) uint8 -> (B, size, size, 3): the box mean of each (H/size)² patch, rounded
-    half up (T2T "resize by area"; SPEC §6). Exact integer arithmetic, no float rounding doubt."""
+    half up (T2T "resize by area"; docs/model.md §6). Exact integer arithmetic, no float rounding doubt."""
     batch, height, width, channels = images.shape
     if height % size or width % size:
         raise ValueError(f"cannot box-downsample {height}x{width} to {size}x{size}: size must divide both")

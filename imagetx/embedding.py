@@ -1,4 +1,4 @@
-"""Input embeddings and position encodings (SPEC §2).
+"""Input embeddings and position encodings (docs/model.md §2).
 
 * Categorical: one table of 3·256 vectors; sub-pixel value v in channel c uses row
   v + 256·c ("channel-specific"), multiplied by √d.

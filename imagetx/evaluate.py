@@ -1,4 +1,4 @@
-"""``python -m imagetx.evaluate``: bits/dim of a checkpoint on a data split (SPEC §5, §6).
+"""``python -m imagetx.evaluate``: bits/dim of a checkpoint on a data split (docs/model.md §5, §6).
 
     python -m imagetx.evaluate --ckpt runs/quick/checkpoints/last.ckpt [--data.root DIR]
                                [--data.source cifar10|imagenet|folder] [--split test|val|train]

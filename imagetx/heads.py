@@ -1,4 +1,4 @@
-"""Output distributions (SPEC §5): categorical over 256 values, and the
+"""Output distributions (docs/model.md §5): categorical over 256 values, and the
 discretised mixture of logistics (DMOL) of PixelCNN++.
 
 Each head maps the decoder output (B, T, d) to distribution parameters and can

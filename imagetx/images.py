@@ -1,6 +1,6 @@
 """Pictures in and out: PNG grids of samples, and the user's own image files.
 
-Grids are what people look at (SPEC §6: completion and super-resolution grids).
+Grids are what people look at (docs/model.md §6: completion and super-resolution grids).
 User images of any size are centre-cropped to a square and resized to the model's
 size; callers report that they did so.
 """

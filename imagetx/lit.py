@@ -1,4 +1,4 @@
-"""The LightningModule (SPEC §5 metric, §8 recipe): loss, metrics, logging, optimiser.
+"""The LightningModule (docs/model.md §5 metric, §8 recipe): loss, metrics, logging, optimiser.
 
 The network itself is the plain ``ImageTransformer``; this module owns what
 training adds around it. One ``shared_step`` serves train, val and test.

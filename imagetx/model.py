@@ -1,4 +1,4 @@
-"""The Image Transformer network (SPEC §1–§3, §5, §6): a plain ``nn.Module``.
+"""The Image Transformer network (docs/model.md §1–§3, §5, §6): a plain ``nn.Module``.
 
 Read top to bottom: one transformer layer (post- or pre-LayerNorm, optional
 cross-attention), the super-resolution encoder, then the decoder that embeds
@@ -52,7 +52,7 @@ class DecodingCache:
 
 
 class TransformerLayer(nn.Module):
-    """Self-attention [+ cross-attention] + feed-forward, each with add-and-norm (SPEC §3)."""
+    """Self-attention [+ cross-attention] + feed-forward, each with add-and-norm (docs/model.md §3)."""
 
     def __init__(self, config: ModelConfig, pattern: AttentionPattern | None, cross_attention: bool,
                  position_bias: RelativePositionBias | None = None) -> None:
@@ -90,7 +90,7 @@ class TransformerLayer(nn.Module):
 
 
 class Encoder(nn.Module):
-    """Unmasked self-attention over the low-resolution image's sub-pixels (SPEC §6).
+    """Unmasked self-attention over the low-resolution image's sub-pixels (docs/model.md §6).
 
     Each low-resolution sub-pixel is placed, for its position encoding, at the
     centre of the high-resolution cells it summarises, using the decoder's own
@@ -280,7 +280,7 @@ class ImageTransformer(nn.Module):
         return -self.log_prob(images, labels, low_res).sum(dim=1)
 
     def bits_per_dim(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
-        """(B,) bits per sub-pixel of each image (SPEC §5)."""
+        """(B,) bits per sub-pixel of each image (docs/model.md §5)."""
         return self.nll(images, labels, low_res) / (self.config.dims_per_image * math.log(2))
 
     # ----- input checks -----------------------------------------------------

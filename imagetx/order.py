@@ -1,4 +1,4 @@
-"""Orders of generation over the grid (SPEC §1).
+"""Orders of generation over the grid (docs/model.md §1).
 
 Categorical models generate the 32×96 grid of sub-pixels (column = 3·pixel column +
 channel); DMOL models the 32×32 grid of pixels. 1D local and full attention use

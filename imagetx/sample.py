@@ -1,4 +1,4 @@
-"""``python -m imagetx.sample``: image grids from a checkpoint (SPEC §6, §7).
+"""``python -m imagetx.sample``: image grids from a checkpoint (docs/model.md §6, §7).
 
     python -m imagetx.sample --ckpt CKPT --task generate [--count 16] [--label 3]
     python -m imagetx.sample --ckpt CKPT --task complete [--rows 16] [--images a.png b.jpg]

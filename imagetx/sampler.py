@@ -1,4 +1,4 @@
-"""Cached incremental sampling (SPEC §7): one generation step at a time through all layers.
+"""Cached incremental sampling (docs/model.md §7): one generation step at a time through all layers.
 
 The model decodes a step with the same forward as the full pass, given a cache
 (``ImageTransformer.start_decoding`` / ``decode(..., cache=)``): each self-attention
@@ -80,7 +80,7 @@ def sample(
     """Generate ``count`` images (count, H, W, 3) uint8 with the cache.
 
     With ``prefix`` images and ``given_rows`` = k, every cell in the first k image
-    rows is teacher-forced to the prefix's value (image completion, SPEC §6); the
+    rows is teacher-forced to the prefix's value (image completion, docs/model.md §6); the
     rest is sampled. In 2D block-raster order, given cells that come after sampled
     ones are still forced when their step comes.
     """

@@ -1,4 +1,4 @@
-"""Learning-rate schedules (SPEC §8), as multipliers of a peak learning rate.
+"""Learning-rate schedules (docs/model.md §8), as multipliers of a peak learning rate.
 
 "noam" (the paper's): lr·d^−½·min(step·w^−1.5, step^−½). Written here as
 peak·min(step/w, (w/step)^½), the same curve with peak = lr·(d·w)^−½ reached at

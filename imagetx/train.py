@@ -1,4 +1,4 @@
-"""``python -m imagetx.train``: LightningCLI training with YAML presets (SPEC §8).
+"""``python -m imagetx.train``: LightningCLI training with YAML presets (docs/model.md §8).
 
     python -m imagetx.train --config configs/quick.yaml [--data.root DIR] [--trainer.max_steps N]
                             [--resume last|PATH] [--wandb auto|online|offline|disabled]

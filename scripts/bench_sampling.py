@@ -1,6 +1,6 @@
 """Cached sampling against uncached full recomputation: images/s, same model, batch, machine, run.
 
-    .venv/bin/python scripts/bench_sampling.py [--config configs/quick.yaml] [--batch 16]
+    .venv/bin/python -m scripts.bench_sampling [--config configs/quick.yaml] [--batch 16]
                                                [--uncached-steps 8] [--json bench_sampling.json]
 
 The cached sampler runs every generation step once, through all layers, reading

@@ -1,4 +1,4 @@
-"""Every fast attention path equals the dense reference (SPEC §4).
+"""Every fast attention path equals the dense reference (docs/model.md §4).
 
 pattern.attend(q, k, v) is computed block by block; dense_attention(q, k, v,
 pattern.can_attend()) masks an n×n matrix. Outputs and gradients must agree to

@@ -1,6 +1,6 @@
 """The can_attend matrices against an independent description written with plain loops.
 
-SPEC §1 (orders of generation) and §4 (which key each query may see). Nothing here
+docs/model.md §1 (orders of generation) and §4 (which key each query may see). Nothing here
 reuses library code to build the expected answer: orders and masks are spelled out
 cell by cell.
 """

@@ -1,4 +1,4 @@
-"""Causality by gradients (SPEC §1, §4): the parameters predicted at generation step t
+"""Causality by gradients (docs/model.md §1, §4): the parameters predicted at generation step t
 depend only on the values of steps < t.
 
 The decoder takes unshifted value embeddings ``emb`` (B, T, d) and shifts them by one

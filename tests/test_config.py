@@ -200,6 +200,16 @@ def test_presets_are_found():
     assert {p.name for p in PRESETS} >= {"quick.yaml", "quick_superres.yaml", "superres.yaml"}
 
 
+PAPER_PRESETS = ["cifar10_categorical.yaml", "cifar10_dmol.yaml", "cifar10_2d.yaml", "superres.yaml",
+                 "imagenet32.yaml", "imagenet64.yaml", "faces_superres.yaml"]
+
+
+@pytest.mark.parametrize("name", PAPER_PRESETS)
+def test_paper_presets_use_no_option_the_paper_lacks(name):
+    config = yaml.safe_load((PRESETS[0].parent / name).read_text())["model"]["config"]
+    assert not config.get("relative_position_bias", False) and not config.get("cell_remainder_input", False)
+
+
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
 def test_every_preset_holds_a_valid_model_and_schedule(preset):
     values = yaml.safe_load(preset.read_text())
@@ -211,14 +221,19 @@ def test_every_preset_holds_a_valid_model_and_schedule(preset):
         assert values["trainer"]["max_steps"] > values["model"]["warmup_steps"]
 
 
-def test_quick_presets_differ_only_by_the_low_res_input_and_learning_rate():
-    # The quick super-resolution result is quoted against quick: the same decoder and
-    # schedule; each keeps the peak learning rate that scored best at its 20-minute budget.
+def test_quick_superres_keeps_the_decoder_it_was_measured_with():
+    # quick_superres's figures (docs/results.md) were measured against the quick preset of
+    # that time: the same decoder and schedule, each with its own best peak learning rate.
+    # quick has since gained relative position biases and one-row query blocks at a higher
+    # learning rate and a 14-minute budget (docs/experiments.md, entry 7); quick_superres is
+    # that earlier decoder, unchanged, until it is measured with the new one.
     quick, superres = (yaml.safe_load((PRESETS[0].parent / name).read_text())
                        for name in ("quick.yaml", "quick_superres.yaml"))
     low_res_fields = {"encoder_layers", "low_res_size", "cross_attention_radius", "cell_remainder_input"}
     decoder = {k: v for k, v in superres["model"]["config"].items() if k not in low_res_fields}
-    assert decoder == quick["model"]["config"]
+    earlier_quick = {k: v for k, v in quick["model"]["config"].items() if k != "relative_position_bias"}
+    earlier_quick["query_block_length"] = 64
+    assert decoder == earlier_quick
     assert {k: v for k, v in superres["model"].items() if k not in ("config", "peak_lr")} == \
         {k: v for k, v in quick["model"].items() if k not in ("config", "peak_lr")}
-    assert quick["data"] == superres["data"] and quick["trainer"]["max_time"] == superres["trainer"]["max_time"]
+    assert quick["data"] == superres["data"]

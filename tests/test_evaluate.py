@@ -1,4 +1,4 @@
-"""imagetx.evaluate: bits/dim over a whole split equals a direct computation (SPEC §5, §6)."""
+"""imagetx.evaluate: bits/dim over a whole split equals a direct computation (docs/model.md §5, §6)."""
 
 from __future__ import annotations
 

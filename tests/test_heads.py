@@ -1,4 +1,4 @@
-"""Output distributions (SPEC §5): the categorical head and the discretised mixture of
+"""Output distributions (docs/model.md §5): the categorical head and the discretised mixture of
 logistics (DMOL). Normalisation, agreement with an independent float64 computation,
 8.0 bits/dim for uniform outputs, and samples that follow the probabilities.
 

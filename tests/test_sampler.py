@@ -1,4 +1,4 @@
-"""imagetx.sampler: the cached decoder equals the full pass; sampling behaviour (SPEC §6, §7)."""
+"""imagetx.sampler: the cached decoder equals the full pass; sampling behaviour (docs/model.md §6, §7)."""
 
 from __future__ import annotations
 

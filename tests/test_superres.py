@@ -1,4 +1,4 @@
-"""Super-resolution (SPEC §6): the encoder sees everything, the decoder stays causal,
+"""Super-resolution (docs/model.md §6): the encoder sees everything, the decoder stays causal,
 and the commands score and sample given the 8×8 input."""
 
 from __future__ import annotations

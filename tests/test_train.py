@@ -1,4 +1,4 @@
-"""imagetx.train (the LightningCLI entry point) and ImageTransformerModule (SPEC §5, §8)."""
+"""imagetx.train (the LightningCLI entry point) and ImageTransformerModule (docs/model.md §5, §8)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 images, 32×32, 10 classes. Two on-disk formats are read:
 
 * npz shards ``{train,test}-*.npz`` holding ``images`` uint8 (N, 32, 32, 3) and ``labels``
-  uint8 (N,), as in ``shared/cifar10/README.md``;
+  uint8 (N,), the format of the CIFAR-10 shards in docs/data.md;
 * torchvision's ``cifar-10-batches-py`` folder, downloaded through torchvision when
   it is missing and a network is there.
 
