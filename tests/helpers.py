@@ -1,5 +1,6 @@
 """Helpers the tests import (``from helpers import ...``): tiny configurations, models and images,
-CIFAR-shaped npz shards, and train-CLI configs. Fixtures live in conftest.py.
+CIFAR-shaped npz shards, train-CLI configs, and the check of a command's one-line error.
+Fixtures live in conftest.py.
 
 Everything here is deliberately small (d_model 16, one or two layers, 4×4 images) so
 that the whole suite runs in seconds on two shared CPU cores.
@@ -7,6 +8,7 @@ that the whole suite runs in seconds on two shared CPU cores.
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from imagetx import ImageTransformer, ModelConfig
@@ -145,3 +147,14 @@ def train_metrics(run_dir, column="train/bpd"):
     return values
 
 
+def one_error_line(capsys, command, args) -> str:
+    """Run a CLI expecting failure: exit 2, stderr ends in the only 'error:' line, no traceback."""
+    with pytest.raises(SystemExit) as info:
+        command(args)
+    assert info.value.code == 2
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    lines = [line for line in captured.err.strip().splitlines() if line.strip()]
+    assert lines and [line for line in lines if line.startswith("error:")] == lines[-1:], lines
+    assert not any(line.startswith("usage:") for line in lines), lines  # not the whole usage text
+    return lines[-1]

@@ -24,7 +24,7 @@ import yaml
 from PIL import Image
 
 import imagetx.sources.folder as folder
-from helpers import tiny_model, write_train_config
+from helpers import one_error_line, tiny_model, write_train_config
 from imagetx import load_model, save_model
 from imagetx.data import ImageDataModule
 from imagetx.evaluate import main as evaluate_main
@@ -350,17 +350,6 @@ def test_unreadable_files_are_skipped_counted_and_named(tmp_path, capsys):
 
 
 # ----- the commands ----------------------------------------------------------------------------
-
-def one_error_line(capsys, command, args) -> str:
-    with pytest.raises(SystemExit) as info:
-        command(args)
-    assert info.value.code == 2
-    captured = capsys.readouterr()
-    assert "Traceback" not in captured.err + captured.out
-    lines = [line for line in captured.err.strip().splitlines() if line.strip()]
-    assert lines and lines[-1].startswith("error: ") and not any(line.startswith("error:") for line in lines[:-1])
-    return lines[-1]
-
 
 TINY = dict(image_size=SIDE, query_block_length=16)
 

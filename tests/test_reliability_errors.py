@@ -12,26 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import TINY_TRAIN_MODEL, tiny_model, write_npz_shard, write_train_config
+from helpers import TINY_TRAIN_MODEL, one_error_line, tiny_model, write_npz_shard, write_train_config
 from imagetx import save_model
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
 from imagetx.train import main as train_main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
-
-
-def one_error_line(capsys, command, args) -> str:
-    """Run a CLI expecting failure: exit 2, stderr ends in the only 'error:' line, no traceback."""
-    with pytest.raises(SystemExit) as info:
-        command(args)
-    assert info.value.code == 2
-    captured = capsys.readouterr()
-    assert "Traceback" not in captured.err + captured.out
-    lines = [line for line in captured.err.strip().splitlines() if line.strip()]
-    assert lines and [line for line in lines if line.startswith("error:")] == lines[-1:], lines
-    assert not any(line.startswith("usage:") for line in lines), lines  # not the whole usage text
-    return lines[-1]
 
 
 def train_error(tmp_path, capsys, data_root, *extra, **settings) -> str:
