@@ -14,7 +14,7 @@ import re
 import sys
 from argparse import ArgumentError, RawDescriptionHelpFormatter
 from collections.abc import Callable, Iterable
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import lightning as L
 import yaml
@@ -22,8 +22,8 @@ from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse.typing import register_type
 
 from .checkpoint import CheckpointError
-from .sources import SOURCES, DataError, Reader
-from .sources.folder import CROPS, FILTERS
+from .data import ImageDataModule
+from .sources import DataError, Reader
 
 T = TypeVar("T")
 
@@ -86,19 +86,16 @@ def parser_for(description: str) -> ArgumentParser:
     return parser
 
 
+# The data settings evaluate and sample share with training, read from ImageDataModule's
+# signature (names, types, defaults and help in one place); the rest are training's own.
+TRAINING_ONLY_DATA = {"batch_size", "eval_batch_size", "num_workers", "random_flip", "download", "image_size",
+                      "val_size"}
+
+
 def add_data_arguments(parser: ArgumentParser) -> None:
     """The ``--data.*`` options that evaluate and sample share with training (``--val_size``
     is their own: the same meaning as ``--data.val_size`` in training)."""
-    parser.add_argument("--data.source", type=Literal[tuple(SOURCES)], default="cifar10",
-                        help="cifar10, imagenet (downsampled ImageNet) or folder (PNG/JPEG files); docs/data.md")
-    parser.add_argument("--data.root", type=str | None, default=None,
-                        help="data directory (default: $IMAGETX_DATA or ./data)")
-    parser.add_argument("--data.crop", type=Literal[CROPS], default="center", help="folder: the crop, as in training")
-    parser.add_argument("--data.resize", type=Literal[tuple(FILTERS)], default="area",
-                        help="folder: the resize filter, as in training")
-    parser.add_argument("--data.cache", type=str | None, default=None,
-                        help="folder: where the converted shards are (default: <root>/.imagetx-cache)")
-    parser.add_argument("--data.rebuild", type=bool, default=False, help="folder: convert it again")
+    parser.add_class_arguments(ImageDataModule, "data", skip=TRAINING_ONLY_DATA)
     parser.add_argument("--val_size", type=int | None, default=None,
                         help="images held out of training for val, as in training (default: the source's)")
 
