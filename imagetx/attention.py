@@ -114,10 +114,9 @@ class FullCausal(AttentionPattern):
     def attend(self, q: Tensor, k: Tensor, v: Tensor, position_bias: RelativePositionBias | None = None) -> Tensor:
         if position_bias is None:
             return fused_attention(q, k, v, causal=True)
+        # With a bias: one block holding the whole sequence, through the biased block path.
         steps = torch.arange(self.length, device=q.device)
-        mask = biased_mask(position_bias(steps[:, None], steps[None, :]), self.can_attend().to(q.device))
-        split = (rearrange(t, "t (b h) e -> b h t e", h=position_bias.n_heads) for t in (q, k, v))
-        return rearrange(F.scaled_dot_product_attention(*split, attn_mask=mask), "b h t e -> t (b h) e")
+        return attend_in_blocks(q, k, v, steps[None], self.can_attend().to(q.device)[None], position_bias)
 
 
 class Local1D(AttentionPattern):
