@@ -11,13 +11,13 @@ checkpoint that ``--resume`` names before training starts.
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
+from .atomic import TEMPORARY_SUFFIX, atomic_write
 from .config import ModelConfig
 from .model import ImageTransformer
 
@@ -35,48 +35,9 @@ def imagetx_metadata(config: ModelConfig) -> dict[str, Any]:
     return {"format": FORMAT_VERSION, "model_config": config.to_dict()}
 
 
-TEMPORARY_SUFFIX = ".tmp"
-
-
 def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
-    """torch.save to a temporary file beside ``path``, then rename: a kill never leaves half a file.
-
-    The data is fsync'ed before the rename and the directory after it, so even a power
-    cut leaves either the old file or the new one. A failed write removes its temporary
-    file; one left by a killed process is removed by ``remove_stale_temporaries``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX, dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            torch.save(obj, handle)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600 files; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    _fsync_directory(path.parent)
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return  # e.g. platforms that cannot open directories
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    """torch.save that a kill never leaves half-written (``atomic.atomic_write``)."""
+    atomic_write(path, lambda handle: torch.save(obj, handle))
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:

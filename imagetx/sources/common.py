@@ -8,13 +8,13 @@ cuts the splits (train / val / test) out of them.
 
 from __future__ import annotations
 
-import os
-import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from ..atomic import atomic_write
 
 
 class DataError(RuntimeError):
@@ -71,22 +71,14 @@ def check_fits(data: Pool, config, checkpoint: bool = False) -> None:
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
-    """``np.savez`` that gives the same bytes for the same arrays (a fixed zip timestamp)
-    and writes atomically: a temporary file beside ``path``, renamed into place."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            with zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED) as archive:
-                for name, array in arrays.items():
-                    info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
-                    with archive.open(info, "w", force_zip64=True) as member:
-                        np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
-            handle.flush()
-            os.fsync(handle.fileno())
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600 files; give the usual permissions
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """``np.savez`` that gives the same bytes for the same arrays (a fixed zip timestamp),
+    written atomically (``atomic.atomic_write``)."""
+
+    def write(handle) -> None:
+        with zipfile.ZipFile(handle, "w", zipfile.ZIP_STORED) as archive:
+            for name, array in arrays.items():
+                info = zipfile.ZipInfo(f"{name}.npy", date_time=(1980, 1, 1, 0, 0, 0))
+                with archive.open(info, "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.ascontiguousarray(array), allow_pickle=False)
+
+    atomic_write(path, write)

@@ -39,6 +39,7 @@ import numpy as np
 from PIL import Image, ImageOps
 from tqdm.auto import tqdm
 
+from ..atomic import TEMPORARY_SUFFIX, atomic_write
 from .common import DataError, Pool, write_npz
 
 SUFFIXES = {".png", ".jpg", ".jpeg"}
@@ -174,7 +175,7 @@ def convert(root: Path, image_size: int = 32, crop: str = "center", resize: str 
         with np.load(shard_path(out, k)) as shard:
             skipped += [str(reason) for reason in shard["skipped"]]
     write_text(out / "complete.json", json.dumps({"images": len(files) - len(skipped), "skipped": skipped}, indent=1))
-    for stale in out.glob(".*.tmp"):  # left by a killed conversion (not by one running beside this one)
+    for stale in out.glob(f".*{TEMPORARY_SUFFIX}"):  # left by a killed conversion (not by one running beside this one)
         try:
             if stale.stat().st_mtime < started:
                 stale.unlink()
@@ -205,9 +206,7 @@ def write_shard(root: Path, out: Path, k: int, files: list[list], image_size: in
 
 
 def write_text(path: Path, text: str) -> None:
-    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+    atomic_write(path, lambda handle: handle.write(text.encode()))
 
 
 def differences(manifest: Path, files: list[list]) -> str:
