@@ -5,7 +5,7 @@
 
 Each ``--variant`` is a name followed by ``key=value`` overrides of the YAML (dotted keys,
 values read as YAML). A step is what training does: forward, loss, backward, gradient
-clipping and an Adam update, at the preset's ``data.batch_size``, on random images (the
+clipping and an Adam update (a super-resolution model reads the 8×8 box mean of each image), at the preset's ``data.batch_size``, on random images (the
 cost does not depend on the pixels). Variants are timed in turns (round-robin, after a
 warm-up), so a change in the machine's speed spreads over all of them; the median is
 reported. Meant for an otherwise idle machine.
@@ -22,6 +22,7 @@ import yaml
 
 from experiments.json_result import emit
 from imagetx import ImageTransformer, ModelConfig
+from imagetx.lit import model_inputs
 
 
 def set_key(tree: dict, dotted: str, value) -> None:
@@ -46,7 +47,7 @@ def build(preset: dict, overrides: list[str]):
 
 def one_step(model, optimizer, images) -> None:
     optimizer.zero_grad(set_to_none=True)
-    model.bits_per_dim(images).mean().backward()
+    model.bits_per_dim(*model_inputs(model.config, {"images": images})).mean().backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
 

@@ -29,7 +29,8 @@ import sys
 import numpy as np
 import torch
 
-from imagetx.data import DataError, default_root, downsample_area, load_cifar10
+from imagetx.data import downsample_area
+from imagetx.sources import DataError, load
 
 from experiments.json_result import emit
 
@@ -133,8 +134,8 @@ def main() -> None:
     if args.train < 1 or args.val < 1:
         sys.exit("error: --train and --val must each be at least 1 image")
     try:
-        train = load_cifar10(args.root or default_root(), "train", args.val_size, download=False)[0]
-        val = load_cifar10(args.root or default_root(), "val", args.val_size, download=False)[0]
+        train = load("cifar10", args.root, "train", args.val_size, download=False)[0]
+        val = load("cifar10", args.root, "val", args.val_size, download=False)[0]
     except DataError as err:
         sys.exit(f"error: {err}")
     train, val = (x[:n].numpy().astype(np.float64) for x, n in ((train, args.train), (val, args.val)))

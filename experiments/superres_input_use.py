@@ -22,7 +22,8 @@ import torch
 from imagetx import load_model
 from imagetx.config import CHANNELS
 from imagetx.checkpoint import CheckpointError
-from imagetx.data import DataError, default_root, downsample_area, load_cifar10
+from imagetx.data import downsample_area
+from imagetx.sources import DataError, load
 
 from experiments.json_result import emit
 
@@ -83,7 +84,7 @@ def main() -> None:
     if args.count < 2 or args.batch_size < 1:
         sys.exit("error: --count must be at least 2 (each image borrows another's input) and --batch_size at least 1")
     try:
-        images, labels = load_cifar10(args.root or default_root(), args.split, args.val_size, download=False)
+        images, labels = load("cifar10", args.root, args.split, args.val_size, download=False)
     except DataError as err:
         sys.exit(f"error: {err}")
     images = images[: args.count]

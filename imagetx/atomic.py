@@ -1,10 +1,11 @@
-"""Files written whole or not at all: checkpoints, converted data shards, their manifests.
+"""Files written whole or not at all (checkpoints, converted data shards, their manifests),
+and the check that a folder can be written at all before a command starts its work.
 
 ``atomic_write`` writes into a temporary file beside the target (``.NAME.XXXX.tmp``),
 fsyncs it, renames it over the target and fsyncs the directory, so that a killed process,
 a full disk or even a power cut leaves either the old file or the new one, never half of
 one. A failed write removes its temporary file; one left by a killed process is for the
-caller to clean up (``checkpoint.remove_stale_temporaries``, the folder conversion).
+caller to clean up with ``remove_stale_temporaries`` (training, the folder conversion).
 """
 
 from __future__ import annotations
@@ -34,6 +35,36 @@ def atomic_write(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_directory(path.parent)
+
+
+def remove_stale_temporaries(directory: str | os.PathLike, written_before: float | None = None) -> list[Path]:
+    """Delete the temporary files that killed writes left in ``directory`` (``.NAME.XXXX.tmp``);
+    with ``written_before`` (a ``time.time()``), only those last written before then, so that
+    the writes of a process running beside the caller are left alone. Returns what was removed."""
+    removed = []
+    for stale in Path(directory).glob(f".*{TEMPORARY_SUFFIX}"):
+        try:
+            if stale.is_file() and (written_before is None or stale.stat().st_mtime < written_before):
+                stale.unlink()
+                removed.append(stale)
+        except FileNotFoundError:
+            pass  # another process removed it first
+    return removed
+
+
+def check_writable(directory: str | os.PathLike, setting: str) -> Path:
+    """Create ``directory`` if needed and prove it can be written, or raise one clear
+    OSError naming ``setting``, the option that chooses another."""
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        probe = directory / ".imagetx-write-test"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as error:
+        raise OSError(f"cannot write to {directory} ({error.strerror or error}); "
+                      f"choose another with {setting} DIR") from None
+    return directory
 
 
 def current_umask() -> int:

@@ -31,16 +31,18 @@ from .config import CHANNELS, HALF_RANGE, ModelConfig
 @dataclass
 class RemainderCache:
     """Decoding state: (B, T, c) the low-res value(s) of each step's group, (B, groups, c)
-    sums of each group's values generated so far, and ``step``, the next step to decode."""
+    sums of each group's values generated so far, and ``step`` (0-d long), the decoder's step
+    counter (shared with every other cache; the model advances it)."""
 
     low_values: Tensor
     sums: Tensor
-    step: int = 0
+    step: Tensor
 
 
 class CellRemainder(nn.Module):
-    """Targets (B, T[, 3]) and the low-res image -> (B, T, d): per step, the mean the
-    not-yet-generated values of its cell (and channel) must have, and how many they are."""
+    """Targets (B, T[, 3]) and the low-res image -> (B, T, c + 1): per step, the mean the
+    not-yet-generated values of its cell (and channel) must have, and how many they are
+    (as 1 / count); ``embed`` maps them into the decoder's input."""
 
     def __init__(self, config: ModelConfig, step_cells: tuple[Tensor, Tensor], step_channels: Tensor) -> None:
         """``step_cells``: (rows, cols) of the low-res pixel under each step (the model's
@@ -86,26 +88,30 @@ class CellRemainder(nn.Module):
         return self.step_values(rearrange(low_res, "b h w c -> b (h w) c")[:, self.groups])
 
     def features(self, earlier_sum: Tensor, low_values: Tensor, still_to_come: Tensor) -> Tensor:
-        """(B, t, c) sums of the earlier values, (B, t, c) low-res values, (t,) counts -> (B, t, d)."""
+        """(B, t, c) sums of the earlier values, (B, t, c) low-res values, (t,) counts -> (B, t, c + 1):
+        the remainder mean on the [-1, 1] scale of pixel values, and 1 / (count still to come)."""
         still_to_come = still_to_come.to(self.sum_dtype)
         remainder_mean = (self.cell_size * low_values - earlier_sum) / still_to_come[:, None]
         uncertainty = (1.0 / still_to_come)[None, :, None].expand(*remainder_mean.shape[:2], 1)
         features = torch.cat([remainder_mean / HALF_RANGE - 1.0, uncertainty], dim=-1)
-        return self.proj(features.to(self.proj.weight.dtype))
+        return features.to(self.proj.weight.dtype)
 
-    def start_decoding(self, low_res: Tensor) -> RemainderCache:
+    def embed(self, features: Tensor) -> Tensor:
+        """(B, t, c + 1) features -> (B, t, d), added to the decoder's input."""
+        return self.proj(features)
+
+    def start_decoding(self, low_res: Tensor, step: Tensor) -> RemainderCache:
         """An empty cache for decoding the images of ``low_res`` (B, h, w, 3) one step at a time."""
         low_values = self.low_res_values(low_res)
         sums = low_values.new_zeros(low_values.shape[0], self.n_groups, low_values.shape[-1])
-        return RemainderCache(low_values, sums)
+        return RemainderCache(low_values, sums, step)
 
-    def forward(self, targets: Tensor | None, low_res: Tensor | None, cache: RemainderCache | None = None) -> Tensor:
-        """Targets (B, T[, 3]) in generation order and the low-res image -> (B, T, d).
+    def forward(self, targets: Tensor, low_res: Tensor | None = None, cache: RemainderCache | None = None) -> Tensor:
+        """Targets (B, T[, 3]) in generation order and the low-res image -> (B, T, c + 1) features.
 
-        With ``cache``, one step, t = ``cache.step``: targets (B, 1[, 3]) is step t−1's
-        value (None at t = 0), added to its group's running sum; the low-res values come
-        from the cache (``low_res`` is not needed) -> (B, 1, d) for step t. The cache is
-        updated in place (its sums, ``step`` + 1).
+        With ``cache``, one step, t = ``cache.step``: targets (B, 1[, 3]) is step t−1's value
+        (ignored at t = 0), added to its group's running sum; the low-res values come from the
+        cache (``low_res`` is not needed) -> (B, 1, c + 1) for step t. The sums are updated in place.
         """
         if cache is None:
             values = self.step_values(targets)[:, self.order]
@@ -113,9 +119,8 @@ class CellRemainder(nn.Module):
             earlier = grouped.cumsum(dim=2) - grouped  # exclusive: the group's earlier steps only
             earlier = rearrange(earlier, "b g n c -> b (g n) c")[:, self.inverse]
             return self.features(earlier, self.low_res_values(low_res), self.still_to_come)
-        t = cache.step
-        if t > 0:
-            cache.sums[:, self.groups[t - 1]] += self.step_values(targets)[:, 0]
-        cache.step += 1
-        earlier = cache.sums[:, self.groups[t : t + 1]]  # (B, 1, c)
-        return self.features(earlier, cache.low_values[:, t : t + 1], self.still_to_come[t : t + 1])
+        t = cache.step.view(1)
+        previous_group = self.groups[(t - 1) % self.groups.numel()]  # at t = 0 a value of 0 is added
+        cache.sums.index_add_(1, previous_group, self.step_values(targets) * (t > 0))
+        earlier = cache.sums.index_select(1, self.groups[t])  # (B, 1, c)
+        return self.features(earlier, cache.low_values.index_select(1, t), self.still_to_come[t])

@@ -1,5 +1,6 @@
-"""What the three commands (train, evaluate, sample) share: parsing with jsonargparse, and
-one way to fail on bad input (train parses through LightningCLI, with the Trainer below).
+"""What the three commands (train, evaluate, sample) share: parsing with jsonargparse, the
+check of ``--device``, and one way to fail on bad input (train parses through LightningCLI,
+with the Trainer below).
 
 Bad input (a setting, a file, a checkpoint, a request the model cannot serve) ends the
 command with one line ``error: <the problem and the fix>`` on stderr and exit code 2;
@@ -17,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
 import lightning as L
+import torch
 import yaml
 from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse.typing import register_type
@@ -45,6 +47,19 @@ def run_or_exit(command: Callable[[], T]) -> T:
             raise
         print("error: " + " ".join(str(error).split()), file=sys.stderr)
         sys.exit(2)
+
+
+def check_device(device: str | torch.device) -> None:
+    """A device this machine has, or a ValueError saying which to use instead."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"--device {device!r} is not a device name ({error}); use cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA GPU is available here; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                         f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
 
 
 class Number(float):
@@ -87,25 +102,25 @@ def parser_for(description: str) -> ArgumentParser:
 
 
 # The data settings evaluate and sample share with training, read from ImageDataModule's
-# signature (names, types, defaults and help in one place); the rest are training's own.
-TRAINING_ONLY_DATA = {"batch_size", "eval_batch_size", "num_workers", "random_flip", "download", "image_size",
-                      "val_size"}
+# signature (names, types, defaults and help in one place); the rest are training's own, or
+# the model's (for evaluate and sample, the checkpoint's model decides them).
+TRAINING_ONLY_DATA = {"batch_size", "eval_batch_size", "num_workers", "random_flip", "download", "val_size"}
 
 
 def add_data_arguments(parser: ArgumentParser) -> None:
     """The ``--data.*`` options that evaluate and sample share with training (``--val_size``
     is their own: the same meaning as ``--data.val_size`` in training)."""
-    parser.add_class_arguments(ImageDataModule, "data", skip=TRAINING_ONLY_DATA)
+    parser.add_class_arguments(ImageDataModule, "data", skip=TRAINING_ONLY_DATA | set(ImageDataModule.FROM_MODEL))
     parser.add_argument("--val_size", type=int | None, default=None,
                         help="images held out of training for val, as in training (default: the source's)")
 
 
 def data_reader(args: Namespace, image_size: int) -> Reader:
     """The data that ``add_data_arguments`` names, for a model of ``image_size`` (a folder is
-    converted to that size; the other sources must hold it)."""
+    converted to that size; whether other data fits is ``sources.check_fits``'s to say)."""
     data = args.data
-    return Reader(data.source, data.root, args.val_size, image_size if data.source == "folder" else None,
-                  crop=data.crop, resize=data.resize, cache=data.cache, rebuild=data.rebuild)
+    return Reader(data.source, data.root, args.val_size, image_size, crop=data.crop, resize=data.resize,
+                  cache=data.cache, rebuild=data.rebuild)
 
 
 def parse(parser: ArgumentParser, args: list[str] | None, command: str) -> Namespace:
@@ -116,14 +131,18 @@ def parse(parser: ArgumentParser, args: list[str] | None, command: str) -> Names
 
 
 def describe_parse_error(error: ArgumentError, parser: ArgumentParser, args: list[str] | None, command: str,
-                         more_keys: Iterable[str] = ()) -> str:
-    """One line: an unknown key with the closest valid one, or jsonargparse's complaint.
+                         more_keys: Iterable[str] = (), linked: dict[str, str] | None = None) -> str:
+    """One line: a key set from another, an unknown key with the closest valid one, or
+    jsonargparse's complaint.
 
     ``more_keys``: valid keys the parser's defaults do not list (the fields of a nested
-    dataclass whose default is None)."""
+    dataclass whose default is None); ``linked``: {key: the key it is set from}."""
     args = sys.argv[1:] if args is None else list(args)
+    linked = linked or {}
     known = set(parser.get_defaults().keys()) | set(more_keys)
-    problem = unknown_key(given_keys(args, known), known) or condensed(str(error))
+    given = given_keys(args, known | set(linked))
+    problem = next((f"{key} is set from {linked[key]}: set that instead" for key in given if key in linked), None)
+    problem = problem or unknown_key(given, known) or condensed(str(error))
     return f"{problem} (fix the YAML file or the --flag; python -m imagetx.{command} --help lists them)"
 
 

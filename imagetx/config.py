@@ -57,6 +57,10 @@ class ModelConfig:
     # its low-res cell must have for the cell to box-average to the input (exact for
     # the box-mean inputs of §6; imagetx/cell_remainder.py). Not in the paper.
     cell_remainder_input: bool = False
+    # True (DMOL head, with cell_remainder_input): each mixture component's mean is an offset
+    # from the cell remainder mean of its channel, so "the rest of the cell averages to its
+    # low-res value" is where every prediction starts (imagetx/cell_remainder.py). Not in the paper.
+    remainder_anchored_means: bool = False
     # True: every decoder self-attention layer adds a learned bias per head for each
     # (row, column) offset between query and key to the attention scores, starting from a
     # distance prior (imagetx/position_bias.py). Not in the paper; off in its presets.
@@ -76,18 +80,9 @@ class ModelConfig:
         return self.image_size, self.image_size
 
     @property
-    def seq_len(self) -> int:
-        rows, cols = self.grid_shape
-        return rows * cols
-
-    @property
     def dims_per_image(self) -> int:
         """Sub-pixels per image: the denominator of bits/dim (§5)."""
         return self.image_size * self.image_size * CHANNELS
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_heads
 
     # ----- validation --------------------------------------------------------
     def validate(self) -> "ModelConfig":
@@ -128,6 +123,9 @@ class ModelConfig:
         if self.cell_remainder_input and not self.encoder_layers:
             bad("cell_remainder_input", self.cell_remainder_input,
                 "needs a low-resolution input: set encoder_layers > 0")
+        if self.remainder_anchored_means and (self.head != "dmol" or not self.cell_remainder_input):
+            bad("remainder_anchored_means", self.remainder_anchored_means,
+                "needs the DMOL head and the cell remainder input (head: dmol, cell_remainder_input: true)")
         rows, cols = self.grid_shape
         if self.attention == "local_1d":
             if self.query_block_length < 1:

@@ -1,14 +1,11 @@
 """Training data (docs/model.md §6 tasks): the DataModule, the training order that a resumed run
 continues mid-epoch, and the box downsampling of super-resolution inputs.
 
-The images come from ``imagetx/sources/`` (``--data.source cifar10|imagenet|folder``);
-``load_cifar10`` and the CIFAR-10 readers are kept here under their old names.
+The images come from ``imagetx/sources/`` (``--data.source cifar10|imagenet|folder``).
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 import warnings
 from pathlib import Path
 from typing import Literal
@@ -18,23 +15,13 @@ import torch
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from .sources import SPLITS, DataError, Reader, check_fits, default_root, tensors
-from .sources.cifar10 import IMAGE_SHAPE, NUM_CLASSES, TORCHVISION_FOLDER, read_npz_shards, read_torchvision
-from .sources.folder import CROPS, FILTERS
+from .images import CROPS, FILTERS
+from .seeding import mix_seed, run_seed
+from .sources import DataError, Reader, check_fits, default_root, tensors
 
 # torchdata 0.11 calls torch.set_vital, which newer torch versions deprecate: harmless, and
 # otherwise said on every training run.
 warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
-
-__all__ = ["DataError", "IMAGE_SHAPE", "NUM_CLASSES", "SPLITS", "TORCHVISION_FOLDER", "ImageDataModule",
-           "ImageDataset", "TrainLoader", "TrainOrder", "default_root", "downsample_area", "load_cifar10",
-           "read_npz_shards", "read_torchvision"]
-
-
-def load_cifar10(root: str | os.PathLike, split: str, val_size: int = 5000,
-                 download: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-    """uint8 images (N, 32, 32, 3) and long labels (N,) of one CIFAR-10 split."""
-    return tensors(Reader("cifar10", root, val_size, download=download).split(split))
 
 
 class ImageDataset(Dataset):
@@ -57,17 +44,6 @@ class ImageDataset(Dataset):
         if self.labels is not None:
             item["labels"] = self.labels[index]
         return item
-
-
-def mix_seed(*parts: int | str) -> int:
-    """A well-spread 63-bit seed from integers (seed, epoch, batch, ...)."""
-    digest = hashlib.blake2b(":".join(map(str, ("imagetx", *parts))).encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "little") >> 1
-
-
-def run_seed() -> int:
-    """The run's ``seed_everything`` (Lightning keeps it in ``PL_GLOBAL_SEED``)."""
-    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 class TrainOrder(DistributedSampler):
@@ -137,9 +113,13 @@ class ImageDataModule(L.LightningDataModule):
     Training batches come from a ``TrainLoader`` over a ``TrainOrder``, whose position
     Lightning saves in every checkpoint: a run resumed with ``--resume`` continues
     the epoch exactly where it stopped. Evaluation loaders keep the split's order and
-    drop nothing: bits/dim is averaged over every image. Before training, ``setup``
-    checks that the model fits the data (image size, classes); a folder is converted in
-    ``prepare_data`` (once per machine, before the other processes read it)."""
+    drop nothing: bits/dim is averaged over every image. A folder is converted in
+    ``prepare_data`` (once per machine, before the other processes read it); every split
+    read is checked against the model (``FROM_MODEL``: its image size and classes)."""
+
+    # What the model decides about the data: imagetx.train links these from the model's
+    # config (train.py), so they are never set twice.
+    FROM_MODEL = ("image_size", "num_classes")
 
     def __init__(
         self,
@@ -152,6 +132,7 @@ class ImageDataModule(L.LightningDataModule):
         random_flip: bool = False,  # the paper trains without augmentation
         download: bool = True,
         image_size: int | None = None,
+        num_classes: int | None = None,
         crop: Literal[CROPS] = "center",
         resize: Literal[tuple(FILTERS)] = "area",
         cache: str | None = None,
@@ -169,8 +150,11 @@ class ImageDataModule(L.LightningDataModule):
             num_workers: DataLoader worker processes
             random_flip: flip training images left-right at random (the paper does not)
             download: cifar10: download through torchvision when the data is missing
-            image_size: folder: the side images are converted to (default: the model's); other sources: the
-                side the data must have
+            image_size: the model's image side (imagetx.train sets it from --model.config.image_size): a folder
+                is converted to it, other data must hold images of that side; None: a folder is converted to
+                32 and other data is not checked
+            num_classes: the model's classes (imagetx.train sets it from --model.config.num_classes; 0: an
+                unconditional model); the data must have as many; None: not checked
             crop: folder: center (the largest centred square) or celeba (CelebA's centred 138x138 face box)
             resize: folder: the filter that resizes the crop: area (each pixel the mean of the area it covers) or
                 bilinear, bicubic, lanczos (for enlarging)
@@ -182,18 +166,13 @@ class ImageDataModule(L.LightningDataModule):
         self.source, self.root = source, Path(root) if root else default_root()
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.val_size, self.num_workers, self.random_flip, self.download = val_size, num_workers, random_flip, download
-        self.image_size, self.crop, self.resize, self.cache, self.rebuild = image_size, crop, resize, cache, rebuild
+        self.image_size, self.num_classes = image_size, num_classes
+        self.crop, self.resize, self.cache, self.rebuild = crop, resize, cache, rebuild
         self.reader: Reader | None = None
         self.datasets: dict[str, ImageDataset] = {}
 
-    def model_config(self):
-        """The ModelConfig of the model being trained; None outside a Trainer."""
-        return getattr(getattr(self.trainer, "lightning_module", None), "config", None)
-
     def make_reader(self, rebuild: bool) -> Reader:
-        config = self.model_config()
-        size = self.image_size or (config.image_size if config is not None and self.source == "folder" else None)
-        return Reader(self.source, self.root, self.val_size, size, self.download, self.crop, self.resize,
+        return Reader(self.source, self.root, self.val_size, self.image_size, self.download, self.crop, self.resize,
                       self.cache, rebuild)
 
     def prepare_data(self) -> None:
@@ -208,9 +187,7 @@ class ImageDataModule(L.LightningDataModule):
                 alone = self.trainer is None or self.trainer.world_size == 1
                 self.reader = self.make_reader(self.rebuild and alone)
             data = self.reader.split(split)
-            config = self.model_config()
-            if config is not None:
-                check_fits(data, config)
+            check_fits(data, self.image_size, self.num_classes)
             self.datasets[split] = ImageDataset(*tensors(data))
         return self.datasets[split]
 

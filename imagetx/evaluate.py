@@ -5,7 +5,8 @@
                                [--task likelihood|complete --rows K] [--limit N] [--batch_size N] [--config FILE]
 
 Bits/dim is the total negative log-likelihood over every image of the split (no
-dropped last batch) divided by (images · dimensions · ln 2). ``--task complete``
+dropped last batch) divided by (images · dimensions · ln 2), each image scored as
+training's validation scores it (``lit.batch_bits_per_dim``). ``--task complete``
 scores only the sub-pixels below the first K rows, given those rows (completion);
 for a super-resolution checkpoint the score is of the 32×32 image given its 8×8
 input. The last line printed is one JSON object.
@@ -14,7 +15,6 @@ input. The last line printed is one JSON object.
 from __future__ import annotations
 
 import json
-import math
 import time
 from typing import Literal
 
@@ -22,43 +22,33 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 from tqdm.auto import tqdm
 
-from .checkpoint import check_device, load_model
-from .cli import add_data_arguments, data_reader, parse, parser_for, run_or_exit
-from .lit import model_inputs
+from .checkpoint import load_model
+from .cli import add_data_arguments, check_device, data_reader, parse, parser_for, run_or_exit
+from .lit import batch_bits_per_dim
 from .model import ImageTransformer
+from .modes import eval_mode
 from .sources import SPLITS, check_fits, tensors
-
-
-def completion_steps(model: ImageTransformer, rows: int) -> torch.Tensor:
-    """(T,) bool: the steps scored when the first ``rows`` image rows are given."""
-    cfg = model.config
-    if not 0 <= rows < cfg.image_size:
-        raise ValueError(f"--rows {rows} is invalid: give 0..{cfg.image_size - 1} rows")
-    if cfg.attention == "local_2d" and rows % cfg.query_block_shape[0]:
-        raise ValueError(f"--rows {rows}: with 2D blocks of height {cfg.query_block_shape[0]} the given rows "
-                         "must be a whole number of block rows to come first in generation order")
-    return model.step_rows >= rows
 
 
 @torch.no_grad()
 def evaluate(model: ImageTransformer, images: torch.Tensor, labels: torch.Tensor | None, batch_size: int = 32,
              rows: int = 0, progress: bool = True) -> dict[str, float]:
     """Bits/dim over all ``images`` (N, H, W, 3); with ``rows`` > 0, of the part below them.
-    ``labels``: for a class-conditional model (None for unlabelled images)."""
+    ``labels``: for a class-conditional model (None for unlabelled images). Scored in eval
+    mode (no dropout), whatever mode the model is in; it is left in its own mode.
+
+    Every image has as many scored dimensions, so the mean of the images' bits/dim is their
+    total negative log-likelihood / (images · dimensions · ln 2)."""
     device = next(model.parameters()).device
-    scored = completion_steps(model, rows).to(device)
-    dims = model.config.dims_per_image * (model.config.image_size - rows) // model.config.image_size
-    total_nats = 0.0
+    total_bits_per_dim = 0.0
     batches = range(0, len(images), batch_size)
-    for start in tqdm(batches, desc="evaluating", unit="batch", disable=not progress):
-        batch = {"images": images[start : start + batch_size].to(device)}
-        if labels is not None:
-            batch["labels"] = labels[start : start + batch_size].to(device)
-        log_p = model.log_prob(*model_inputs(model.config, batch))  # (B, T)
-        total_nats -= float(log_p[:, scored].double().sum())
-    count = len(images)
-    return {"bpd": total_nats / (count * dims * math.log(2)), "images": count,
-            "nats_per_image": total_nats / count, "dims_per_image": dims}
+    with eval_mode(model):
+        for start in tqdm(batches, desc="evaluating", unit="batch", disable=not progress):
+            batch = {"images": images[start : start + batch_size].to(device)}
+            if labels is not None:
+                batch["labels"] = labels[start : start + batch_size].to(device)
+            total_bits_per_dim += float(batch_bits_per_dim(model, batch, rows).double().sum())
+    return {"bpd": total_bits_per_dim / len(images), "images": len(images)}
 
 
 def build_parser() -> ArgumentParser:
@@ -80,10 +70,14 @@ def run(args: Namespace) -> dict:
         raise ValueError("--batch_size and --limit must be positive")
     check_device(args.device)
     model = load_model(args.ckpt, map_location=args.device)
-    data = data_reader(args, model.config.image_size).split(args.split)
-    check_fits(data, model.config, checkpoint=True)
-    images, labels = tensors(data.part(None, args.limit))  # limit None: all of them
+    cfg = model.config
     rows = args.rows if args.task == "complete" else 0
+    if not 0 <= rows < cfg.image_size:  # all rows given would leave nothing to score
+        raise ValueError(f"--rows {rows} is invalid: give 0..{cfg.image_size - 1} rows")
+    model.given_steps(rows)  # the rule for rows in 2D blocks, checked before the data is read
+    data = data_reader(args, cfg.image_size).split(args.split)
+    check_fits(data, cfg.image_size, cfg.num_classes, checkpoint=True)
+    images, labels = tensors(data.part(None, args.limit))  # limit None: all of them
     started = time.perf_counter()
     result = evaluate(model, images, labels, args.batch_size, rows)
     result.update(split=args.split, task=args.task, rows=rows, ckpt=str(args.ckpt),

@@ -3,7 +3,8 @@ discretised mixture of logistics (DMOL) of PixelCNN++.
 
 Each head maps the decoder output (B, T, d) to distribution parameters and can
 score targets (log-likelihood in nats, per position) and sample with a
-temperature. Parameters are always scored in float32, even under bf16 autocast.
+temperature. Parameters are scored in float32 at least (``scoring_dtype``), even under
+bf16 autocast, and in float64 for a float64 model.
 """
 
 from __future__ import annotations
@@ -19,6 +20,12 @@ from .config import CHANNELS, HALF_RANGE, LEVELS
 
 HALF_BIN = 1.0 / (LEVELS - 1)  # half-width of one value's bin on the [-1, 1] scale
 MIN_LOG_SCALE = -7.0  # PixelCNN++ clamp: keeps inv_s = exp(-s) below ~1100
+
+
+def scoring_dtype(params: Tensor) -> torch.dtype:
+    """float32, or the parameters' own dtype where it is wider: bf16 and fp16 have too few bits
+    to tell neighbouring bins apart, and a float64 model is scored in float64 throughout."""
+    return torch.promote_types(params.dtype, torch.float32)
 
 
 def check_temperature(temperature: float) -> None:
@@ -39,17 +46,13 @@ class CategoricalHead(nn.Module):
 
     def log_prob(self, logits: Tensor, targets: Tensor) -> Tensor:
         """logits (B, T, 256), targets (B, T) ints -> (B, T) log p in nats."""
-        log_p = torch.log_softmax(logits.float(), dim=-1)
+        log_p = torch.log_softmax(logits.to(scoring_dtype(logits)), dim=-1)
         return log_p.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
-
-    def all_log_probs(self, logits: Tensor) -> Tensor:
-        """(..., 256) log-probabilities of every value."""
-        return torch.log_softmax(logits.float(), dim=-1)
 
     def sample(self, logits: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
         """(B, T, 256) -> (B, T) values; temperature 0 takes the arg-max."""
         check_temperature(temperature)
-        logits = logits.float()
+        logits = logits.to(scoring_dtype(logits))
         if temperature == 0:
             return logits.argmax(-1)
         probs = torch.softmax(logits / temperature, dim=-1)
@@ -69,12 +72,21 @@ class DMOLHead(nn.Module):
         self.components = components
         self.proj = nn.Linear(d_model, components * (1 + 3 * CHANNELS))
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        return self.proj(hidden)  # (B, T, 10K)
+    def forward(self, hidden: Tensor, mean_offsets: Tensor | None = None) -> Tensor:
+        """(B, T, d) -> (B, T, 10K) parameters; ``mean_offsets`` (B, T, 3), on the [-1, 1] scale,
+        are added to every component's mean of each channel."""
+        params = self.proj(hidden)
+        if mean_offsets is None:
+            return params
+        k = self.components
+        rest = rearrange(params[..., k:], "... (c p k) -> ... c p k", c=CHANNELS, p=3, k=k)
+        is_mean = torch.arange(3, device=params.device)[:, None] == 0  # (p, 1): the means' slot
+        rest = rest + mean_offsets.to(rest.dtype)[..., :, None, None] * is_mean
+        return torch.cat([params[..., :k], rearrange(rest, "... c p k -> ... (c p k)")], dim=-1)
 
     def split(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """-> logits (..., K), means, log_scales, coeffs each (..., 3, K)."""
-        params = params.float()
+        params = params.to(scoring_dtype(params))
         k = self.components
         rest = rearrange(params[..., k:], "... (c p k) -> ... c p k", c=CHANNELS, p=3, k=k)
         log_scales = rest[..., 1, :].clamp(min=MIN_LOG_SCALE)
@@ -97,7 +109,7 @@ class DMOLHead(nn.Module):
         """
         logits, means, log_scales, coeffs = self.split(params)
         values = targets.long().unsqueeze(-1)  # (..., 3, 1)
-        x = values.float() / HALF_RANGE - 1.0
+        x = values.to(means.dtype) / HALF_RANGE - 1.0  # the bin centre, as precise as the parameters
         centered = x - self.coupled_means(means, coeffs, x)
         inv_s = torch.exp(-log_scales)
         upper = inv_s * (centered + HALF_BIN)

@@ -1,7 +1,8 @@
 """The LightningModule (docs/model.md §5 metric, §8 recipe): loss, metrics, logging, optimiser.
 
 The network itself is the plain ``ImageTransformer``; this module owns what
-training adds around it. One ``shared_step`` serves train, val and test.
+training adds around it. One ``shared_step`` serves train and val, scoring each batch with
+``batch_bits_per_dim``, as ``imagetx.evaluate`` does.
 """
 
 from __future__ import annotations
@@ -15,11 +16,13 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
+from .budget import Horizon, budget_timer
 from .checkpoint import imagetx_metadata
 from .config import ModelConfig
-from .data import downsample_area, mix_seed, run_seed
+from .data import downsample_area
 from .model import ImageTransformer
 from .schedule import noam, warmup_cosine
+from .seeding import mix_seed, run_seed
 
 
 class NonFiniteLossError(FloatingPointError):
@@ -47,6 +50,12 @@ def model_inputs(config: ModelConfig, batch: dict[str, torch.Tensor]):
     return images, labels, low_res
 
 
+def batch_bits_per_dim(model: ImageTransformer, batch: dict[str, torch.Tensor], given_rows: int = 0) -> torch.Tensor:
+    """(B,) bits/dim of every image of a batch from the DataModule: of the whole image, or of
+    the part below its first ``given_rows`` rows given them (``ImageTransformer.bits_per_dim``)."""
+    return model.bits_per_dim(*model_inputs(model.config, batch), given_rows=given_rows)
+
+
 class ImageTransformerModule(L.LightningModule):
     flops_per_batch = None  # read by Lightning's ThroughputMonitor; not counted, so no FLOP/s metrics
 
@@ -61,14 +70,21 @@ class ImageTransformerModule(L.LightningModule):
         weight_decay: float = 0.0,  # the paper uses none
         max_nonfinite_skips: int = 0,  # 0 = stop at the first NaN/inf loss
         compile: bool = False,  # torch.compile the network (opt-in: start-up cost, helps on GPUs)
+        # adamw_cosine: where the cosine ends. budget: when trainer.max_time runs out (measured
+        # on this machine, budget.py), or at max_steps if that comes first; steps: at max_steps.
+        lr_horizon: Literal["budget", "steps"] = "budget",
     ) -> None:
         super().__init__()
-        config = config or ModelConfig()
-        self.save_hyperparameters(ignore=["config"])
-        self.hparams["model_config"] = config.to_dict()  # plain dict: readable in W&B and YAML
-        self.model = ImageTransformer(config)
-        self.val_bpd, self.test_bpd = MeanMetric(), MeanMetric()
+        # The hyper-parameters (read from the arguments as they are now) hold the config as a
+        # plain dict: readable in W&B and YAML, loadable with torch.load(weights_only=True), and
+        # passed back as it is by load_from_checkpoint.
+        if not isinstance(config, dict):
+            config = (config or ModelConfig()).to_dict()
+        self.save_hyperparameters()
+        self.model = ImageTransformer(ModelConfig.from_dict(config))
+        self.val_bpd = MeanMetric()
         self.nonfinite_skips = 0
+        self.horizon: Horizon | None = None  # the cosine's; None until fixed (budget.py), then in every checkpoint
         if compile:
             # In place, so parameter names (and checkpoints) stay those of the plain model.
             self.model.compile()
@@ -79,7 +95,7 @@ class ImageTransformerModule(L.LightningModule):
 
     def bits_per_dim(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B,) bits/dim of every image in the batch."""
-        return self.model.bits_per_dim(*model_inputs(self.config, batch))
+        return batch_bits_per_dim(self.model, batch)
 
     def shared_step(self, batch: dict[str, torch.Tensor], split: str) -> torch.Tensor:
         bpd = self.bits_per_dim(batch)
@@ -89,9 +105,8 @@ class ImageTransformerModule(L.LightningModule):
             self.log("train/bpd", loss, prog_bar=True, batch_size=batch_size)
             return loss
         # MeanMetric sums and counts images (across ranks too): the mean over every image.
-        metric = self.val_bpd if split == "val" else self.test_bpd
-        metric.update(bpd)
-        self.log(f"{split}/bpd", metric, prog_bar=True, on_step=False, on_epoch=True, batch_size=batch_size)
+        self.val_bpd.update(bpd)
+        self.log("val/bpd", self.val_bpd, prog_bar=True, on_step=False, on_epoch=True, batch_size=batch_size)
         return bpd.mean()
 
     def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
@@ -137,9 +152,6 @@ class ImageTransformerModule(L.LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return self.shared_step(batch, "val")
 
-    def test_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return self.shared_step(batch, "test")
-
     def configure_optimizers(self):
         hp = self.hparams
         if hp.optimizer == "adam_noam":
@@ -149,8 +161,10 @@ class ImageTransformerModule(L.LightningModule):
         else:
             optimizer = torch.optim.AdamW(self.parameters(), lr=hp.peak_lr, betas=hp.betas, eps=hp.eps,
                                           weight_decay=hp.weight_decay)
-            total = max(int(self.trainer.estimated_stepping_batches), 1)
-            schedule = partial(warmup_cosine, warmup_steps=hp.warmup_steps, total_steps=total)
+            if self.horizon is None and (hp.lr_horizon == "steps" or budget_timer(self.trainer) is None):
+                self.horizon = Horizon(hp.warmup_steps, max(int(self.trainer.estimated_stepping_batches), 1))
+            # Read at every step: a budget horizon is fixed after the first validation (BudgetHorizon).
+            schedule = lambda step: warmup_cosine(step, hp.warmup_steps, self.horizon)  # noqa: E731
         # LambdaLR calls the schedule with the number of steps taken so far; +1 so the
         # first update uses step 1 of the schedule.
         scheduler = LambdaLR(optimizer, lambda step: schedule(step + 1))
@@ -164,6 +178,10 @@ class ImageTransformerModule(L.LightningModule):
                                      f"(e.g. {bad[0]}); that checkpoint was not written")
         checkpoint["imagetx"] = imagetx_metadata(self.config)
         checkpoint["imagetx"]["nonfinite_skips"] = self.nonfinite_skips
+        checkpoint["imagetx"]["lr_horizon"] = None if self.horizon is None else self.horizon.to_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
-        self.nonfinite_skips = int(checkpoint.get("imagetx", {}).get("nonfinite_skips", 0))
+        stored = checkpoint.get("imagetx", {})
+        self.nonfinite_skips = int(stored.get("nonfinite_skips", 0))
+        horizon = stored.get("lr_horizon")
+        self.horizon = None if horizon is None else Horizon(**horizon)

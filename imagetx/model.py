@@ -5,28 +5,27 @@ cross-attention), the super-resolution encoder, then the decoder that embeds
 images in generation order, shifts them right by one step, runs the local
 attention stack and returns the head's distribution parameters.
 
-Decoding one step at a time (the sampler) runs the same code: ``decode(..., cache=)``
-with the inputs of one step and a ``DecodingCache`` from ``start_decoding``, which
-every layer reads and updates in place.
+Decoding one step at a time (the sampler) runs the same layers: ``start_decoding`` makes a
+``DecodingCache``, and each ``decode_step`` embeds the value generated last, advances every
+cache under one step counter and returns the head's parameters for the next step.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import partial
-from typing import Callable
 
 import torch
 from torch import Tensor, nn
 
-from .attention import (AttentionPattern, CrossAttentionCache, LocalCrossAttention, MultiHeadAttention,
-                        SelfAttentionCache, StepIndex, cross_can_attend, pattern_for)
+from .attention import CrossAttention, CrossAttentionCache, SelfAttention, SelfAttentionCache
 from .cell_remainder import CellRemainder, RemainderCache
-from .config import CHANNELS, LEVELS, ModelConfig
+from .config import CHANNELS, ModelConfig
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
+from .inputs import check_image_tensor, check_labels
 from .order import GenerationOrder, images_to_sequence
+from .patterns import AttentionPattern, LocalCrossAttention, cross_can_attend, pattern_for
 from .position_bias import RelativePositionBias
 
 
@@ -40,65 +39,64 @@ class LayerCache:
 
 @dataclass
 class DecodingCache:
-    """Everything ``ImageTransformer.decode`` keeps between decoding steps (updated in place).
+    """Everything ``ImageTransformer.decode_step`` keeps between steps, updated in place.
 
-    ``step``: the next step to decode; ``index``: the ring geometry every layer shares.
-    """
+    ``step`` (0-d long, on the model's device): the step decoded next, the one counter that
+    every layer's and the remainder's cache read; ``condition``: the class vector (B, 1, d) or
+    None."""
 
+    step: Tensor
+    batch: int
+    condition: Tensor | None
     layers: list[LayerCache]
     remainder: RemainderCache | None
-    index: StepIndex
-    step: int = 0
 
 
 class TransformerLayer(nn.Module):
     """Self-attention [+ cross-attention] + feed-forward, each with add-and-norm (docs/model.md §3)."""
 
-    def __init__(self, config: ModelConfig, pattern: AttentionPattern | None, cross_attention: bool,
-                 position_bias: RelativePositionBias | None = None) -> None:
+    def __init__(self, config: ModelConfig, pattern: AttentionPattern | None = None,
+                 position_bias: RelativePositionBias | None = None, cross_attention: bool = False,
+                 local_cross: LocalCrossAttention | None = None) -> None:
         super().__init__()
         d = config.d_model
         self.pre_norm = config.norm == "pre"
-        self.self_attn = MultiHeadAttention(d, config.n_heads, pattern, position_bias)
+        self.self_attn = SelfAttention(d, config.n_heads, pattern, position_bias)
         self.self_norm = nn.LayerNorm(d)
-        self.cross_attn = MultiHeadAttention(d, config.n_heads) if cross_attention else None
+        self.cross_attn = CrossAttention(d, config.n_heads, local_cross) if cross_attention else None
         self.cross_norm = nn.LayerNorm(d) if cross_attention else None
         self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
         self.ffn_norm = nn.LayerNorm(d)
         self.dropout = nn.Dropout(config.dropout)
 
-    def sublayer(self, x: Tensor, fn: Callable[[Tensor], Tensor], norm: nn.LayerNorm) -> Tensor:
+    def add_and_norm(self, x: Tensor, branch, norm: nn.LayerNorm) -> Tensor:
+        """x + branch(x) with dropout, normalised after (the paper's) or before (pre-norm)."""
         if self.pre_norm:
-            return x + self.dropout(fn(norm(x)))
-        return norm(x + self.dropout(fn(x)))  # the paper's "dropout, add, norm"
+            return x + self.dropout(branch(norm(x)))
+        return norm(x + self.dropout(branch(x)))
 
-    def start_decoding(self, batch: int, index: StepIndex, context: Tensor | None = None,
-                       local_cross: LocalCrossAttention | None = None) -> LayerCache:
+    def start_decoding(self, batch: int, step: Tensor, context: Tensor | None = None) -> LayerCache:
         """This layer's empty decoding cache (cross-attention: keys and values over ``context``)."""
-        cross = None if self.cross_attn is None else self.cross_attn.start_decoding(batch, context, local_cross)
-        return LayerCache(self.self_attn.start_decoding(batch, index=index), cross)
+        cross = None if self.cross_attn is None else self.cross_attn.start_decoding(context, step)
+        return LayerCache(self.self_attn.start_decoding(batch, step), cross)
 
-    def forward(self, x: Tensor, context: Tensor | None = None, local_cross: LocalCrossAttention | None = None,
-                cache: LayerCache | None = None) -> Tensor:
-        """(B, T, d) -> (B, T, d); with ``cache``, one step (B, 1, d) (see ``MultiHeadAttention``)."""
+    def forward(self, x: Tensor, context: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
+        """(B, T, d) -> (B, T, d); with ``cache``, one step (B, 1, d) and no ``context``."""
         self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn, cache.cross_attn)
-        x = self.sublayer(x, partial(self.self_attn, cache=self_cache), self.self_norm)
+        x = self.add_and_norm(x, lambda h: self.self_attn(h, self_cache), self.self_norm)
         if self.cross_attn is not None:
-            x = self.sublayer(x, partial(self.cross_attn, context=context, local=local_cross, cache=cross_cache),
-                              self.cross_norm)
-        return self.sublayer(x, self.ffn, self.ffn_norm)
+            x = self.add_and_norm(x, lambda h: self.cross_attn(h, context, cross_cache), self.cross_norm)
+        return self.add_and_norm(x, self.ffn, self.ffn_norm)
 
 
 class Encoder(nn.Module):
     """Unmasked self-attention over the low-resolution image's sub-pixels (docs/model.md §6).
 
-    Each low-resolution sub-pixel is placed, for its position encoding, at the
-    centre of the high-resolution cells it summarises, using the decoder's own
-    position encoding, so that cross-attention can match the low-resolution input
-    under each target cell by position (a 20-minute CPU run did not learn to: see
-    ``cross_attention_radius`` for the local alternative, which the quick preset uses).
-    Its value table starts ordinal (``SubPixelEmbedding``), so intensities are
-    readable from the first step.
+    Each low-resolution sub-pixel is placed, for its position encoding, at the centre of the
+    high-resolution cells it summarises, using the decoder's own position encoding, so that
+    cross-attention can match the low-resolution input under each target cell by position
+    (``cross_attention_radius`` restricts it to nearby cells outright). Its value table starts
+    ordinal (``SubPixelEmbedding``), so intensities are readable from the first step.
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -119,7 +117,7 @@ class Encoder(nn.Module):
         self.register_buffer("cols", target_cols, persistent=False)
         self.embedding = SubPixelEmbedding(config.d_model, ordinal=True)
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(TransformerLayer(config, None, False) for _ in range(config.encoder_layers))
+        self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.encoder_layers))
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
     def forward(self, low_res: Tensor, positions: PositionEncoding) -> Tensor:
@@ -139,8 +137,8 @@ class ImageTransformer(nn.Module):
         super().__init__()
         self.config = config.validate()
         d = config.d_model
-        self.order = GenerationOrder.for_config(config)
         self.pattern = pattern_for(config)
+        self.order = self.pattern.order
         rows, cols = self.order.cell_of_step()
         self.register_buffer("step_rows", rows, persistent=False)
         self.register_buffer("step_cols", cols, persistent=False)
@@ -156,9 +154,10 @@ class ImageTransformer(nn.Module):
         if config.cell_remainder_input:
             self.cell_remainder = CellRemainder(config, self.step_cells(), self.step_channels)
         self.layers = nn.ModuleList(
-            TransformerLayer(config, self.pattern, cross_attention=self.encoder is not None,
-                             position_bias=RelativePositionBias(config.n_heads, rows, cols)
-                             if config.relative_position_bias else None)
+            TransformerLayer(config, self.pattern,
+                             RelativePositionBias(config.n_heads, *config.grid_shape)
+                             if config.relative_position_bias else None,
+                             cross_attention=self.encoder is not None, local_cross=self.local_cross)
             for _ in range(config.n_layers)
         )
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
@@ -188,11 +187,11 @@ class ImageTransformer(nn.Module):
         """(B, H, W, 3) -> (B, T) sub-pixel values or (B, T, 3) pixels, in generation order."""
         return images_to_sequence(images.long(), self.order, self.config.head)
 
-    def embed_values(self, targets: Tensor, steps: slice = slice(None)) -> Tensor:
+    def embed_values(self, targets: Tensor, channels: Tensor | None = None) -> Tensor:
         """Targets (B, T[, 3]) in generation order -> (B, T, d) value embeddings, not yet
-        shifted; ``steps``: which steps the targets are (one step when decoding)."""
+        shifted; ``channels``: each target's channel (categorical), by default every step's."""
         if self.config.head == "categorical":
-            return self.value_embedding(targets, self.step_channels[steps])
+            return self.value_embedding(targets, self.step_channels if channels is None else channels)
         return self.value_embedding(targets)
 
     def condition(self, labels: Tensor | None) -> Tensor | None:
@@ -205,62 +204,46 @@ class ImageTransformer(nn.Module):
         return None if self.encoder is None else self.encoder(low_res, self.positions)
 
     # ----- the decoder ------------------------------------------------------
-    def decoder_inputs(self, value_embeddings: Tensor, labels: Tensor | None, shift: bool = True,
-                       remainder: Tensor | None = None, steps: slice = slice(None)) -> Tensor:
-        """Shift right by one step in generation order, add the positions of ``steps``, class
-        and (with ``cell_remainder_input``) the cell remainder features, then dropout."""
-        x = value_embeddings
-        if shift:  # step t sees the value generated at step t-1; step 0 sees zeros
-            x = nn.functional.pad(x[:, :-1], (0, 0, 1, 0))
-        x = x + self.positions(self.step_rows[steps], self.step_cols[steps])
-        cond = self.condition(labels)
-        if cond is not None:
-            x = x + cond
+    @staticmethod
+    def shift_right(x: Tensor) -> Tensor:
+        """(B, T, d): step t gets what step t−1 had; step 0 gets zeros."""
+        return nn.functional.pad(x[:, :-1], (0, 0, 1, 0))
+
+    def decoder_inputs(self, shifted: Tensor, steps: Tensor | slice, condition: Tensor | None,
+                       remainder: Tensor | None) -> Tensor:
+        """Shifted value embeddings (B, t, d) of ``steps`` + their positions + the class vector +
+        (with ``cell_remainder_input``) the cell remainder features, then dropout."""
+        x = shifted + self.positions(self.step_rows[steps], self.step_cols[steps])
+        if condition is not None:
+            x = x + condition
         if self.cell_remainder is not None:
             if remainder is None:
                 raise ValueError("this model reads the cell remainder (cell_remainder_input=True): "
                                  "pass remainder=model.cell_remainder(targets, low_res)")
-            x = x + remainder  # already causal: built from values before each step only
+            x = x + self.cell_remainder.embed(remainder)  # already causal: built from values before each step only
         return self.input_dropout(x)
 
-    def start_decoding(self, batch: int, low_res: Tensor | None = None) -> DecodingCache:
-        """An empty cache for decoding ``batch`` images one step at a time with ``decode``.
-        The encoder runs here, once: cross-attention keeps its keys and values."""
-        context = self.encode(low_res)
-        index = StepIndex(self.pattern.can_attend()).to(self.step_rows.device)
-        layers = [layer.start_decoding(batch, index, context, self.local_cross) for layer in self.layers]
-        remainder = None if self.cell_remainder is None else self.cell_remainder.start_decoding(low_res)
-        return DecodingCache(layers, remainder, index)
+    def decode(self, value_embeddings: Tensor, labels: Tensor | None = None, context: Tensor | None = None,
+               remainder: Tensor | None = None) -> Tensor:
+        """(B, T, d) unshifted value embeddings -> (B, T, P) distribution parameters, every
+        step teacher-forced at once.
 
-    def decode(
-        self,
-        value_embeddings: Tensor,
-        labels: Tensor | None = None,
-        context: Tensor | None = None,
-        shift: bool = True,
-        remainder: Tensor | None = None,
-        cache: DecodingCache | None = None,
-    ) -> Tensor:
-        """(B, T, d) unshifted value embeddings -> (B, T, P) distribution parameters.
-
-        Exposed separately so tests can differentiate with respect to the embedded
-        inputs; ``shift=False`` exists only as the causality tests' negative control.
-        A model with ``cell_remainder_input`` also needs ``remainder`` =
+        Separate from ``forward`` so that tests can differentiate with respect to the embedded
+        inputs. A model with ``cell_remainder_input`` also needs ``remainder`` =
         ``self.cell_remainder(targets, low_res)``: it is built from raw values, not embeddings.
-
-        With ``cache`` (``start_decoding``), one step, t = ``cache.step``: value_embeddings
-        (B, 1, d) is the embedding of step t−1's value (zeros at t = 0), the input already
-        shifted; remainder is (B, 1, d), from ``cell_remainder(value, None, cache.remainder)``;
-        the context comes from the cache. -> (B, 1, P) for step t; the cache moves on to t+1.
         """
-        steps = slice(None) if cache is None else slice(cache.step, cache.step + 1)
-        x = self.decoder_inputs(value_embeddings, labels, shift and cache is None, remainder, steps)
-        layer_caches = [None] * len(self.layers) if cache is None else cache.layers
-        for layer, layer_cache in zip(self.layers, layer_caches):
-            x = layer(x, context, self.local_cross, layer_cache)  # (B, T, d), T = 1 with a cache
-        if cache is not None:
-            cache.step += 1
-        return self.head(self.final_norm(x))
+        x = self.decoder_inputs(self.shift_right(value_embeddings), slice(None), self.condition(labels), remainder)
+        for layer in self.layers:
+            x = layer(x, context)  # (B, T, d)
+        return self.output(x, remainder)
+
+    def output(self, x: Tensor, remainder: Tensor | None) -> Tensor:
+        """The last layer's (B, t, d) -> the head's parameters (B, t, P); with
+        ``remainder_anchored_means``, DMOL means offset from the cell remainder means."""
+        x = self.final_norm(x)
+        if not self.config.remainder_anchored_means:
+            return self.head(x)
+        return self.head(x, remainder[..., :CHANNELS].clamp(-1.0, 1.0))  # a mean outside the range helps no bin
 
     def forward(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
         """uint8 images (B, H, W, 3) -> (B, T, P) distribution parameters in generation order."""
@@ -269,57 +252,88 @@ class ImageTransformer(nn.Module):
         remainder = None if self.cell_remainder is None else self.cell_remainder(targets, low_res)
         return self.decode(self.embed_values(targets), labels, self.encode(low_res), remainder=remainder)
 
+    # ----- decoding one step at a time -----------------------------------------
+    def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None) -> DecodingCache:
+        """An empty cache for decoding ``batch`` images one step at a time with ``decode_step``.
+        The encoder runs here, once: cross-attention keeps its keys and values."""
+        self.check_conditioning(batch, labels, low_res)
+        step = torch.zeros((), dtype=torch.long, device=self.step_rows.device)
+        context = self.encode(low_res)
+        layers = [layer.start_decoding(batch, step, context) for layer in self.layers]
+        remainder = None if self.cell_remainder is None else self.cell_remainder.start_decoding(low_res, step)
+        return DecodingCache(step, batch, self.condition(labels), layers, remainder)
+
+    def decode_step(self, previous: Tensor | None, cache: DecodingCache) -> Tensor:
+        """The value generated at step t−1 ((B,) sub-pixels or (B, 3) pixels; None at t = 0)
+        -> (B, P): the head's parameters for step t = ``cache.step``. Every cache moves on to
+        t + 1. Equal to ``forward``'s step t given the same earlier values (tests)."""
+        step = cache.step.view(1)
+        if previous is None:  # step 0 reads no value (its input is zeros, as in ``shift_right``)
+            per_step = () if self.config.head == "categorical" else (CHANNELS,)
+            previous = self.step_rows.new_zeros((cache.batch, *per_step))
+        previous = previous[:, None]  # (B, 1[, 3])
+        channel = self.step_channels[(step - 1) % self.order.length]  # the channel of step t−1
+        shifted = self.embed_values(previous, channel) * (step > 0)
+        remainder = None if self.cell_remainder is None else self.cell_remainder(previous, None, cache.remainder)
+        x = self.decoder_inputs(shifted, step, cache.condition, remainder)
+        for layer, layer_cache in zip(self.layers, cache.layers):
+            x = layer(x, cache=layer_cache)  # (B, 1, d)
+        cache.step += 1
+        return self.output(x, remainder)[:, 0]
+
     # ----- likelihoods ------------------------------------------------------
     def log_prob(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
         """(B, T) log-likelihood of every generation step, in nats."""
         params = self(images, labels, low_res)
         return self.head.log_prob(params, self.targets(images))
 
-    def nll(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
-        """(B,) negative log-likelihood of each whole image, in nats."""
-        return -self.log_prob(images, labels, low_res).sum(dim=1)
+    def nll(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
+            given_rows: int = 0) -> Tensor:
+        """(B,) negative log-likelihood of each whole image, in nats; with ``given_rows`` = k, of
+        the part below the first k rows given them (image completion, ``given_steps``)."""
+        log_p = self.log_prob(images, labels, low_res)
+        if given_rows:
+            log_p = log_p[:, ~self.given_steps(given_rows)]
+        return -log_p.sum(dim=1)
 
-    def bits_per_dim(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
-        """(B,) bits per sub-pixel of each image (docs/model.md §5)."""
-        return self.nll(images, labels, low_res) / (self.config.dims_per_image * math.log(2))
+    def bits_per_dim(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
+                     given_rows: int = 0) -> Tensor:
+        """(B,) bits per scored sub-pixel of each image (docs/model.md §5): all of them, or
+        those below the first ``given_rows`` rows."""
+        cfg = self.config
+        dims = cfg.dims_per_image * (cfg.image_size - given_rows) // cfg.image_size
+        return self.nll(images, labels, low_res, given_rows) / (dims * math.log(2))
+
+    def given_steps(self, rows: int) -> Tensor:
+        """(T,) bool: the steps that lie in the first ``rows`` image rows, which image completion
+        gives (teacher-forces when sampling, leaves unscored when scoring).
+
+        In 2D block-raster order the given rows must be whole rows of query blocks, so that every
+        given step comes before every other: then the steps scored are exactly p(rest | given)."""
+        cfg = self.config
+        if not 0 <= rows <= cfg.image_size:
+            raise ValueError(f"given_rows={rows} is invalid: give 0..{cfg.image_size} rows")
+        if cfg.attention == "local_2d" and rows % cfg.query_block_shape[0]:
+            raise ValueError(f"given_rows={rows}: with 2D blocks of height {cfg.query_block_shape[0]} the given rows "
+                             "must be a whole number of block rows, to come first in generation order")
+        return self.step_rows < rows  # grid rows are image rows
 
     # ----- input checks -----------------------------------------------------
     def check_inputs(self, images: Tensor, labels: Tensor | None, low_res: Tensor | None) -> None:
         """Clear one-line errors for inputs the model cannot take."""
+        check_image_tensor("images", images, self.config.image_size)
+        self.check_conditioning(images.shape[0], labels, low_res)
+
+    def check_conditioning(self, count: int, labels: Tensor | None, low_res: Tensor | None) -> None:
+        """Labels and a low-resolution input as this model needs them, for ``count`` images."""
         cfg = self.config
-        check_image_tensor("images", images, cfg.image_size)
-        if cfg.num_classes:
-            if labels is None:
-                raise ValueError(f"this model is class-conditional ({cfg.num_classes} classes): pass labels (B,)")
-            if not isinstance(labels, Tensor) or labels.is_floating_point() or labels.dtype == torch.bool:
-                kind = labels.dtype if isinstance(labels, Tensor) else type(labels).__name__
-                raise ValueError(f"labels are {kind}; pass integer class ids (a long tensor of shape (B,))")
-            if labels.shape != images.shape[:1]:
-                raise ValueError(f"labels have shape {tuple(labels.shape)}; expected ({images.shape[0]},)")
-            if labels.numel() and (labels.min() < 0 or labels.max() >= cfg.num_classes):
-                raise ValueError(f"labels span {int(labels.min())}..{int(labels.max())}; expected 0..{cfg.num_classes - 1}")
-        elif labels is not None:
-            raise ValueError("this model is unconditional (num_classes=0): pass labels=None")
+        check_labels(labels, count, cfg.num_classes)
         if self.encoder is not None:
             if low_res is None:
                 low = cfg.low_res_size
                 raise ValueError(f"this super-resolution model needs low_res images of shape (B, {low}, {low}, 3)")
             check_image_tensor("low_res", low_res, cfg.low_res_size)
-            if low_res.shape[0] != images.shape[0]:
-                raise ValueError(f"low_res has {low_res.shape[0]} images for {images.shape[0]} targets")
+            if low_res.shape[0] != count:
+                raise ValueError(f"low_res has {low_res.shape[0]} images for {count} targets")
         elif low_res is not None:
             raise ValueError("this model has no encoder (encoder_layers=0): pass low_res=None")
-
-
-def check_image_tensor(name: str, images: Tensor, side: int) -> None:
-    """uint8-like (B, side, side, 3) with values 0..255, or a ValueError naming ``name``."""
-    expect = f"uint8 images of shape (B, {side}, {side}, 3) with values 0..255"
-    if not isinstance(images, Tensor) or images.dim() != 4 or tuple(images.shape[1:]) != (side, side, CHANNELS):
-        shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
-        raise ValueError(f"{name} have shape {shape}; this model takes {expect}")
-    if images.is_floating_point() or images.dtype == torch.bool:
-        raise ValueError(f"{name} are {images.dtype}; this model takes {expect}")
-    if images.dtype != torch.uint8 and images.numel():  # uint8 is in range by construction
-        low, high = int(images.min()), int(images.max())
-        if low < 0 or high >= LEVELS:
-            raise ValueError(f"{name} values span {low}..{high}; expected 0..255")

@@ -22,6 +22,7 @@ class GenerationOrder:
         if block is not None and (rows % block[0] or cols % block[1]):
             raise ValueError(f"block {block} does not tile the {rows}x{cols} grid")
         self.rows, self.cols, self.block = rows, cols, block
+        self.cells_on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # cell_of_step() per device
 
     @classmethod
     def for_config(cls, config: ModelConfig) -> "GenerationOrder":
@@ -52,6 +53,26 @@ class GenerationOrder:
         rows = torch.arange(self.rows).view(1, -1, 1).expand(1, self.rows, self.cols)
         cols = torch.arange(self.cols).view(1, 1, -1).expand(1, self.rows, self.cols)
         return self.grid_to_sequence(rows)[0], self.grid_to_sequence(cols)[0]
+
+    @property
+    def offset_count(self) -> int:
+        """Distinct (row, column) offsets between two cells: (2·rows − 1)·(2·cols − 1)."""
+        return (2 * self.rows - 1) * (2 * self.cols - 1)
+
+    def relative_offsets(self, query_steps: torch.Tensor, key_steps: torch.Tensor) -> torch.Tensor:
+        """The grid offset (query row − key row, query col − key col) of each pair of steps, as
+        one index in 0..offset_count−1 (row-major over the offsets), broadcast over the steps'
+        shapes. Steps outside 0..T−1 (padding, cells outside the grid, ring slots not yet
+        written) are clamped to a real step: the callers mask those pairs anyway."""
+        device = query_steps.device
+        if device not in self.cells_on:
+            self.cells_on[device] = tuple(cell.to(device) for cell in self.cell_of_step())
+        rows, cols = self.cells_on[device]
+        last = self.length - 1
+        query_steps, key_steps = query_steps.clamp(0, last), key_steps.clamp(0, last)
+        row_offset = rows[query_steps] - rows[key_steps] + self.rows - 1
+        col_offset = cols[query_steps] - cols[key_steps] + self.cols - 1
+        return row_offset * (2 * self.cols - 1) + col_offset
 
 
 def images_to_grid(images: torch.Tensor, head: str) -> torch.Tensor:

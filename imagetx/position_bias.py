@@ -21,29 +21,20 @@ from torch import Tensor, nn
 
 
 class RelativePositionBias(nn.Module):
-    """A (heads, 2·rows − 1, 2·cols − 1) table of biases, one per head and grid offset.
+    """A (heads, (2·rows − 1)·(2·cols − 1)) table of biases, one per head and grid offset.
 
-    ``step_rows`` / ``step_cols`` (T,): the grid cell of each generation step (the model's
-    ``order.cell_of_step()``). ``bias(query_steps, key_steps)`` takes step indices of any
-    broadcastable shapes and returns (heads, *shape); steps ≥ T (padding, cells outside the
-    grid, ring slots not yet written) are clamped to a real step: their scores are masked anyway.
+    ``bias(offsets)`` takes offset indices (``GenerationOrder.relative_offsets``; each attention
+    pattern computes those of its query-key pairs once) of any shape and returns
+    (heads, *shape): the score added to each pair.
     """
 
-    def __init__(self, n_heads: int, step_rows: Tensor, step_cols: Tensor) -> None:
+    def __init__(self, n_heads: int, rows: int, cols: int) -> None:
         super().__init__()
         self.n_heads = n_heads
-        rows, cols = int(step_rows.max()) + 1, int(step_cols.max()) + 1
-        self.row_span, self.col_span = 2 * rows - 1, 2 * cols - 1  # offsets −(n−1) .. n−1
-        self.register_buffer("step_rows", step_rows.clone(), persistent=False)
-        self.register_buffer("step_cols", step_cols.clone(), persistent=False)
         self.table = nn.Parameter(distance_prior(n_heads, rows, cols))
 
-    def forward(self, query_steps: Tensor, key_steps: Tensor) -> Tensor:
-        last = self.step_rows.numel() - 1
-        query_steps, key_steps = query_steps.clamp(0, last), key_steps.clamp(0, last)
-        row_offset = self.step_rows[query_steps] - self.step_rows[key_steps] + self.row_span // 2
-        col_offset = self.step_cols[query_steps] - self.step_cols[key_steps] + self.col_span // 2
-        return self.table[:, row_offset * self.col_span + col_offset]
+    def forward(self, offsets: Tensor) -> Tensor:
+        return self.table[:, offsets]
 
 
 def distance_prior(n_heads: int, rows: int, cols: int) -> Tensor:

@@ -9,8 +9,9 @@ Grids (PNG, one row per input):
 * complete: given prefix (rest grey) | samples | original;
 * superres: nearest-upsampled 8×8 input | one sample per temperature | original.
 Inputs come from a data split (``--data.source``, ``--data.root``, ``--split``) or from image files
-(any size: centre-cropped and resized, which is printed). A JSON summary (files,
-seconds, images/s) is written beside the grids and printed as the last line.
+of any size, prepared as the folder conversion prepares a training image (``--data.crop``,
+``--data.resize``; what was done is printed). A JSON summary (files, seconds, images/s) is
+written beside the grids and printed as the last line.
 Settings can also come from a YAML file: ``--config FILE``.
 """
 
@@ -19,19 +20,20 @@ from __future__ import annotations
 import json
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 from typing import Literal
 
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
-from .checkpoint import check_device, check_writable, load_model
-from .cli import Number, add_data_arguments, data_reader, parse, parser_for, run_or_exit
+from .atomic import check_writable
+from .checkpoint import load_model
+from .cli import Number, add_data_arguments, check_device, data_reader, parse, parser_for, run_or_exit
 from .config import ModelConfig
 from .data import downsample_area
 from .heads import check_temperature
 from .images import load_image_file, save_grid, upsample_nearest
+from .inputs import check_labels
 from .model import ImageTransformer
 from .sampler import sample
 from .sources import SPLITS, check_fits, tensors
@@ -53,7 +55,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--temperatures", type=Number, nargs="+", default=[0.8, 0.9, 1.0], help="for superres")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=str, default="samples", help="output directory")
-    parser.add_argument("--images", type=str, nargs="+", default=None, help="your own image files as inputs")
+    parser.add_argument("--images", type=str, nargs="+", default=None,
+                        help="your own image files as inputs, prepared by --data.crop and --data.resize")
     add_data_arguments(parser)
     parser.add_argument("--split", type=Literal[SPLITS], default="val")
     parser.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu")
@@ -66,12 +69,12 @@ def check_request(args: Namespace, model: ImageTransformer) -> None:
         raise ValueError(f"--count {args.count} / --samples {args.samples}: both must be at least 1")
     for temperature in [args.temperature, *args.temperatures]:
         check_temperature(temperature)
-    if args.task == "complete" and not 0 <= args.rows <= cfg.image_size:
-        raise ValueError(f"--rows {args.rows} is outside 0..{cfg.image_size}")
-    if args.label is not None and not cfg.num_classes:
-        raise ValueError("--label given, but this model is unconditional: drop --label")
-    if args.label is not None and not 0 <= args.label < cfg.num_classes:
-        raise ValueError(f"--label {args.label} is outside 0..{cfg.num_classes - 1}")
+    if args.task == "complete":
+        if not 0 <= args.rows <= cfg.image_size:
+            raise ValueError(f"--rows {args.rows} is outside 0..{cfg.image_size}")
+        model.given_steps(args.rows)  # the rule for rows in 2D blocks, checked before any sampling
+    if args.label is not None:  # without --label a class-conditional model draws every class in turn
+        check_labels(torch.tensor([args.label]), 1, cfg.num_classes, name="--label")
     if args.task == "superres" and not cfg.encoder_layers:
         raise ValueError("--task superres needs a super-resolution checkpoint (encoder_layers > 0)")
     if args.task != "superres" and cfg.encoder_layers:
@@ -82,13 +85,13 @@ def load_inputs(args: Namespace, config: ModelConfig) -> tuple[torch.Tensor, tor
     """(N, size, size, 3) uint8 inputs and their labels (None for user files and unlabelled data)."""
     size = config.image_size
     if args.images:
-        loaded = [load_image_file(path, size) for path in args.images]
+        loaded = [load_image_file(path, size, args.data.crop, args.data.resize) for path in args.images]
         for _, note in loaded:
             print(f"input {note}", file=sys.stderr)
         return torch.stack([image for image, _ in loaded]), None
     data = data_reader(args, size).split(args.split).part(None, args.count)
     # with --label every image gets that class: the data's labels, if any, are not read
-    check_fits(data, config if args.label is None else replace(config, num_classes=0), checkpoint=True)
+    check_fits(data, size, config.num_classes if args.label is None else None, checkpoint=True)
     return tensors(data)
 
 

@@ -9,15 +9,22 @@ from __future__ import annotations
 
 import math
 
+from .budget import Horizon
+
 
 def noam(step: int, warmup_steps: int) -> float:
     step = max(step, 1)  # step 0 would give a zero learning rate for the first update
     return min(step / warmup_steps, math.sqrt(warmup_steps / step))
 
 
-def warmup_cosine(step: int, warmup_steps: int, total_steps: int) -> float:
+def warmup_cosine(step: int, warmup_steps: int, horizon: Horizon | None) -> float:
+    """Linear warm-up to the peak, then a cosine from the peak at ``horizon.decay_start`` to 0
+    at ``horizon.end``; at the peak until then, and while the horizon is not yet known
+    (budget.py measures it early in a run with a time budget)."""
     step = max(step, 1)
     if step < warmup_steps:
         return step / warmup_steps
-    progress = min((step - warmup_steps) / max(total_steps - warmup_steps, 1), 1.0)
+    if horizon is None or step <= horizon.decay_start:
+        return 1.0
+    progress = min((step - horizon.decay_start) / (horizon.end - horizon.decay_start), 1.0)
     return 0.5 * (1.0 + math.cos(math.pi * progress))

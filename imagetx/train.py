@@ -4,7 +4,9 @@
                             [--resume last|PATH] [--wandb auto|online|offline|disabled]
                             [--checkpoint_every_n_steps N]
 
-No subcommand: it always fits. Every run writes, under ``trainer.default_root_dir``:
+No subcommand: it always fits. The data takes the model's image size and classes from
+``--model.config`` (linked; a folder is converted to that size), so they are set once.
+Every run writes, under ``trainer.default_root_dir``:
 ``checkpoints/`` (``last.ckpt`` and the best by ``val/bpd``), ``csv/version_N/``
 (metrics and the resolved ``config.yaml``), ``samples/`` (PNG grids) and ``wandb/``.
 Throughput comes from Lightning's ThroughputMonitor: ``train/device/samples_per_sec``
@@ -21,19 +23,26 @@ from __future__ import annotations
 
 from argparse import ArgumentError
 from dataclasses import fields
+from operator import attrgetter
 from pathlib import Path
 
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
 from lightning.pytorch.cli import LightningCLI
 
+from .atomic import check_writable, remove_stale_temporaries
+from .budget import BudgetHorizon
 from .callbacks import LastCheckpoint, count_images
-from .checkpoint import (CHECKPOINT_DIR, LAST, AtomicCheckpointIO, check_writable, checkpoint_to_resume,
-                         last_good_checkpoint, remove_stale_temporaries)
+from .checkpoint import CHECKPOINT_DIR, LAST, AtomicCheckpointIO
 from .cli import ConfigError, HelpFormatter, Trainer, describe_parse_error, run_or_exit
 from .config import ModelConfig
 from .data import ImageDataModule
 from .lit import ImageTransformerModule, NonFiniteLossError
+from .resume import checkpoint_to_resume, last_good_checkpoint
 from .tracking import WANDB_MODES, make_loggers
+
+
+# What the data takes from the model (ImageDataModule.FROM_MODEL): {data key: model option}.
+LINKED = {f"data.{key}": f"--model.config.{key}" for key in ImageDataModule.FROM_MODEL}
 
 
 class ImagetxCLI(LightningCLI):
@@ -49,15 +58,23 @@ class ImagetxCLI(LightningCLI):
                             help="also write last.ckpt every N optimiser steps (a crash loses at most N steps); "
                                  "0 = only at validations")
         parser.set_defaults({"trainer.default_root_dir": "runs/default"})
+        # From the model as built, its config's defaults filled in (a config left out is None
+        # until then).
+        for key in ImageDataModule.FROM_MODEL:
+            parser.link_arguments("model", f"data.{key}", compute_fn=attrgetter(f"config.{key}"),
+                                  apply_on="instantiate")
 
     def parse_arguments(self, parser, args) -> None:
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
             model_keys = [f"model.config.{field.name}" for field in fields(ModelConfig)]
-            raise ConfigError(describe_parse_error(error, parser, args, "train", model_keys)) from error
+            raise ConfigError(describe_parse_error(error, parser, args, "train", model_keys, LINKED)) from error
 
     def before_instantiate_classes(self) -> None:
+        for target, source in LINKED.items():  # the link would overwrite a value from a YAML file unsaid
+            if target in self.config:
+                raise ConfigError(f"{target} is set from {source}: drop it from the YAML file")
         every = self.config.checkpoint_every_n_steps
         if every < 0:
             raise ValueError(f"--checkpoint_every_n_steps {every} is invalid: give N >= 1, or 0 for validations only")
@@ -75,6 +92,7 @@ class ImagetxCLI(LightningCLI):
                             auto_insert_metric_name=False, enable_version_counter=False),
             LastCheckpoint(root / CHECKPOINT_DIR, self.config.checkpoint_every_n_steps),
             LearningRateMonitor(logging_interval="step"),
+            BudgetHorizon(),
             ThroughputMonitor(batch_size_fn=count_images, window_size=10),
         ]
         if configured.logger in (None, True):

@@ -47,7 +47,7 @@ Peak memory
 * CPU: peak resident-set growth, MiB = ``ru_maxrss`` (resource.getrusage) after the timed
   steps minus the RSS right before the first step (model, optimiser and inputs exist;
   Adam's state, gradients and activations are inside the growth). One fresh process per
-  configuration, as in scripts/bench_attention.py (whose helpers this imports). ``*`` marks
+  configuration, as in scripts/bench_attention.py (helpers of both in scripts/common.py). ``*`` marks
   a lower bound (the high-water mark never moved).
 * CUDA: ``torch.cuda.max_memory_allocated`` over the steps (absolute, weights included);
   the growth over the allocation before the first step is in the JSON too.
@@ -80,7 +80,7 @@ model in eval mode, ``--sample-batch`` images (``--no-sampling`` skips all of it
 * cached sampling, the ``quick`` preset: ``imagetx.sampler.sample`` for the whole batch,
   all 1024 steps, timed end to end (after a few warm-up steps of a throw-away decoder);
 * cached sampling, paper presets: sampling all 3072 steps of a 12x512 model is slow on a
-  CPU, so this times the step loop of ``imagetx.sampler.CachedDecoder`` (step, head
+  CPU, so this times the step loop of ``ImageTransformer.decode_step`` (step, head
   sample, embed, the loop of ``sample``) for ``--sample-steps`` steps after 4 warm-up
   steps, and extrapolates: decoder set-up + T x time per step. Every cached step costs
   the same (fixed-width ring buffers), so the extrapolation is linear and exact up to
@@ -125,8 +125,8 @@ import sys
 import time
 from pathlib import Path
 
-# stdlib-only helpers: RSS now / peak RSS, machine description
-from scripts.bench_attention import RESULT_MARKER, current_rss_bytes, machine_info, maxrss_bytes, run_subprocess
+from scripts.common import (RESULT_MARKER, current_rss_bytes, fmt, machine_info, maxrss_bytes, run_subprocess, sync,
+                            timed)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -178,22 +178,13 @@ def build_config(spec: dict):
 # ----------------------------------------------------------------------------- FLOPs
 
 def keys_per_query(model) -> float:
-    """Mean number of keys a query of the decoder's self-attention may attend to."""
+    """Mean number of keys a query of the decoder's self-attention may attend to, counted on
+    the pattern's blocks (end padding left out)."""
     import torch
 
-    cfg, length = model.config, model.order.length
-    if cfg.attention == "full":
-        return (length + 1) / 2
-    if cfg.attention == "local_1d":
-        lq, m = cfg.query_block_length, cfg.memory_blocks
-        i = torch.arange(length)
-        block = i // lq
-        keys = torch.where(block < m, i + 1, m * lq + i % lq + 1)
-        return float(keys.double().mean())
-    pattern = model.pattern
-    if hasattr(pattern, "block_keys"):  # 2D: per block, which gathered keys each query sees
-        return float(pattern.block_keys(torch.device("cpu"))[1].sum(-1).double().mean())
-    return float(pattern.can_attend().sum(1).double().mean())
+    blocks, length = model.pattern.blocks(torch.device("cpu")), model.order.length
+    per_query = blocks.can_attend.sum(-1).flatten()[:length]
+    return float(per_query.double().mean())
 
 
 def flops_per_image(model) -> dict:
@@ -211,13 +202,6 @@ def flops_per_image(model) -> dict:
 
 
 # ----------------------------------------------------------------------------- workers
-
-def sync(device) -> None:
-    import torch
-
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
 
 def make_inputs(cfg, batch: int, device, seed: int = 0):
     import torch
@@ -267,23 +251,11 @@ def train_worker(spec: dict) -> dict:
         torch.cuda.reset_peak_memory_stats(device)
         cuda_before = torch.cuda.memory_allocated(device)
 
-    warmup_times = []
-    for _ in range(spec["warmup"]):
-        sync(device)
-        t0 = time.perf_counter()
-        step()
-        sync(device)
-        warmup_times.append(time.perf_counter() - t0)
+    warmup_times = [timed(step, device) for _ in range(spec["warmup"])]
     steps = spec["steps"]
     if spec["max_cell_seconds"] and warmup_times and warmup_times[-1] * steps > spec["max_cell_seconds"]:
         steps = max(1, int(spec["max_cell_seconds"] / warmup_times[-1]))
-    times = []
-    for _ in range(steps):
-        sync(device)
-        t0 = time.perf_counter()
-        step()
-        sync(device)
-        times.append(time.perf_counter() - t0)
+    times = [timed(step, device) for _ in range(steps)]
 
     median = statistics.median(times)
     length = model.order.length
@@ -317,7 +289,7 @@ def sample_worker(spec: dict) -> dict:
     import torch
 
     from imagetx import ImageTransformer
-    from imagetx.sampler import CachedDecoder, sample, sample_uncached
+    from imagetx.sampler import sample, sample_uncached
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
@@ -336,17 +308,16 @@ def sample_worker(spec: dict) -> dict:
         """(decoder set-up seconds, seconds per step over steps warm..n-1) of sample()'s loop."""
         sync(device)
         t0 = time.perf_counter()
-        decoder = CachedDecoder(model, batch, labels, low_res)
+        cache = model.start_decoding(batch, labels, low_res)
         sync(device)
         setup = time.perf_counter() - t0
-        previous, t1 = None, time.perf_counter()
+        value, t1 = None, time.perf_counter()
         for t in range(n):
             if t == warm:
                 sync(device)
                 t1 = time.perf_counter()
-            params = decoder.step(t, previous)
+            params = model.decode_step(value, cache)
             value = model.head.sample(params[:, None], 1.0, generator)[:, 0]
-            previous = decoder.embed_step(t, value)
         sync(device)
         return setup, (time.perf_counter() - t1) / max(1, n - warm)
 
@@ -366,7 +337,7 @@ def sample_worker(spec: dict) -> dict:
         seconds = setup + per_step * length
         result.update(cached_seconds=seconds, cached_extrapolated=True, cached_steps_timed=k,
                       cached_setup_s=setup, cached_step_s=per_step,
-                      cached_how=f"CachedDecoder loop: {k} steps timed, extrapolated to {length}")
+                      cached_how=f"decode_step loop: {k} steps timed, extrapolated to {length}")
     result["cached_images_per_sec"] = batch / seconds
     u = spec["uncached_steps"]
     if u:
@@ -413,14 +384,6 @@ def batches_for(preset: str, wanted: list[str]) -> list[int]:
         if value not in out:
             out.append(value)
     return out
-
-
-def fmt(value, spec: str, missing: str = "-") -> str:
-    """format(value, spec), or ``missing`` right-aligned to the spec's width."""
-    if value is None:
-        width = "".join(c for c in spec.split(".")[0] if c.isdigit())
-        return missing.rjust(int(width)) if width else missing
-    return format(value, spec)
 
 
 def find(results, **key):
@@ -495,7 +458,7 @@ def main(argv: list[str] | None = None) -> int:
     if steps < 1 or warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
     peak_tflops, peak_source = detect_peak_tflops(args)
-    info = {**machine_info(argparse.Namespace(threads=args.threads, device=args.device))}
+    info = {**machine_info(args.device, args.threads)}
 
     print(f"imagetx benchmark on {args.device} ({info.get('cuda_device') or info.get('cpu_model', '?')}), "
           f"torch {info['torch_version']}, precision {args.precision}")

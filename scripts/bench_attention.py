@@ -4,16 +4,16 @@ What it measures
 ----------------
 At the paper's CIFAR-10 size (categorical grid 32 rows x 96 columns = 3072 positions,
 d_model = 512, 4 heads), the forward + backward pass of ONE
-``imagetx.attention.MultiHeadAttention(d_model, n_heads, pattern)`` layer applied to an
+``imagetx.attention.SelfAttention(d_model, n_heads, pattern)`` layer applied to an
 input ``x`` of shape (batch, 3072, 512) with ``requires_grad=True``, followed by a
 backward pass of a random-projection loss (``y.backward(g)`` with a fixed random ``g``
 of ``y``'s shape; equivalent to ``(y * g).sum().backward()``). Patterns:
 
-* ``local_1d``: ``Local1D(3072, block_length=256, memory_blocks=1)``
-* ``local_2d``: ``Local2D(32, 96, block=(16, 16), flange=(16, 32))`` (the T2T default;
-  16 divides both 32 and 96, so it tiles the categorical grid)
-* ``full``:     ``FullCausal(3072)`` (PyTorch's fused ``scaled_dot_product_attention``
-  with ``is_causal=True``)
+* ``local_1d``: ``Local1D(GenerationOrder(32, 96), block_length=256, memory_blocks=1)``
+* ``local_2d``: ``Local2D(GenerationOrder(32, 96, (16, 16)), flange=(16, 32))`` (the T2T
+  default; 16 divides both 32 and 96, so it tiles the categorical grid)
+* ``full``:     ``FullCausal(GenerationOrder(32, 96))`` (PyTorch's fused
+  ``scaled_dot_product_attention`` with ``is_causal=True``)
 
 for each batch size and dtype asked for. bfloat16 is run under
 ``torch.autocast(device, dtype=torch.bfloat16)`` with float32 module weights and a
@@ -49,13 +49,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
+
+from scripts.common import (RESULT_MARKER, current_rss_bytes, fmt, machine_info, maxrss_bytes, run_subprocess, sync,
+                            timed)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent  # workers run from here, where ``scripts`` imports
 
@@ -63,34 +63,19 @@ VARIANTS = ("local_1d", "local_2d", "full")
 D_MODEL, N_HEADS = 512, 4
 BLOCK_LENGTH_1D, MEMORY_BLOCKS_1D = 256, 1
 BLOCK_2D, FLANGE_2D = (16, 16), (16, 32)
-RESULT_MARKER = "BENCH_RESULT_JSON:"
 
 
 def build_pattern(variant: str, rows: int, cols: int):
-    from imagetx.attention import FullCausal, Local1D, Local2D
+    from imagetx.order import GenerationOrder
+    from imagetx.patterns import FullCausal, Local1D, Local2D
 
-    length = rows * cols
     if variant == "local_1d":
-        return Local1D(length, block_length=BLOCK_LENGTH_1D, memory_blocks=MEMORY_BLOCKS_1D)
+        return Local1D(GenerationOrder(rows, cols), block_length=BLOCK_LENGTH_1D, memory_blocks=MEMORY_BLOCKS_1D)
     if variant == "local_2d":
-        return Local2D(rows, cols, block=BLOCK_2D, flange=FLANGE_2D)
+        return Local2D(GenerationOrder(rows, cols, BLOCK_2D), flange=FLANGE_2D)
     if variant == "full":
-        return FullCausal(length)
+        return FullCausal(GenerationOrder(rows, cols))
     raise ValueError(f"unknown variant {variant!r}")
-
-
-def current_rss_bytes() -> int:
-    """Resident set size of this process now (Linux /proc; falls back to ru_maxrss)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return maxrss_bytes()
-
-
-def maxrss_bytes() -> int:
-    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
 
 
 # ----------------------------------------------------------------------------- worker
@@ -112,9 +97,9 @@ def run_worker(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     pattern = build_pattern(variant, args.seq_rows, args.seq_cols)
     length = args.seq_rows * args.seq_cols
-    from imagetx.attention import MultiHeadAttention
+    from imagetx.attention import SelfAttention
 
-    module = MultiHeadAttention(D_MODEL, N_HEADS, pattern).to(device)
+    module = SelfAttention(D_MODEL, N_HEADS, pattern).to(device)
     x = torch.randn(batch, length, D_MODEL, device=device, requires_grad=True)
     out_dtype = torch.bfloat16 if use_autocast else torch.float32
     grad_out = torch.randn(batch, length, D_MODEL, device=device, dtype=out_dtype)
@@ -127,11 +112,7 @@ def run_worker(args: argparse.Namespace) -> dict:
         for p in module.parameters():
             p.grad = None
 
-    def sync() -> None:
-        if cuda:
-            torch.cuda.synchronize(device)
-
-    sync()
+    sync(device)
     rss_before = current_rss_bytes()
     maxrss_before = maxrss_bytes()
     if cuda:
@@ -141,19 +122,13 @@ def run_worker(args: argparse.Namespace) -> dict:
     t0 = time.perf_counter()
     for _ in range(args.warmup):
         step()
-    sync()
+    sync(device)
     warmup_s = (time.perf_counter() - t0) / max(1, args.warmup)
     # Keep slow cells within --max-cell-seconds of timed runs, but never below 3 runs.
     repeats = args.repeats
     if args.max_cell_seconds and args.warmup and warmup_s * repeats > args.max_cell_seconds:
         repeats = max(min(3, args.repeats), int(args.max_cell_seconds / warmup_s))
-    times_ms = []
-    for _ in range(repeats):
-        sync()
-        t0 = time.perf_counter()
-        step()
-        sync()
-        times_ms.append((time.perf_counter() - t0) * 1000.0)
+    times_ms = [timed(step, device) * 1000.0 for _ in range(repeats)]
 
     result = {
         "variant": variant,
@@ -203,55 +178,6 @@ def spawn_worker(args: argparse.Namespace, variant: str, batch: int, dtype: str)
     return run_subprocess(cmd, {"variant": variant, "batch": batch, "dtype": dtype}, cwd=REPO_ROOT)
 
 
-def run_subprocess(cmd: list[str], spec: dict, cwd: str | None = None) -> dict:
-    """Run one worker process; its result is the line marked RESULT_MARKER on stdout,
-    else ``spec`` with the error and the end of what it printed."""
-    t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
-    wall = time.perf_counter() - t0
-    for line in reversed(proc.stdout.splitlines()):
-        if line.startswith(RESULT_MARKER):
-            result = json.loads(line[len(RESULT_MARKER):])
-            result["worker_wall_s"] = wall
-            return result
-    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
-    return {**spec, "error": f"rc={proc.returncode}: " + " | ".join(tail), "worker_wall_s": wall}
-
-
-def machine_info(args: argparse.Namespace) -> dict:
-    import torch
-
-    info = {
-        "torch_version": torch.__version__,
-        "python": platform.python_version(),
-        "platform": platform.platform(),
-        "processor": platform.processor(),
-        "cpu_count": os.cpu_count(),
-        "torch_threads_default": torch.get_num_threads(),
-        "threads_requested": args.threads,
-        "device": args.device,
-    }
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    info["cpu_model"] = line.split(":", 1)[1].strip()
-                if line.startswith("flags"):
-                    flags = set(line.split(":", 1)[1].split())
-                    info["cpu_bf16_support"] = sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})
-                    break
-    except OSError:
-        pass
-    if args.device == "cuda" and torch.cuda.is_available():
-        info["cuda_device"] = torch.cuda.get_device_name(0)
-        info["cuda_version"] = torch.version.cuda
-    return info
-
-
-def fmt(value, spec: str, missing: str = "-") -> str:
-    return missing if value is None else format(value, spec)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
@@ -287,16 +213,16 @@ def main(argv: list[str] | None = None) -> int:
     variants = list(args.variants)
     print(f"Attention layer benchmark: grid {rows}x{cols} = {length} positions, d_model={D_MODEL}, "
           f"heads={N_HEADS}, device={args.device}")
-    print(f"  local_1d: Local1D({length}, block_length={BLOCK_LENGTH_1D}, memory_blocks={MEMORY_BLOCKS_1D})")
+    print(f"  local_1d: Local1D(GenerationOrder({rows}, {cols}), block_length={BLOCK_LENGTH_1D}, memory_blocks={MEMORY_BLOCKS_1D})")
     if "local_2d" in variants:
         if rows % BLOCK_2D[0] or cols % BLOCK_2D[1]:
             print(f"  local_2d: skipped: block {BLOCK_2D} does not tile the {rows}x{cols} grid")
             variants.remove("local_2d")
         else:
-            print(f"  local_2d: Local2D({rows}, {cols}, block={BLOCK_2D}, flange={FLANGE_2D}) "
+            print(f"  local_2d: Local2D(GenerationOrder({rows}, {cols}, {BLOCK_2D}), flange={FLANGE_2D}) "
                   f"(note: {BLOCK_2D[0]} divides {rows} and {BLOCK_2D[1]} divides {cols}, so the T2T default "
                   f"query block tiles the grid)")
-    print(f"  full:     FullCausal({length}) (fused scaled_dot_product_attention, is_causal=True)")
+    print(f"  full:     FullCausal(GenerationOrder({rows}, {cols})) (fused scaled_dot_product_attention, is_causal=True)")
     print("  bfloat16 = torch.autocast(bfloat16) around the layer, float32 weights and input")
     print(f"  each cell: fresh subprocess, {args.warmup} warmup + {args.repeats} timed fwd+bwd runs, median reported"
           + (f" (fewer, >= 3, where they would exceed {args.max_cell_seconds:g} s)" if args.max_cell_seconds else ""))
@@ -380,7 +306,7 @@ def main(argv: list[str] | None = None) -> int:
                    "loss": "random projection: y.backward(g), g ~ N(0, 1) fixed",
                    "local_1d": {"block_length": BLOCK_LENGTH_1D, "memory_blocks": MEMORY_BLOCKS_1D},
                    "local_2d": {"block": BLOCK_2D, "flange": FLANGE_2D}},
-        "machine": {**machine_info(args), "loadavg_start": load_start,
+        "machine": {**machine_info(args.device, args.threads), "loadavg_start": load_start,
                     "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None},
         "results": results,
         "target": {"statement": "1D local at least 2x faster than full causal with no more peak memory",

@@ -4,8 +4,8 @@
                                                [--uncached-steps 8] [--json bench_sampling.json]
 
 The cached sampler runs every generation step once, through all layers, reading
-keys/values from per-layer ring buffers (imagetx/sampler.py drives the model's own
-forward with a cache, ``decode(..., cache=)``). The uncached one is
+keys/values from per-layer ring buffers (imagetx/sampler.py loops over the model's
+``decode_step``). The uncached one is
 what T2T and its PyTorch port do: rerun the whole network over the whole image at
 every step. Timing all 1024 or 3072 uncached steps would take hours on a CPU, so it
 times ``--uncached-steps`` steps and extrapolates linearly (every uncached step
@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import time
 from pathlib import Path
 
 import torch
@@ -26,16 +25,12 @@ import yaml
 
 from imagetx import ImageTransformer, ModelConfig
 from imagetx.sampler import sample, sample_uncached
+from scripts.common import timed
 
 
 def model_from_preset(path: str) -> ModelConfig:
     values = yaml.safe_load(Path(path).read_text())["model"]["config"]
     return ModelConfig.from_dict(values)
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
 
 
 def main() -> None:
@@ -59,18 +54,12 @@ def main() -> None:
     steps = model.order.length
 
     generator = torch.Generator(device=args.device).manual_seed(0)
-    synchronize(args.device)
-    started = time.perf_counter()
-    sample(model, args.batch, labels, low_res, generator=generator, progress=True)
-    synchronize(args.device)
-    cached_seconds = time.perf_counter() - started
+    cached_seconds = timed(lambda: sample(model, args.batch, labels, low_res, generator=generator, progress=True),
+                           args.device)
 
     sample_uncached(model, args.batch, labels, low_res, steps=1, generator=generator)  # warm-up
-    synchronize(args.device)
-    started = time.perf_counter()
-    sample_uncached(model, args.batch, labels, low_res, steps=args.uncached_steps, generator=generator)
-    synchronize(args.device)
-    measured = time.perf_counter() - started
+    measured = timed(lambda: sample_uncached(model, args.batch, labels, low_res, steps=args.uncached_steps,
+                                             generator=generator), args.device)
     uncached_seconds = measured / args.uncached_steps * steps
 
     result = {

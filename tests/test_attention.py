@@ -15,9 +15,21 @@ import pytest
 import torch
 from einops import rearrange
 
-from imagetx.attention import (FullCausal, LocalCrossAttention, Local1D, Local2D, MultiHeadAttention,
-                               cross_can_attend, dense_attention)
+from imagetx.attention import CrossAttention, SelfAttention, project_heads
 from imagetx.order import GenerationOrder
+from imagetx.patterns import FullCausal, LocalCrossAttention, Local1D, Local2D, cross_can_attend, dense_attention
+
+
+def local_1d(length: int, block: int, memory: int = 1) -> Local1D:
+    return Local1D(GenerationOrder(1, length), block, memory)
+
+
+def local_2d(rows: int, cols: int, block, flange) -> Local2D:
+    return Local2D(GenerationOrder(rows, cols, block), flange)
+
+
+def full_causal(length: int) -> FullCausal:
+    return FullCausal(GenerationOrder(1, length))
 
 CASES_1D = [
     (10, 4, 0), (10, 4, 1), (10, 4, 2), (10, 4, 3),  # length not divisible by the block
@@ -74,23 +86,23 @@ def check_against_dense(pattern, atol=1e-10):
 
 @pytest.mark.parametrize("length,block,memory", CASES_1D)
 def test_local_1d_equals_dense(length, block, memory):
-    check_against_dense(Local1D(length, block, memory))
+    check_against_dense(local_1d(length, block, memory))
 
 
 @pytest.mark.parametrize("rows,cols,block,flange", CASES_2D)
 def test_local_2d_equals_dense(rows, cols, block, flange):
-    check_against_dense(Local2D(rows, cols, block, flange))
+    check_against_dense(local_2d(rows, cols, block, flange))
 
 
 @pytest.mark.parametrize("length", [1, 7, 16])
 def test_full_causal_equals_dense(length):
-    check_against_dense(FullCausal(length))
+    check_against_dense(full_causal(length))
 
 
 def test_dense_reference_is_plain_softmax_attention():
     # The reference itself, against a per-query loop.
     q, k, v = (t.detach() for t in rand_qkv(6, batch=1, heads=1))
-    mask = Local1D(6, 2, 1).can_attend()
+    mask = local_1d(6, 2, 1).can_attend()
     out = dense_attention(q, k, v, mask)
     for i in range(6):
         keys = mask[i].nonzero().flatten()
@@ -101,12 +113,12 @@ def test_dense_reference_is_plain_softmax_attention():
 
 def test_the_comparison_detects_a_wrong_mask():
     # Negative control: a fast path compared with a different pattern's mask must not pass.
-    pattern = Local1D(12, 4, 1)
+    pattern = local_1d(12, 4, 1)
     q, k, v = rand_qkv(12)
-    wrong = Local1D(12, 4, 2).can_attend()
+    wrong = local_1d(12, 4, 2).can_attend()
     assert not torch.allclose(pattern.attend(q, k, v), dense_attention(q, k, v, wrong), atol=1e-6)
-    pattern2d = Local2D(4, 6, (2, 3), (1, 2))
-    wrong2d = Local2D(4, 6, (2, 3), (1, 1)).can_attend()
+    pattern2d = local_2d(4, 6, (2, 3), (1, 2))
+    wrong2d = local_2d(4, 6, (2, 3), (1, 1)).can_attend()
     q, k, v = rand_qkv(24)
     assert not torch.allclose(pattern2d.attend(q, k, v), dense_attention(q, k, v, wrong2d), atol=1e-6)
 
@@ -114,9 +126,9 @@ def test_the_comparison_detects_a_wrong_mask():
 # ----- lower precision --------------------------------------------------------------
 
 LOW_PRECISION_PATTERNS = [
-    Local1D(50, 8, 1), Local1D(10, 4, 0), Local1D(30, 4, 3),
-    Local2D(4, 6, (2, 3), (1, 2)), Local2D(8, 8, (2, 4), (2, 2)), Local2D(4, 6, (2, 2), (1, 5)),
-    FullCausal(20),
+    local_1d(50, 8, 1), local_1d(10, 4, 0), local_1d(30, 4, 3),
+    local_2d(4, 6, (2, 3), (1, 2)), local_2d(8, 8, (2, 4), (2, 2)), local_2d(4, 6, (2, 2), (1, 5)),
+    full_causal(20),
 ]
 
 
@@ -175,7 +187,7 @@ def test_local_2d_sequence_is_block_raster(rows, cols, block, flange):
     def to_grid(seq, order):  # (T, b·h, d) -> (b, h, rows, cols, d)
         return order.sequence_to_grid(rearrange(seq, "t (b h) d -> b t h d", b=1)).permute(0, 3, 1, 2, 4)
 
-    out_seq = Local2D(rows, cols, block, flange).attend(to_seq(qg), to_seq(kg), to_seq(vg))
+    out_seq = local_2d(rows, cols, block, flange).attend(to_seq(qg), to_seq(kg), to_seq(vg))
     out_grid = to_grid(out_seq, order)
     expected = grid_reference_attention(qg, kg, vg, block, flange)
     torch.testing.assert_close(out_grid, expected, atol=1e-10, rtol=0)
@@ -185,7 +197,7 @@ def test_local_2d_sequence_is_block_raster(rows, cols, block, flange):
     def to_raster(t):
         return rearrange(raster.grid_to_sequence(t.permute(0, 2, 3, 1, 4)), "b t h d -> t (b h) d")
 
-    wrong = Local2D(rows, cols, block, flange).attend(to_raster(qg), to_raster(kg), to_raster(vg))
+    wrong = local_2d(rows, cols, block, flange).attend(to_raster(qg), to_raster(kg), to_raster(vg))
     wrong_grid = to_grid(wrong, raster)
     assert not torch.allclose(wrong_grid, expected, atol=1e-6)
 
@@ -193,39 +205,46 @@ def test_local_2d_sequence_is_block_raster(rows, cols, block, flange):
 # ----- multi-head wrapper ------------------------------------------------------------
 
 
-def test_multi_head_attention_matches_dense_per_head():
+def test_self_attention_matches_dense_per_head():
     torch.manual_seed(0)
     d, h, n = 16, 4, 20
-    pattern = Local1D(n, 6, 1)
-    mha = MultiHeadAttention(d, h, pattern).double()
+    pattern = local_1d(n, 6, 1)
+    attn = SelfAttention(d, h, pattern).double()
     x = torch.randn(2, n, d, dtype=torch.float64)
-    q, k, v = (proj(x).view(2, n, h, d // h).permute(1, 0, 2, 3).reshape(n, 2 * h, d // h)
-               for proj in (mha.to_q, mha.to_k, mha.to_v))  # (T, B·h, e), batch-major
+    # q, k, v written out from the fused weight, whose output rows are ordered (head, q|k|v, e)
+    weight = attn.to_qkv.weight.view(h, 3, d // h, d)
+    q, k, v = (torch.einsum("btd,hed->tbhe", x, weight[:, i]).reshape(n, 2 * h, d // h) for i in range(3))
     ref = dense_attention(q, k, v, pattern.can_attend()).view(n, 2, h, d // h).permute(1, 0, 2, 3).reshape(2, n, d)
-    torch.testing.assert_close(mha(x), mha.to_out(ref), atol=1e-10, rtol=0)
+    torch.testing.assert_close(attn(x), attn.to_out(ref), atol=1e-10, rtol=0)
+    # project_heads gives those same q, k, v (as views of one projection)
+    for got, want in zip(project_heads(attn.to_qkv, x, h, 3), (q, k, v)):
+        torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
 
 
 # ----- one step at a time, through the cache --------------------------------------------
 
 
-def decode_step_by_step(mha, x, context=None, local=None):
-    """Run x (B, T, d) through ``mha`` one step at a time with a cache: (B, T, d)."""
-    cache = mha.start_decoding(x.shape[0], context, local)
-    steps = [mha(x[:, t : t + 1], cache=cache) for t in range(x.shape[1])]
-    assert cache.step == x.shape[1]
-    return torch.cat(steps, dim=1)
+def decode_step_by_step(attn, x, context=None):
+    """Run x (B, T, d) through ``attn`` one step at a time with a cache: (B, T, d)."""
+    step = torch.zeros((), dtype=torch.long)
+    cache = attn.start_decoding(x.shape[0], step) if context is None else attn.start_decoding(context, step)
+    outputs = []
+    for t in range(x.shape[1]):
+        outputs.append(attn(x[:, t : t + 1], cache=cache) if context is None else attn(x[:, t : t + 1], None, cache))
+        step += 1  # the decoder's one counter, shared by the cache
+    return torch.cat(outputs, dim=1)
 
 
-@pytest.mark.parametrize("pattern", [Local1D(20, 6, 1), Local1D(20, 4, 2), Local2D(4, 6, (2, 3), (1, 2)),
-                                     FullCausal(20)], ids=lambda p: p.describe())
+@pytest.mark.parametrize("pattern", [local_1d(20, 6, 1), local_1d(20, 4, 2), local_2d(4, 6, (2, 3), (1, 2)),
+                                     full_causal(20)], ids=lambda p: p.describe())
 def test_cached_self_attention_equals_the_full_pass(pattern):
     torch.manual_seed(0)
-    mha = MultiHeadAttention(16, 4, pattern).double()
+    attn = SelfAttention(16, 4, pattern).double()
     x = torch.randn(3, pattern.length, 16, dtype=torch.float64)
     with torch.no_grad():
-        full = mha(x)
-        cached = decode_step_by_step(mha, x)
-        cache = mha.start_decoding(3)
+        full = attn(x)
+        cached = decode_step_by_step(attn, x)
+        cache = attn.start_decoding(3, torch.zeros((), dtype=torch.long))
     torch.testing.assert_close(cached, full, atol=1e-12, rtol=0)
     # the ring holds fewer keys than the sequence wherever the pattern is local
     assert (cache.index.ring < pattern.length) == (not isinstance(pattern, FullCausal))
@@ -237,9 +256,9 @@ def test_cached_cross_attention_equals_the_full_pass(radius):
     queries, keys = torch.arange(32), torch.arange(12)  # 2x2 low-res pixels under 4x8 queries, 3 sub-pixels each
     query_cells, key_cells = (queries // 8 // 2, queries % 8 // 4), (keys // 6, keys % 6 // 3)
     local = None if radius is None else LocalCrossAttention(cross_can_attend(query_cells, key_cells, radius))
-    mha = MultiHeadAttention(16, 4).double()
+    attn = CrossAttention(16, 4, local).double()
     x, context = torch.randn(2, 32, 16, dtype=torch.float64), torch.randn(2, 12, 16, dtype=torch.float64)
     with torch.no_grad():
-        full = mha(x, context, local)
-        cached = decode_step_by_step(mha, x, context, local)
+        full = attn(x, context)
+        cached = decode_step_by_step(attn, x, context)
     torch.testing.assert_close(cached, full, atol=1e-12, rtol=0)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from helpers import random_images, tiny_model
-from imagetx.attention import FullCausal, Local1D, Local2D, pattern_for
 from imagetx.order import GenerationOrder
+from imagetx.patterns import FullCausal, Local1D, Local2D, pattern_for
 
 # ----- independent references ------------------------------------------------------
 
@@ -99,14 +99,14 @@ CASES_2D = [
 
 @pytest.mark.parametrize("length,block,memory", CASES_1D)
 def test_local_1d_matches_loop_reference(length, block, memory):
-    mask = Local1D(length, block, memory).can_attend()
+    mask = Local1D(GenerationOrder(1, length), block, memory).can_attend()
     assert mask.dtype == torch.bool and mask.shape == (length, length)
     assert as_lists(mask) == reference_local_1d(length, block, memory)
 
 
 def test_local_1d_t2t_example():
     # lq = 4, one memory block: query 9 (block 2) sees 4..9 and nothing else.
-    mask = Local1D(12, 4, 1).can_attend()
+    mask = Local1D(GenerationOrder(1, 12), 4, 1).can_attend()
     assert mask[9].nonzero().flatten().tolist() == [4, 5, 6, 7, 8, 9]
     assert mask[3].nonzero().flatten().tolist() == [0, 1, 2, 3]
     assert mask[4].nonzero().flatten().tolist() == [0, 1, 2, 3, 4]
@@ -115,7 +115,7 @@ def test_local_1d_t2t_example():
 def test_full_causal_matches_loop_reference():
     n = 9
     expected = [[j <= i for j in range(n)] for i in range(n)]
-    assert as_lists(FullCausal(n).can_attend()) == expected
+    assert as_lists(FullCausal(GenerationOrder(1, n)).can_attend()) == expected
 
 
 # ----- 2D -------------------------------------------------------------------------
@@ -123,7 +123,7 @@ def test_full_causal_matches_loop_reference():
 
 @pytest.mark.parametrize("rows,cols,block,flange", CASES_2D)
 def test_local_2d_matches_loop_reference(rows, cols, block, flange):
-    mask = Local2D(rows, cols, block, flange).can_attend()
+    mask = Local2D(GenerationOrder(rows, cols, block), flange).can_attend()
     assert mask.dtype == torch.bool and mask.shape == (rows * cols, rows * cols)
     assert as_lists(mask) == reference_local_2d(rows, cols, block, flange)
 
@@ -134,7 +134,7 @@ def test_local_2d_hand_example():
     # Query at cell (3, 4) is in block (2,3), cell index 4 inside it -> step 22.
     # It sees the top flange row 1, cols 1..5 (cols 6, 7 are outside the grid),
     # the left flange rows 2-3, cols 1-2, and its own block up to itself.
-    mask = Local2D(4, 6, (2, 3), (1, 2)).can_attend()
+    mask = Local2D(GenerationOrder(4, 6, (2, 3)), (1, 2)).can_attend()
     cells = block_raster_cells(4, 6, 2, 3)
     assert cells[22] == (3, 4)
     seen = sorted(cells[j] for j in mask[22].nonzero().flatten().tolist())
@@ -150,9 +150,9 @@ def test_local_2d_hand_example():
 
 
 def all_patterns():
-    pats = [Local1D(n, b, m) for n, b, m in CASES_1D]
-    pats += [Local2D(r, c, b, f) for r, c, b, f in CASES_2D]
-    pats += [FullCausal(n) for n in (1, 5, 12)]
+    pats = [Local1D(GenerationOrder(1, n), b, m) for n, b, m in CASES_1D]
+    pats += [Local2D(GenerationOrder(r, c, b), f) for r, c, b, f in CASES_2D]
+    pats += [FullCausal(GenerationOrder(1, n)) for n in (1, 5, 12)]
     return pats
 
 
@@ -166,11 +166,44 @@ def test_causal_and_sees_itself(pattern):
             assert not mask[i, j], f"query {i} sees the later step {j}"
 
 
+@pytest.mark.parametrize("pattern", all_patterns(), ids=lambda p: f"{p.describe()}-{p.length}")
+def test_blocks_spell_out_exactly_can_attend(pattern):
+    # The blocks that the training pass, the position biases and the decoding ring are read
+    # from, laid back onto a dense (T, T) matrix by hand, are the reference.
+    blocks = pattern.blocks("cpu")
+    n = pattern.length
+    dense = torch.zeros(n, n + 1, dtype=torch.bool)  # column n: the zero key
+    for b in range(blocks.key_steps.shape[0]):
+        for l in range(blocks.can_attend.shape[1]):
+            query = b * blocks.can_attend.shape[1] + l
+            if query >= n:
+                continue  # end padding
+            for s, key in enumerate(blocks.key_steps[b].tolist()):
+                if blocks.can_attend[b, l, s]:
+                    assert key < n, f"query {query} may read the zero key"
+                    dense[query, key] = True
+    assert torch.equal(dense[:, :n], pattern.can_attend())
+
+
+@pytest.mark.parametrize("pattern", all_patterns(), ids=lambda p: f"{p.describe()}-{p.length}")
+def test_decoding_ring_reads_exactly_can_attend(pattern):
+    # At step t, ring slot j holds the key of the latest step s <= t with s % ring == j.
+    index = pattern.decode_index("cpu")
+    mask = pattern.can_attend()
+    for t in range(pattern.length):
+        slots = index.readable(torch.tensor(t)).nonzero().flatten().tolist()
+        keys = sorted(t - (t - j) % index.ring for j in slots)
+        assert keys == mask[t].nonzero().flatten().tolist(), f"step {t}"
+    if not isinstance(pattern, FullCausal):  # a local pattern's ring is as long as its widest reach
+        reach = max(t - int(mask[t].nonzero().min()) for t in range(pattern.length)) + 1
+        assert index.ring == reach
+
+
 @pytest.mark.parametrize("rows,cols,block,flange", CASES_2D)  # tall flanges included
 def test_2d_flange_is_generated_before_the_block(rows, cols, block, flange):
     (qh, qw) = block
     block_len = qh * qw
-    mask = Local2D(rows, cols, block, flange).can_attend()
+    mask = Local2D(GenerationOrder(rows, cols, block), flange).can_attend()
     for i in range(rows * cols):
         first = (i // block_len) * block_len  # first step of the query's block
         for j in mask[i].nonzero().flatten().tolist():
@@ -181,7 +214,7 @@ def test_2d_flange_is_generated_before_the_block(rows, cols, block, flange):
 def test_2d_flange_count_in_the_interior():
     # A block away from every edge sees exactly fh·(qw+2fw) + qh·fw flange cells.
     rows, cols, (qh, qw), (fh, fw) = 6, 12, (2, 3), (1, 2)
-    mask = Local2D(rows, cols, (qh, qw), (fh, fw)).can_attend()
+    mask = Local2D(GenerationOrder(rows, cols, (qh, qw)), (fh, fw)).can_attend()
     cells = block_raster_cells(rows, cols, qh, qw)
     step = cells.index((2, 3))  # top-left cell of an interior block
     assert int(mask[step].sum()) == fh * (qw + 2 * fw) + qh * fw + 1

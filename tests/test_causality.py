@@ -16,7 +16,8 @@ import pytest
 import torch
 
 from helpers import random_images, random_labels, tiny_model
-from imagetx.attention import FullCausal
+from imagetx.order import GenerationOrder
+from imagetx.patterns import FullCausal
 
 # Block sizes chosen so that local attention is genuinely local: categorical 4×4 images
 # are 48 sub-pixel steps on a 4×12 grid, DMOL images 16 pixel steps on a 4×4 grid.
@@ -43,9 +44,19 @@ def build(head, attention, num_classes=0, n_layers=1, image_size=4, seed=0, **ex
 
 
 def step_gradients(model, emb, steps, labels=None, context=None, shift=True) -> dict[int, torch.Tensor]:
-    """For each t: (T,) total |d (proj · params[:, t]) / d emb[:, s]| at every step s."""
+    """For each t: (T,) total |d (proj · params[:, t]) / d emb[:, s]| at every step s.
+
+    ``shift=False`` is the negative control: the model's right shift is replaced (on this
+    instance, for this call) by the identity, so step t reads its own value."""
     emb = emb.detach().clone().requires_grad_()
-    params = model.decode(emb, labels, context, shift=shift)
+    if shift:
+        params = model.decode(emb, labels, context)
+    else:
+        model.shift_right = lambda x: x
+        try:
+            params = model.decode(emb, labels, context)
+        finally:
+            del model.shift_right
     assert params.shape[:2] == emb.shape[:2]
     out = {}
     for t in steps:
@@ -195,7 +206,7 @@ def test_unmasked_attention_is_caught(attention):
 def test_non_local_attention_is_caught(attention):
     # Causal, but seeing more than the declared pattern: the support check notices.
     model, emb, _ = build("categorical", attention)
-    model.layers[0].self_attn.pattern = FullCausal(model.pattern.length)
+    model.layers[0].self_attn.pattern = FullCausal(GenerationOrder(1, model.pattern.length))
     problems = causality_violations(model, emb, [model.pattern.length - 1], n_layers=1)
     assert any(p.startswith("support") for p in problems)
     assert not any(p.startswith("leak") for p in problems)

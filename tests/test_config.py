@@ -19,6 +19,7 @@ import yaml
 from helpers import random_images, tiny_config, tiny_model
 from imagetx import ImageTransformer, ModelConfig
 from imagetx.lit import ImageTransformerModule
+from imagetx.patterns import pattern_for
 
 
 def assert_rejected(field: str, **overrides) -> None:
@@ -168,8 +169,8 @@ def test_from_dict_accepts_a_partial_dict():
 def test_grid_geometry():
     assert tiny_config(image_size=32).grid_shape == (32, 96)
     assert tiny_config(image_size=32, head="dmol").grid_shape == (32, 32)
-    assert tiny_config(image_size=32).seq_len == 3072
-    assert tiny_config(image_size=32, head="dmol").seq_len == 1024
+    assert pattern_for(tiny_config(image_size=32)).length == 3072
+    assert pattern_for(tiny_config(image_size=32, head="dmol")).length == 1024
     assert tiny_config(image_size=32, head="dmol").dims_per_image == 3072
 
 

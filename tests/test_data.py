@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from helpers import CIFAR_CLASSES, cifar_arrays, write_cifar_npz, write_npz_shard
-from imagetx.data import DataError, ImageDataModule, downsample_area, load_cifar10
+from imagetx.data import ImageDataModule, downsample_area
+from imagetx.sources import DataError, load
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download")
 
@@ -19,17 +20,17 @@ pytestmark = pytest.mark.usefixtures("no_cifar_download")
 
 def test_npz_train_val_split_and_shard_order(tmp_path):
     train_images, train_labels, _, _ = write_cifar_npz(tmp_path, train_sizes=(5, 7))
-    images, labels = load_cifar10(tmp_path, "train", val_size=4)
+    images, labels = load("cifar10", tmp_path, "train", val_size=4)
     assert images.dtype == torch.uint8 and images.shape == (8, 32, 32, 3)
     assert labels.dtype == torch.long and labels.shape == (8,)
     np.testing.assert_array_equal(images.numpy(), train_images[:8])
     np.testing.assert_array_equal(labels.numpy(), train_labels[:8])
     # val = the last val_size training images (they straddle nothing here: all in train-1)
-    val_images, val_labels = load_cifar10(tmp_path, "val", val_size=4)
+    val_images, val_labels = load("cifar10", tmp_path, "val", val_size=4)
     np.testing.assert_array_equal(val_images.numpy(), train_images[8:])
     np.testing.assert_array_equal(val_labels.numpy(), train_labels[8:])
     # a val split crossing the shard boundary
-    val_images, _ = load_cifar10(tmp_path, "val", val_size=9)
+    val_images, _ = load("cifar10", tmp_path, "val", val_size=9)
     np.testing.assert_array_equal(val_images.numpy(), train_images[3:])
 
 
@@ -37,7 +38,7 @@ def test_npz_shards_read_in_name_order_not_creation_order(tmp_path):
     parts = {i: cifar_arrays(2, seed=i) for i in (0, 1, 2, 10)}
     for i in (10, 2, 1, 0):  # written in reverse, so directory order is no help
         write_npz_shard(tmp_path / f"train-{i}.npz", *parts[i])
-    images, labels = load_cifar10(tmp_path, "train", val_size=1)
+    images, labels = load("cifar10", tmp_path, "train", val_size=1)
     expected = np.concatenate([parts[i][0] for i in (0, 1, 2, 10)])  # train-10 after train-2
     np.testing.assert_array_equal(images.numpy(), expected[:-1])
     expected_labels = np.concatenate([parts[i][1] for i in (0, 1, 2, 10)])
@@ -46,7 +47,7 @@ def test_npz_shards_read_in_name_order_not_creation_order(tmp_path):
 
 def test_npz_test_split_comes_from_test_shards(tmp_path):
     train_images, _, test_images, test_labels = write_cifar_npz(tmp_path, train_sizes=(4,), test_size=5)
-    images, labels = load_cifar10(tmp_path, "test", val_size=2)
+    images, labels = load("cifar10", tmp_path, "test", val_size=2)
     assert images.shape == (5, 32, 32, 3) and labels.dtype == torch.long
     np.testing.assert_array_equal(images.numpy(), test_images)
     np.testing.assert_array_equal(labels.numpy(), test_labels)
@@ -56,10 +57,10 @@ def test_npz_test_split_comes_from_test_shards(tmp_path):
 def test_unknown_split_and_bad_val_size(tmp_path):
     write_cifar_npz(tmp_path, train_sizes=(4,))
     with pytest.raises(DataError, match="unknown"):
-        load_cifar10(tmp_path, "validation")
+        load("cifar10", tmp_path, "validation")
     for val_size in (0, 4, 10):
         with pytest.raises(DataError, match="val_size"):
-            load_cifar10(tmp_path, "val", val_size=val_size)
+            load("cifar10", tmp_path, "val", val_size=val_size)
 
 
 # ----- torchvision's cifar-10-batches-py folder --------------------------------------------
@@ -105,18 +106,18 @@ def accept_fake_md5(monkeypatch):
 @pytest.mark.usefixtures("accept_fake_md5")
 def test_torchvision_folder_read_with_hwc_pixels(tmp_path):
     train_images, train_labels, test_images, test_labels = write_torchvision_folder(tmp_path)
-    images, labels = load_cifar10(tmp_path, "train", val_size=3, download=False)
+    images, labels = load("cifar10", tmp_path, "train", val_size=3, download=False)
     assert images.dtype == torch.uint8 and images.shape == (5, 32, 32, 3) and labels.dtype == torch.long
     np.testing.assert_array_equal(images.numpy(), train_images[:5])
     np.testing.assert_array_equal(labels.numpy(), train_labels[:5])
-    val_images, val_labels = load_cifar10(tmp_path, "val", val_size=3, download=False)
+    val_images, val_labels = load("cifar10", tmp_path, "val", val_size=3, download=False)
     np.testing.assert_array_equal(val_images.numpy(), train_images[5:])
     np.testing.assert_array_equal(val_labels.numpy(), train_labels[5:])
-    images, labels = load_cifar10(tmp_path, "test", download=False)
+    images, labels = load("cifar10", tmp_path, "test", download=False)
     np.testing.assert_array_equal(images.numpy(), test_images)
     np.testing.assert_array_equal(labels.numpy(), test_labels)
     # and with download=True nothing is downloaded when the folder is complete
-    images, _ = load_cifar10(tmp_path, "test", download=True)
+    images, _ = load("cifar10", tmp_path, "test", download=True)
     np.testing.assert_array_equal(images.numpy(), test_images)
 
 
@@ -124,7 +125,7 @@ def test_torchvision_folder_read_with_hwc_pixels(tmp_path):
 def test_incomplete_torchvision_folder_is_a_data_error(tmp_path):
     write_torchvision_folder(tmp_path, skip=("data_batch_3",))
     with pytest.raises(DataError, match="cifar-10-batches-py"):
-        load_cifar10(tmp_path, "train", val_size=2, download=False)
+        load("cifar10", tmp_path, "train", val_size=2, download=False)
 
 
 # ----- no data at all ----------------------------------------------------------------------
@@ -133,7 +134,7 @@ def test_incomplete_torchvision_folder_is_a_data_error(tmp_path):
 def test_missing_data_names_directory_and_remedy(tmp_path, download):
     root = tmp_path / "nothing-here"
     with pytest.raises(DataError) as info:  # download=True fails: no_cifar_download
-        load_cifar10(root, "train", download=download)
+        load("cifar10", root, "train", download=download)
     message = str(info.value)
     assert str(root.resolve()) in message
     assert "train-*.npz" in message and "cifar-10-batches-py" in message
@@ -143,11 +144,11 @@ def test_missing_data_names_directory_and_remedy(tmp_path, download):
 def test_split_without_shards_is_a_clear_error(tmp_path):
     write_cifar_npz(tmp_path, train_sizes=(4,))
     with pytest.raises(DataError) as info:
-        load_cifar10(tmp_path, "test", download=False)
+        load("cifar10", tmp_path, "test", download=False)
     message = str(info.value)
     assert "test-*.npz" in message and str(tmp_path.resolve()) in message
     # the train split of the same directory is fine
-    assert load_cifar10(tmp_path, "train", val_size=1, download=False)[0].shape[0] == 3
+    assert load("cifar10", tmp_path, "train", val_size=1, download=False)[0].shape[0] == 3
 
 
 # ----- bad shards --------------------------------------------------------------------------
@@ -175,14 +176,14 @@ def test_bad_shard_contents_name_the_file(tmp_path, case):
     write_npz_shard(tmp_path / "train-0.npz", *good())
     write_npz_shard(tmp_path / "train-1.npz", images, labels)
     with pytest.raises(DataError) as info:
-        load_cifar10(tmp_path, "train", val_size=1)
+        load("cifar10", tmp_path, "train", val_size=1)
     assert "train-1.npz" in str(info.value)
 
 
 def test_shard_missing_arrays_names_the_file(tmp_path):
     np.savez(tmp_path / "train-0.npz", x=np.zeros(3))
     with pytest.raises(DataError, match=r"train-0\.npz.*images"):
-        load_cifar10(tmp_path, "train", val_size=1)
+        load("cifar10", tmp_path, "train", val_size=1)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
@@ -197,7 +198,7 @@ def test_corrupt_shard_names_the_file(tmp_path, damage):
     else:
         path.write_bytes(b"")
     with pytest.raises(DataError) as info:
-        load_cifar10(tmp_path, "train", val_size=1)
+        load("cifar10", tmp_path, "train", val_size=1)
     assert str(path) in str(info.value)
 
 
@@ -261,3 +262,13 @@ def test_datamodule_batches_and_no_dropped_images(tmp_path):
     dm.setup("test")
     test = torch.cat([b["images"] for b in dm.test_dataloader()])
     np.testing.assert_array_equal(test.numpy(), test_images)
+
+
+def test_datamodule_checks_the_data_against_the_model(tmp_path):
+    write_cifar_npz(tmp_path, train_sizes=(6,))
+    ImageDataModule(root=str(tmp_path), val_size=2, image_size=32, num_classes=10).setup("fit")  # fits
+    ImageDataModule(root=str(tmp_path), val_size=2).setup("fit")  # no model given: nothing to check against
+    with pytest.raises(DataError, match="holds 32x32 images but the model is 16x16"):
+        ImageDataModule(root=str(tmp_path), val_size=2, image_size=16, num_classes=0).setup("fit")
+    with pytest.raises(DataError, match="has 10 classes but the model has num_classes=5"):
+        ImageDataModule(root=str(tmp_path), val_size=2, image_size=32, num_classes=5).setup("fit")

@@ -284,8 +284,14 @@ def test_interrupted_conversion_resumes_and_ends_with_the_same_shards(tmp_path, 
         from pathlib import Path
         import imagetx.sources.folder as folder
         folder.SHARD_SIZE = 3
-        # the documented hook: killed outright once shard 1 is written (of shards 0..3)
-        folder.after_shard = lambda k: os.kill(os.getpid(), signal.SIGKILL) if k == 1 else None
+        write_shard = folder.write_shard
+
+        def write_shard_then_die(root, out, k, *rest):  # killed outright once shard 1 is written (of 0..3)
+            write_shard(root, out, k, *rest)
+            if k == 1:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        folder.write_shard = write_shard_then_die
         folder.convert(Path({str(root)!r}), {SIDE}, cache={str(killed)!r})
     """)
     process = subprocess.run([sys.executable, "-c", script], cwd=tmp_path, capture_output=True, timeout=120,

@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from helpers import tiny_model, write_cifar_npz
+from helpers import random_images, tiny_model, write_cifar_npz
 from imagetx import save_model
-from imagetx.evaluate import main
+from imagetx.evaluate import evaluate, main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
@@ -71,6 +71,20 @@ def test_completion_bpd_scores_only_rows_below_the_prefix(tmp_path, capsys):
     # and it differs from the whole-image score (the top half is not included)
     whole = -log_p.sum().item() / (N_IMAGES * 3072 * math.log(2))
     assert abs(result["bpd"] - whole) > 1e-4
+
+
+def test_evaluate_scores_in_eval_mode_and_leaves_the_callers_mode():
+    model = tiny_model(seed=3, image_size=8, head="dmol", query_block_length=16, dropout=0.3)
+    images = random_images(5, 8, seed=1)
+    in_eval_mode = evaluate(model, images, None, batch_size=2, progress=False)["bpd"]
+    assert not model.training
+    model.train()
+    with torch.no_grad():  # dropout is on: the model alone scores differently on each call
+        assert not torch.equal(model.bits_per_dim(images), model.bits_per_dim(images))
+    first = evaluate(model, images, None, batch_size=2, progress=False)["bpd"]
+    second = evaluate(model, images, None, batch_size=2, progress=False)["bpd"]
+    assert first == second == in_eval_mode
+    assert all(module.training for module in model.modules())
 
 
 def test_missing_checkpoint_exits_2(tmp_path, capsys):

@@ -2,8 +2,8 @@
 logistics (DMOL). Normalisation, agreement with an independent float64 computation,
 8.0 bits/dim for uniform outputs, and samples that follow the probabilities.
 
-The DMOL head scores in float32 by design (heads.py: "Parameters are always scored in
-float32"), so its tolerances are float32 ones: 1e-4 on sums of probabilities.
+The DMOL head scores float32 (and bf16) parameters in float32, so most tolerances here are
+float32 ones: 1e-4 on sums of probabilities; float64 parameters are scored in float64.
 """
 
 from __future__ import annotations
@@ -22,12 +22,12 @@ LEVELS = 256
 # ----- DMOL helpers --------------------------------------------------------------------
 
 
-def pack(logits, means, log_scales, coeffs) -> torch.Tensor:
+def pack(logits, means, log_scales, coeffs, dtype=torch.float32) -> torch.Tensor:
     """The documented layout: K mixture logits, then per channel K means, K log-scales, K coefficients."""
     parts = [torch.as_tensor(logits, dtype=torch.float64)]
     for c in range(3):
         parts += [torch.as_tensor(t[c], dtype=torch.float64) for t in (means, log_scales, coeffs)]
-    return torch.cat(parts).float()
+    return torch.cat(parts).to(dtype)
 
 
 def random_dmol_params(k: int, seed: int, mean_range=1.0, log_scale_range=(-3.0, 0.5), coeff_scale=1.0):
@@ -303,6 +303,29 @@ def test_dmol_mixture_joint_over_g_and_b_gives_r_marginal(kind):
         assert abs(got / expected - 1) < 1e-4, (r, got, expected)
 
 
+def test_dmol_scores_float64_parameters_in_float64():
+    # Sharp components near the targets: in float32 the bin centre and edges carry ~1e-7
+    # relative error, amplified by inv_s ~ 400; a float64 model must not be limited by that.
+    k = 2
+    head = DMOLHead(8, k).double()
+    logits, means, log_scales, coeffs = random_dmol_params(k, seed=7, log_scale_range=(-6.0, -4.0))
+    params64 = pack(logits, means, log_scales, coeffs, torch.float64)
+    targets = ((means.T + 1) * 127.5).round().clamp(1, 254).long()  # each component's own bin (interior)
+    log_p64, _ = head.channel_log_probs(params64.expand(k, -1), targets)
+    log_p32, _ = head.channel_log_probs(params64.float().expand(k, -1), targets)
+    assert log_p64.dtype == torch.float64
+    worst32 = worst64 = 0.0
+    for i, rgb in enumerate(targets.tolist()):
+        probs = reference_channel_probs(means, log_scales, coeffs, rgb)
+        for c in range(3):
+            for kk in range(k):
+                if probs[c][kk] > 1e-4:
+                    worst64 = max(worst64, abs(float(log_p64[i, c, kk]) - math.log(probs[c][kk])))
+                    worst32 = max(worst32, abs(float(log_p32[i, c, kk]) - math.log(probs[c][kk])))
+    assert worst64 < 1e-9, worst64
+    assert worst32 > 1e-7, worst32  # the same parameters in float32: visibly less exact
+
+
 # ----- categorical head -------------------------------------------------------------------
 
 
@@ -310,7 +333,8 @@ def test_categorical_probabilities_sum_to_one_and_match_softmax():
     head = CategoricalHead(8)
     gen = torch.Generator().manual_seed(0)
     logits = torch.randn(2, 5, LEVELS, generator=gen) * 4
-    all_lp = head.all_log_probs(logits)
+    every_value = torch.arange(LEVELS).view(LEVELS, 1, 1).expand(LEVELS, 2, 5)
+    all_lp = torch.stack([head.log_prob(logits, values) for values in every_value], dim=-1)  # (2, 5, 256)
     torch.testing.assert_close(all_lp.double().exp().sum(-1), torch.ones(2, 5, dtype=torch.float64), atol=1e-5, rtol=0)
     targets = torch.randint(0, 256, (2, 5), generator=gen)
     ref = torch.log_softmax(logits.double(), -1).gather(-1, targets[..., None])[..., 0]

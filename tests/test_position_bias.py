@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from helpers import random_images, random_labels, tiny_model
-from imagetx.attention import FullCausal, Local1D, Local2D, dense_attention
 from imagetx.order import GenerationOrder
+from imagetx.patterns import FullCausal, Local1D, Local2D, dense_attention
 from imagetx.position_bias import RelativePositionBias
-from imagetx.sampler import CachedDecoder
+from test_sampler import cached_params
 
 HEADS = 2
 
@@ -31,8 +31,7 @@ def loop_bias(table: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor) -> to
 
 
 def random_bias(order: GenerationOrder, seed: int = 0) -> RelativePositionBias:
-    rows, cols = order.cell_of_step()
-    bias = RelativePositionBias(HEADS, rows, cols).double()
+    bias = RelativePositionBias(HEADS, order.rows, order.cols).double()
     with torch.no_grad():  # random, so that a wrong offset anywhere shows
         bias.table.copy_(torch.randn(bias.table.shape, generator=torch.Generator().manual_seed(seed)))
     return bias
@@ -41,9 +40,9 @@ def random_bias(order: GenerationOrder, seed: int = 0) -> RelativePositionBias:
 def test_lookup_equals_loops_and_starts_from_the_distance_prior():
     order = GenerationOrder(3, 5, (1, 5))
     rows, cols = order.cell_of_step()
-    bias = RelativePositionBias(4, rows, cols)
+    bias = RelativePositionBias(4, order.rows, order.cols)
     steps = torch.arange(15)
-    dense = bias(steps[:, None], steps[None, :])
+    dense = bias(order.relative_offsets(steps[:, None], steps[None, :]))
     assert torch.equal(dense, loop_bias(bias.table.detach(), rows, cols))
     # The prior: 0 at offset (0, 0), −slope·distance elsewhere, slopes 1, 1/2, 1/4, 1/8.
     distance = ((rows[:, None] - rows[None, :]) ** 2 + (cols[:, None] - cols[None, :]) ** 2).double().sqrt()
@@ -55,10 +54,13 @@ def patterns_with_grids():
     """(pattern, its generation order): raster grids for 1D and full, block-raster for 2D."""
     cases = []
     for rows, cols, block, memory in [(4, 6, 6, 1), (4, 6, 4, 1), (5, 3, 4, 2), (4, 6, 5, 1)]:  # lq ∤ width, padding
-        cases.append((Local1D(rows * cols, block, memory), GenerationOrder(rows, cols)))
+        order = GenerationOrder(rows, cols)
+        cases.append((Local1D(order, block, memory), order))
     for rows, cols, block, flange in [(4, 6, (2, 3), (1, 2)), (6, 6, (2, 3), (4, 1)), (4, 4, (2, 2), (0, 0))]:
-        cases.append((Local2D(rows, cols, block, flange), GenerationOrder(rows, cols, block)))
-    cases.append((FullCausal(12), GenerationOrder(3, 4)))
+        order = GenerationOrder(rows, cols, block)
+        cases.append((Local2D(order, flange), order))
+    order = GenerationOrder(3, 4)
+    cases.append((FullCausal(order), order))
     return cases
 
 
@@ -77,7 +79,8 @@ def test_fast_path_with_bias_equals_dense_reference(pattern, order):
         return out, torch.autograd.grad((out * proj).sum(), (q, k, v, bias.table))
 
     fast, fast_grads = run(lambda a, b, c: pattern.attend(a, b, c, bias))
-    ref, ref_grads = run(lambda a, b, c: dense_attention(a, b, c, can_attend, bias(steps[:, None], steps[None, :])))
+    dense_bias = bias(order.relative_offsets(steps[:, None], steps[None, :]))
+    ref, ref_grads = run(lambda a, b, c: dense_attention(a, b, c, can_attend, dense_bias))
     torch.testing.assert_close(fast, ref, rtol=0, atol=1e-10)
     for name, got, want in zip(["q", "k", "v", "table"], fast_grads, ref_grads):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10, msg=lambda m: f"grad {name}: {m}")
@@ -103,13 +106,8 @@ def test_cached_decoder_with_bias_matches_full_pass(head, attention, geometry):
     images, labels = random_images(2, 8, seed=4), random_labels(2, 10, seed=5)
     with torch.no_grad():
         full = model(images, labels)
-        decoder = CachedDecoder(model, 2, labels)
-        targets = model.targets(images)
-        previous, cached = None, []
-        for t in range(model.order.length):
-            cached.append(decoder.step(t, previous))
-            previous = decoder.embed_step(t, targets[:, t])
-    torch.testing.assert_close(torch.stack(cached, dim=1), full, rtol=1e-9, atol=1e-9)
+        cached = cached_params(model, images, labels)
+    torch.testing.assert_close(cached, full, rtol=1e-9, atol=1e-9)
 
 
 def test_off_by_default_and_only_in_decoder_self_attention():
@@ -118,9 +116,9 @@ def test_off_by_default_and_only_in_decoder_self_attention():
     biased = tiny_model(encoder_layers=1, low_res_size=2, relative_position_bias=True)
     assert all(layer.self_attn.position_bias is not None for layer in biased.layers)
     assert all(layer.self_attn.position_bias is None for layer in biased.encoder.layers)
-    assert biased.layers[0].cross_attn.position_bias is None
+    assert not hasattr(biased.layers[0].cross_attn, "position_bias")
     extra = sum(p.numel() for p in biased.parameters()) - sum(p.numel() for p in plain.parameters())
     rows, cols = biased.config.grid_shape
     assert extra == biased.config.n_layers * biased.config.n_heads * (2 * rows - 1) * (2 * cols - 1)
     images = random_images(1, 4)
-    assert math.isfinite(float(biased.bits_per_dim(images, low_res=random_images(1, 2)).sum()))
+    assert math.isfinite(float(biased.bits_per_dim(images, low_res=random_images(1, 2)).sum().detach()))

@@ -20,7 +20,8 @@ import torch
 import imagetx.checkpoint as checkpoint_module
 from helpers import write_train_config
 from imagetx import load_model
-from imagetx.checkpoint import atomic_torch_save, remove_stale_temporaries
+from imagetx.atomic import remove_stale_temporaries
+from imagetx.checkpoint import atomic_torch_save
 from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -132,6 +133,13 @@ def test_remove_stale_temporaries_only_touches_temporaries(tmp_path):
     assert [p.name for p in removed] == [".last.ckpt.abc123.tmp"]
     assert sorted(p.name for p in directory.iterdir()) == ["last.ckpt", "notes.tmp"]
     assert remove_stale_temporaries(tmp_path / "missing") == []
+    # written_before: a temporary written since (a write still running beside the caller) stays
+    old, new = directory / ".a.npz.x1.tmp", directory / ".b.npz.x2.tmp"
+    for path in (old, new):
+        path.write_bytes(b"half")
+    os.utime(old, (1, 1))
+    assert remove_stale_temporaries(directory, written_before=1000) == [old]
+    assert new.exists()
 
 
 def test_new_run_in_an_old_directory_overwrites_last_ckpt(tmp_path, data_root):

@@ -7,11 +7,12 @@ import json
 import numpy as np
 import pytest
 import torch
-from PIL import Image
+from PIL import ExifTags, Image
 
 from helpers import tiny_model, write_cifar_npz
 from imagetx import save_model
 from imagetx.sample import main
+from imagetx.sources import load
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
@@ -116,6 +117,23 @@ def test_complete_user_image_is_cropped_and_resized(tmp_path, capsys, ckpt):
     assert summary["images"] == 1
     with Image.open(out / "complete.png") as image:
         assert image.size == grid_size(1, 3)
+
+
+def test_a_photo_is_prepared_as_the_folder_conversion_prepares_a_training_image(tmp_path, capsys, ckpt):
+    photo = tmp_path / "photos" / "photo.jpg"
+    photo.parent.mkdir()
+    rng = np.random.default_rng(1)
+    exif = Image.Exif()
+    exif[ExifTags.Base.Orientation] = 6  # stored on its side: turned a quarter when read
+    Image.fromarray(rng.integers(0, 256, (45, 70, 3), dtype=np.uint8)).save(photo, exif=exif, quality=95)
+    converted = load("folder", photo.parent, "train", val_size=0, image_size=SIDE)[0][0]
+    out = tmp_path / "out"
+    _, err = run_ok(capsys, ["--ckpt", str(ckpt), "--task", "complete", "--samples", "1", "--rows", "16",
+                             "--images", str(photo), "--out", str(out), "--device", "cpu"])
+    assert "photo.jpg: turned upright (EXIF orientation 6) to 45x70, centre-cropped to 45x45, resized to 32x32" in err
+    with Image.open(out / "complete.png") as image:
+        original = cell(np.asarray(image.convert("RGB")), 0, 2)
+    np.testing.assert_array_equal(original, converted.numpy())
 
 
 def test_error_rows_out_of_range(tmp_path, capsys, ckpt, data_root):

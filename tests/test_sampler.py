@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
+import yaml
 
 from helpers import random_images, random_labels, tiny_model
 from imagetx.data import downsample_area
-from imagetx.sampler import CachedDecoder, sample, sample_uncached
+from imagetx import ImageTransformer, ModelConfig
+from imagetx.sampler import sample, sample_uncached
+
+REPO = Path(__file__).resolve().parents[1]
 
 # Image size 8: the categorical grid is 8x24 (192 steps), the DMOL grid 8x8 (64 steps).
 # Small blocks make locality and the ring buffer matter: 1D blocks of 16 steps, 2D blocks
@@ -20,13 +26,13 @@ def block_shape(head):
 
 
 def cached_params(model, images, labels=None, low_res=None):
-    """Teacher-force ``images`` through the CachedDecoder: (B, T, P) parameters."""
-    decoder = CachedDecoder(model, images.shape[0], labels, low_res)
+    """Teacher-force ``images`` through ``decode_step``: (B, T, P) parameters."""
+    cache = model.start_decoding(images.shape[0], labels, low_res)
     targets = model.targets(images)
-    previous, params = None, []
-    for t in range(model.order.length):
-        params.append(decoder.step(t, previous))
-        previous = decoder.embed_step(t, targets[:, t])
+    params = [model.decode_step(None, cache)]
+    for t in range(1, model.order.length):
+        params.append(model.decode_step(targets[:, t - 1], cache))
+    assert int(cache.step) == model.order.length  # one counter, advanced once per step
     return torch.stack(params, dim=1)
 
 
@@ -55,8 +61,10 @@ def test_cached_decoder_matches_full_pass(attention, head, num_classes):
 def test_ring_buffer_is_shorter_than_the_sequence():
     # The point of the cache: 1D local attention keeps only (memory + own block) keys.
     model = tiny_model(head="categorical", attention="local_1d", **SMALL_BLOCKS)
-    decoder = CachedDecoder(model, 1)
-    assert decoder.index.ring == 32 < model.order.length == 192
+    cache = model.start_decoding(1)
+    assert all(layer.self_attn.index.ring == 32 for layer in cache.layers)
+    assert 32 < model.order.length == 192
+    assert all(layer.self_attn.step is cache.step for layer in cache.layers)  # one step counter
 
 
 @pytest.mark.parametrize("head,attention,radius", [("categorical", "local_2d", None), ("dmol", "local_1d", None),
@@ -98,7 +106,7 @@ def test_sample_class_conditional_and_superres_shapes():
 
 
 @pytest.mark.parametrize("head,attention,rows", [("categorical", "local_1d", 2), ("dmol", "local_1d", 3),
-                                                 ("categorical", "local_2d", 2), ("dmol", "local_2d", 1)])
+                                                 ("categorical", "local_2d", 2), ("dmol", "local_2d", 2)])
 def test_completion_keeps_the_given_rows(head, attention, rows):
     model = tiny_model(seed=12, head=head, attention=attention)
     prefix = random_images(3, 4, seed=13)
@@ -151,6 +159,9 @@ def test_bad_sampling_requests():
             sample(model, 1, prefix=prefix, given_rows=rows)
     with pytest.raises(ValueError, match="prefix"):
         sample(model, 1, given_rows=2)  # completion without the images to complete
+    # 2D blocks two rows high: one given row would not come first in generation order
+    with pytest.raises(ValueError, match="whole number of block rows"):
+        sample(tiny_model(attention="local_2d"), 1, prefix=prefix, given_rows=1)
     with pytest.raises(ValueError):
         sample_uncached(model, 0)
 
@@ -177,3 +188,34 @@ def test_model_trained_on_one_constant_image_generates_it():
     assert log_p.sum().exp() > 0.99
     generated = sample(model, 4, temperature=1.0, generator=torch.Generator().manual_seed(0))
     assert torch.equal(generated, target.expand(4, -1, -1, -1))
+
+
+def largest_allocation(fn) -> int:
+    """Bytes of the largest single allocation made by one operation while ``fn()`` runs."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max(event.cpu_memory_usage for event in prof.events())
+
+
+def test_starting_to_decode_the_imagenet64_preset_builds_nothing_of_size_t_squared():
+    # 12,288 steps: a dense (T, T) bool mask alone would be 151 MB. Decoding reads the ring
+    # from the pattern's blocks instead; the dense reference itself is the negative control.
+    with open(REPO / "configs" / "imagenet64.yaml") as handle:
+        config = ModelConfig.from_dict(yaml.safe_load(handle)["model"]["config"])
+    model = ImageTransformer(config).eval()
+    t_squared = model.order.length ** 2
+    assert largest_allocation(lambda: model.start_decoding(1)) < t_squared // 16
+    assert largest_allocation(model.pattern.can_attend) >= t_squared
+
+
+@pytest.mark.parametrize("sampler", [sample, sample_uncached])
+def test_samplers_run_in_eval_mode_and_restore_the_callers_mode(sampler):
+    # With dropout, a model left in train mode would sample from a different distribution.
+    model = tiny_model(seed=17, dropout=0.3)
+    expected = sampler(model, 2, generator=torch.Generator().manual_seed(4))  # tiny_model: eval mode
+    model.train()
+    got = sampler(model, 2, generator=torch.Generator().manual_seed(4))
+    assert model.training
+    assert torch.equal(got, expected)

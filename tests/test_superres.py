@@ -13,7 +13,8 @@ from PIL import Image
 
 from helpers import random_images, tiny_model, write_cifar_npz
 from imagetx import load_model, save_model
-from imagetx.attention import dense_attention
+from imagetx.attention import merge_heads, project_heads
+from imagetx.patterns import dense_attention
 from imagetx.data import downsample_area
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
@@ -98,12 +99,13 @@ def test_local_cross_attention_equals_the_dense_reference(head, radius):
     # radius 0: 3 keys for every query, no mask; 1 and 2: edge cells see fewer keys (masked)
     model = superres_model(head, "local_1d", radius=radius, low_res_size=4)
     attn, can_attend = model.layers[0].cross_attn, model.cross_can_attend
-    length = model.config.seq_len
+    length = model.order.length
     x = torch.randn(2, length, 16, dtype=torch.float64, requires_grad=True)
     context = torch.randn(2, 48, 16, dtype=torch.float64, requires_grad=True)
-    q, k, v = attn.heads(x, attn.to_q), attn.heads(context, attn.to_k), attn.heads(context, attn.to_v)
-    expected = attn.merge_heads(dense_attention(q, k, v, can_attend))
-    got = attn(x, context, model.local_cross)
+    (q,) = project_heads(attn.to_q, x, attn.n_heads, 1)
+    k, v = project_heads(attn.to_kv, context, attn.n_heads, 2)
+    expected = merge_heads(attn.to_out, dense_attention(q, k, v, can_attend), attn.n_heads)
+    got = attn(x, context)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
     weights = torch.randn_like(got)
     grads = torch.autograd.grad((got * weights).sum(), (x, context))

@@ -8,10 +8,10 @@ import pytest
 import torch
 import yaml
 
-from helpers import TINY_TRAIN_MODEL, random_images, tiny_config, write_train_config
+from helpers import TINY_TRAIN_MODEL, one_error_line, random_images, tiny_config, write_train_config
 from imagetx import ModelConfig, load_model
 from imagetx.lit import ImageTransformerModule
-from imagetx.train import main
+from imagetx.train import main, make_cli
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
@@ -47,6 +47,46 @@ def test_train_writes_checkpoint_and_config(tmp_path, data_root, capsys):
     assert "val/bpd" in metrics and "train/bpd" in metrics
     assert not (run_dir / "wandb").exists()  # --wandb disabled: no W&B files at all
     assert "checkpoints in" in capsys.readouterr().out
+
+
+def plain(value) -> bool:
+    """Only what torch.load(weights_only=True) reads back: no dataclasses, no other objects."""
+    if isinstance(value, dict):
+        return all(isinstance(key, str) and plain(item) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return all(plain(item) for item in value)
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+def test_training_checkpoint_loads_with_load_from_checkpoint(tmp_path, data_root):
+    run_dir = tmp_path / "run"
+    main(["--config", str(write_config(tmp_path, run_dir, data_root, max_steps=2)), "--wandb", "disabled"])
+    last = run_dir / "checkpoints" / "last.ckpt"
+    hyper_parameters = torch.load(last, map_location="cpu", weights_only=False)["hyper_parameters"]
+    assert plain(hyper_parameters), hyper_parameters
+    assert hyper_parameters["config"] == ModelConfig(**TINY_TRAIN_MODEL).to_dict()
+    module = ImageTransformerModule.load_from_checkpoint(last, map_location="cpu").eval()
+    model = load_model(last)
+    assert module.config == model.config
+    images = random_images(3, 32, seed=2)
+    with torch.no_grad():
+        torch.testing.assert_close(module.bits_per_dim({"images": images}), model.bits_per_dim(images),
+                                   rtol=0, atol=0)
+
+
+def test_the_data_takes_image_size_and_classes_from_the_model(tmp_path, data_root, capsys):
+    model = {"image_size": 8, "query_block_length": 16, "num_classes": 10}
+    config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, model=model)
+    cli = make_cli(["--config", str(config), "--wandb", "disabled"])
+    assert (cli.datamodule.image_size, cli.datamodule.num_classes) == (8, 10)
+    # set twice, they could disagree: the data's copy is refused, on the command line and in a YAML file
+    line = one_error_line(capsys, main, ["--config", str(config), "--wandb", "disabled", "--data.image_size", "8"])
+    assert "data.image_size is set from --model.config.image_size" in line, line
+    twice = write_train_config(tmp_path / "twice.yaml", tmp_path / "run", data_root, model=model,
+                               data={"num_classes": 10})
+    line = one_error_line(capsys, main, ["--config", str(twice), "--wandb", "disabled"])
+    assert "data.num_classes is set from --model.config.num_classes" in line, line
+    assert not (tmp_path / "run" / "checkpoints").exists()
 
 
 def test_resume_last_continues_the_global_step(tmp_path, data_root):

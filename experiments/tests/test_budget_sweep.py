@@ -11,7 +11,7 @@ import torch
 
 from experiments.tests.conftest import REPO_ROOT, write_train_config
 from imagetx import load_model
-from imagetx.data import load_cifar10
+from imagetx.sources import load
 
 VAL_SIZE = 2
 
@@ -56,7 +56,7 @@ def test_sweep_scores_each_run_as_evaluate_does_and_reports_a_failed_run(tmp_pat
     # its score is the bits/dim of its own checkpoint on the val split, recomputed here
     ckpt = tmp_path / "sweep" / "one_layer" / "checkpoints" / "last.ckpt"
     assert torch.load(ckpt, weights_only=False)["global_step"] == 2
-    images = load_cifar10(data_root, "val", val_size=VAL_SIZE)[0]
+    images = load("cifar10", data_root, "val", val_size=VAL_SIZE)[0]
     with torch.no_grad():
         expected = load_model(ckpt).bits_per_dim(images).mean().item()
     assert good["bpd"] == pytest.approx(expected, rel=1e-5)

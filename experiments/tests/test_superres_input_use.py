@@ -13,7 +13,8 @@ import torch
 
 from experiments.tests.conftest import REPO_ROOT, tiny_model, write_cifar_npz
 from imagetx import load_model, save_model
-from imagetx.data import downsample_area, load_cifar10
+from imagetx.data import downsample_area
+from imagetx.sources import load
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
@@ -38,7 +39,7 @@ def test_input_use_script_compares_own_and_borrowed_inputs(tmp_path, superres_ck
                       "--val_size", "4", "--count", "3", "--json", str(out))
     assert done.returncode == 0, done.stderr
     result = json.loads(out.read_text())
-    images = load_cifar10(root, "val", val_size=4)[0][:3]
+    images = load("cifar10", root, "val", val_size=4)[0][:3]
     model = load_model(superres_ckpt)
     low_res = downsample_area(images, 8)
     with torch.no_grad():
@@ -74,7 +75,7 @@ def test_input_use_script_compares_with_a_baseline_position_by_position(tmp_path
     done = run_script(str(superres_ckpt), *common, "--baseline", str(baseline))
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
-    images = load_cifar10(root, "val", val_size=4)[0][:3]
+    images = load("cifar10", root, "val", val_size=4)[0][:3]
     with torch.no_grad():  # raster order over 32x32 pixels: step 32·row + col
         sr_bits = -load_model(superres_ckpt).log_prob(images, None, downsample_area(images, 8)).view(3, 32, 32)
         base_bits = -load_model(baseline).log_prob(images).view(3, 32, 32)

@@ -36,9 +36,10 @@ def default_root() -> Path:
 class Reader:
     """One source at one root, with its options: reads each pool once, cuts splits from it.
 
-    ``image_size``: the side a folder is converted to; for the other sources, when given,
-    the size the data must have. The ``folder`` options (``crop``, ``resize``, ``cache``,
-    ``rebuild``) are refused with another source."""
+    ``image_size``: the side a folder is converted to (default 32); the other sources hold
+    images of their own side (whether a model fits them is ``check_fits``'s to say). The
+    ``folder`` options (``crop``, ``resize``, ``cache``, ``rebuild``) are refused with
+    another source."""
 
     def __init__(self, source: str = "cifar10", root: str | os.PathLike | None = None, val_size: int | None = None,
                  image_size: int | None = None, download: bool = True, crop: str = "center", resize: str = "area",
@@ -70,9 +71,6 @@ class Reader:
             else:
                 self.prepare()
                 pool = folder.read_converted(self.root, self.converted)
-            if self.image_size and pool.image_size != self.image_size:
-                raise DataError(f"{pool.where} holds {pool.image_size}x{pool.image_size} images, not the "
-                                f"{self.image_size}x{self.image_size} asked for: use data of that size")
             self.pools[part] = pool
         return self.pools[part]
 

@@ -43,31 +43,33 @@ class Pool:
         return Pool(self.images[start:stop], labels, self.num_classes, self.where)
 
 
-def check_fits(data: Pool, config, checkpoint: bool = False) -> None:
-    """Raise a DataError when the model (a ModelConfig) cannot read ``data``: another image
-    size, a class-conditional model on unlabelled data, or another number of classes.
+def check_fits(data: Pool, image_size: int | None, num_classes: int | None, checkpoint: bool = False) -> None:
+    """Raise a DataError when a model of ``image_size`` and ``num_classes`` (0: unconditional)
+    cannot read ``data``: another image size, a class-conditional model on unlabelled data, or
+    another number of classes. None: that part is not checked.
 
     ``checkpoint``: the model comes from a checkpoint (evaluate, sample), so the fix is
     other data rather than another model setting."""
-    size, model_size = data.image_size, config.image_size
-    if size != model_size:
+    size = data.image_size
+    if image_size is not None and size != image_size:
         the_model = "the checkpoint's model" if checkpoint else "the model"
-        fix = (f"use {model_size}x{model_size} data (e.g. the {model_size}x{model_size} variant of the dataset)"
-               if checkpoint else f"set --model.config.image_size {size} or use {model_size}x{model_size} data "
-                                  f"(e.g. the {model_size}x{model_size} variant of the dataset)")
-        raise DataError(f"{data.where} holds {size}x{size} images but {the_model} is {model_size}x{model_size}: {fix}")
-    classes = config.num_classes
-    if not classes:
+        fix = (f"use {image_size}x{image_size} data (e.g. the {image_size}x{image_size} variant of the dataset)"
+               if checkpoint else f"set --model.config.image_size {size} or use {image_size}x{image_size} data "
+                                  f"(e.g. the {image_size}x{image_size} variant of the dataset)")
+        raise DataError(f"{data.where} holds {size}x{size} images but {the_model} is {image_size}x{image_size}: {fix}")
+    if not num_classes:
         return  # an unconditional model reads any images
     if data.labels is None:
         fix = ("give labelled data (a folder with one sub-folder per class)" if checkpoint
                else "set --model.config.num_classes 0 for an unconditional model, or put the images in one "
                     "sub-folder per class")
-        raise DataError(f"the model is class-conditional (num_classes={classes}) but {data.where} has no labels: {fix}")
-    if data.num_classes != classes:
+        raise DataError(f"the model is class-conditional (num_classes={num_classes}) but {data.where} has no labels: "
+                        f"{fix}")
+    if data.num_classes != num_classes:
         fix = ("give data with as many classes" if checkpoint
                else f"set --model.config.num_classes {data.num_classes} (or 0 for an unconditional model)")
-        raise DataError(f"{data.where} has {data.num_classes} classes but the model has num_classes={classes}: {fix}")
+        raise DataError(f"{data.where} has {data.num_classes} classes but the model has num_classes={num_classes}: "
+                        f"{fix}")
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:

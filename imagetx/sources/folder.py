@@ -4,11 +4,9 @@ recursively, e.g. CelebA's ``img_align_celeba/`` or your own pictures.
 * **Classes**: when every image lies in a sub-folder, the class is the name of its first
   sub-folder (classes numbered in name order); otherwise the folder is unlabelled.
   Names starting with ``.`` (hidden files and folders, the cache below) are skipped.
-* **Pictures**: each image is turned upright (EXIF), made RGB, cropped to a square
-  (``center``: the largest centred square; ``celeba``: the centred 138×138 face crop of
-  CelebA's aligned 178×218 images) and resized to ``image_size`` with the ``resize``
-  filter, computed in floating point and rounded half up (``area`` by default: each
-  output pixel the mean of the area it covers, as T2T's resize by area).
+* **Pictures**: each image is prepared by ``images.prepare_image`` (turned upright, made
+  RGB, cropped to a square by ``crop``, resized to ``image_size`` by ``resize``), as
+  ``imagetx.sample --images`` prepares a photo.
 * **Conversion**: done once, into npz shards of ``SHARD_SIZE`` images in
   ``<cache>/<size>px-<crop>-<resize>/`` (``cache``: ``--data.cache``, default
   ``<root>/.imagetx-cache``), so that training does not decode images every epoch.
@@ -32,36 +30,21 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from PIL import Image, ImageOps
 from tqdm.auto import tqdm
 
-from ..atomic import TEMPORARY_SUFFIX, atomic_write
+from ..atomic import atomic_write, remove_stale_temporaries
+from ..images import CROPS, FILTERS, prepare_image
 from .common import DataError, Pool, write_npz
 
 SUFFIXES = {".png", ".jpg", ".jpeg"}
-CROPS = ("center", "celeba")
-# CelebA's face crop: the centred 138x138 box (40 rows off the top and bottom, 20 columns
-# off each side of the aligned 178x218 images), as T2T's img2img_celeba, the paper's
-# CelebA super-resolution task; others use 140 or 148 boxes.
-CELEBA_CROP = 138
-# area: each output pixel the mean of the input area it covers, partly covered pixels
-# weighted by the part covered (T2T's resize by area; PIL's BOX weighs whole pixels
-# instead). The others are PIL's filters, for enlarging.
-FILTERS = {"area": None, "bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
-           "lanczos": Image.Resampling.LANCZOS}
 SHARD_SIZE = 1000  # images per shard (fewer when some were skipped)
 CACHE_NAME = ".imagetx-cache"
 FORMAT = 1
 HELD_OUT = None  # no official held-out set: no test split
 SHOWN = 5  # unreadable files named in the warning
-
-# Called with the shard's number after each shard is written. For tests: a hook that
-# kills the process interrupts a conversion between two shards.
-after_shard: Callable[[int], None] | None = None
 
 
 def default_val_size(train_images: int) -> int:
@@ -84,36 +67,6 @@ def scan(root: Path) -> tuple[list[list], list[str]]:
     files = [[rel, size, mtime, index[rel.split("/")[0]] if labelled else -1] for rel, size, mtime in files]
     files.sort(key=lambda file: (hashlib.blake2b(file[0].encode(), digest_size=8).digest(), file[0]))
     return files, classes
-
-
-def prepare_image(path: Path, image_size: int, crop: str, resize: str) -> np.ndarray:
-    """(image_size, image_size, 3) uint8 of one file; raises if the file cannot be read."""
-    with Image.open(path) as opened:
-        image = ImageOps.exif_transpose(opened).convert("RGB")
-    width, height = image.size
-    side = CELEBA_CROP if crop == "celeba" else min(width, height)
-    if side > min(width, height):
-        raise ValueError(f"{width}x{height} is smaller than the {side}x{side} celeba crop")
-    left, top = (width - side) // 2, (height - side) // 2
-    image = image.crop((left, top, left + side, top + side))
-    if side == image_size:
-        return np.asarray(image, dtype=np.uint8)
-    if resize == "area":
-        weights = area_weights(side, image_size)
-        resized = np.einsum("ah,bw,hwc->abc", weights, weights, np.asarray(image, dtype=np.float64))
-    else:  # each channel in float, rounded once below (PIL's 8-bit resize rounds between its two passes)
-        resized = np.stack([np.asarray(band.convert("F").resize((image_size, image_size), FILTERS[resize]))
-                            for band in image.split()], axis=-1)
-    return np.clip(np.floor(resized + 0.5), 0, 255).astype(np.uint8)  # rounded half up
-
-
-def area_weights(side: int, size: int) -> np.ndarray:
-    """(size, side): how much of each input pixel each output pixel covers, rows summing to 1."""
-    edges = np.arange(size + 1) * (side / size)
-    starts, stops = edges[:-1, None], edges[1:, None]
-    pixels = np.arange(side)[None, :]
-    covered = np.clip(np.minimum(stops, pixels + 1) - np.maximum(starts, pixels), 0, None)
-    return covered / covered.sum(axis=1, keepdims=True)
 
 
 def cache_dir(root: Path, cache: str | os.PathLike | None, image_size: int, crop: str, resize: str) -> Path:
@@ -168,19 +121,12 @@ def convert(root: Path, image_size: int = 32, crop: str = "center", resize: str 
         for k in todo:
             write_shard(root, out, k, shards[k], image_size, crop, resize)
             progress.update(len(shards[k]))
-            if after_shard is not None:
-                after_shard(k)
     skipped = []
     for k in range(len(shards)):
         with np.load(shard_path(out, k)) as shard:
             skipped += [str(reason) for reason in shard["skipped"]]
     write_text(out / "complete.json", json.dumps({"images": len(files) - len(skipped), "skipped": skipped}, indent=1))
-    for stale in out.glob(f".*{TEMPORARY_SUFFIX}"):  # left by a killed conversion (not by one running beside this one)
-        try:
-            if stale.stat().st_mtime < started:
-                stale.unlink()
-        except FileNotFoundError:
-            pass
+    remove_stale_temporaries(out, written_before=started)  # a killed conversion's, not one running beside this
     if skipped:
         shown = "; ".join(skipped[:SHOWN]) + ("; ..." if len(skipped) > SHOWN else "")
         print(f"warning: skipped {len(skipped)} of {len(files)} image files that could not be read: {shown} "

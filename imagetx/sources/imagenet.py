@@ -21,7 +21,6 @@ from __future__ import annotations
 import math
 import pickle
 import re
-import zipfile
 from pathlib import Path
 
 import numpy as np

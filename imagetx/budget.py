@@ -1,0 +1,87 @@
+"""A learning-rate schedule that ends when the time budget does (``trainer.max_time``), on any
+machine.
+
+A cosine fitted to a step count only ends well on a machine of the speed it was fitted on:
+slower, the run stops with the learning rate still high; faster, it finishes early and leaves
+minutes unused. With a time budget, the cosine's horizon is measured instead: training runs
+at the peak learning rate (after warm-up) until the first validation has ended; by then the
+steps, one validation and whatever else the run does between them (sample grids, checkpoint
+writes) have been timed, and the step at which the budget runs out is fixed. The cosine then
+runs from that step to that horizon. The horizon is stored in every checkpoint and a resumed
+run uses it, so that it ends exactly as an uninterrupted run with that horizon would.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback, Timer
+
+
+@dataclass(frozen=True)
+class Horizon:
+    """The cosine of a ``warmup_cosine`` schedule: from ``decay_start`` (the multiplier still 1)
+    to ``end`` (the multiplier 0), in optimiser steps."""
+
+    decay_start: int
+    end: int
+
+    def to_dict(self) -> dict[str, int]:
+        return {"decay_start": self.decay_start, "end": self.end}
+
+
+def budget_timer(trainer: L.Trainer | None) -> Timer | None:
+    """The Timer that enforces ``trainer.max_time``, or None when the run has no time budget."""
+    if trainer is None:
+        return None
+    return next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
+
+
+def fit_horizon(step: int, remaining_seconds: float, seconds_per_step: float, overhead_per_step: float,
+                warmup_steps: int, max_steps: int) -> Horizon:
+    """The horizon that ends the cosine when ``remaining_seconds`` run out, ``step`` updates
+    into the run: each later step costs ``seconds_per_step`` plus ``overhead_per_step``, the
+    share of the periodic work (validations, sample grids, checkpoints) that falls to one step.
+    Never past ``max_steps`` (when > 0). The cosine starts at update step + 1, whose rate the
+    scheduler has already set (to the peak), and never before warm-up has ended."""
+    steps_left = max(int(remaining_seconds / (seconds_per_step + overhead_per_step)), 0)
+    end = step + steps_left
+    if max_steps > 0:
+        end = min(end, max_steps)
+    decay_start = max(step + 1, warmup_steps)
+    return Horizon(decay_start, max(end, decay_start + 1))
+
+
+class BudgetHorizon(Callback):
+    """Fixes ``ImageTransformerModule.horizon`` from timings, at the end of the first
+    validation of a run with a time budget (docs/model.md §8). Steps from ``timing_from_step``
+    on are timed (the first step is left out: it includes one-off start-up work): the median
+    time from one step's start to the next is the cost of a step; the rest of the time since
+    then (the validation, grids, checkpoints) is spread over the steps as overhead."""
+
+    def __init__(self, timing_from_step: int = 1) -> None:
+        self.timing_from_step = timing_from_step
+        self.starts: list[float] = []  # monotonic time at the start of each timed step
+
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
+        if pl_module.horizon is None and trainer.global_step >= self.timing_from_step:
+            self.starts.append(time.monotonic())
+
+    def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
+        timer = budget_timer(trainer)
+        if trainer.sanity_checking or pl_module.horizon is not None or timer is None or len(self.starts) < 3:
+            return
+        now = time.monotonic()
+        seconds_per_step = statistics.median(b - a for a, b in zip(self.starts, self.starts[1:]))
+        overhead = max(now - self.starts[0] - seconds_per_step * len(self.starts), 0.0) / len(self.starts)
+        remaining = timer.time_remaining()
+        horizon = fit_horizon(trainer.global_step, remaining, seconds_per_step, overhead, pl_module.hparams.warmup_steps, trainer.max_steps)
+        # Every process must use the same horizon: rank 0's measurement decides.
+        pl_module.horizon = trainer.strategy.broadcast(horizon, src=0)
+        self.starts.clear()
+        pl_module.print(f"learning-rate horizon fixed at step {trainer.global_step}: the cosine ends at step "
+                        f"{pl_module.horizon.end} ({seconds_per_step:.3f} s per step + {overhead:.3f} s of "
+                        f"validations and the rest per step, {remaining:.0f} s of the budget left)")

@@ -1,0 +1,423 @@
+"""Attention patterns: which keys each query may see (docs/model.md §4), and the kernels that
+compute attention under them.
+
+One layout throughout: q, k, v are sequence-first (T, N, e), N = batch·heads and e the head
+size, in generation order.
+
+A self-attention pattern answers, for the steps of its ``GenerationOrder``:
+
+* ``can_attend()``: the dense boolean (T, T) matrix (True = the query, a row, may attend to
+  the key, a column), built by comparing positions. It is the reference, for tests only:
+  ``dense_attention`` with it defines the right answer.
+* ``blocks(device)``: the pattern's sparsity, built once per device — queries in blocks of
+  consecutive steps, each block with the steps of its keys and which of them each query may
+  see. The training pass (``attend``), the relative position bias of each query-key pair
+  (``block_bias``) and the ring buffer of decoding (``decode_index``) are all read from it,
+  at a cost of O(T·(keys per block)), never O(T²). Tests prove each equal to the reference.
+
+``LocalCrossAttention`` is the pattern of cross-attention to a low-resolution input.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TypeVar
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor, nn
+
+from .order import GenerationOrder
+from .position_bias import RelativePositionBias
+
+Built = TypeVar("Built")
+
+
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, can_attend: Tensor, bias: Tensor | None = None) -> Tensor:
+    """Reference softmax attention: q (Tq, N, e), k and v (Tk, N, e), can_attend (Tq, Tk) -> (Tq, N, e).
+
+    Written out by hand (no fused kernel) so the fast paths have something
+    independent to be compared with. A query with no allowed key gets zeros.
+    ``bias`` (h, Tq, Tk): added to the scores of head i of every image (N = batch·h).
+    """
+    scores = torch.einsum("qne,kne->nqk", q, k) / math.sqrt(q.shape[-1])
+    if bias is not None:
+        scores = (rearrange(scores, "(b h) q k -> b h q k", h=bias.shape[0]) + bias).flatten(0, 1)
+    scores = scores.masked_fill(~can_attend, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return torch.einsum("nqk,kne->qne", weights, v)
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """(Tq, N, e) queries over every key of (Tk, N, e), or causally: one fused call on views."""
+    q, k, v = (rearrange(t, "t n e -> 1 n t e") for t in (q, k, v))
+    return rearrange(F.scaled_dot_product_attention(q, k, v, is_causal=causal), "1 n t e -> t n e")
+
+
+# ----- a pattern's sparsity, built once ------------------------------------------------------
+
+@dataclass(frozen=True)
+class BlockIndex:
+    """Queries in n blocks of L consecutive steps (steps past T − 1 are end padding), each block
+    over S keys: ``key_steps`` (n, S) long, where step T stands for a zero key (before the
+    sequence, outside the grid, end padding); ``can_attend`` (n, L, S) bool."""
+
+    key_steps: Tensor
+    can_attend: Tensor
+
+    @property
+    def query_steps(self) -> Tensor:
+        """(n, L): the step of each query of each block."""
+        n_blocks, block_len, _ = self.can_attend.shape
+        return torch.arange(n_blocks * block_len, device=self.key_steps.device).view(n_blocks, block_len)
+
+    def to(self, device: torch.device) -> "BlockIndex":
+        return BlockIndex(self.key_steps.to(device), self.can_attend.to(device))
+
+
+@dataclass(frozen=True)
+class BlockBias:
+    """The relative grid offset of every query-key pair of every block, as indices into a
+    ``RelativePositionBias`` table, with blocks of equal offsets kept once: ``offsets`` (u, L, S)
+    (pairs a block hides set to 0, so they do not make blocks differ), ``kinds`` (n,) which of
+    the u each block has. 1D blocks of whole grid rows and 2D blocks nearly all share their
+    offsets: the table is gathered, and its gradient scattered, for u ≪ n blocks."""
+
+    offsets: Tensor
+    kinds: Tensor
+
+
+@dataclass(frozen=True)
+class DecodeIndex:
+    """Ring-buffer geometry for decoding one step at a time: step s's key and value live in slot
+    s % ``ring`` until step s + ring overwrites them; ring is the fewest slots that still hold
+    the oldest key any later query reads. ``can_read`` (T, ring) bool: the slots step t attends
+    to; None for full attention, where ring = T and step t reads slots 0..t."""
+
+    ring: int
+    can_read: Tensor | None
+
+    def readable(self, step: Tensor) -> Tensor:
+        """(ring,) bool: the slots decoding step ``step`` (a 0-d tensor) may read."""
+        if self.can_read is None:
+            return torch.arange(self.ring, device=step.device) <= step
+        return self.can_read[step]
+
+    def to(self, device: torch.device) -> "DecodeIndex":
+        return DecodeIndex(self.ring, None if self.can_read is None else self.can_read.to(device))
+
+
+def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex, bias: Tensor | None = None) -> Tensor:
+    """Queries in blocks of L consecutive steps, each block over its own gathered keys.
+
+    q (n·L, N, e); k, v (T', N, e) with T' ≥ every real key step (a zero row is appended for
+    step T); bias (h, n, L, S) or None. The blocks are the batch axis of one fused call; with
+    a bias, a per-head float mask (heads split out of N) -> (n·L, N, e).
+    """
+    n_blocks, n_keys = blocks.key_steps.shape
+    zero = q.new_zeros(1, *q.shape[1:])
+    keys, values = (rearrange(torch.cat([t, zero]).index_select(0, blocks.key_steps.flatten()),
+                              "(b s) n e -> b n s e", s=n_keys) for t in (k, v))
+    queries = rearrange(q, "(b l) n e -> b n l e", b=n_blocks)
+    if bias is None:
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=blocks.can_attend[:, None])
+        return rearrange(out, "b n l e -> (b l) n e")
+    mask = rearrange(bias, "h b l s -> b 1 h l s").masked_fill(~blocks.can_attend[:, None, None], float("-inf"))
+    split = (rearrange(t, "b (B h) l e -> b B h l e", h=bias.shape[0]) for t in (queries, keys, values))
+    out = F.scaled_dot_product_attention(*split, attn_mask=mask)
+    return rearrange(out, "b B h l e -> (b l) (B h) e")
+
+
+def ring_from_blocks(blocks: BlockIndex, length: int) -> DecodeIndex:
+    """The decoding ring of a causal pattern, from its blocks, one block at a time (so that the
+    largest tensor is one block's, never T²)."""
+
+    def pairs(queries: Tensor, keys: Tensor, can_attend: Tensor) -> tuple[Tensor, Tensor]:
+        """One block's (query step, key step) pairs that attend, padding left out."""
+        allowed = can_attend & (queries[:, None] < length) & (keys[None, :] < length)
+        query, key = allowed.nonzero(as_tuple=True)
+        return queries[query], keys[key]
+
+    blocks_pairs = list(zip(blocks.query_steps, blocks.key_steps, blocks.can_attend))
+    ring = 1
+    for queries, keys in (pairs(*block) for block in blocks_pairs):
+        if bool((keys > queries).any()):
+            raise ValueError("cached decoding needs a causal pattern: a query sees a later key")
+        if queries.numel():
+            ring = max(ring, int((queries - keys).max()) + 1)
+    can_read = torch.zeros(length, ring, dtype=torch.bool)
+    for queries, keys in (pairs(*block) for block in blocks_pairs):
+        can_read[queries, keys % ring] = True
+    return DecodeIndex(ring, can_read)
+
+
+# ----- self-attention patterns ---------------------------------------------------------------
+
+class AttentionPattern:
+    """Which keys each query sees, over the steps of ``order``. Subclasses define the dense
+    reference (``can_attend``) and their blocks (``build_blocks``); the rest derives from them."""
+
+    def __init__(self, order: GenerationOrder) -> None:
+        self.order = order
+        self.built: dict[tuple[str, torch.device], object] = {}  # what ``once`` has built, per device
+
+    @property
+    def length(self) -> int:
+        return self.order.length
+
+    def can_attend(self) -> Tensor:
+        """(T, T) bool, True where the query (row) may attend to the key (column)."""
+        raise NotImplementedError
+
+    def build_blocks(self) -> BlockIndex:
+        """The pattern's blocks, on the CPU (``blocks`` keeps them, per device)."""
+        raise NotImplementedError
+
+    def once(self, what: str, device: torch.device | str, build: Callable[[], Built]) -> Built:
+        """``build()`` the first time ``what`` is asked for on ``device``; after that, the same object."""
+        key = (what, torch.device(device))
+        if key not in self.built:
+            self.built[key] = build()
+        return self.built[key]  # type: ignore[return-value]
+
+    def blocks(self, device: torch.device | str) -> BlockIndex:
+        cpu = self.once("blocks", "cpu", self.build_blocks)
+        return self.once("blocks", device, lambda: cpu.to(device))
+
+    def block_bias(self, device: torch.device | str) -> BlockBias:
+        def build() -> BlockBias:
+            blocks = self.blocks("cpu")
+            offsets = self.order.relative_offsets(blocks.query_steps[:, :, None], blocks.key_steps[:, None, :])
+            offsets = offsets.masked_fill(~blocks.can_attend, 0)
+            distinct, kinds = torch.unique(offsets, dim=0, return_inverse=True)
+            return BlockBias(distinct.to(device), kinds.to(device))
+
+        return self.once("bias", device, build)
+
+    def bias_in_blocks(self, position_bias: RelativePositionBias, device: torch.device) -> Tensor:
+        """(h, n, L, S): the position bias of every query-key pair of every block."""
+        index = self.block_bias(device)
+        return position_bias(index.offsets).index_select(1, index.kinds)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, position_bias: RelativePositionBias | None = None) -> Tensor:
+        """(T, N, e) q, k, v -> (T, N, e), equal to ``dense_attention`` with ``can_attend()``
+        (and, with a position bias, the bias of every query-key pair added to its score)."""
+        bias = None if position_bias is None else self.bias_in_blocks(position_bias, q.device)
+        return attend_in_blocks(q, k, v, self.blocks(q.device), bias)[: self.length]
+
+    def decode_index(self, device: torch.device | str) -> DecodeIndex:
+        cpu = self.once("decode", "cpu", lambda: ring_from_blocks(self.blocks("cpu"), self.length))
+        return self.once("decode", device, lambda: cpu.to(device))
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+class FullCausal(AttentionPattern):
+    """Every query sees every earlier position and itself: the O(T²) baseline."""
+
+    def can_attend(self) -> Tensor:
+        steps = torch.arange(self.length)
+        return steps[None, :] <= steps[:, None]
+
+    def build_blocks(self) -> BlockIndex:
+        # One block holding the whole sequence: full attention's sparsity is no sparsity.
+        return BlockIndex(torch.arange(self.length)[None], self.can_attend()[None])
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, position_bias: RelativePositionBias | None = None) -> Tensor:
+        if position_bias is None:
+            return fused_attention(q, k, v, causal=True)
+        return super().attend(q, k, v, position_bias)
+
+    def decode_index(self, device: torch.device | str) -> DecodeIndex:
+        return DecodeIndex(self.length, None)  # step t reads slots 0..t: nothing to build
+
+
+class Local1D(AttentionPattern):
+    """Query blocks of ``block_length`` steps in raster order (docs/model.md §4, 1D).
+
+    A query sees every position of the previous ``memory_blocks`` blocks and its own block up
+    to and including itself. The sequence's end is padded to whole blocks; padding comes after
+    every real position, so causality alone keeps it unseen.
+    """
+
+    def __init__(self, order: GenerationOrder, block_length: int, memory_blocks: int = 1) -> None:
+        super().__init__(order)
+        self.block_length, self.memory_blocks = block_length, memory_blocks
+
+    def can_attend(self) -> Tensor:
+        steps = torch.arange(self.length)
+        query, key = steps[:, None], steps[None, :]
+        query_block, key_block = query // self.block_length, key // self.block_length
+        return (key <= query) & (key_block >= query_block - self.memory_blocks)
+
+    def build_blocks(self) -> BlockIndex:
+        """Block b's keys: the steps of blocks b−m .. b, (m+1)·lq of them."""
+        lq, m = self.block_length, self.memory_blocks
+        n_blocks = -(-self.length // lq)
+        key_steps = (torch.arange(n_blocks)[:, None] - m) * lq + torch.arange((m + 1) * lq)
+        query_steps = torch.arange(n_blocks * lq).view(n_blocks, lq)
+        can_attend = (key_steps[:, None, :] >= 0) & (key_steps[:, None, :] <= query_steps[:, :, None])
+        key_steps = key_steps.masked_fill((key_steps < 0) | (key_steps >= self.length), self.length)
+        return BlockIndex(key_steps, can_attend)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, position_bias: RelativePositionBias | None = None) -> Tensor:
+        """Blocks 0..m−1 have every earlier position in memory: one causal call. Every later
+        block b needs the window of blocks [b−m, b]. Windows that start at blocks s, s+(m+1),
+        s+2(m+1), … do not overlap, so for each s in 0..m they are a plain view of k and v (no
+        gathered copies); the last block of each window is queried against the whole window
+        with one shared (lq, (m+1)·lq) mask.
+
+        A position bias differs from window to window (unless lq is a multiple of the grid's
+        width), so with one the blocks run through ``attend_in_blocks`` instead.
+        """
+        lq, m, length = self.block_length, self.memory_blocks, q.shape[0]
+        n_blocks = -(-length // lq)
+        pad = n_blocks * lq - length
+        if pad:  # padding comes after every real position: causality keeps it unseen
+            q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
+        if position_bias is not None:
+            return super().attend(q, k, v, position_bias)
+        out = q.new_empty(q.shape)
+        head = min(m, n_blocks) * lq
+        out[:head] = fused_attention(q[:head], k[:head], v[:head], causal=True)
+        window = (m + 1) * lq
+        can_attend = torch.ones(lq, window, dtype=torch.bool, device=q.device).tril(m * lq)
+        blocks_out = rearrange(out, "(b l) n e -> b l n e", l=lq)
+        for s in range(m + 1):
+            n_windows = -(-(n_blocks - m - s) // (m + 1))
+            if n_windows <= 0:
+                continue
+            span = slice(s * lq, (s + n_windows * (m + 1)) * lq)
+            # windows: (w, n, (m+1)·lq, e) views; queries: the last block of each window
+            keys, values = (rearrange(t[span], "(w l) n e -> w n l e", l=window) for t in (k, v))
+            queries = rearrange(q[span], "(w j l) n e -> w j n l e", j=m + 1, l=lq)[:, m]
+            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=can_attend)
+            first_block = s + m
+            blocks_out[first_block : first_block + n_windows * (m + 1) : m + 1] = rearrange(
+                attended, "w n l e -> w l n e")
+        return out[:length]
+
+    def describe(self) -> str:
+        return f"Local1D(lq={self.block_length}, memory_blocks={self.memory_blocks})"
+
+
+class Local2D(AttentionPattern):
+    """Query blocks of qh×qw grid cells with a memory flange (docs/model.md §4, 2D).
+
+    The sequence is in block-raster order (``order.block`` = (qh, qw)). A block with top-left
+    cell (r0, c0) sees the top flange rows [r0−fh, r0) × cols [c0−fw, c0+qw+fw), the left
+    flange rows [r0, r0+qh) × cols [c0−fw, c0), and itself causally. Cells outside the grid
+    are never attended.
+    """
+
+    def __init__(self, order: GenerationOrder, flange: tuple[int, int]) -> None:
+        if order.block is None:
+            raise ValueError("2D local attention needs a block-raster order: GenerationOrder(rows, cols, block)")
+        super().__init__(order)
+        self.block, self.flange = tuple(order.block), tuple(flange)
+
+    def can_attend(self) -> Tensor:
+        (qh, qw), (fh, fw) = self.block, self.flange
+        rows, cols = self.order.cell_of_step()
+        steps = torch.arange(self.length)
+        r0, c0 = (rows // qh * qh)[:, None], (cols // qw * qw)[:, None]  # query block corner
+        key_row, key_col = rows[None, :], cols[None, :]
+        top = (key_row >= r0 - fh) & (key_row < r0) & (key_col >= c0 - fw) & (key_col < c0 + qw + fw)
+        left = (key_row >= r0) & (key_row < r0 + qh) & (key_col >= c0 - fw) & (key_col < c0)
+        same_block = (key_row // qh * qh == r0) & (key_col // qw * qw == c0)
+        own = same_block & (steps[None, :] <= steps[:, None])
+        return top | left | own
+
+    def build_blocks(self) -> BlockIndex:
+        """Every block's keys: M flange cells and the L = qh·qw block cells — the top flange
+        (raster), the left flange, then the block itself; a cell outside the grid is step T.
+        can_attend: inside-the-grid flange cells, and the block's own cells causally."""
+        (qh, qw), (fh, fw) = self.block, self.flange
+        block_len = qh * qw
+        # Step numbers laid on the grid, padded with 0 ("outside") above and either side;
+        # windows: nh, nw, fh+qh, qw+2fw — each block's rows and columns of context.
+        steps = self.order.sequence_to_grid(torch.arange(1, self.length + 1)[None])[0]
+        windows = F.pad(steps, (fw, fw, fh, 0)).unfold(0, fh + qh, qh).unfold(1, qw + 2 * fw, qw)
+        top = rearrange(windows[:, :, :fh, :], "nh nw r c -> (nh nw) (r c)")
+        left = rearrange(windows[:, :, fh:, :fw], "nh nw r c -> (nh nw) (r c)")
+        own = rearrange(torch.arange(1, self.length + 1), "(n l) -> n l", l=block_len)
+        key_steps = torch.cat([top, left, own], dim=1) - 1  # -1: outside the grid
+        n_blocks, n_memory = top.shape[0], top.shape[1] + left.shape[1]
+        causal = torch.ones(block_len, block_len, dtype=torch.bool).tril()
+        memory = (key_steps[:, None, :n_memory] >= 0).expand(-1, block_len, -1)
+        can_attend = torch.cat([memory, causal.expand(n_blocks, -1, -1)], dim=2)
+        return BlockIndex(key_steps.masked_fill(key_steps < 0, self.length), can_attend)
+
+    def describe(self) -> str:
+        return f"Local2D(query={self.block}, flange={self.flange})"
+
+
+def pattern_for(config) -> AttentionPattern:
+    """The self-attention pattern (and, with it, the generation order) of a decoder built
+    from ``config``: raster order for 1D and full attention, block-raster order for 2D."""
+    order = GenerationOrder.for_config(config)
+    if config.attention == "full":
+        return FullCausal(order)
+    if config.attention == "local_1d":
+        return Local1D(order, config.query_block_length, config.memory_blocks)
+    return Local2D(order, config.memory_flange)
+
+
+# ----- cross-attention to a low-resolution input -----------------------------------------------
+
+def cross_can_attend(query_cells: tuple[Tensor, Tensor], key_cells: tuple[Tensor, Tensor], radius: int) -> Tensor:
+    """(Tq, Tk) local cross-attention: True where the key's low-resolution cell lies
+    within ``radius`` rows and columns of the query's. Cells are (rows, cols) index
+    tensors on the same low-resolution grid."""
+    (q_rows, q_cols), (k_rows, k_cols) = query_cells, key_cells
+    near_row = (q_rows[:, None] - k_rows[None, :]).abs() <= radius
+    near_col = (q_cols[:, None] - k_cols[None, :]).abs() <= radius
+    return near_row & near_col
+
+
+class LocalCrossAttention(nn.Module):
+    """Cross-attention limited by a fixed (Tq, Tk) ``can_attend`` (True = may attend), run
+    on the keys it allows only.
+
+    Queries whose rows of ``can_attend`` are equal (the decoder positions over one
+    low-resolution cell) form groups of equal size; each group is attended against its
+    own gathered keys, as the batch of one 4-D fused call. With radius 0 that is 3 keys
+    per query instead of masking all 192. ``dense_attention`` with ``can_attend`` is the
+    reference. Tk is the low-resolution input's size, so the (Tq, Tk) matrix is small; a
+    decoding step reads its row.
+    """
+
+    def __init__(self, can_attend: Tensor) -> None:
+        super().__init__()
+        if not can_attend.any(dim=1).all():
+            raise ValueError("local cross-attention: every query needs at least one key it may attend to")
+        _, set_of_query = torch.unique(can_attend, dim=0, return_inverse=True)
+        # Groups of equal size: each set's queries cut into runs of the gcd of the set sizes
+        # (sets can differ in size where cells at the edge share a neighbourhood).
+        query_order = torch.argsort(set_of_query, stable=True)
+        size = math.gcd(*torch.bincount(set_of_query).tolist())
+        rows = can_attend[query_order[::size]]  # (groups, Tk): the key set of each group
+        n_keys = int(rows.sum(dim=1).max())
+        # Each group's allowed keys first (stable sort keeps them in index order), padded
+        # with disallowed ones that the mask hides.
+        key_index = torch.argsort((~rows).to(torch.int8), dim=1, stable=True)[:, :n_keys]
+        key_allowed = torch.gather(rows, 1, key_index)
+        self.register_buffer("can_attend", can_attend, persistent=False)
+        self.register_buffer("query_order", query_order, persistent=False)
+        self.register_buffer("query_position", torch.argsort(query_order), persistent=False)
+        self.register_buffer("key_index", key_index, persistent=False)
+        # None when every group sees equally many keys: no mask lets SDPA use its fused kernel.
+        self.register_buffer("key_allowed", None if key_allowed.all() else key_allowed[:, None, :], persistent=False)
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """q (Tq, N, e), k and v (Tk, N, e) -> (Tq, N, e)."""
+        n_groups, n_keys = self.key_index.shape
+        queries = rearrange(q.index_select(0, self.query_order), "(g l) n e -> n g l e", g=n_groups)
+        keys, values = (rearrange(t.index_select(0, self.key_index.flatten()), "(g s) n e -> n g s e", s=n_keys)
+                        for t in (k, v))
+        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.key_allowed)
+        return rearrange(out, "n g l e -> (g l) n e").index_select(0, self.query_position)

@@ -1,0 +1,109 @@
+"""What the benchmark scripts share: each configuration measured in a fresh worker process
+(``run_subprocess``, the result a JSON line marked ``RESULT_MARKER``), memory read from
+the process (``current_rss_bytes``, ``maxrss_bytes``), the machine described
+(``machine_info``), timings that include the device's queued work (``timed``, ``sync``),
+and table cells (``fmt``).
+
+Standard library only at import time (torch is imported inside the functions that need
+it), so that a driver process does not pay for it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+RESULT_MARKER = "BENCH_RESULT_JSON:"
+
+
+def sync(device) -> None:
+    """Wait until the device has run what was queued on it, so that a timer reads the work
+    (CUDA runs asynchronously; on a CPU the work is done when the call returns)."""
+    import torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(run: Callable[[], object], device) -> float:
+    """Seconds that ``run()`` takes on ``device``, the work it queued there included."""
+    sync(device)
+    start = time.perf_counter()
+    run()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def current_rss_bytes() -> int:
+    """Resident set size of this process now (Linux /proc; falls back to ru_maxrss)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return maxrss_bytes()
+
+
+def maxrss_bytes() -> int:
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
+
+
+def run_subprocess(cmd: list[str], spec: dict, cwd: str | os.PathLike | None = None) -> dict:
+    """Run one worker process; its result is the line marked RESULT_MARKER on stdout,
+    else ``spec`` with the error and the end of what it printed."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=cwd)
+    wall = time.perf_counter() - t0
+    for line in reversed(proc.stdout.splitlines()):
+        if line.startswith(RESULT_MARKER):
+            result = json.loads(line[len(RESULT_MARKER):])
+            result["worker_wall_s"] = wall
+            return result
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-5:]
+    return {**spec, "error": f"rc={proc.returncode}: " + " | ".join(tail), "worker_wall_s": wall}
+
+
+def machine_info(device: str, threads: int | None) -> dict:
+    """Versions, CPU (model, bf16 support), thread counts and the GPU, for the JSON output."""
+    import torch
+
+    info = {
+        "torch_version": torch.__version__,
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "processor": platform.processor(),
+        "cpu_count": os.cpu_count(),
+        "torch_threads_default": torch.get_num_threads(),
+        "threads_requested": threads,
+        "device": device,
+    }
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    info["cpu_model"] = line.split(":", 1)[1].strip()
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    info["cpu_bf16_support"] = sorted(flags & {"avx512_bf16", "amx_bf16", "amx_tile"})
+                    break
+    except OSError:
+        pass
+    if device == "cuda" and torch.cuda.is_available():
+        info["cuda_device"] = torch.cuda.get_device_name(0)
+        info["cuda_version"] = torch.version.cuda
+    return info
+
+
+def fmt(value, spec: str, missing: str = "-") -> str:
+    """format(value, spec), or ``missing`` right-aligned to the spec's width."""
+    if value is None:
+        width = "".join(c for c in spec.split(".")[0] if c.isdigit())
+        return missing.rjust(int(width)) if width else missing
+    return format(value, spec)

@@ -1,0 +1,130 @@
+"""The learning-rate horizon of a run with a time budget (imagetx/budget.py, docs/model.md §8):
+the arithmetic that fits it, the schedule it shapes, when a run fixes it, and that a resumed run
+keeps it and ends bitwise as the uninterrupted run does.
+
+How well the horizon fits the budget on a real machine is measured, not asserted here (timings
+on a shared CI machine vary): docs/experiments.md has the 14-minute runs at 1 and 2 threads."""
+
+from __future__ import annotations
+
+import math
+import shutil
+
+import lightning as L
+import pytest
+import torch
+
+from helpers import train_metrics, write_train_config
+from imagetx.budget import Horizon, fit_horizon
+from imagetx.schedule import warmup_cosine
+from imagetx.train import main
+from test_reliability_resume import assert_identical
+
+pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
+
+PEAK, WARMUP = 0.003, 2
+
+
+def test_fit_horizon_counts_the_steps_that_fit_the_time_left():
+    # 100 s left at 0.2 s a step plus 0.05 s of validations per step: 400 more steps.
+    # The rate of update 51 is already set when 50 are done: the cosine starts there.
+    assert fit_horizon(50, 100.0, 0.2, 0.05, warmup_steps=10, max_steps=-1) == Horizon(51, 450)
+    assert fit_horizon(50, 100.0, 0.2, 0.05, warmup_steps=10, max_steps=300) == Horizon(51, 300)  # steps first
+    assert fit_horizon(5, 100.0, 0.2, 0.0, warmup_steps=10, max_steps=-1) == Horizon(10, 505)  # after warm-up
+    assert fit_horizon(50, 0.0, 0.2, 0.0, warmup_steps=10, max_steps=-1) == Horizon(51, 52)  # no time left
+
+
+def test_warmup_cosine_holds_the_peak_until_the_horizon_is_known():
+    assert warmup_cosine(1, 4, None) == 0.25
+    assert warmup_cosine(10_000, 4, None) == 1.0  # not yet known: the peak
+    horizon = Horizon(decay_start=20, end=120)
+    assert warmup_cosine(20, 4, horizon) == 1.0
+    assert warmup_cosine(70, 4, horizon) == pytest.approx(0.5)
+    assert warmup_cosine(120, 4, horizon) == pytest.approx(0.0, abs=1e-12)
+    assert warmup_cosine(500, 4, horizon) == pytest.approx(0.0, abs=1e-12)
+    # A horizon from the end of warm-up is the plain warm-up + cosine over the run's steps.
+    total = 50
+    for step in range(1, total + 1):
+        progress = max(step - 4, 0) / (total - 4)
+        plain = step / 4 if step < 4 else 0.5 * (1 + math.cos(math.pi * progress))
+        assert warmup_cosine(step, 4, Horizon(4, total)) == pytest.approx(plain, abs=1e-15)
+
+
+def budget_config(tmp_path, run_dir, data_root, max_steps, max_time, **extra):
+    return write_train_config(
+        tmp_path / f"{run_dir.name}.yaml", run_dir, data_root, max_steps, val_check_interval=5, max_time=max_time,
+        model={"dropout": 0.1}, top={"checkpoint_every_n_steps": 1}, **extra)
+
+
+def set_schedule(config_path) -> None:
+    """The cosine optimiser (whose horizon a budget fixes) in a config from write_train_config."""
+    import yaml
+
+    config = yaml.safe_load(config_path.read_text())
+    config["model"].update(optimizer="adamw_cosine", peak_lr=PEAK, warmup_steps=WARMUP)
+    config_path.write_text(yaml.safe_dump(config))
+
+
+def run(config, *extra) -> dict:
+    main(["--config", str(config), "--wandb", "disabled", *extra])
+
+
+def test_a_run_with_a_time_budget_fixes_its_horizon_at_the_first_validation(tmp_path, data_root):
+    run_dir = tmp_path / "budget"
+    config = budget_config(tmp_path, run_dir, data_root, max_steps=12, max_time="00:00:10:00")
+    set_schedule(config)
+    run(config)
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    # Fixed when the validation after step 5 ended; ten minutes hold far more than 12 steps.
+    assert checkpoint["imagetx"]["lr_horizon"] == {"decay_start": 6, "end": 12}
+    horizon = Horizon(6, 12)
+    rates = train_metrics(run_dir, "lr-AdamW")
+    assert len(rates) >= 10
+    for step, rate in rates.items():  # the rate of the update after `step` updates
+        assert rate == pytest.approx(PEAK * warmup_cosine(step + 1, WARMUP, horizon), rel=1e-6), step
+
+
+def test_without_a_budget_or_with_lr_horizon_steps_the_cosine_spans_the_steps(tmp_path, data_root):
+    for name, extra in [("no_budget", dict(max_time=None)), ("steps", dict(max_time="00:00:10:00"))]:
+        run_dir = tmp_path / name
+        config = budget_config(tmp_path, run_dir, data_root, max_steps=8, **extra)
+        set_schedule(config)
+        run(config, *(["--model.lr_horizon", "steps"] if name == "steps" else []))
+        checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+        assert checkpoint["imagetx"]["lr_horizon"] == {"decay_start": WARMUP, "end": 8}, name
+
+
+class CopyLastCheckpoint(L.Callback):
+    """Keeps a copy of last.ckpt as it stood after ``after_step`` steps (it is rewritten every step)."""
+
+    def __init__(self, after_step: int, to: str) -> None:
+        self.after_step, self.to = after_step, to
+
+    def on_train_batch_end(self, trainer, *args) -> None:
+        # Checkpoint callbacks run after this one: last.ckpt still holds the previous step.
+        if trainer.global_step == self.after_step + 1:
+            shutil.copy(f"{trainer.default_root_dir}/checkpoints/last.ckpt", self.to)
+
+
+def test_a_resumed_run_keeps_its_horizon_and_ends_as_the_uninterrupted_one(tmp_path, data_root):
+    copy = tmp_path / "after-8.ckpt"
+    straight_dir = tmp_path / "straight"
+    config = budget_config(tmp_path, straight_dir, data_root, max_steps=12, max_time="00:00:10:00",
+                           callbacks=[{"class_path": "test_budget.CopyLastCheckpoint",
+                                       "init_args": {"after_step": 8, "to": str(copy)}}])
+    set_schedule(config)
+    run(config)
+    straight = torch.load(straight_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    stored = torch.load(copy, map_location="cpu", weights_only=False)
+    assert stored["global_step"] == 8 and stored["imagetx"]["lr_horizon"] == {"decay_start": 6, "end": 12}
+
+    # Resumed after step 8: its own first validation (step 10) would fix another horizon; the
+    # stored one must be used instead, or the learning rates, and so the weights, differ.
+    resumed_dir = tmp_path / "resumed"
+    config = budget_config(tmp_path, resumed_dir, data_root, max_steps=12, max_time="00:00:10:00")
+    set_schedule(config)
+    run(config, "--resume", str(copy))
+    resumed = torch.load(resumed_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert resumed["global_step"] == straight["global_step"] == 12
+    for key in ("state_dict", "optimizer_states", "lr_schedulers", "imagetx"):
+        assert_identical(resumed[key], straight[key], key)
