@@ -4,7 +4,8 @@
 Heads are folded into the batch axis: a (B, T, d) input becomes q, k, v of shape (T, B·h, e),
 the layout of ``patterns.py``. Self-attention projects q, k and v with one fused linear map
 (as nanoGPT and timm); cross-attention projects q from the decoder and k, v (fused) from the
-context.
+context. ``kernel`` (``ModelConfig.attention_kernel``) chooses how a pattern's attention runs:
+its gathered blocks through SDPA, or FlexAttention (``imagetx/flex.py``).
 
 Decoding one step at a time, the same ``forward`` takes a cache (``start_decoding``): a
 self-attention layer writes the step's key and value into a ring buffer laid out by its
@@ -22,6 +23,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from .flex import uses_flex
 from .patterns import AttentionPattern, DecodeIndex, LocalCrossAttention, fused_attention
 from .position_bias import RelativePositionBias
 
@@ -73,9 +75,9 @@ class SelfAttention(nn.Module):
     one (the encoder), with an optional relative position bias (decoder only)."""
 
     def __init__(self, d_model: int, n_heads: int, pattern: AttentionPattern | None = None,
-                 position_bias: RelativePositionBias | None = None) -> None:
+                 position_bias: RelativePositionBias | None = None, kernel: str = "auto") -> None:
         super().__init__()
-        self.n_heads, self.pattern, self.position_bias = n_heads, pattern, position_bias
+        self.n_heads, self.pattern, self.position_bias, self.kernel = n_heads, pattern, position_bias, kernel
         # T2T's attention projections carry no bias.
         self.to_qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.to_out = nn.Linear(d_model, d_model, bias=False)
@@ -97,6 +99,8 @@ class SelfAttention(nn.Module):
             out = self.attend_step(q, k, v, cache)
         elif self.pattern is None:
             out = fused_attention(q, k, v)
+        elif uses_flex(self.kernel, q.device):
+            out = self.pattern.attend_flex(q, k, v, self.position_bias)
         else:
             out = self.pattern.attend(q, k, v, self.position_bias)
         return merge_heads(self.to_out, out, self.n_heads)
@@ -123,9 +127,10 @@ class CrossAttention(nn.Module):
     """Attention of the decoder to a context (the encoder's output): to all of it, or with
     ``local``, only to the keys its ``can_attend`` allows."""
 
-    def __init__(self, d_model: int, n_heads: int, local: LocalCrossAttention | None = None) -> None:
+    def __init__(self, d_model: int, n_heads: int, local: LocalCrossAttention | None = None,
+                 kernel: str = "auto") -> None:
         super().__init__()
-        self.n_heads, self.local = n_heads, local
+        self.n_heads, self.local, self.kernel = n_heads, local, kernel
         self.to_q = nn.Linear(d_model, d_model, bias=False)
         self.to_kv = nn.Linear(d_model, 2 * d_model, bias=False)
         self.to_out = nn.Linear(d_model, d_model, bias=False)
@@ -145,5 +150,10 @@ class CrossAttention(nn.Module):
             out = attend_step(q, cache.keys, cache.values, mask)
         else:
             k, v = project_heads(self.to_kv, context, self.n_heads, 2)
-            out = fused_attention(q, k, v) if self.local is None else self.local.attend(q, k, v)
+            if self.local is None:
+                out = fused_attention(q, k, v)
+            elif uses_flex(self.kernel, q.device):
+                out = self.local.attend_flex(q, k, v)
+            else:
+                out = self.local.attend(q, k, v)
         return merge_heads(self.to_out, out, self.n_heads)

@@ -39,6 +39,8 @@ class LastCheckpoint(Checkpoint):
     def save(self, trainer) -> None:
         # The same decision on every rank: save_checkpoint waits for all of them.
         if trainer.global_step > 0 and trainer.global_step != self.saved_step and not trainer.sanity_checking:
+            # weights_only here is Lightning's save option (False: the optimiser and loop state
+            # too, for --resume), not torch.load's; every load in imagetx is weights-only.
             trainer.save_checkpoint(self.path, weights_only=False)
             self.saved_step = trainer.global_step
 

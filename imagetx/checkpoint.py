@@ -1,16 +1,26 @@
-"""Checkpoints that rebuild their model from the file alone.
+"""Torch checkpoint files (``.ckpt``): written by training, read without running any code.
 
-Every imagetx checkpoint — a plain one from ``save_model`` or a Lightning one
-written during training — carries ``checkpoint["imagetx"]["model_config"]``, so
-evaluation and sampling need nothing but the path. Writes are atomic: a
-temporary file in the same directory, renamed into place (``AtomicCheckpointIO`` makes
-Lightning write its checkpoints that way too). Which checkpoint a run resumes from is
-resume.py's business.
+Every imagetx checkpoint carries ``checkpoint["imagetx"]["model_config"]``, so evaluation and
+sampling need nothing but the path; a plain one (the configuration and the network's weights,
+no training state, as older imagetx versions wrote) is read as a Lightning one is. Writes are
+atomic: a temporary file in the same directory, renamed into place (``AtomicCheckpointIO``
+makes Lightning write its checkpoints that way too). Which checkpoint a run resumes from is
+resume.py's business; the shareable weights folder (safetensors + config.json) is weights.py's.
+
+A checkpoint is a pickle, and a pickle can call any function while it is opened.
+``load_weights_only`` opens every checkpoint imagetx reads with torch's weights-only
+unpickler, which builds nothing but tensors, numbers, strings, lists, tuples, dicts and
+OrderedDicts, and refuses any other object before calling it. Nothing is added to torch's own
+allowlist: a checkpoint written by ``imagetx.train`` holds only those (the state dict is an
+OrderedDict of tensors; the hyper-parameters, loop, callback, optimiser and scheduler states are
+plain dicts, lists and numbers; the model configuration a plain dict), so a file that needs
+anything else was not written by imagetx as it is and is refused.
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 from pathlib import Path
 from typing import Any
 
@@ -40,28 +50,61 @@ def atomic_torch_save(obj: Any, path: str | os.PathLike) -> None:
     atomic_write(path, lambda handle: torch.save(obj, handle))
 
 
-def save_model(model: ImageTransformer, path: str | os.PathLike) -> None:
-    atomic_torch_save({"imagetx": imagetx_metadata(model.config), "state_dict": model.state_dict()}, path)
-
-
-def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
-                    mmap: bool = False) -> dict[str, Any]:
-    """Load the raw checkpoint dict, turning every failure into one clear CheckpointError.
+def load_weights_only(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                      mmap: bool = False) -> Any:
+    """The object saved in the torch file at ``path``, read with torch's weights-only unpickler:
+    the one way imagetx opens a checkpoint. A file that needs any other object is refused before
+    any of it is built; every failure is one CheckpointError naming the file.
 
     ``mmap=True`` maps the tensors instead of reading them (a cheap look inside a big file)."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist: pass the path of a .ckpt file written by imagetx")
+        raise CheckpointError(f"checkpoint {path} does not exist: pass the path of a .ckpt file written by imagetx, "
+                              "or of a weights folder written by imagetx.export")
     try:
-        # Lightning checkpoints hold more than tensors (loop state, callbacks), so
-        # weights_only=False: load only checkpoints you trust, as with any pickle.
-        checkpoint = torch.load(path, map_location=map_location, weights_only=False, mmap=mmap)
-    except Exception as error:  # truncated zip, wrong format, unpickling failure
-        raise CheckpointError(f"checkpoint {path} cannot be read ({type(error).__name__}): "
-                              "the file is truncated or corrupt; use another checkpoint (e.g. last.ckpt)") from error
+        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as error:
+        raise refused(path, error) from error
+    except Exception as error:  # truncated zip, wrong format
+        raise unreadable(path, error) from error
+
+
+def refused(path: str | os.PathLike, error: pickle.UnpicklingError) -> CheckpointError:
+    """What to say when torch's weights-only unpickler refuses the file at ``path``: the objects
+    it would have built, or, for a file that is no torch zip checkpoint, that it cannot be read."""
+    unsafe = unsafe_objects(path)
+    if unsafe is None:  # torch's legacy reader fails this way on any file that is not a checkpoint
+        return unreadable(path, error)
+    what = (f"would call {', '.join(unsafe[:3])}{' and more' if len(unsafe) > 3 else ''}" if unsafe
+            else "would build objects other than tensors, numbers, strings, lists and dicts")
+    return CheckpointError(f"checkpoint {path} is refused: opening it {what}, and imagetx opens checkpoints as data "
+                           "only, never running code from them; use a checkpoint written by imagetx.train, or a "
+                           "weights folder (model.safetensors + config.json)")
+
+
+def unsafe_objects(path: str | os.PathLike) -> list[str] | None:
+    """The functions and classes named in the pickle of the torch checkpoint at ``path`` beyond
+    torch's weights-only set, read from its instructions without running them; None for a file
+    that is not a torch zip checkpoint (torch.save's format since torch 1.6)."""
+    try:
+        return torch.serialization.get_unsafe_globals_in_checkpoint(path)
+    except (ValueError, RuntimeError, OSError):
+        return None
+
+
+def unreadable(path: str | os.PathLike, error: Exception) -> CheckpointError:
+    return CheckpointError(f"checkpoint {path} cannot be read ({type(error).__name__}): the file is truncated or "
+                           "corrupt, or not a torch.save checkpoint; use another checkpoint (e.g. last.ckpt)")
+
+
+def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                    mmap: bool = False) -> dict[str, Any]:
+    """The checkpoint dict of an imagetx checkpoint (``load_weights_only``), or a CheckpointError."""
+    checkpoint = load_weights_only(path, map_location, mmap)
     if not isinstance(checkpoint, dict) or "imagetx" not in checkpoint or "state_dict" not in checkpoint:
         raise CheckpointError(f"{path} is not an imagetx checkpoint (no model configuration inside); "
-                              "pass a checkpoint written by imagetx.train or imagetx.save_model")
+                              "pass a checkpoint written by imagetx.train, or a weights folder written by "
+                              "imagetx.export or save_pretrained")
     return checkpoint
 
 
@@ -79,13 +122,13 @@ def model_state_dict(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
     return state
 
 
-def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> ImageTransformer:
-    """Rebuild the model stored at ``path`` (plain or Lightning checkpoint), in eval mode."""
+def model_from_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> ImageTransformer:
+    """Rebuild the model stored in the checkpoint file at ``path`` (plain or Lightning), in eval mode."""
     checkpoint = read_checkpoint(path, map_location)
     try:
         config = model_config_of(checkpoint)
     except CheckpointError as error:
-        raise CheckpointError(f"{path}: {error}; use a checkpoint written by imagetx.train or save_model") from error
+        raise CheckpointError(f"{path}: {error}; use a checkpoint written by imagetx.train") from error
     model = ImageTransformer(config)
     try:
         model.load_state_dict(model_state_dict(checkpoint))

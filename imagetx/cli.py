@@ -1,4 +1,4 @@
-"""What the three commands (train, evaluate, sample) share: parsing with jsonargparse, the
+"""What the commands (train, evaluate, sample, export) share: parsing with jsonargparse, the
 check of ``--device``, and one way to fail on bad input (train parses through LightningCLI,
 with the Trainer below).
 

@@ -15,6 +15,7 @@ HEADS = ("categorical", "dmol")
 ATTENTIONS = ("local_1d", "local_2d", "full")
 POSITION_ENCODINGS = ("sinusoidal", "learned")
 NORMS = ("post", "pre")
+ATTENTION_KERNELS = ("auto", "flex", "sdpa")
 CHANNELS = 3  # RGB
 LEVELS = 256  # values of one sub-pixel
 # Half the value range, 127.5: v / HALF_RANGE - 1 maps the integers 0..255 onto [-1, 1]
@@ -57,14 +58,14 @@ class ModelConfig:
     # its low-res cell must have for the cell to box-average to the input (exact for
     # the box-mean inputs of §6; imagetx/cell_remainder.py). Not in the paper.
     cell_remainder_input: bool = False
-    # True (DMOL head, with cell_remainder_input): each mixture component's mean is an offset
-    # from the cell remainder mean of its channel, so "the rest of the cell averages to its
-    # low-res value" is where every prediction starts (imagetx/cell_remainder.py). Not in the paper.
-    remainder_anchored_means: bool = False
     # True: every decoder self-attention layer adds a learned bias per head for each
     # (row, column) offset between query and key to the attention scores, starting from a
     # distance prior (imagetx/position_bias.py). Not in the paper; off in its presets.
     relative_position_bias: bool = False
+    # §4: how attention runs: "flex" = FlexAttention, block-sparse (imagetx/flex.py); "sdpa" =
+    # the gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
+    # elsewhere (FlexAttention has no backward on the CPU). Same numbers either way.
+    attention_kernel: Literal["auto", "flex", "sdpa"] = "auto"
 
     def __post_init__(self) -> None:
         # YAML and JSON hand us lists; the dataclass promises tuples.
@@ -96,6 +97,7 @@ class ModelConfig:
             ("attention", ATTENTIONS),
             ("position_encoding", POSITION_ENCODINGS),
             ("norm", NORMS),
+            ("attention_kernel", ATTENTION_KERNELS),
         ):
             if getattr(self, name) not in choices:
                 bad(name, getattr(self, name), f"choose one of {', '.join(choices)}")
@@ -123,9 +125,6 @@ class ModelConfig:
         if self.cell_remainder_input and not self.encoder_layers:
             bad("cell_remainder_input", self.cell_remainder_input,
                 "needs a low-resolution input: set encoder_layers > 0")
-        if self.remainder_anchored_means and (self.head != "dmol" or not self.cell_remainder_input):
-            bad("remainder_anchored_means", self.remainder_anchored_means,
-                "needs the DMOL head and the cell remainder input (head: dmol, cell_remainder_input: true)")
         rows, cols = self.grid_shape
         if self.attention == "local_1d":
             if self.query_block_length < 1:

@@ -162,6 +162,9 @@ class ImageDataModule(L.LightningDataModule):
             rebuild: folder: convert again, replacing an earlier conversion
         """
         super().__init__()
+        # Paths given from Python are kept as strings: the hyper-parameters go into every checkpoint,
+        # which is read weights-only (plain data only, checkpoint.py), and a Path there is refused.
+        root, cache = (str(path) if path is not None else None for path in (root, cache))
         self.save_hyperparameters()
         self.source, self.root = source, Path(root) if root else default_root()
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
@@ -190,6 +193,13 @@ class ImageDataModule(L.LightningDataModule):
             check_fits(data, self.image_size, self.num_classes)
             self.datasets[split] = ImageDataset(*tensors(data))
         return self.datasets[split]
+
+    def values_checked_for(self, num_classes: int) -> bool:
+        """Whether every batch holds values a model with ``num_classes`` classes (0: unconditional,
+        it reads no labels) takes, checked once as each split was read (``check_fits``: uint8
+        images, labels in 0..num_classes−1), so that training steps need not read them back from
+        the device. Labels are checked only against this DataModule's own ``num_classes``."""
+        return not num_classes or self.num_classes == num_classes
 
     def setup(self, stage: str | None = None) -> None:
         for split in ("test",) if stage == "test" else ("train", "val"):

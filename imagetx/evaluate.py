@@ -1,6 +1,6 @@
 """``python -m imagetx.evaluate``: bits/dim of a checkpoint on a data split (docs/model.md §5, §6).
 
-    python -m imagetx.evaluate --ckpt runs/quick/checkpoints/last.ckpt [--data.root DIR]
+    python -m imagetx.evaluate --ckpt runs/quick/checkpoints/last.ckpt|WEIGHTS_DIR [--data.root DIR]
                                [--data.source cifar10|imagenet|folder] [--split test|val|train]
                                [--task likelihood|complete --rows K] [--limit N] [--batch_size N] [--config FILE]
 
@@ -22,12 +22,12 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 from tqdm.auto import tqdm
 
-from .checkpoint import load_model
 from .cli import add_data_arguments, check_device, data_reader, parse, parser_for, run_or_exit
 from .lit import batch_bits_per_dim
 from .model import ImageTransformer
 from .modes import eval_mode
 from .sources import SPLITS, check_fits, tensors
+from .weights import load_model
 
 
 @torch.no_grad()
@@ -53,7 +53,8 @@ def evaluate(model: ImageTransformer, images: torch.Tensor, labels: torch.Tensor
 
 def build_parser() -> ArgumentParser:
     parser = parser_for(__doc__)
-    parser.add_argument("--ckpt", type=str, required=True, help="checkpoint written by imagetx.train or save_model")
+    parser.add_argument("--ckpt", type=str, required=True,
+                        help="checkpoint written by imagetx.train, or a weights folder (imagetx.export)")
     add_data_arguments(parser)
     parser.add_argument("--split", type=Literal[SPLITS], default="test",
                         help="test: the official held-out images (ImageNet: its validation set); a folder has none")

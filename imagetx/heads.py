@@ -72,17 +72,8 @@ class DMOLHead(nn.Module):
         self.components = components
         self.proj = nn.Linear(d_model, components * (1 + 3 * CHANNELS))
 
-    def forward(self, hidden: Tensor, mean_offsets: Tensor | None = None) -> Tensor:
-        """(B, T, d) -> (B, T, 10K) parameters; ``mean_offsets`` (B, T, 3), on the [-1, 1] scale,
-        are added to every component's mean of each channel."""
-        params = self.proj(hidden)
-        if mean_offsets is None:
-            return params
-        k = self.components
-        rest = rearrange(params[..., k:], "... (c p k) -> ... c p k", c=CHANNELS, p=3, k=k)
-        is_mean = torch.arange(3, device=params.device)[:, None] == 0  # (p, 1): the means' slot
-        rest = rest + mean_offsets.to(rest.dtype)[..., :, None, None] * is_mean
-        return torch.cat([params[..., :k], rearrange(rest, "... c p k -> ... (c p k)")], dim=-1)
+    def forward(self, hidden: Tensor) -> Tensor:
+        return self.proj(hidden)  # (B, T, 10K)
 
     def split(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """-> logits (..., K), means, log_scales, coeffs each (..., 3, K)."""

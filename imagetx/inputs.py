@@ -1,5 +1,9 @@
 """What the model takes as input, checked with one clear ValueError each: image tensors and
-class labels. The model, the sampler and the commands call these; nothing else checks them."""
+class labels. The model, the sampler and the commands call these; nothing else checks them.
+
+Shapes and dtypes are metadata, checked for free. Values (labels in range, non-uint8 images
+in 0..255) have to be read back from the tensor's device, which waits for it: ``values=False``
+leaves them to whoever checked the data already (the training step, docs/model.md §8)."""
 
 from __future__ import annotations
 
@@ -9,24 +13,27 @@ from torch import Tensor
 from .config import CHANNELS, LEVELS
 
 
-def check_image_tensor(name: str, images: Tensor, side: int) -> None:
-    """uint8-like (B, side, side, 3) with values 0..255, or a ValueError naming ``name``."""
+def check_image_tensor(name: str, images: Tensor, side: int, values: bool = True) -> None:
+    """uint8-like (B, side, side, 3) with values 0..255 (``values``: checked), or a ValueError
+    naming ``name``."""
     expect = f"uint8 images of shape (B, {side}, {side}, 3) with values 0..255"
     if not isinstance(images, Tensor) or images.dim() != 4 or tuple(images.shape[1:]) != (side, side, CHANNELS):
         shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
         raise ValueError(f"{name} have shape {shape}; this model takes {expect}")
     if images.is_floating_point() or images.dtype == torch.bool:
         raise ValueError(f"{name} are {images.dtype}; this model takes {expect}")
-    if images.dtype != torch.uint8 and images.numel():  # uint8 is in range by construction
+    if values and images.dtype != torch.uint8 and images.numel():  # uint8 is in range by construction
         low, high = int(images.min()), int(images.max())
         if low < 0 or high >= LEVELS:
             raise ValueError(f"{name} values span {low}..{high}; expected 0..255")
 
 
-def check_labels(labels: Tensor | None, count: int, num_classes: int, name: str = "labels") -> None:
+def check_labels(labels: Tensor | None, count: int, num_classes: int, name: str = "labels",
+                 values: bool = True) -> None:
     """Labels fit for a model with ``num_classes`` classes (0: unconditional) and ``count``
-    images: None for an unconditional model, else integer class ids (count,) in range; or a
-    ValueError that names ``name`` (the argument or option the labels came from)."""
+    images: None for an unconditional model, else integer class ids (count,) in range
+    (``values``: checked); or a ValueError that names ``name`` (the argument or option the
+    labels came from)."""
     if not num_classes:
         if labels is not None:
             raise ValueError(f"{name} given, but this model is unconditional (num_classes=0): give no labels")
@@ -39,7 +46,7 @@ def check_labels(labels: Tensor | None, count: int, num_classes: int, name: str 
         raise ValueError(f"{name} are {kind}; give integer class ids (a long tensor of shape ({count},))")
     if labels.shape != (count,):
         raise ValueError(f"{name} have shape {tuple(labels.shape)}; expected ({count},), one per image")
-    if labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
+    if values and labels.numel() and (labels.min() < 0 or labels.max() >= num_classes):
         low, high = int(labels.min()), int(labels.max())
         given = f"{name} {low} is" if count == 1 else f"{name} span {low}..{high}"
         raise ValueError(f"{given} outside 0..{num_classes - 1}")

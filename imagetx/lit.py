@@ -3,10 +3,16 @@
 The network itself is the plain ``ImageTransformer``; this module owns what
 training adds around it. One ``shared_step`` serves train and val, scoring each batch with
 ``batch_bits_per_dim``, as ``imagetx.evaluate`` does.
+
+A training step reads nothing back from the device (docs/model.md §8): the data's values were
+checked when the DataModule read them, a non-finite step is skipped on the device
+(``nonfinite.py``), and what is logged is read by Lightning every ``log_every_n_steps``.
 """
 
 from __future__ import annotations
 
+import pickle
+from contextlib import nullcontext
 from functools import partial
 from typing import Literal
 
@@ -17,25 +23,14 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
 from .budget import Horizon, budget_timer
-from .checkpoint import imagetx_metadata
+from .checkpoint import imagetx_metadata, refused
 from .config import ModelConfig
-from .data import downsample_area
+from .data import ImageDataModule, downsample_area
+from .flops import Flops, count_flops
 from .model import ImageTransformer
+from .nonfinite import NonFiniteLossError, NonFiniteSteps, non_finite_tensors, step_kind
 from .schedule import noam, warmup_cosine
 from .seeding import mix_seed, run_seed
-
-
-class NonFiniteLossError(FloatingPointError):
-    """The training loss, the gradients or the weights became NaN or infinite."""
-
-
-def non_finite_tensors(state: dict[str, torch.Tensor]) -> list[str]:
-    """Names of the floating-point tensors in ``state`` holding a NaN or an infinity (one sync)."""
-    names = [name for name, value in state.items() if torch.is_tensor(value) and value.is_floating_point()]
-    if not names:
-        return []
-    finite = torch.stack([torch.isfinite(state[name]).all() for name in names]).cpu()
-    return [name for name, ok in zip(names, finite.tolist()) if not ok]
 
 
 def model_inputs(config: ModelConfig, batch: dict[str, torch.Tensor]):
@@ -57,8 +52,6 @@ def batch_bits_per_dim(model: ImageTransformer, batch: dict[str, torch.Tensor], 
 
 
 class ImageTransformerModule(L.LightningModule):
-    flops_per_batch = None  # read by Lightning's ThroughputMonitor; not counted, so no FLOP/s metrics
-
     def __init__(
         self,
         config: ModelConfig | None = None,
@@ -68,11 +61,14 @@ class ImageTransformerModule(L.LightningModule):
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-9,
         weight_decay: float = 0.0,  # the paper uses none
-        max_nonfinite_skips: int = 0,  # 0 = stop at the first NaN/inf loss
+        max_nonfinite_skips: int = 0,  # 0 = stop at the first NaN/inf loss or gradient
         compile: bool = False,  # torch.compile the network (opt-in: start-up cost, helps on GPUs)
         # adamw_cosine: where the cosine ends. budget: when trainer.max_time runs out (measured
         # on this machine, budget.py), or at max_steps if that comes first; steps: at max_steps.
         lr_horizon: Literal["budget", "steps"] = "budget",
+        # The learning rate of the parts that read the low-resolution input (encoder,
+        # cross-attention, cell remainder input), as a fraction of peak_lr's.
+        low_res_lr_scale: float = 1.0,
     ) -> None:
         super().__init__()
         # The hyper-parameters (read from the arguments as they are now) hold the config as a
@@ -83,11 +79,31 @@ class ImageTransformerModule(L.LightningModule):
         self.save_hyperparameters()
         self.model = ImageTransformer(ModelConfig.from_dict(config))
         self.val_bpd = MeanMetric()
-        self.nonfinite_skips = 0
+        self.nonfinite = NonFiniteSteps(max_nonfinite_skips)
+        self.step_loss: torch.Tensor | None = None  # this optimiser step's loss, until its update is decided
+        self.data_checked = False  # the data's values were checked as it was read (setup)
+        self.flops: Flops | None = None  # of one image, on the run's device (on_fit_start)
+        self.batch_images = 0  # images in the last batch
         self.horizon: Horizon | None = None  # the cosine's; None until fixed (budget.py), then in every checkpoint
         if compile:
             # In place, so parameter names (and checkpoints) stay those of the plain model.
             self.model.compile()
+
+    @classmethod
+    def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
+                             **kwargs) -> "ImageTransformerModule":
+        """Lightning's ``load_from_checkpoint``, reading the file with torch's weights-only
+        unpickler whatever torch's default (``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` turns it off):
+        a file that needs any object but plain data is refused (CheckpointError) before anything
+        in it runs."""
+        if kwargs.pop("weights_only", True) is not True:
+            raise ValueError("ImageTransformerModule.load_from_checkpoint reads checkpoints weights-only: "
+                             "drop weights_only (an imagetx checkpoint needs nothing else)")
+        try:
+            return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict, weights_only=True,
+                                                **kwargs)
+        except pickle.UnpicklingError as error:
+            raise refused(checkpoint_path, error) from error
 
     @property
     def config(self) -> ModelConfig:
@@ -97,12 +113,32 @@ class ImageTransformerModule(L.LightningModule):
         """(B,) bits/dim of every image in the batch."""
         return batch_bits_per_dim(self.model, batch)
 
+    def setup(self, stage: str) -> None:
+        datamodule = self.trainer.datamodule
+        self.data_checked = isinstance(datamodule, ImageDataModule) and datamodule.values_checked_for(
+            self.config.num_classes)
+
+    def on_fit_start(self) -> None:
+        self.flops = count_flops(self.model, self.device)
+
+    @property
+    def flops_per_batch(self) -> int | None:
+        """FLOPs of the last batch (Lightning's ThroughputMonitor reads it after every batch, for
+        FLOP/s and MFU): a training step's in training, a forward pass's in validation."""
+        if self.flops is None:
+            return None
+        return self.batch_images * (self.flops.training if self.training else self.flops.forward)
+
     def shared_step(self, batch: dict[str, torch.Tensor], split: str) -> torch.Tensor:
-        bpd = self.bits_per_dim(batch)
+        self.batch_images = batch["images"].shape[0]
+        # Data checked as it was read: the model checks shapes and dtypes only, reading nothing back.
+        with self.model.values_verified() if self.data_checked else nullcontext():
+            bpd = self.bits_per_dim(batch)
         batch_size = bpd.shape[0]
         if split == "train":
             loss = bpd.mean()
-            self.log("train/bpd", loss, prog_bar=True, batch_size=batch_size)
+            # Not on the progress bar: Lightning would read it back from the device at every step.
+            self.log("train/bpd", loss, batch_size=batch_size)
             return loss
         # MeanMetric sums and counts images (across ranks too): the mean over every image.
         self.val_bpd.update(bpd)
@@ -115,52 +151,75 @@ class ImageTransformerModule(L.LightningModule):
         between (validations, sample grids, the restart itself)."""
         torch.manual_seed(mix_seed(run_seed(), self.current_epoch, batch_idx, self.global_rank))
 
-    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor | None:
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self.shared_step(batch, "train")
-        if not torch.isfinite(loss):
-            self.skip_nonfinite(f"training loss is {loss.item()}")
-            return None  # Lightning skips backward and the optimiser step for a None loss
+        # Kept for on_before_optimizer_step: the first non-finite loss of the step's batches, or the last.
+        step_loss = loss.detach()
+        if self.step_loss is not None:
+            step_loss = torch.where(torch.isfinite(self.step_loss), step_loss, self.step_loss)
+        self.step_loss = step_loss
         return loss
 
     def on_before_optimizer_step(self, optimizer) -> None:
-        """Non-finite gradients (with a finite loss) would turn the weights into NaN: skip such
-        a step like a non-finite loss. Under fp16 loss scaling the GradScaler does this itself."""
-        if str(self.trainer.precision).startswith("16"):
-            return
-        grads = {name: p.grad for name, p in self.named_parameters() if p.grad is not None}
-        bad = non_finite_tensors(grads)
-        if bad:
-            self.skip_nonfinite(f"gradients are not finite (e.g. {bad[0]})")
-            for p in self.parameters():
-                p.grad = None  # the optimiser leaves parameters without gradients untouched
+        """Decide on the device whether this step's update is applied: not when its loss or its
+        gradients hold a NaN or an infinity, which would make the weights NaN. The fused optimiser
+        skips the update where ``found_inf`` is set; the step is noted, to be read at the next
+        logging step or checkpoint (``read_nonfinite``). Under fp16 loss scaling the GradScaler
+        sets ``found_inf`` itself; a non-finite loss is still noted."""
+        loss, self.step_loss = self.step_loss, None
+        found = ~torch.isfinite(loss)
+        scaled = str(self.trainer.precision).startswith("16")
+        if not scaled:
+            grads = [p.grad for p in self.parameters() if p.grad is not None]
+            found |= ~torch.isfinite(torch.nn.utils.get_total_norm(grads))
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # Every process skips the same steps: the loss is each process's own.
+            found = found.int()
+            torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX)
+            found = found.bool()
+        if not scaled:
+            optimizer.found_inf = found.float()
+        self.nonfinite.note(found, self.global_step + 1, step_kind(loss))
 
-    def skip_nonfinite(self, what: str) -> None:
-        """Count one non-finite step; raise NonFiniteLossError past model.max_nonfinite_skips."""
-        self.nonfinite_skips += 1
-        limit = self.hparams.max_nonfinite_skips
-        step = self.global_step + 1  # the optimiser step being taken (a checkpoint at step N is after it)
-        where = f"at step {step} (epoch {self.current_epoch})"
-        if self.nonfinite_skips > limit:
-            if limit:
-                why = f"{limit} such steps were skipped already, the limit set by --model.max_nonfinite_skips {limit}"
-            else:
-                why = "--model.max_nonfinite_skips N would skip up to N such steps"
-            raise NonFiniteLossError(f"{what} {where}; training stopped ({why})")
-        rank_zero_warn(f"{what} {where}: step skipped ({self.nonfinite_skips} of "
-                       f"model.max_nonfinite_skips={limit})")
+    def read_nonfinite(self) -> None:
+        """Read the non-finite steps noted since the last read (one host read): raise
+        NonFiniteLossError past model.max_nonfinite_skips, else warn about the skipped ones."""
+        warning = self.nonfinite.read()
+        if warning:
+            rank_zero_warn(warning)
+
+    def on_train_batch_end(self, outputs, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        every = self.trainer.log_every_n_steps
+        if every and self.global_step % every == 0:  # Lightning's logging steps, which read the device too
+            self.read_nonfinite()
+
+    def on_train_end(self) -> None:
+        self.read_nonfinite()
 
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return self.shared_step(batch, "val")
 
+    def parameter_groups(self) -> list[dict]:
+        """The optimiser's parameter groups: the parts that read the low-resolution input at
+        ``low_res_lr_scale`` times the peak learning rate, the rest at the peak."""
+        hp = self.hparams
+        low_res = {id(p) for module in self.model.low_res_modules() for p in module.parameters()}
+        groups = [{"params": [p for p in self.parameters() if id(p) not in low_res], "lr": hp.peak_lr},
+                  {"params": [p for p in self.parameters() if id(p) in low_res], "lr": hp.peak_lr * hp.low_res_lr_scale}]
+        return [group for group in groups if group["params"]]
+
     def configure_optimizers(self):
         hp = self.hparams
+        # fused: one kernel per update, no host read of the step count (the default single-tensor
+        # path reads it per parameter on the CPU), and the update skipped on the device where
+        # on_before_optimizer_step sets found_inf.
         if hp.optimizer == "adam_noam":
-            optimizer = torch.optim.Adam(self.parameters(), lr=hp.peak_lr, betas=hp.betas, eps=hp.eps,
-                                         weight_decay=hp.weight_decay)
+            optimizer = torch.optim.Adam(self.parameter_groups(), betas=hp.betas, eps=hp.eps,
+                                         weight_decay=hp.weight_decay, fused=True)
             schedule = partial(noam, warmup_steps=hp.warmup_steps)
         else:
-            optimizer = torch.optim.AdamW(self.parameters(), lr=hp.peak_lr, betas=hp.betas, eps=hp.eps,
-                                          weight_decay=hp.weight_decay)
+            optimizer = torch.optim.AdamW(self.parameter_groups(), betas=hp.betas, eps=hp.eps,
+                                          weight_decay=hp.weight_decay, fused=True)
             if self.horizon is None and (hp.lr_horizon == "steps" or budget_timer(self.trainer) is None):
                 self.horizon = Horizon(hp.warmup_steps, max(int(self.trainer.estimated_stepping_batches), 1))
             # Read at every step: a budget horizon is fixed after the first validation (BudgetHorizon).
@@ -171,17 +230,19 @@ class ImageTransformerModule(L.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
-        """Refuses to write weights holding NaN/inf: the last good checkpoint stays in place."""
+        """Refuses to write weights holding NaN/inf, or after more non-finite steps than allowed:
+        the last good checkpoint stays in place."""
+        self.read_nonfinite()
         bad = non_finite_tensors(checkpoint["state_dict"])
         if bad:
             raise NonFiniteLossError(f"the weights are not finite after step {checkpoint.get('global_step')} "
                                      f"(e.g. {bad[0]}); that checkpoint was not written")
         checkpoint["imagetx"] = imagetx_metadata(self.config)
-        checkpoint["imagetx"]["nonfinite_skips"] = self.nonfinite_skips
+        checkpoint["imagetx"]["nonfinite_skips"] = self.nonfinite.skipped
         checkpoint["imagetx"]["lr_horizon"] = None if self.horizon is None else self.horizon.to_dict()
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         stored = checkpoint.get("imagetx", {})
-        self.nonfinite_skips = int(stored.get("nonfinite_skips", 0))
+        self.nonfinite.skipped = int(stored.get("nonfinite_skips", 0))
         horizon = stored.get("lr_horizon")
         self.horizon = None if horizon is None else Horizon(**horizon)

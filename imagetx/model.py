@@ -13,6 +13,8 @@ cache under one step counter and returns the head's parameters for the next step
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -61,9 +63,10 @@ class TransformerLayer(nn.Module):
         super().__init__()
         d = config.d_model
         self.pre_norm = config.norm == "pre"
-        self.self_attn = SelfAttention(d, config.n_heads, pattern, position_bias)
+        self.self_attn = SelfAttention(d, config.n_heads, pattern, position_bias, config.attention_kernel)
         self.self_norm = nn.LayerNorm(d)
-        self.cross_attn = CrossAttention(d, config.n_heads, local_cross) if cross_attention else None
+        self.cross_attn = (CrossAttention(d, config.n_heads, local_cross, config.attention_kernel)
+                           if cross_attention else None)
         self.cross_norm = nn.LayerNorm(d) if cross_attention else None
         self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
         self.ffn_norm = nn.LayerNorm(d)
@@ -177,6 +180,12 @@ class ImageTransformer(nn.Module):
         pixel_cols = self.step_cols // CHANNELS if self.config.head == "categorical" else self.step_cols
         return self.step_rows // scale, pixel_cols // scale
 
+    def low_res_modules(self) -> list[nn.Module]:
+        """The parts that read the low-resolution input: the encoder, every layer's
+        cross-attention (and its norm), the cell remainder input. Empty without an encoder."""
+        cross = [part for layer in self.layers for part in (layer.cross_attn, layer.cross_norm) if part is not None]
+        return [part for part in (self.encoder, *cross, self.cell_remainder) if part is not None]
+
     @property
     def cross_can_attend(self) -> Tensor | None:
         """(T, 3·h·w) ``can_attend`` of decoder steps over encoder sub-pixels, or None (all)."""
@@ -235,15 +244,7 @@ class ImageTransformer(nn.Module):
         x = self.decoder_inputs(self.shift_right(value_embeddings), slice(None), self.condition(labels), remainder)
         for layer in self.layers:
             x = layer(x, context)  # (B, T, d)
-        return self.output(x, remainder)
-
-    def output(self, x: Tensor, remainder: Tensor | None) -> Tensor:
-        """The last layer's (B, t, d) -> the head's parameters (B, t, P); with
-        ``remainder_anchored_means``, DMOL means offset from the cell remainder means."""
-        x = self.final_norm(x)
-        if not self.config.remainder_anchored_means:
-            return self.head(x)
-        return self.head(x, remainder[..., :CHANNELS].clamp(-1.0, 1.0))  # a mean outside the range helps no bin
+        return self.head(self.final_norm(x))
 
     def forward(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
         """uint8 images (B, H, W, 3) -> (B, T, P) distribution parameters in generation order."""
@@ -279,7 +280,7 @@ class ImageTransformer(nn.Module):
         for layer, layer_cache in zip(self.layers, cache.layers):
             x = layer(x, cache=layer_cache)  # (B, 1, d)
         cache.step += 1
-        return self.output(x, remainder)[:, 0]
+        return self.head(self.final_norm(x))[:, 0]
 
     # ----- likelihoods ------------------------------------------------------
     def log_prob(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
@@ -319,20 +320,35 @@ class ImageTransformer(nn.Module):
         return self.step_rows < rows  # grid rows are image rows
 
     # ----- input checks -----------------------------------------------------
+    # False inside ``values_verified``: the checks read no value back from the device.
+    check_values = True
+
+    @contextmanager
+    def values_verified(self, verified: bool = True) -> Iterator[None]:
+        """Within (when ``verified``), ``check_inputs`` checks shapes and dtypes only: for data
+        whose values were checked when it was read (``ImageDataModule``: uint8 images, labels in
+        range), so that a training step never waits on the device for them. Outside, and for
+        every other caller, values are checked too."""
+        self.check_values = not verified
+        try:
+            yield
+        finally:
+            del self.check_values  # back to the class's True
+
     def check_inputs(self, images: Tensor, labels: Tensor | None, low_res: Tensor | None) -> None:
         """Clear one-line errors for inputs the model cannot take."""
-        check_image_tensor("images", images, self.config.image_size)
+        check_image_tensor("images", images, self.config.image_size, self.check_values)
         self.check_conditioning(images.shape[0], labels, low_res)
 
     def check_conditioning(self, count: int, labels: Tensor | None, low_res: Tensor | None) -> None:
         """Labels and a low-resolution input as this model needs them, for ``count`` images."""
         cfg = self.config
-        check_labels(labels, count, cfg.num_classes)
+        check_labels(labels, count, cfg.num_classes, values=self.check_values)
         if self.encoder is not None:
             if low_res is None:
                 low = cfg.low_res_size
                 raise ValueError(f"this super-resolution model needs low_res images of shape (B, {low}, {low}, 3)")
-            check_image_tensor("low_res", low_res, cfg.low_res_size)
+            check_image_tensor("low_res", low_res, cfg.low_res_size, self.check_values)
             if low_res.shape[0] != count:
                 raise ValueError(f"low_res has {low_res.shape[0]} images for {count} targets")
         elif low_res is not None:

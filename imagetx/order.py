@@ -52,7 +52,9 @@ class GenerationOrder:
         """(row, col) of the grid cell generated at each step: two (T,) long tensors."""
         rows = torch.arange(self.rows).view(1, -1, 1).expand(1, self.rows, self.cols)
         cols = torch.arange(self.cols).view(1, 1, -1).expand(1, self.rows, self.cols)
-        return self.grid_to_sequence(rows)[0], self.grid_to_sequence(cols)[0]
+        # contiguous: a one-row grid would otherwise give stride-0 views, which compiled kernels
+        # (FlexAttention's captured lookups) do not take
+        return self.grid_to_sequence(rows)[0].contiguous(), self.grid_to_sequence(cols)[0].contiguous()
 
     @property
     def offset_count(self) -> int:

@@ -6,16 +6,21 @@ size, in generation order.
 
 A self-attention pattern answers, for the steps of its ``GenerationOrder``:
 
-* ``can_attend()``: the dense boolean (T, T) matrix (True = the query, a row, may attend to
-  the key, a column), built by comparing positions. It is the reference, for tests only:
-  ``dense_attention`` with it defines the right answer.
+* ``mask_rule(device)``: the pattern's rule, written once, as a function of query and key
+  steps (``flex.MaskRule``). On index grids it gives ``can_attend()``, the dense boolean
+  (T, T) matrix (True = the query, a row, may attend to the key, a column): the reference,
+  for tests only (``dense_attention`` with it defines the right answer). As FlexAttention's
+  ``mask_mod`` it gives ``block_mask(device)``, built once per device, from which
+  ``attend_flex`` runs the block-sparse kernel (docs/model.md §4; ``imagetx/flex.py``).
 * ``blocks(device)``: the pattern's sparsity, built once per device — queries in blocks of
   consecutive steps, each block with the steps of its keys and which of them each query may
   see. The training pass (``attend``), the relative position bias of each query-key pair
   (``block_bias``) and the ring buffer of decoding (``decode_index``) are all read from it,
   at a cost of O(T·(keys per block)), never O(T²). Tests prove each equal to the reference.
 
-``LocalCrossAttention`` is the pattern of cross-attention to a low-resolution input.
+``attend`` (blocks through SDPA) and ``attend_flex`` compute the same attention; the layers
+choose between them (``ModelConfig.attention_kernel``). ``LocalCrossAttention`` is the
+pattern of cross-attention to a low-resolution input, with the same two kernels.
 """
 
 from __future__ import annotations
@@ -29,7 +34,9 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask
 
+from .flex import MaskRule, OffsetRule, bias_score_mod, build_block_mask, dense_mask, flex_attend
 from .order import GenerationOrder
 from .position_bias import RelativePositionBias
 
@@ -154,34 +161,51 @@ def ring_from_blocks(blocks: BlockIndex, length: int) -> DecodeIndex:
     return DecodeIndex(ring, can_read)
 
 
+class BuiltOnce:
+    """Keeps what a pattern builds from its geometry alone, once per device (``once``), in
+    ``self.built``, which the pattern's ``__init__`` starts empty."""
+
+    built: dict[tuple[str, torch.device], object]
+
+    def once(self, what: str, device: torch.device | str, build: Callable[[], Built]) -> Built:
+        """``build()`` the first time ``what`` is asked for on ``device``; after that, the same object.
+
+        Traced by ``torch.compile``, ``build`` runs eagerly, outside the graph: it is set-up, done
+        once, not a step of every pass (and ``create_block_mask`` cannot be traced). That leaves a
+        graph break where it was first asked for; a model run once before it is compiled
+        (which builds everything) compiles without one."""
+        key = (what, torch.device(device))
+        if key not in self.built:
+            self.built[key] = torch.compiler.disable(build)()
+        return self.built[key]  # type: ignore[return-value]
+
+
 # ----- self-attention patterns ---------------------------------------------------------------
 
-class AttentionPattern:
-    """Which keys each query sees, over the steps of ``order``. Subclasses define the dense
-    reference (``can_attend``) and their blocks (``build_blocks``); the rest derives from them."""
+class AttentionPattern(BuiltOnce):
+    """Which keys each query sees, over the steps of ``order``. Subclasses define the rule
+    (``mask_rule``) and their blocks (``build_blocks``); the rest derives from them."""
 
     def __init__(self, order: GenerationOrder) -> None:
         self.order = order
-        self.built: dict[tuple[str, torch.device], object] = {}  # what ``once`` has built, per device
+        self.built = {}
 
     @property
     def length(self) -> int:
         return self.order.length
 
+    def mask_rule(self, device: torch.device | str) -> MaskRule:
+        """(query steps, key steps) -> bool, True where the query may attend to the key; the
+        lookup tensors it reads (if any) on ``device``."""
+        raise NotImplementedError
+
     def can_attend(self) -> Tensor:
         """(T, T) bool, True where the query (row) may attend to the key (column)."""
-        raise NotImplementedError
+        return dense_mask(self.mask_rule("cpu"), self.length, self.length)
 
     def build_blocks(self) -> BlockIndex:
         """The pattern's blocks, on the CPU (``blocks`` keeps them, per device)."""
         raise NotImplementedError
-
-    def once(self, what: str, device: torch.device | str, build: Callable[[], Built]) -> Built:
-        """``build()`` the first time ``what`` is asked for on ``device``; after that, the same object."""
-        key = (what, torch.device(device))
-        if key not in self.built:
-            self.built[key] = build()
-        return self.built[key]  # type: ignore[return-value]
 
     def blocks(self, device: torch.device | str) -> BlockIndex:
         cpu = self.once("blocks", "cpu", self.build_blocks)
@@ -208,6 +232,31 @@ class AttentionPattern:
         bias = None if position_bias is None else self.bias_in_blocks(position_bias, q.device)
         return attend_in_blocks(q, k, v, self.blocks(q.device), bias)[: self.length]
 
+    def block_mask(self, device: torch.device | str) -> BlockMask:
+        """FlexAttention's block mask of the rule, over T queries and T keys, on ``device``."""
+        return self.once("block_mask", device,
+                         lambda: build_block_mask(self.mask_rule(device), self.length, self.length, device))
+
+    def offset_rule(self, device: torch.device | str) -> OffsetRule:
+        """``order.relative_offsets``, with its step-to-cell lookups already on ``device``: a
+        kernel that traces it must find them there, not build them."""
+
+        def build() -> OffsetRule:
+            step = torch.zeros((), dtype=torch.long, device=device)
+            self.order.relative_offsets(step, step)
+            return self.order.relative_offsets
+
+        return self.once("offsets", device, build)
+
+    def attend_flex(self, q: Tensor, k: Tensor, v: Tensor,
+                    position_bias: RelativePositionBias | None = None) -> Tensor:
+        """``attend`` through FlexAttention: the block mask, and the bias as a ``score_mod``."""
+        mask = self.block_mask(q.device)
+        if position_bias is None:
+            return flex_attend(q, k, v, mask)
+        score_mod = bias_score_mod(position_bias.table, self.offset_rule(q.device))
+        return flex_attend(q, k, v, mask, score_mod, position_bias.n_heads)
+
     def decode_index(self, device: torch.device | str) -> DecodeIndex:
         cpu = self.once("decode", "cpu", lambda: ring_from_blocks(self.blocks("cpu"), self.length))
         return self.once("decode", device, lambda: cpu.to(device))
@@ -219,9 +268,11 @@ class AttentionPattern:
 class FullCausal(AttentionPattern):
     """Every query sees every earlier position and itself: the O(T²) baseline."""
 
-    def can_attend(self) -> Tensor:
-        steps = torch.arange(self.length)
-        return steps[None, :] <= steps[:, None]
+    def mask_rule(self, device: torch.device | str) -> MaskRule:
+        def rule(query: Tensor, key: Tensor) -> Tensor:
+            return key <= query
+
+        return rule
 
     def build_blocks(self) -> BlockIndex:
         # One block holding the whole sequence: full attention's sparsity is no sparsity.
@@ -248,11 +299,13 @@ class Local1D(AttentionPattern):
         super().__init__(order)
         self.block_length, self.memory_blocks = block_length, memory_blocks
 
-    def can_attend(self) -> Tensor:
-        steps = torch.arange(self.length)
-        query, key = steps[:, None], steps[None, :]
-        query_block, key_block = query // self.block_length, key // self.block_length
-        return (key <= query) & (key_block >= query_block - self.memory_blocks)
+    def mask_rule(self, device: torch.device | str) -> MaskRule:
+        lq, m = self.block_length, self.memory_blocks
+
+        def rule(query: Tensor, key: Tensor) -> Tensor:
+            return (key <= query) & (key // lq >= query // lq - m)
+
+        return rule
 
     def build_blocks(self) -> BlockIndex:
         """Block b's keys: the steps of blocks b−m .. b, (m+1)·lq of them."""
@@ -320,17 +373,25 @@ class Local2D(AttentionPattern):
         super().__init__(order)
         self.block, self.flange = tuple(order.block), tuple(flange)
 
-    def can_attend(self) -> Tensor:
+    def mask_rule(self, device: torch.device | str) -> MaskRule:
         (qh, qw), (fh, fw) = self.block, self.flange
-        rows, cols = self.order.cell_of_step()
-        steps = torch.arange(self.length)
-        r0, c0 = (rows // qh * qh)[:, None], (cols // qw * qw)[:, None]  # query block corner
-        key_row, key_col = rows[None, :], cols[None, :]
-        top = (key_row >= r0 - fh) & (key_row < r0) & (key_col >= c0 - fw) & (key_col < c0 + qw + fw)
-        left = (key_row >= r0) & (key_row < r0 + qh) & (key_col >= c0 - fw) & (key_col < c0)
-        same_block = (key_row // qh * qh == r0) & (key_col // qw * qw == c0)
-        own = same_block & (steps[None, :] <= steps[:, None])
-        return top | left | own
+        # Contiguous: a compiled kernel reads them as captured tensors, which may not be stride-0 views.
+        rows, cols = (cell.to(device).contiguous() for cell in self.order.cell_of_step())
+        last = self.length - 1
+
+        def rule(query: Tensor, key: Tensor) -> Tensor:
+            # A kernel's last block may ask about steps past T − 1. Clamped, such a key reads the
+            # last cell (bottom right: in no block's flange) and, later than every real query,
+            # fails ``own``.
+            query_cell, key_cell = query.clamp(max=last), key.clamp(max=last)
+            r0, c0 = rows[query_cell] // qh * qh, cols[query_cell] // qw * qw  # query block corner
+            key_row, key_col = rows[key_cell], cols[key_cell]
+            top = (key_row >= r0 - fh) & (key_row < r0) & (key_col >= c0 - fw) & (key_col < c0 + qw + fw)
+            left = (key_row >= r0) & (key_row < r0 + qh) & (key_col >= c0 - fw) & (key_col < c0)
+            own = (key_row // qh * qh == r0) & (key_col // qw * qw == c0) & (key <= query)
+            return top | left | own
+
+        return rule
 
     def build_blocks(self) -> BlockIndex:
         """Every block's keys: M flange cells and the L = qh·qw block cells — the top flange
@@ -379,7 +440,7 @@ def cross_can_attend(query_cells: tuple[Tensor, Tensor], key_cells: tuple[Tensor
     return near_row & near_col
 
 
-class LocalCrossAttention(nn.Module):
+class LocalCrossAttention(nn.Module, BuiltOnce):
     """Cross-attention limited by a fixed (Tq, Tk) ``can_attend`` (True = may attend), run
     on the keys it allows only.
 
@@ -388,7 +449,8 @@ class LocalCrossAttention(nn.Module):
     own gathered keys, as the batch of one 4-D fused call. With radius 0 that is 3 keys
     per query instead of masking all 192. ``dense_attention`` with ``can_attend`` is the
     reference. Tk is the low-resolution input's size, so the (Tq, Tk) matrix is small; a
-    decoding step reads its row.
+    decoding step reads its row, and FlexAttention's ``mask_mod`` (``attend_flex``) looks
+    each pair up in it.
     """
 
     def __init__(self, can_attend: Tensor) -> None:
@@ -406,6 +468,7 @@ class LocalCrossAttention(nn.Module):
         # with disallowed ones that the mask hides.
         key_index = torch.argsort((~rows).to(torch.int8), dim=1, stable=True)[:, :n_keys]
         key_allowed = torch.gather(rows, 1, key_index)
+        self.built = {}
         self.register_buffer("can_attend", can_attend, persistent=False)
         self.register_buffer("query_order", query_order, persistent=False)
         self.register_buffer("query_position", torch.argsort(query_order), persistent=False)
@@ -421,3 +484,24 @@ class LocalCrossAttention(nn.Module):
                         for t in (k, v))
         out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=self.key_allowed)
         return rearrange(out, "n g l e -> (g l) n e").index_select(0, self.query_position)
+
+    def mask_rule(self, device: torch.device | str) -> MaskRule:
+        """``can_attend`` looked up pair by pair, on ``device``."""
+        can_attend = self.can_attend.to(device)
+        last_query, last_key = can_attend.shape[0] - 1, can_attend.shape[1] - 1
+
+        def rule(query: Tensor, key: Tensor) -> Tensor:
+            # A kernel's last block may ask about steps past the ends; it discards those pairs,
+            # and the clamp keeps the lookup inside the matrix.
+            return can_attend[query.clamp(max=last_query), key.clamp(max=last_key)]
+
+        return rule
+
+    def block_mask(self, device: torch.device | str) -> BlockMask:
+        """FlexAttention's block mask of ``can_attend`` (built once per device)."""
+        return self.once("block_mask", device,
+                         lambda: build_block_mask(self.mask_rule(device), *self.can_attend.shape, device))
+
+    def attend_flex(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """``attend`` through FlexAttention."""
+        return flex_attend(q, k, v, self.block_mask(q.device))

@@ -2,7 +2,8 @@
 after a run stopped on a non-finite loss.
 
 ``checkpoint_to_resume`` checks the checkpoint before training starts, so that a wrong one
-is refused with one line instead of failing deep inside Lightning's fit loop.
+is refused with one line instead of failing deep inside Lightning's fit loop, and one that would
+run code when opened is refused before Lightning opens it (checkpoint.load_weights_only).
 """
 
 from __future__ import annotations
@@ -21,6 +22,9 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig) ->
     if resume is None:
         return None
     path = root / CHECKPOINT_DIR / LAST if resume == "last" else Path(resume)
+    if path.is_dir():
+        raise CheckpointError(f"--resume {resume}: {path} is a folder (weights to share hold no optimiser or loop "
+                              "state); resume from a checkpoint written by imagetx.train, e.g. checkpoints/last.ckpt")
     if not path.is_file():
         raise CheckpointError(f"--resume {resume}: no checkpoint at {path}; start without --resume "
                               "or pass the path of an existing .ckpt")

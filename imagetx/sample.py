@@ -4,6 +4,7 @@
     python -m imagetx.sample --ckpt CKPT --task complete [--rows 16] [--images a.png b.jpg]
     python -m imagetx.sample --ckpt CKPT --task superres [--temperatures 0.8 0.9 1.0]
 
+CKPT: a checkpoint written by imagetx.train, or a weights folder (imagetx.export).
 Grids (PNG, one row per input):
 * generate: the samples;
 * complete: given prefix (rest grey) | samples | original;
@@ -27,7 +28,6 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from .atomic import check_writable
-from .checkpoint import load_model
 from .cli import Number, add_data_arguments, check_device, data_reader, parse, parser_for, run_or_exit
 from .config import ModelConfig
 from .data import downsample_area
@@ -37,6 +37,7 @@ from .inputs import check_labels
 from .model import ImageTransformer
 from .sampler import sample
 from .sources import SPLITS, check_fits, tensors
+from .weights import load_model
 
 IMAGES_PER_ROW = 8
 GREY = 128  # fills the part of a completion's input that the model is not shown
@@ -44,7 +45,8 @@ GREY = 128  # fills the part of a completion's input that the model is not shown
 
 def build_parser() -> ArgumentParser:
     parser = parser_for(__doc__)
-    parser.add_argument("--ckpt", type=str, required=True, help="checkpoint written by imagetx.train or save_model")
+    parser.add_argument("--ckpt", type=str, required=True,
+                        help="checkpoint written by imagetx.train, or a weights folder (imagetx.export)")
     parser.add_argument("--task", type=Literal["generate", "complete", "superres"], default="generate")
     parser.add_argument("--count", type=int, default=8, help="images to generate, or inputs to complete/upsample")
     parser.add_argument("--samples", type=int, default=3, help="samples per input (complete)")

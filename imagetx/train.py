@@ -10,8 +10,10 @@ Every run writes, under ``trainer.default_root_dir``:
 ``checkpoints/`` (``last.ckpt`` and the best by ``val/bpd``), ``csv/version_N/``
 (metrics and the resolved ``config.yaml``), ``samples/`` (PNG grids) and ``wandb/``.
 Throughput comes from Lightning's ThroughputMonitor: ``train/device/samples_per_sec``
-is images/s per device (``train/samples_per_sec``, all devices, with more than one), and
-``train/time`` the seconds spent training, validations left out.
+is images/s per device (``train/samples_per_sec``, all devices, with more than one),
+``train/time`` the seconds spent training, validations left out, ``train/device/flops_per_sec``
+the model's FLOP/s (imagetx/flops.py) and, on a device whose peak is known,
+``train/device/mfu`` (imagetx/throughput.py).
 
 Crashes: ``last.ckpt`` is rewritten (atomically) at every validation, every
 ``--checkpoint_every_n_steps`` optimiser steps and at the step where training stops, so a
@@ -26,7 +28,7 @@ from dataclasses import fields
 from operator import attrgetter
 from pathlib import Path
 
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ThroughputMonitor
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
 from .atomic import check_writable, remove_stale_temporaries
@@ -36,8 +38,10 @@ from .checkpoint import CHECKPOINT_DIR, LAST, AtomicCheckpointIO
 from .cli import ConfigError, HelpFormatter, Trainer, describe_parse_error, run_or_exit
 from .config import ModelConfig
 from .data import ImageDataModule
-from .lit import ImageTransformerModule, NonFiniteLossError
+from .lit import ImageTransformerModule
+from .nonfinite import NonFiniteLossError
 from .resume import checkpoint_to_resume, last_good_checkpoint
+from .throughput import ThroughputWithPeak
 from .tracking import WANDB_MODES, make_loggers
 
 
@@ -93,7 +97,7 @@ class ImagetxCLI(LightningCLI):
             LastCheckpoint(root / CHECKPOINT_DIR, self.config.checkpoint_every_n_steps),
             LearningRateMonitor(logging_interval="step"),
             BudgetHorizon(),
-            ThroughputMonitor(batch_size_fn=count_images, window_size=10),
+            ThroughputWithPeak(batch_size_fn=count_images, window_size=10),
         ]
         if configured.logger in (None, True):
             kwargs.setdefault("logger", make_loggers(root, self.config.wandb, self.config.wandb_project))
@@ -113,7 +117,8 @@ def train(args: list[str] | None = None) -> None:
     root = Path(cli.trainer.default_root_dir)
     ckpt_path = checkpoint_to_resume(cli.config.resume, root, cli.model.config)
     try:
-        cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt_path)
+        # checkpoint_to_resume has read the file weights-only; Lightning must read it no other way
+        cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
     except NonFiniteLossError as error:
         raise NonFiniteLossError(f"{error}; {last_good_checkpoint(root)}") from error
     if cli.trainer.is_global_zero:

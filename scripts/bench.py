@@ -54,23 +54,19 @@ Peak memory
 
 FLOPs and model FLOP utilisation (MFU)
 --------------------------------------
-FLOPs per image for one training step (forward + backward = 3 x forward), counted
-analytically for a decoder-only model with T positions per image, L layers, width d::
+FLOPs per image for one training step (forward + backward), from
+``imagetx.flops.count_flops`` on the device the step runs on (the model's real work: linear
+layers, and the query-key pairs each attention kernel computes, local blocks or FlexAttention
+tiles, never a dense T²; docs/model.md §8)::
 
-    dense     = 6 x P_linear x T
-    attention = 3 x L x 4 x K x d x T
+    dense     = 3 x projections + 2 x input layers
+    attention = 3 x attention
     flops     = dense + attention
 
-P_linear = parameters of every nn.Linear (attention projections, feed-forward, head,
-DMOL's pixel projection; embedding tables are look-ups, not counted); 6 = 2 (a
-multiply-add) x 3 (fwd + bwd). K = mean number of keys a query may attend to, from
-the pattern: (T+1)/2 for full causal; for 1D local m*lq + (j+1) for position j of a
-block with m memory blocks (fewer in the first blocks); for 2D local the flange cells
-inside the image + (block size + 1)/2. 4·K·d per query and layer = QK^T (2·K·d) plus
-the weighted sum of values (2·K·d). Achieved FLOP/s = flops x images/s. MFU = achieved /
-peak, with the peak from ``--peak-tflops`` or, on CUDA, detected from the device name
-(H100 and H200: 989 TFLOP/s, dense bf16 without sparsity). Super-resolution encoders are
-not counted (their presets are not in this benchmark's list; MFU is left out for them).
+``keys_per_query`` = the decoder self-attention's computed pairs per query (attention /
+(L x 4 x d x T)). Achieved FLOP/s = flops x images/s. MFU = achieved / peak, with the peak
+from ``--peak-tflops`` or, on CUDA, the dense bf16 peak of the device (Lightning's table, then
+``imagetx.throughput.DENSE_PEAK_FLOPS``: H100 and H200 SXM 989 TFLOP/s, without sparsity).
 
 Sampling
 --------
@@ -134,7 +130,6 @@ PRESETS = ("quick", "cifar10_categorical", "cifar10_dmol", "cifar10_2d")
 CPU_DEFAULT_PRESETS = ("quick", "cifar10_categorical")
 PAPER_CATEGORICAL = "cifar10_categorical"
 QUICK = "quick"
-PEAK_BF16_TFLOPS = {"H100": 989.0, "H200": 989.0}  # dense bf16, no sparsity
 SMOKE_MODEL = dict(n_layers=1, d_model=32, n_heads=2, d_filter=64)
 SAMPLE_WARMUP_STEPS = 4
 MEMORY_TOLERANCE = 1.02  # target (a): "no more peak memory", within RSS noise
@@ -177,28 +172,18 @@ def build_config(spec: dict):
 
 # ----------------------------------------------------------------------------- FLOPs
 
-def keys_per_query(model) -> float:
-    """Mean number of keys a query of the decoder's self-attention may attend to, counted on
-    the pattern's blocks (end padding left out)."""
-    import torch
-
-    blocks, length = model.pattern.blocks(torch.device("cpu")), model.order.length
-    per_query = blocks.can_attend.sum(-1).flatten()[:length]
-    return float(per_query.double().mean())
-
-
-def flops_per_image(model) -> dict:
-    """Training FLOPs (forward + backward) per image; see the module docstring."""
+def flops_per_image(model, device) -> dict:
+    """Training FLOPs (forward + backward) per image on ``device``; see the module docstring."""
     from torch import nn
 
-    cfg, length = model.config, model.order.length
+    from imagetx.flops import count_flops, decoder_attention_pairs
+
+    length = model.order.length
     linear = sum(p.numel() for mod in model.modules() if isinstance(mod, nn.Linear) for p in mod.parameters())
-    keys = keys_per_query(model)
-    dense = 6.0 * linear * length
-    attention = 3.0 * cfg.n_layers * 4.0 * keys * cfg.d_model * length
-    return {"linear_params": linear, "keys_per_query": keys, "dense_flops": dense,
-            "attention_flops": attention, "flops_per_image": dense + attention,
-            "counted": not cfg.encoder_layers}
+    flops = count_flops(model, device)
+    return {"linear_params": linear, "keys_per_query": decoder_attention_pairs(model, device) / length,
+            "dense_flops": 3.0 * flops.projections + 2.0 * flops.inputs, "attention_flops": 3.0 * flops.attention,
+            "flops_per_image": float(flops.training), "counted": True}
 
 
 # ----------------------------------------------------------------------------- workers
@@ -259,7 +244,7 @@ def train_worker(spec: dict) -> dict:
 
     median = statistics.median(times)
     length = model.order.length
-    flops = flops_per_image(model)
+    flops = flops_per_image(model, device)
     images_per_sec = spec["batch"] / median
     result = {
         **spec, "kind": "train", "positions": length, "grid": list(cfg.grid_shape),
@@ -370,10 +355,15 @@ def detect_peak_tflops(args) -> tuple[float | None, str]:
         return None, "none (CPU; give --peak-tflops for an MFU figure)"
     import torch
 
-    name = torch.cuda.get_device_name(0)
-    for key, value in PEAK_BF16_TFLOPS.items():
-        if key in name:
-            return value, f"{name}: {key} dense bf16 peak"
+    from lightning.fabric.utilities.throughput import get_available_flops
+
+    from imagetx.throughput import table_peak
+
+    device = torch.device("cuda", 0)
+    name = torch.cuda.get_device_name(device)
+    peak = get_available_flops(device, torch.bfloat16) or table_peak(device, torch.bfloat16)
+    if peak:
+        return peak / 1e12, f"{name}: dense bf16 peak"
     return None, f"{name}: unknown peak; give --peak-tflops"
 
 
@@ -418,7 +408,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-sampling", action="store_true", help="skip the sampling measurements")
     parser.add_argument("--no-full", action="store_true", help="skip the full-attention comparison")
     parser.add_argument("--peak-tflops", type=float, default=None,
-                        help="device peak for MFU (default on CUDA: H100/H200 dense bf16 989)")
+                        help="device peak for MFU (default on CUDA: the device's dense bf16 peak, e.g. H100/H200 989)")
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--json", default="bench.json", help="where to write every figure")
     parser.add_argument("--quick-smoke", action="store_true",
@@ -611,7 +601,7 @@ def main(argv: list[str] | None = None) -> int:
                      "max_cell_seconds": args.max_cell_seconds, "sample_batch": sample_batch,
                      "sample_steps": sample_steps, "uncached_steps": uncached_steps, "smoke": smoke,
                      "peak_tflops": peak_tflops, "peak_source": peak_source,
-                     "flops_formula": "6 x P_linear x T + 3 x L x 4 x K x d x T per image (fwd+bwd)"},
+                     "flops_formula": "imagetx.flops.count_flops(model, device).training per image (fwd+bwd)"},
         "machine": {**info, "loadavg_start": load,
                     "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None},
         "results": results,

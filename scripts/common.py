@@ -1,6 +1,6 @@
 """What the benchmark scripts share: each configuration measured in a fresh worker process
 (``run_subprocess``, the result a JSON line marked ``RESULT_MARKER``), memory read from
-the process (``current_rss_bytes``, ``maxrss_bytes``), the machine described
+the process (``current_rss_bytes``, ``maxrss_bytes``, ``reset_peak_rss``), the machine described
 (``machine_info``), timings that include the device's queued work (``timed``, ``sync``),
 and table cells (``fmt``).
 
@@ -48,6 +48,18 @@ def current_rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return maxrss_bytes()
+
+
+def reset_peak_rss() -> bool:
+    """Reset this process's resident-set high-water mark (``ru_maxrss``) to its current RSS,
+    so that a peak read later covers only what ran since (Linux ≥ 4.0: /proc/self/clear_refs).
+    False where that is refused: the mark then still covers everything before."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
 
 
 def maxrss_bytes() -> int:

@@ -9,11 +9,13 @@ import torch
 
 import imagetx
 from helpers import random_images, random_labels, tiny_config, tiny_model
-from imagetx import CheckpointError, ImageTransformer, ModelConfig, load_model, save_model
+from imagetx import CheckpointError, ImageTransformer, ModelConfig, load_model, save_pretrained
+from imagetx.checkpoint import imagetx_metadata
 
 
 def test_public_names():
-    for name in ("CheckpointError", "ImageTransformer", "ModelConfig", "load_model", "save_model"):
+    for name in ("CheckpointError", "ImageTransformer", "ModelConfig", "from_pretrained", "load_model",
+                 "save_pretrained"):
         assert hasattr(imagetx, name) and name in imagetx.__all__
 
 
@@ -204,8 +206,8 @@ def test_save_load_round_trip(tmp_path, overrides):
         kwargs["labels"] = random_labels(2, model.config.num_classes)
     if model.config.encoder_layers:
         kwargs["low_res"] = random_images(2, model.config.low_res_size, seed=8)
-    path = tmp_path / "sub" / "model.ckpt"
-    save_model(model, path)
+    path = tmp_path / "sub" / "model"
+    save_pretrained(model, path)
     loaded = load_model(path)
     assert isinstance(loaded, ImageTransformer)
     assert loaded.config == model.config
@@ -215,13 +217,16 @@ def test_save_load_round_trip(tmp_path, overrides):
     # A differently seeded model scores differently: the weights really came from the file.
     with torch.no_grad():
         assert not torch.equal(tiny_model(seed=4, **overrides).nll(images, **kwargs), model.nll(images, **kwargs))
-    assert [p.name for p in path.parent.iterdir()] == ["model.ckpt"]  # no temporary files left
+    assert [p.name for p in path.parent.iterdir()] == ["model"]
+    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]  # no temporary files left
 
 
-def test_load_lightning_style_checkpoint(tmp_path):
+@pytest.mark.parametrize("prefix", ["model.", ""], ids=["lightning", "plain"])
+def test_load_checkpoint_file(tmp_path, prefix):
+    # lightning: as training writes it; plain: without the "model." prefix, as older imagetx versions saved a model
     model = tiny_model(seed=5)
-    state = {"model." + k: v for k, v in model.state_dict().items()}
-    path = tmp_path / "lightning.ckpt"
+    state = {prefix + k: v for k, v in model.state_dict().items()}
+    path = tmp_path / "model.ckpt"
     torch.save({"imagetx": {"format": 1, "model_config": model.config.to_dict()}, "state_dict": state,
                 "epoch": 3}, path)
     loaded = load_model(path)
@@ -243,7 +248,9 @@ def test_load_directory_is_not_a_checkpoint(tmp_path):
 @pytest.mark.parametrize("keep", [0.5, 0.1, 0.0])
 def test_load_truncated_file(tmp_path, keep):
     path = tmp_path / "model.ckpt"
-    save_model(tiny_model(), path)
+    model = tiny_model()
+    torch.save({"imagetx": imagetx_metadata(model.config), "state_dict": model.state_dict()}, path)
+    load_model(path)  # whole, it loads
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
     with pytest.raises(CheckpointError):

@@ -14,9 +14,6 @@ from test_sampler import SMALL_BLOCKS, block_shape, check_cached_equals_full
 
 HEADS_AND_ORDERS = [("categorical", "local_1d"), ("dmol", "local_1d"), ("categorical", "local_2d"),
                     ("dmol", "local_2d")]
-# ... and DMOL models whose means are anchored on the remainder means (remainder_anchored_means)
-WITH_ANCHORED = [(head, attention, False) for head, attention in HEADS_AND_ORDERS] + [
-    ("dmol", "local_1d", True), ("dmol", "local_2d", True)]
 
 
 def remainder_model(head: str, attention: str, seed: int = 0, **overrides):
@@ -67,11 +64,11 @@ def test_remainder_mean_equals_the_brute_force_sum(head, attention):
     assert (means[:, last] - own[:, last]).abs().max() <= 8.0
 
 
-@pytest.mark.parametrize("head,attention,anchored", WITH_ANCHORED)
-def test_remainder_reads_nothing_at_or_after_its_step(head, attention, anchored):
+@pytest.mark.parametrize("head,attention", HEADS_AND_ORDERS)
+def test_remainder_reads_nothing_at_or_after_its_step(head, attention):
     # Change every value from step t on: the parameters of steps 0..t must not move (the
     # remainder is built from raw values, so a gradient through embeddings would miss a leak).
-    model = remainder_model(head, attention, remainder_anchored_means=anchored)
+    model = remainder_model(head, attention)
     images, low_res = random_images(2, 8, seed=1), random_images(2, 4, seed=2)
     base = model(images, None, low_res)
     targets = model.targets(images)
@@ -88,9 +85,9 @@ def sequence_images(model, sequence):
     return sequence_to_images(sequence, model.order, model.config.head).to(torch.uint8)
 
 
-@pytest.mark.parametrize("head,attention,anchored", WITH_ANCHORED)
-def test_cached_decoder_matches_full_pass_with_remainder(head, attention, anchored):
-    model = remainder_model(head, attention, seed=3, remainder_anchored_means=anchored)
+@pytest.mark.parametrize("head,attention", HEADS_AND_ORDERS)
+def test_cached_decoder_matches_full_pass_with_remainder(head, attention):
+    model = remainder_model(head, attention, seed=3)
     images = random_images(2, 8, seed=4)
     check_cached_equals_full(model, images, None, downsample_area(images, 4))
 
@@ -106,26 +103,3 @@ def test_cell_remainder_input_needs_a_low_res_input():
     with pytest.raises(ValueError, match="cell_remainder_input.*encoder_layers"):
         tiny_model(cell_remainder_input=True)
 
-
-def test_anchored_means_start_from_the_remainder_mean():
-    # The DMOL head's means are its own outputs plus the step's remainder mean (clamped to the
-    # value range), every component alike; nothing else in the parameters moves.
-    plain = remainder_model("dmol", "local_1d", seed=5)
-    anchored = remainder_model("dmol", "local_1d", seed=5, remainder_anchored_means=True)
-    images = random_images(2, 8, seed=6)
-    low_res = random_images(2, 4, seed=7)  # not the images' own: remainders leave the value range
-    features = plain.cell_remainder(plain.targets(images), low_res)
-    with torch.no_grad():
-        _, means, log_scales, coeffs = plain.head.split(plain(images, None, low_res))
-        _, anchored_means, anchored_scales, anchored_coeffs = anchored.head.split(anchored(images, None, low_res))
-    offsets = features[..., :3].clamp(-1, 1)
-    torch.testing.assert_close(anchored_means, means + offsets[..., None], rtol=0, atol=1e-12)
-    assert torch.equal(anchored_scales, log_scales) and torch.equal(anchored_coeffs, coeffs)
-    assert (features[..., :3].abs() > 1).any()  # the clamp was exercised
-
-
-def test_anchored_means_need_dmol_and_the_remainder():
-    with pytest.raises(ValueError, match="remainder_anchored_means"):
-        tiny_model(head="dmol", encoder_layers=1, remainder_anchored_means=True)
-    with pytest.raises(ValueError, match="remainder_anchored_means"):
-        tiny_model(head="categorical", encoder_layers=1, cell_remainder_input=True, remainder_anchored_means=True)

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from helpers import TINY_TRAIN_MODEL, one_error_line, tiny_model, write_npz_shard, write_train_config
-from imagetx import save_model
+from imagetx import save_pretrained
+from imagetx.checkpoint import imagetx_metadata
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
 from imagetx.train import main as train_main
@@ -124,25 +125,26 @@ def test_debug_mode_shows_the_traceback(tmp_path, data_root, monkeypatch):
 
 # ----- checkpoints given to evaluate and sample ------------------------------------------
 
+def write_checkpoint(path, model, **config_changes):
+    """A plain checkpoint file: the model's configuration (with ``config_changes``) and weights."""
+    metadata = imagetx_metadata(model.config)
+    metadata["model_config"].update(config_changes)
+    torch.save({"imagetx": metadata, "state_dict": model.state_dict()}, path)
+
+
 def bad_checkpoint(tmp_path, kind):
     path = tmp_path / f"{kind}.ckpt"
     if kind == "truncated":
-        save_model(tiny_model(image_size=32, head="dmol"), path)
+        write_checkpoint(path, tiny_model(image_size=32, head="dmol"))
         path.write_bytes(path.read_bytes()[:1000])
     elif kind == "not-imagetx":
         torch.save({"state_dict": {"layer.weight": torch.zeros(2, 2)}}, path)
     elif kind == "text":
         path.write_text("not a checkpoint\n")
     elif kind == "incompatible":  # weights of another configuration than the one stored with them
-        save_model(tiny_model(image_size=32, head="dmol"), path)
-        checkpoint = torch.load(path, weights_only=False)
-        checkpoint["imagetx"]["model_config"]["d_model"] = 32
-        torch.save(checkpoint, path)
+        write_checkpoint(path, tiny_model(image_size=32, head="dmol"), d_model=32)
     elif kind == "invalid-config":
-        save_model(tiny_model(image_size=32, head="dmol"), path)
-        checkpoint = torch.load(path, weights_only=False)
-        checkpoint["imagetx"]["model_config"]["n_heads"] = 3
-        torch.save(checkpoint, path)
+        write_checkpoint(path, tiny_model(image_size=32, head="dmol"), n_heads=3)
     return path
 
 
@@ -168,9 +170,10 @@ def test_bad_checkpoint(tmp_path, capsys, data_root, command, kind):
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     directory = tmp_path_factory.mktemp("ckpts")
-    plain, conditional = directory / "plain.ckpt", directory / "conditional.ckpt"
-    save_model(tiny_model(seed=1, image_size=32, head="dmol", query_block_length=64), plain)
-    save_model(tiny_model(seed=2, image_size=32, head="dmol", query_block_length=64, num_classes=10), conditional)
+    plain, conditional = directory / "plain", directory / "conditional"
+    save_pretrained(tiny_model(seed=1, image_size=32, head="dmol", query_block_length=64), plain)
+    save_pretrained(tiny_model(seed=2, image_size=32, head="dmol", query_block_length=64, num_classes=10),
+                    conditional)
     return {"plain": plain, "conditional": conditional}
 
 

@@ -201,14 +201,15 @@ def test_resume_with_another_batch_size_is_a_clear_error(tmp_path, data_root, ca
 
 @pytest.mark.parametrize("damage", ["truncated", "not imagetx", "weights only"])
 def test_resume_from_a_bad_checkpoint_is_a_clear_error(tmp_path, data_root, capsys, damage):
-    from imagetx import save_model
+    from imagetx.checkpoint import imagetx_metadata
     from imagetx.model import ImageTransformer
     from imagetx.config import ModelConfig
     from helpers import TINY_TRAIN_MODEL
 
     bad = tmp_path / "bad.ckpt"
-    if damage == "weights only":
-        save_model(ImageTransformer(ModelConfig(**TINY_TRAIN_MODEL)), bad)
+    if damage == "weights only":  # the model's configuration and weights, no optimiser or loop state
+        model = ImageTransformer(ModelConfig(**TINY_TRAIN_MODEL))
+        torch.save({"imagetx": imagetx_metadata(model.config), "state_dict": model.state_dict()}, bad)
     else:
         torch.save({"state_dict": {}} if damage == "not imagetx" else {"x": torch.zeros(1000)}, bad)
         if damage == "truncated":

@@ -10,7 +10,7 @@ import torch
 from PIL import ExifTags, Image
 
 from helpers import tiny_model, write_cifar_npz
-from imagetx import save_model
+from imagetx import save_pretrained
 from imagetx.sample import main
 from imagetx.sources import load
 
@@ -35,8 +35,8 @@ def cell(grid: np.ndarray, row: int, col: int) -> np.ndarray:
 def ckpt(tmp_path_factory):
     # 32x32 DMOL, one layer of d=16: 1024 cheap sampling steps.
     model = tiny_model(seed=21, image_size=32, head="dmol", query_block_length=64)
-    path = tmp_path_factory.mktemp("ckpt") / "model.ckpt"
-    save_model(model, path)
+    path = tmp_path_factory.mktemp("ckpt") / "model"
+    save_pretrained(model, path)
     return path
 
 

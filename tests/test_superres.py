@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from helpers import random_images, tiny_model, write_cifar_npz
-from imagetx import load_model, save_model
+from imagetx import load_model, save_pretrained
 from imagetx.attention import merge_heads, project_heads
 from imagetx.patterns import dense_attention
 from imagetx.data import downsample_area
@@ -137,8 +137,8 @@ def test_low_res_input_changes_the_likelihood():
 def superres_ckpt(tmp_path_factory):
     # 32×32 DMOL decoder (1024 cheap steps) with a one-layer encoder over the 8×8 input.
     model = tiny_model(seed=31, image_size=32, head="dmol", query_block_length=64, encoder_layers=1, low_res_size=8)
-    path = tmp_path_factory.mktemp("sr") / "sr.ckpt"
-    save_model(model, path)
+    path = tmp_path_factory.mktemp("sr") / "sr"
+    save_pretrained(model, path)
     return path
 
 
@@ -179,8 +179,8 @@ def test_sample_superres_grid(tmp_path, capsys, superres_ckpt):
 
 
 def test_sample_superres_rejects_a_plain_model(tmp_path, capsys):
-    path = tmp_path / "plain.ckpt"
-    save_model(tiny_model(image_size=32, head="dmol", query_block_length=64), path)
+    path = tmp_path / "plain"
+    save_pretrained(tiny_model(image_size=32, head="dmol", query_block_length=64), path)
     with pytest.raises(SystemExit) as info:
         sample_main(["--ckpt", str(path), "--task", "superres", "--out", str(tmp_path / "o")])
     assert info.value.code == 2

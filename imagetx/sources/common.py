@@ -45,11 +45,15 @@ class Pool:
 
 def check_fits(data: Pool, image_size: int | None, num_classes: int | None, checkpoint: bool = False) -> None:
     """Raise a DataError when a model of ``image_size`` and ``num_classes`` (0: unconditional)
-    cannot read ``data``: another image size, a class-conditional model on unlabelled data, or
-    another number of classes. None: that part is not checked.
+    cannot read ``data``: another image size, a class-conditional model on unlabelled data,
+    another number of classes, or values out of its range (images not uint8, labels outside
+    0..num_classes−1). None: that part is not checked.
 
     ``checkpoint``: the model comes from a checkpoint (evaluate, sample), so the fix is
     other data rather than another model setting."""
+    if data.images.dtype != np.uint8:  # every reader gives uint8; a damaged folder conversion might not
+        raise DataError(f"{data.where} holds {data.images.dtype} images, not uint8: the data is damaged "
+                        "(a folder: convert it again with --data.rebuild true)")
     size = data.image_size
     if image_size is not None and size != image_size:
         the_model = "the checkpoint's model" if checkpoint else "the model"
@@ -70,6 +74,12 @@ def check_fits(data: Pool, image_size: int | None, num_classes: int | None, chec
                else f"set --model.config.num_classes {data.num_classes} (or 0 for an unconditional model)")
         raise DataError(f"{data.where} has {data.num_classes} classes but the model has num_classes={num_classes}: "
                         f"{fix}")
+    # Once, here, for every source (a folder's labels come back from its converted shards):
+    # training steps then never read labels back from the device (ImageDataModule.values_checked_for).
+    labels = data.labels
+    if labels.size and (labels.min() < 0 or labels.max() >= num_classes):
+        raise DataError(f"{data.where} has labels {labels.min()}..{labels.max()}, outside 0..{num_classes - 1}: "
+                        "the data is damaged (a folder: convert it again with --data.rebuild true)")
 
 
 def write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:

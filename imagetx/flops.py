@@ -1,0 +1,134 @@
+"""FLOPs per image of the Image Transformer: one forward pass, and one training step (forward
+and backward), counted from the work the model really does (docs/model.md §8, "FLOPs and MFU").
+
+What is counted, as ``torch.utils.flop_counter.FlopCounterMode`` and the model FLOPs of MFU
+(PaLM, Chowdhery et al. 2022) count it: matrix products, at 2 FLOPs per multiply-add — every
+linear layer, and the scores (q·k) and weighted values of every attention call. Element-wise
+work (norms, softmax, activations, dropout, the heads' log-likelihoods) and embedding look-ups
+are not: they are memory-bound, and FlopCounterMode leaves them out too.
+
+Attention counts the query-key pairs each call computes, masked pairs included (the kernel
+computes them), never the dense T² it does not:
+
+* a local pattern with a position bias, and the 2D pattern: per block, L queries × S gathered
+  keys (``pattern.blocks``, through ``attend_in_blocks``);
+* the 1D pattern without one (``Local1D.attend``): its first m blocks in one causal call, then
+  each later block's lq queries over its window of (m+1)·lq keys;
+* full causal attention without a position bias: SDPA's causal kernels (flash, memory-efficient,
+  the CPU's) skip the tiles above the diagonal: T(T+1)/2 pairs. FlopCounterMode counts every
+  ``is_causal`` call as dense (T², its own documented upper bound); with a bias it is one
+  T×T block;
+* the encoder: every pair of its 3·h·w sub-pixels; cross-attention: every decoder step over
+  all of them, or (``cross_attention_radius``) over its group's gathered keys.
+
+Where FlexAttention runs instead (``attention_kernel`` flex, or auto on CUDA: ``flex.uses_flex``),
+a pattern's attention is every 128×128 tile of its block mask that the kernel does not skip,
+computed whole: fewer pairs than the gathered blocks where a block's keys are mostly outside
+the image (2D), more where blocks are narrower than a tile (``quick``'s 32-pixel rows).
+
+Training = forward + backward. The backward of a product is twice its forward (the gradients of
+both operands), except for the layers that read raw data (the DMOL pixel embedding, the cell
+remainder projection), whose input needs no gradient: once. The scores that fused attention
+kernels recompute in their backward (FlopCounterMode counts 2.5× the forward for them) are
+left out, as model FLOPs leave out every recomputation: training ≈ 3 × forward.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+from torch.nn.attention.flex_attention import BlockMask
+
+from .flex import uses_flex
+from .model import ImageTransformer
+from .patterns import AttentionPattern, FullCausal, Local1D
+
+# 2 FLOPs (a multiply and an add) per multiply-add of a matrix product.
+FLOPS_PER_MAC = 2
+
+
+@dataclass(frozen=True)
+class Flops:
+    """Forward FLOPs of one image, by how their backward is counted."""
+
+    projections: int  # linear layers on hidden states: attention projections, feed-forward, heads
+    inputs: int  # linear layers on raw data: the backward computes their weights' gradient only
+    attention: int  # scores and weighted values of every attention call
+
+    @property
+    def forward(self) -> int:
+        return self.projections + self.inputs + self.attention
+
+    @property
+    def training(self) -> int:
+        """Forward and backward: 3× the projections and attention, 2× the input layers."""
+        return 3 * self.projections + 2 * self.inputs + 3 * self.attention
+
+
+def self_attention_pairs(pattern: AttentionPattern, position_bias: bool) -> int:
+    """Query-key pairs one decoder self-attention layer computes, per image and head."""
+    length = pattern.length
+    if isinstance(pattern, FullCausal) and not position_bias:
+        return length * (length + 1) // 2
+    if isinstance(pattern, Local1D) and not position_bias:
+        lq, m = pattern.block_length, pattern.memory_blocks
+        n_blocks = -(-length // lq)
+        first = min(m, n_blocks)  # blocks that see every earlier step: one causal call
+        causal = first * lq
+        return causal * (causal + 1) // 2 + (n_blocks - first) * lq * (m + 1) * lq
+    n_blocks, block_len, n_keys = pattern.blocks("cpu").can_attend.shape
+    return n_blocks * block_len * n_keys
+
+
+def tile_pairs(mask: BlockMask) -> int:
+    """Query-key pairs FlexAttention computes under ``mask``: every tile it does not skip, whole
+    (one host read of the mask's tile counts)."""
+    q_tile, kv_tile = mask.BLOCK_SIZE
+    tiles = mask.kv_num_blocks.sum()
+    if mask.full_kv_num_blocks is not None:
+        tiles = tiles + mask.full_kv_num_blocks.sum()
+    return int(tiles) * q_tile * kv_tile
+
+
+def decoder_attention_pairs(model: ImageTransformer, device: torch.device | str = "cpu") -> int:
+    """Query-key pairs one decoder self-attention layer computes per image and head on ``device``."""
+    if uses_flex(model.config.attention_kernel, torch.device(device)):
+        return tile_pairs(model.pattern.block_mask(device))
+    return self_attention_pairs(model.pattern, model.config.relative_position_bias)
+
+
+def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> Flops:
+    """FLOPs of one image through ``model`` (any ``ModelConfig``: build it with
+    ``ImageTransformer(config)``), with the attention kernels it runs on ``device``."""
+    cfg = model.config
+    flex = uses_flex(cfg.attention_kernel, torch.device(device))
+    steps = model.order.length  # decoder positions: sub-pixels or pixels
+    context = 0 if model.encoder is None else model.encoder.order.length  # low-resolution sub-pixels
+    # Every linear layer runs once per decoder step, except the encoder's and the projection of
+    # cross-attention's keys and values, which run once per low-resolution sub-pixel.
+    per_context = set() if model.encoder is None else set(model.encoder.modules())
+    per_context |= {layer.cross_attn.to_kv for layer in model.layers if layer.cross_attn is not None}
+    raw = {model.cell_remainder.proj} if model.cell_remainder is not None else set()
+    if cfg.head == "dmol":
+        raw.add(model.value_embedding.proj)
+    projections = inputs = 0
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            flops = FLOPS_PER_MAC * module.in_features * module.out_features * (
+                context if module in per_context else steps)
+            if module in raw:
+                inputs += flops
+            else:
+                projections += flops
+    # Scores (q·k) and values (weights·v): 2 products of e per pair and head, h·e = d.
+    per_pair = 2 * FLOPS_PER_MAC * cfg.d_model
+    pairs = cfg.n_layers * decoder_attention_pairs(model, device)
+    if model.encoder is not None:  # the encoder and cross-attention to all of it: every pair
+        cross = steps * context
+        if model.local_cross is not None:
+            local = model.local_cross
+            cross = tile_pairs(local.block_mask(device)) if flex else steps * local.key_index.shape[1]
+        pairs += cfg.encoder_layers * context * context + cfg.n_layers * cross
+    return Flops(projections, inputs, per_pair * pairs)

@@ -1,0 +1,86 @@
+"""Non-finite training steps (docs/model.md §8): decided on the device every step, read on the
+host only at logging steps, before every checkpoint and at the end of training.
+
+A step whose loss or gradients hold a NaN or an infinity is skipped where it happens, on the
+device: the optimiser is told through ``optimizer.found_inf`` (the attribute torch's GradScaler
+sets for fused optimisers), and torch's fused Adam and AdamW then leave the parameters, their
+moments and the step count as they were. ``NonFiniteSteps`` notes the step in a few device
+counters; ``read`` takes them to the host (one read) and stops the run, naming the step, once
+more steps were skipped than allowed. Weights that are not finite are never saved either way
+(``non_finite_tensors`` before every checkpoint).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss, the gradients or the weights became NaN or infinite."""
+
+
+def non_finite_tensors(state: dict[str, Tensor]) -> list[str]:
+    """Names of the floating-point tensors in ``state`` holding a NaN or an infinity (one read)."""
+    names = [name for name, value in state.items() if torch.is_tensor(value) and value.is_floating_point()]
+    if not names:
+        return []
+    finite = torch.stack([torch.isfinite(state[name]).all() for name in names]).cpu()
+    return [name for name, ok in zip(names, finite.tolist()) if not ok]
+
+
+# What a noted step had, by kind: its loss's value, or (a finite loss) its gradients.
+WHAT = ("", "training loss is nan", "training loss is inf", "training loss is -inf", "gradients are not finite")
+
+
+def step_kind(loss: Tensor) -> Tensor:
+    """0-d long: the ``WHAT`` of a step with this loss, were it not finite (computed on the device)."""
+    inf = float("inf")
+    return torch.where(loss.isnan(), 1, torch.where(loss == inf, 2, torch.where(loss == -inf, 3, 4)))
+
+
+class NonFiniteSteps:
+    """The non-finite steps since the last ``read``, on the device: (count, the first one's step
+    and kind, the step and kind of the one that went past the limit).
+
+    ``skipped``: the steps skipped before, read and allowed (saved in checkpoints); ``limit``:
+    how many may be skipped (``max_nonfinite_skips``; 0 stops at the first)."""
+
+    def __init__(self, limit: int, skipped: int = 0) -> None:
+        self.limit, self.skipped = limit, skipped
+        self.pending: Tensor | None = None
+
+    def note(self, found: Tensor, step: int, kind: Tensor) -> None:
+        """Count optimiser step ``step`` if ``found`` (0-d bool on the device): no host read."""
+        found = found.long()
+        if self.pending is None:  # count, first step, its kind, the step past the limit, its kind
+            self.pending = torch.zeros(5, dtype=torch.long, device=found.device)
+        pending = self.pending
+        count = pending[0] + found
+        first = found * (pending[0] == 0)
+        past_limit = found * (self.skipped + count == self.limit + 1)
+        self.pending = pending + torch.stack([found, first * step, first * kind, past_limit * step, past_limit * kind])
+
+    def read(self) -> str | None:
+        """Take the counters to the host (one read) and start them afresh: raise
+        NonFiniteLossError if a step went past the limit; else a warning naming the steps
+        skipped since the last read, or None."""
+        if self.pending is None:
+            return None
+        count, first_step, first_kind, over_step, over_kind = self.pending.tolist()
+        self.pending = None
+        if over_step:
+            if self.limit:
+                why = (f"{self.limit} such steps were skipped already, the limit set by --model.max_nonfinite_skips "
+                       f"{self.limit}")
+            else:
+                why = "--model.max_nonfinite_skips N would skip up to N such steps"
+            raise NonFiniteLossError(f"{WHAT[over_kind]} at step {over_step}; training stopped ({why})")
+        if not count:
+            return None
+        self.skipped += count
+        if count == 1:
+            steps = f"at step {first_step}: step skipped"
+        else:
+            steps = f"at step {first_step} and {count - 1} more non-finite step(s) after it: steps skipped"
+        return f"{WHAT[first_kind]} {steps} ({self.skipped} of model.max_nonfinite_skips={self.limit})"

@@ -1,0 +1,313 @@
+"""FlexAttention (imagetx/flex.py, ``ModelConfig.attention_kernel``) against the dense
+reference (docs/model.md §4).
+
+torch 2.15 runs FlexAttention's compiled forward on the CPU but has no backward there, so on
+the CPU these tests check values: every pattern (with and without relative position bias,
+float32 and bfloat16) and local cross-attention equal ``dense_attention`` with
+``can_attend``, including patterns finer than the kernel's 128 × 128 blocks and lengths that
+are not a multiple of 128; bits/dim, causality (by perturbing the future) and the cached
+sampler through the flex kernel. Gradients are checked by a test that runs where CUDA is.
+
+Each new shape, dtype or rule compiles the kernel once (a few seconds on the CPU): the
+models below share one batch size and the patterns a few lengths.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch._dynamo
+
+from helpers import random_images, random_labels, tiny_model
+from imagetx import flex
+from imagetx.data import downsample_area
+from imagetx.flex import uses_flex
+from imagetx.order import GenerationOrder
+from imagetx.patterns import FullCausal, Local1D, Local2D, LocalCrossAttention, cross_can_attend, dense_attention
+from imagetx.position_bias import RelativePositionBias
+from test_sampler import cached_params
+
+HEADS = 2
+KERNEL_BLOCK = 128  # FlexAttention's default block: create_block_mask's BLOCK_SIZE
+
+
+@pytest.fixture(scope="module", autouse=True)
+def compiled_kernels_only():
+    """The tests compile more variants than dynamo's default of 8 per function; past the
+    limit it would silently run flex uncompiled, so fail instead. The compiled variants are
+    dropped afterwards, so that later tests start from dynamo's defaults."""
+    with torch._dynamo.config.patch(recompile_limit=64, fail_on_recompile_limit_hit=True):
+        yield
+    torch._dynamo.reset()
+
+
+# One-row grids (GenerationOrder(1, T)) are avoided: their step-to-cell lookups are stride-0
+# views, which the CPU kernel cannot read as captured tensors (see the report of issue 26).
+PATTERNS = [
+    Local1D(GenerationOrder(10, 30), 30, 1),           # one-row blocks of 30 < 128; T = 300, not a multiple of 128
+    Local1D(GenerationOrder(10, 30), 8, 2),            # blocks of 8, two memory blocks
+    Local2D(GenerationOrder(8, 12, (2, 3)), (1, 2)),   # T = 96 < one kernel block; 1-cell flange
+    Local2D(GenerationOrder(16, 24, (4, 8)), (4, 8)),  # T = 384 = 3 kernel blocks
+    Local2D(GenerationOrder(6, 6, (2, 3)), (4, 1)),    # flange taller than the block
+    FullCausal(GenerationOrder(10, 13)),               # T = 130
+]
+
+
+def rand_qkv(length: int, batch: int = 2, dim: int = 8, seed: int = 0, device="cpu") -> list[torch.Tensor]:
+    """q, k, v (length, batch·heads, dim), float64."""
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(length, batch * HEADS, dim, generator=gen, dtype=torch.float64).to(device) for _ in range(3)]
+
+
+def random_bias(order: GenerationOrder, seed: int = 0) -> RelativePositionBias:
+    bias = RelativePositionBias(HEADS, order.rows, order.cols)
+    with torch.no_grad():  # random, so that a wrong offset anywhere shows
+        bias.table.copy_(torch.randn(bias.table.shape, generator=torch.Generator().manual_seed(seed)))
+    return bias
+
+
+def dense_reference(pattern, q, k, v, bias: RelativePositionBias | None = None) -> torch.Tensor:
+    """``dense_attention`` with the pattern's ``can_attend`` (and every pair's bias), float64."""
+    if bias is None:
+        return dense_attention(q, k, v, pattern.can_attend().to(q.device))
+    steps = torch.arange(pattern.length, device=q.device)
+    pair_bias = bias.to(q.device).double()(pattern.order.relative_offsets(steps[:, None], steps[None, :]))
+    return dense_attention(q, k, v, pattern.can_attend().to(q.device), pair_bias)
+
+
+# ----- every pattern equals the dense reference ----------------------------------------------
+
+@pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: p.describe())
+@pytest.mark.parametrize("with_bias", [False, True], ids=["plain", "position_bias"])
+def test_flex_equals_dense_reference(pattern, with_bias):
+    q, k, v = rand_qkv(pattern.length)
+    bias = random_bias(pattern.order) if with_bias else None
+    with torch.no_grad():
+        got = pattern.attend_flex(q.float(), k.float(), v.float(), bias)
+    assert got.dtype == torch.float32 and got.shape == q.shape
+    torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v, bias), atol=2e-6, rtol=0)
+
+
+@pytest.mark.parametrize("pattern", [PATTERNS[0], PATTERNS[2]], ids=lambda p: p.describe())
+def test_flex_in_bfloat16_is_close_to_float64(pattern):
+    # bf16 errors include rounding the inputs themselves to 8 bits of mantissa (~4e-3 relative).
+    q, k, v = rand_qkv(pattern.length)
+    bias = random_bias(pattern.order)
+    with torch.no_grad():
+        got = pattern.attend_flex(q.bfloat16(), k.bfloat16(), v.bfloat16(), bias)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v, bias), atol=3e-2, rtol=0)
+
+
+def test_a_wrong_mask_mod_is_caught():
+    # Negative control: flex under a rule one memory block short must differ from the reference.
+    pattern, short = Local1D(GenerationOrder(10, 30), 30, 1), Local1D(GenerationOrder(10, 30), 30, 0)
+    q, k, v = rand_qkv(pattern.length)
+    with torch.no_grad():
+        wrong = short.attend_flex(q.float(), k.float(), v.float())
+    assert not torch.allclose(wrong.double(), dense_reference(pattern, q, k, v), atol=1e-3)
+
+
+@pytest.mark.parametrize("pattern", PATTERNS + [Local1D(GenerationOrder(32, 32), 32, 1)], ids=lambda p: p.describe())
+def test_block_mask_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern):
+    # Kernel blocks with no allowed pair are skipped, those with some are run, and only those
+    # the rule allows whole (128 × 128 real pairs) are run without the mask_mod: read off
+    # can_attend, tile by tile, the end padding counted as not allowed.
+    mask = pattern.block_mask("cpu")
+    assert mask is pattern.block_mask("cpu")  # built once
+    tiles = -(-pattern.length // KERNEL_BLOCK) * KERNEL_BLOCK
+    allowed = torch.zeros(tiles, tiles, dtype=torch.bool)
+    allowed[: pattern.length, : pattern.length] = pattern.can_attend()
+    per_tile = allowed.view(tiles // KERNEL_BLOCK, KERNEL_BLOCK, -1, KERNEL_BLOCK).transpose(1, 2)
+    assert torch.equal(mask.to_dense()[0, 0].bool(), per_tile.any(-1).any(-1))
+    full = torch.zeros_like(per_tile[..., 0, 0])
+    for row, count in enumerate(mask.full_kv_num_blocks[0, 0].tolist()):
+        full[row, mask.full_kv_indices[0, 0, row, :count]] = True
+    assert torch.equal(full, per_tile.all(-1).all(-1))
+    if pattern.length == 1024:  # 1D blocks of one 32-wide row: 8 kernel blocks, each needs 2
+        assert int(mask.to_dense().sum()) == 8 + 7
+
+
+@pytest.mark.parametrize("radius", [0, 1])
+def test_local_cross_attention_flex_equals_dense(radius):
+    # 8x8 DMOL steps over a 4x4 low-resolution input (48 sub-pixels), as in super-resolution.
+    queries, keys = torch.arange(64), torch.arange(48)
+    query_cells = (queries // 8 // 2, queries % 8 // 2)
+    key_cells = (keys // 12, keys % 12 // 3)
+    local = LocalCrossAttention(cross_can_attend(query_cells, key_cells, radius))
+    gen = torch.Generator().manual_seed(radius)
+    q = torch.randn(64, 4, 8, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(48, 4, 8, generator=gen, dtype=torch.float64) for _ in range(2))
+    with torch.no_grad():
+        got = local.attend_flex(q.float(), k.float(), v.float())
+    torch.testing.assert_close(got.double(), dense_attention(q, k, v, local.can_attend), atol=2e-6, rtol=0)
+    assert local.block_mask("cpu") is local.block_mask("cpu")
+
+
+# ----- the kernel a model runs ------------------------------------------------------------------
+
+def test_auto_is_flex_on_cuda_only():
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    assert [uses_flex(kernel, cpu) for kernel in ("auto", "flex", "sdpa")] == [False, True, False]
+    assert [uses_flex(kernel, cuda) for kernel in ("auto", "flex", "sdpa")] == [True, True, False]
+    with pytest.raises(ValueError, match="attention_kernel='triton' is invalid"):
+        tiny_model(attention_kernel="triton")
+
+
+# Tiny models that share one batch of 2 (each compiles the kernel once per rule and shape):
+# 1D blocks of one 24-wide grid row with position biases; 2D blocks with a 1-row, 2-column
+# flange, position biases and radius-1 cross-attention; full attention with position biases;
+# 2D with radius-0 cross-attention and the cell remainder input.
+MODELS = {
+    "local_1d_bias": dict(head="categorical", attention="local_1d", image_size=8, query_block_length=24,
+                          relative_position_bias=True, num_classes=10),
+    "local_2d_cross": dict(head="dmol", attention="local_2d", image_size=8, query_block_shape=(2, 4),
+                           memory_flange=(1, 2), encoder_layers=1, low_res_size=4, cross_attention_radius=1,
+                           relative_position_bias=True),
+    "full_bias": dict(head="categorical", attention="full", relative_position_bias=True),
+    "local_2d_radius_0": dict(head="categorical", attention="local_2d", image_size=8, query_block_shape=(4, 8),
+                              memory_flange=(2, 4), encoder_layers=1, low_res_size=4, cross_attention_radius=0,
+                              cell_remainder_input=True),
+}
+
+
+def model_and_inputs(name: str, kernel: str, seed: int = 0):
+    """A two-layer tiny model of MODELS[name] running ``kernel``, with images and whatever
+    conditioning it takes; the table of every position bias moved off its prior."""
+    config = MODELS[name]
+    model = tiny_model(seed=seed, n_layers=2, attention_kernel=kernel, **config)
+    gen = torch.Generator().manual_seed(seed)
+    for layer in model.layers:
+        if layer.self_attn.position_bias is not None:
+            table = layer.self_attn.position_bias.table
+            with torch.no_grad():
+                table.add_(torch.randn(table.shape, generator=gen))
+    size = config.get("image_size", 4)
+    images = random_images(2, size, seed=seed + 1)
+    labels = random_labels(2, 10, seed=seed + 2) if config.get("num_classes") else None
+    low_res = downsample_area(random_images(2, size, seed=seed + 3), config["low_res_size"]) \
+        if config.get("encoder_layers") else None
+    return model, images, labels, low_res
+
+
+def count_flex_calls(monkeypatch) -> list[int]:
+    calls = [0]
+    original = flex.flex_attend
+
+    def counted(*args, **kwargs):
+        calls[0] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr("imagetx.patterns.flex_attend", counted)
+    return calls
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_bits_per_dim_through_flex_equals_sdpa(name, monkeypatch):
+    flex_model, images, labels, low_res = model_and_inputs(name, "flex")
+    sdpa_model, *_ = model_and_inputs(name, "sdpa")
+    calls = count_flex_calls(monkeypatch)
+    with torch.no_grad():
+        expected = sdpa_model.bits_per_dim(images, labels, low_res)
+        assert calls[0] == 0
+        got = flex_model.bits_per_dim(images, labels, low_res)
+    cross = flex_model.local_cross is not None
+    assert calls[0] == len(flex_model.layers) * (2 if cross else 1)  # every layer ran flex
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
+
+
+def test_block_mask_is_built_once_for_every_layer(monkeypatch):
+    model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
+    built = []
+    original = flex.create_block_mask
+    monkeypatch.setattr(flex, "create_block_mask",
+                        lambda *args, **kwargs: built.append(args) or original(*args, **kwargs))
+    with torch.no_grad():
+        model.bits_per_dim(images, labels, low_res)
+        model.bits_per_dim(images, labels, low_res)
+    assert len(built) == 2  # self-attention's and cross-attention's, for two layers and two passes
+    assert [args[3:5] for args in built] == [(64, 64), (64, 48)]
+
+
+def future_changes(model, emb: torch.Tensor, context, labels, step: int) -> tuple[bool, bool]:
+    """Perturb every input from ``step`` on: (whether any output up to ``step`` changed,
+    whether the output of step + 1 changed). Step t's input is the value of step t − 1."""
+    perturbed = emb.clone()
+    perturbed[:, step:] = torch.randn(perturbed[:, step:].shape, generator=torch.Generator().manual_seed(step))
+    with torch.no_grad():
+        before, after = model.decode(emb, labels, context), model.decode(perturbed, labels, context)
+    past_changed = not torch.equal(before[:, : step + 1], after[:, : step + 1])
+    next_changed = step + 1 < emb.shape[1] and not torch.allclose(before[:, step + 1], after[:, step + 1])
+    return past_changed, next_changed
+
+
+def steps_to_perturb(length: int) -> list[int]:
+    return sorted({0, 1, length // 3, length // 2 - 1, length // 2, length - 2})
+
+
+@pytest.mark.parametrize("name", ["local_1d_bias", "local_2d_cross", "full_bias"])
+def test_flex_is_causal_by_perturbation(name):
+    model, images, labels, low_res = model_and_inputs(name, "flex")
+    emb = model.embed_values(model.targets(images)).detach()
+    context = None if low_res is None else model.encode(low_res).detach()
+    for step in steps_to_perturb(emb.shape[1]):
+        past_changed, next_changed = future_changes(model, emb, context, labels, step)
+        assert not past_changed, f"step {step}: an output up to it depends on later inputs"
+        assert next_changed, f"step {step}: the next output ignores the perturbed input"
+
+
+def test_perturbation_catches_a_mask_mod_that_sees_the_next_step():
+    # Negative control: the same check on a model whose rule also lets each query see the next key.
+    model, images, labels, low_res = model_and_inputs("local_1d_bias", "flex")
+    honest = model.pattern.mask_rule("cpu")
+    model.pattern.mask_rule = lambda device: (lambda query, key: honest(query, key) | (key == query + 1))
+    emb = model.embed_values(model.targets(images)).detach()
+    leaks = [future_changes(model, emb, None, labels, step)[0] for step in steps_to_perturb(emb.shape[1])]
+    assert all(leaks)
+
+
+@pytest.mark.parametrize("name", ["local_1d_bias", "local_2d_cross", "full_bias", "local_2d_radius_0"])
+def test_cached_sampler_equals_the_flex_full_pass(name):
+    model, images, labels, low_res = model_and_inputs(name, "flex")
+    with torch.no_grad():
+        full = model(images, labels, low_res)
+        cached = cached_params(model, images, labels, low_res)
+    torch.testing.assert_close(cached, full, atol=2e-5, rtol=2e-5)
+
+
+def test_compiled_model_through_flex_equals_eager():
+    # The block masks are built outside the model's graph (``BuiltOnce.once``) and the kernel
+    # compiled as part of it.
+    model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
+    with torch.no_grad():
+        expected = model(images, labels, low_res)
+        model.layers[0].self_attn.pattern.built.clear()  # so that the compiled pass builds them
+        model.local_cross.built.clear()
+        got = torch.compile(model)(images, labels, low_res)
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+# ----- gradients: on a GPU --------------------------------------------------------------------
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="FlexAttention has no backward on CPU in torch 2.15; runs on a GPU")
+@pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: p.describe())
+@pytest.mark.parametrize("with_bias", [False, True], ids=["plain", "position_bias"])
+def test_flex_values_and_gradients_equal_dense_on_cuda(pattern, with_bias):
+    device = torch.device("cuda")
+    q64, k64, v64 = (t.requires_grad_() for t in rand_qkv(pattern.length, dim=16, device=device))
+    bias64 = random_bias(pattern.order).to(device).double() if with_bias else None
+    bias32 = random_bias(pattern.order).to(device) if with_bias else None
+    projection = torch.randn(q64.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(device)
+
+    def grads(out, inputs):
+        return torch.autograd.grad((out.double() * projection).sum(), inputs)
+
+    ref = dense_reference(pattern, q64, k64, v64, bias64)
+    ref_grads = grads(ref, [q64, k64, v64] + ([bias64.table] if with_bias else []))
+    q, k, v = (t.detach().float().requires_grad_() for t in (q64, k64, v64))
+    got = pattern.attend_flex(q, k, v, bias32)
+    got_grads = grads(got, [q, k, v] + ([bias32.table] if with_bias else []))
+    torch.testing.assert_close(got.double(), ref, atol=1e-4, rtol=0)
+    for name, g, r in zip(["q", "k", "v", "table"], got_grads, ref_grads):
+        torch.testing.assert_close(g.double(), r, atol=1e-4, rtol=1e-3, msg=lambda m: f"grad {name}: {m}")

@@ -1,0 +1,127 @@
+"""imagetx.flops: FLOPs per image counted from the model's structure, checked against
+torch.utils.flop_counter.FlopCounterMode, which counts the matrix products that really run.
+
+Tolerance: none. The two agree exactly, to the FLOP, once the counter's two documented
+conventions are allowed for: it counts an ``is_causal`` SDPA call as dense (T² pairs where the
+kernel computes T(T+1)/2), and it counts the backward of a fused attention kernel as 2.5× its
+forward (the scores recomputed), which model FLOPs leave out (2×).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from torch.utils.flop_counter import FlopCounterMode
+
+from helpers import random_images, random_labels, tiny_config
+from imagetx import ImageTransformer, ModelConfig
+from imagetx.data import downsample_area
+from imagetx.flops import FLOPS_PER_MAC, count_flops
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+
+# 8×8 images (categorical grid 8×24, 192 steps), two layers; each case one path of the model.
+CASES = {
+    "1d": dict(),
+    "1d, 2 memory blocks, end padding": dict(memory_blocks=2, query_block_length=20),
+    "1d, position bias": dict(relative_position_bias=True),
+    "2d": dict(attention="local_2d", memory_flange=(2, 4)),
+    "2d, position bias": dict(attention="local_2d", memory_flange=(2, 4), relative_position_bias=True),
+    "full": dict(attention="full"),
+    "full, position bias": dict(attention="full", relative_position_bias=True),
+    "dmol, class-conditional": dict(head="dmol", num_classes=3),
+    "encoder, cross-attention to all": dict(head="dmol", encoder_layers=2),
+    "encoder, local cross-attention, cell remainder": dict(encoder_layers=1, cross_attention_radius=0,
+                                                          cell_remainder_input=True),
+}
+
+
+def causal_extra_pairs(config: ModelConfig) -> int:
+    """Pairs per layer that FlopCounterMode counts beyond those computed: the upper triangle of
+    every is_causal call (full attention, and the 1D pattern's first m blocks, without a bias)."""
+    if config.relative_position_bias or config.attention == "local_2d":
+        return 0
+    length = config.grid_shape[0] * config.grid_shape[1]
+    if config.attention == "full":
+        causal = length
+    else:
+        n_blocks = -(-length // config.query_block_length)
+        causal = min(config.memory_blocks, n_blocks) * config.query_block_length
+    return causal * (causal - 1) // 2
+
+
+def counted(model: ImageTransformer, batch: int = 2) -> tuple[int, int]:
+    """FlopCounterMode's (forward, backward) FLOPs per image of one training step."""
+    cfg = model.config
+    images = random_images(batch, cfg.image_size)
+    labels = random_labels(batch, cfg.num_classes) if cfg.num_classes else None
+    low_res = downsample_area(images, cfg.low_res_size) if cfg.encoder_layers else None
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss = model.bits_per_dim(images, labels, low_res).mean()
+    forward = counter.get_total_flops()
+    with counter:  # entering again starts the count afresh
+        loss.backward()
+    return forward // batch, counter.get_total_flops() // batch
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_counted_flops_equal_flop_counter_mode(case):
+    cfg = tiny_config(image_size=8, n_layers=2, **CASES[case])
+    torch.manual_seed(0)
+    model = ImageTransformer(cfg).train()
+    flops = count_flops(model)
+    forward, backward = counted(model)
+    # the counter's dense count of causal calls: 2 products of e per pair and head, every layer
+    extra = cfg.n_layers * 2 * FLOPS_PER_MAC * cfg.d_model * causal_extra_pairs(cfg)
+    assert forward == flops.forward + extra
+    # The position-bias path runs SDPA's math kernel (no recomputation); the others fused kernels.
+    recomputed = 0.0 if cfg.relative_position_bias else 0.5
+    assert backward == 2 * flops.projections + flops.inputs + (2 + recomputed) * (flops.attention + extra)
+    assert flops.training == flops.forward + 2 * flops.projections + flops.inputs + 2 * flops.attention
+
+
+def test_local_attention_counts_its_blocks_not_the_dense_square():
+    """A 1D local pattern at 32×32 computes a fixed window per query: a fraction of full
+    attention's pairs, and growing with T, not T²."""
+    local, full = (count_flops(ImageTransformer(tiny_config(image_size=32, attention=kind, query_block_length=64)))
+                   for kind in ("local_1d", "full"))
+    assert local.projections == full.projections
+    steps = 32 * 96
+    # 1D, lq 64, one memory block: the first block causally, every other one 64 × 128 pairs
+    pairs = 64 * 65 // 2 + (steps // 64 - 1) * 64 * 128
+    assert local.attention == 2 * FLOPS_PER_MAC * 16 * pairs
+    assert full.attention == 2 * FLOPS_PER_MAC * 16 * steps * (steps + 1) // 2
+    assert local.attention < full.attention / 10  # windows of 128 keys against 1,536 keys on average
+
+
+def test_flex_attention_counts_the_tiles_of_its_block_mask():
+    """With FlexAttention the attention is every 128×128 tile the block mask does not skip:
+    full causal attention over 192 steps is tiles (0,0), (1,0) and (1,1), each computed whole."""
+    flex, sdpa = (count_flops(ImageTransformer(tiny_config(image_size=8, attention="full", attention_kernel=kernel)))
+                  for kernel in ("flex", "sdpa"))
+    assert flex.projections == sdpa.projections
+    assert flex.attention == 2 * FLOPS_PER_MAC * 16 * 3 * 128 * 128
+    assert sdpa.attention == 2 * FLOPS_PER_MAC * 16 * 192 * 193 // 2
+
+
+@pytest.mark.parametrize("preset", sorted(path.stem for path in CONFIGS.glob("*.yaml")))
+def test_every_preset_counted_as_flop_counter_mode_counts_it(preset):
+    """Full-size presets, their forward pass counted on the meta device (shapes only, instant)."""
+    cfg = ModelConfig.from_dict(yaml.safe_load((CONFIGS / f"{preset}.yaml").read_text())["model"]["config"])
+    model = ImageTransformer(cfg)
+    flops = count_flops(model)
+    model = model.to("meta")
+    images = torch.zeros(1, cfg.image_size, cfg.image_size, 3, dtype=torch.uint8, device="meta")
+    labels = torch.zeros(1, dtype=torch.long, device="meta") if cfg.num_classes else None
+    low_res = torch.zeros(1, cfg.low_res_size, cfg.low_res_size, 3, dtype=torch.uint8,
+                          device="meta") if cfg.encoder_layers else None
+    counter = FlopCounterMode(display=False)
+    with counter, model.values_verified():  # meta tensors have no values to check
+        model.bits_per_dim(images, labels, low_res)
+    extra = cfg.n_layers * 2 * FLOPS_PER_MAC * cfg.d_model * causal_extra_pairs(cfg)
+    assert counter.get_total_flops() == flops.forward + extra
+    assert 2.9 < flops.training / flops.forward <= 3  # ≈ 3×: only the input layers' backward is less

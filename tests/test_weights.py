@@ -1,0 +1,200 @@
+"""The weights folder (imagetx/weights.py: model.safetensors + config.json) and imagetx.export:
+round trips from a training checkpoint, and folders that do not fit the model they describe."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from helpers import TINY_TRAIN_MODEL, one_error_line, random_images, random_labels, tiny_model, write_train_config
+from imagetx import CheckpointError, ImageTransformer, ModelConfig, from_pretrained, load_model, save_pretrained
+from imagetx.checkpoint import imagetx_metadata
+from imagetx.evaluate import main as evaluate_main
+from imagetx.export import main as export_main
+from imagetx.sample import main as sample_main
+from imagetx.train import main as train_main
+
+pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
+
+
+def last_json(capsys) -> dict:
+    return json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+
+
+def test_training_checkpoint_exported_in_fp32_and_bf16_scores_as_the_checkpoint(tmp_path, capsys, data_root):
+    run_dir = tmp_path / "run"
+    train_main(["--config", str(write_train_config(tmp_path / "c.yaml", run_dir, data_root, 3)),
+                "--wandb", "disabled"])
+    last = run_dir / "checkpoints" / "last.ckpt"
+    capsys.readouterr()
+    exported = {}
+    for dtype in ("fp32", "bf16"):
+        export_main(["--ckpt", str(last), "--out", str(tmp_path / dtype), "--dtype", dtype])
+        summary = last_json(capsys)
+        exported[dtype] = tmp_path / dtype
+        assert sorted(p.name for p in exported[dtype].iterdir()) == ["config.json", "model.safetensors"]
+        assert summary["dtype"] == dtype and summary["ckpt"] == str(last)
+        stored = {str(t.dtype) for t in load_file(exported[dtype] / "model.safetensors").values()}
+        assert stored == {"torch.float32" if dtype == "fp32" else "torch.bfloat16"}, stored
+    assert (exported["bf16"] / "model.safetensors").stat().st_size < \
+        0.6 * (exported["fp32"] / "model.safetensors").stat().st_size
+
+    trained = load_model(last)
+    images = random_images(4, 32, seed=11)
+    with torch.no_grad():
+        expected = trained.bits_per_dim(images)
+        assert torch.equal(load_model(exported["fp32"]).bits_per_dim(images), expected)
+        from_bf16 = load_model(exported["bf16"])
+        assert next(from_bf16.parameters()).dtype == torch.float32
+        gap = (from_bf16.bits_per_dim(images) - expected).abs().max().item()
+    assert 0 < gap < 0.01, gap  # bf16 rounds the weights (so not 0), by little
+
+    # the commands take the folder where they take the checkpoint, and score it the same
+    scores = {}
+    for name, path in [("ckpt", last), *exported.items()]:
+        evaluate_main(["--ckpt", str(path), "--data.root", str(data_root), "--split", "val", "--val_size", "2",
+                       "--device", "cpu"])
+        scores[name] = last_json(capsys)["bpd"]
+    assert scores["fp32"] == scores["ckpt"] and abs(scores["bf16"] - scores["ckpt"]) < 0.01, scores
+    for name in ("ckpt", "fp32"):
+        sample_main(["--ckpt", str(last if name == "ckpt" else exported["fp32"]), "--count", "2", "--seed", "3",
+                     "--out", str(tmp_path / f"samples-{name}"), "--device", "cpu"])
+    assert (tmp_path / "samples-ckpt" / "generate.png").read_bytes() == \
+        (tmp_path / "samples-fp32" / "generate.png").read_bytes()
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(),
+    dict(head="dmol", attention="local_2d", num_classes=3, position_encoding="learned", norm="pre"),
+    dict(image_size=8, encoder_layers=1, low_res_size=2, attention="local_2d", query_block_shape=(2, 6),
+         cell_remainder_input=True),
+], ids=["plain", "dmol-2d-classes", "super-resolution"])
+def test_save_pretrained_then_from_pretrained(tmp_path, overrides):
+    model = tiny_model(seed=2, **overrides)
+    kwargs = {}
+    if model.config.num_classes:
+        kwargs["labels"] = random_labels(2, model.config.num_classes)
+    if model.config.encoder_layers:
+        kwargs["low_res"] = random_images(2, model.config.low_res_size, seed=8)
+    images = random_images(2, model.config.image_size, seed=7)
+    save_pretrained(model, tmp_path / "weights")
+    loaded = from_pretrained(tmp_path / "weights")
+    assert isinstance(loaded, ImageTransformer) and loaded.config == model.config and not loaded.training
+    config = json.loads((tmp_path / "weights" / "config.json").read_text())
+    assert config == {"format_version": 1, **model.config.to_dict()}
+    with torch.no_grad():
+        assert torch.equal(loaded.nll(images, **kwargs), model.nll(images, **kwargs))
+        # a differently seeded model scores differently: the weights really came from the folder
+        assert not torch.equal(tiny_model(seed=3, **overrides).nll(images, **kwargs), model.nll(images, **kwargs))
+    assert not list((tmp_path / "weights").glob(".*"))  # no temporary files left
+
+
+# ----- folders that do not fit the model they describe ------------------------------------
+
+def damaged_folder(tmp_path, damage):
+    folder = tmp_path / "weights"
+    save_pretrained(tiny_model(image_size=32, head="dmol", query_block_length=64), folder)
+    tensors = load_file(folder / "model.safetensors")
+    config = json.loads((folder / "config.json").read_text())
+    name = sorted(tensors)[0]
+    if damage == "missing tensor":
+        del tensors[name]
+    elif damage == "extra tensor":
+        tensors["layers.7.attention.bonus"] = torch.zeros(3)
+    elif damage == "misshapen tensor":
+        tensors[name] = torch.zeros(*tensors[name].shape[:-1], tensors[name].shape[-1] + 1)
+    elif damage == "unknown field":
+        config["d_modle"] = 16
+    elif damage == "newer format":
+        config["format_version"] = 2
+    elif damage == "no config.json":
+        (folder / "config.json").unlink()
+    elif damage == "corrupt safetensors":
+        (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    if damage in ("missing tensor", "extra tensor", "misshapen tensor"):
+        save_file(tensors, folder / "model.safetensors")
+    if damage in ("unknown field", "newer format"):
+        (folder / "config.json").write_text(json.dumps(config))
+    return folder, name
+
+
+NEEDLES = {"missing tensor": "missing tensor(s) {name}", "extra tensor": "unexpected tensor(s) layers.7.attention.bonus",
+           "misshapen tensor": "wrong tensor(s): {name} is", "unknown field": "d_modle",
+           "newer format": "format_version 2", "no config.json": "has no config.json",
+           "corrupt safetensors": "model.safetensors cannot be read"}
+
+
+@pytest.mark.parametrize("damage", sorted(NEEDLES))
+@pytest.mark.parametrize("command", ["load_model", "evaluate", "sample"])
+def test_a_folder_that_does_not_fit_is_named_in_one_line(tmp_path, capsys, data_root, command, damage):
+    folder, name = damaged_folder(tmp_path, damage)
+    needle = NEEDLES[damage].format(name=name)
+    if command == "load_model":
+        with pytest.raises(CheckpointError) as info:
+            load_model(folder)
+        message = str(info.value)
+    elif command == "evaluate":
+        message = one_error_line(capsys, evaluate_main, ["--ckpt", str(folder), "--data.root", str(data_root),
+                                                         "--split", "val", "--val_size", "2", "--device", "cpu"])
+    else:
+        message = one_error_line(capsys, sample_main, ["--ckpt", str(folder), "--out", str(tmp_path / "o"),
+                                                       "--device", "cpu"])
+    assert str(folder) in message and needle in message, message
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_path_that_is_no_folder_is_never_downloaded(tmp_path):
+    with pytest.raises(CheckpointError, match="downloads nothing"):
+        from_pretrained("someone/imagetx-cifar10")
+    with pytest.raises(CheckpointError, match="has no config.json"):
+        load_model(tmp_path)  # an empty folder
+
+
+def test_resume_from_a_weights_folder_is_refused(tmp_path, capsys, data_root):
+    folder = tmp_path / "weights"
+    save_pretrained(tiny_model(image_size=32, head="dmol"), folder)
+    config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, 2)
+    line = one_error_line(capsys, train_main, ["--config", str(config), "--wandb", "disabled",
+                                               "--resume", str(folder)])
+    assert str(folder) in line and "is a folder" in line and "last.ckpt" in line, line
+
+
+def test_export_errors_are_one_line(tmp_path, capsys):
+    line = one_error_line(capsys, export_main, ["--ckpt", str(tmp_path / "nope.ckpt"), "--out", str(tmp_path / "w")])
+    assert "nope.ckpt does not exist" in line, line
+    assert not (tmp_path / "w").exists()  # nothing written for a checkpoint that cannot be read
+    ckpt, taken = tmp_path / "model.ckpt", tmp_path / "a-file"
+    model = tiny_model()  # a plain checkpoint: the model's configuration and weights, no training state
+    torch.save({"imagetx": imagetx_metadata(model.config), "state_dict": model.state_dict()}, ckpt)
+    taken.write_text("")
+    line = one_error_line(capsys, export_main, ["--ckpt", str(ckpt), "--out", str(taken)])
+    assert "a-file" in line and "--out" in line, line
+    line = one_error_line(capsys, export_main, ["--ckpt", str(ckpt), "--out", str(tmp_path / "w"), "--dtype", "fp8"])
+    assert "dtype" in line, line
+
+
+def test_a_run_driven_from_python_with_path_arguments_writes_a_checkpoint_load_model_opens(tmp_path, data_root):
+    # ImageDataModule(root=Path(...)) from Python: its hyper-parameters go into the checkpoint,
+    # which load_model reads weights-only, so they must hold a str, never a PosixPath.
+    import lightning as L
+
+    from imagetx.data import ImageDataModule
+    from imagetx.lit import ImageTransformerModule
+
+    module = ImageTransformerModule(ModelConfig(**TINY_TRAIN_MODEL), warmup_steps=2)
+    data = ImageDataModule(root=data_root, batch_size=2, val_size=2, download=False, image_size=32, num_classes=0)
+    trainer = L.Trainer(default_root_dir=tmp_path / "run", accelerator="cpu", devices=1, max_steps=2,
+                        limit_val_batches=0, num_sanity_val_steps=0, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    trainer.fit(module, datamodule=data)
+    [ckpt] = (tmp_path / "run").rglob("*.ckpt")  # Lightning's own checkpoint of the run
+    loaded = load_model(ckpt)
+    stored = torch.load(ckpt, map_location="cpu", weights_only=True)
+    assert stored["global_step"] == 2 and stored["datamodule_hyper_parameters"]["root"] == str(data_root)
+    assert loaded.config == module.config
+    images = random_images(2, 32, seed=4)
+    with torch.no_grad():
+        assert torch.equal(loaded.nll(images), module.model.eval().nll(images))
