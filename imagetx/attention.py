@@ -23,8 +23,9 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from .cross_pattern import LocalCrossAttention
 from .flex import uses_flex
-from .patterns import AttentionPattern, DecodeIndex, LocalCrossAttention, fused_attention
+from .patterns import AttentionPattern, DecodeIndex, fused_attention
 from .position_bias import RelativePositionBias
 
 
@@ -146,7 +147,8 @@ class CrossAttention(nn.Module):
         ``context`` (the cache holds it)."""
         (q,) = project_heads(self.to_q, x, self.n_heads, 1)
         if cache is not None:
-            mask = None if self.local is None else self.local.can_attend[cache.step].view(1, -1)
+            # A 1-element index, as in DecodeIndex.readable: (1, S), read on the device.
+            mask = None if self.local is None else self.local.can_attend[cache.step.view(1)]
             out = attend_step(q, cache.keys, cache.values, mask)
         else:
             k, v = project_heads(self.to_kv, context, self.n_heads, 2)

@@ -56,29 +56,40 @@ def fit_horizon(step: int, remaining_seconds: float, seconds_per_step: float, ov
 
 
 class BudgetHorizon(Callback):
-    """Fixes ``ImageTransformerModule.horizon`` from timings, at the end of the first
-    validation of a run with a time budget (docs/model.md §8). Steps from ``timing_from_step``
-    on are timed (the first step is left out: it includes one-off start-up work): the median
-    time from one step's start to the next is the cost of a step; the rest of the time since
-    then (the validation, grids, checkpoints) is spread over the steps as overhead."""
+    """Fixes ``ImageTransformerModule.horizon`` from timings, in a run with a time budget
+    (docs/model.md §8): at the end of the first validation, or after ``fix_by_step`` steps if no
+    validation has come by then (then only the steps themselves are timed). Steps from step 1
+    on are timed (step 0 includes one-off start-up work): the median time from one step's start
+    to the next is the cost of a step; the rest of the time since then (the validation, grids,
+    checkpoints) is spread over the steps as overhead. Both moments fall at the same step in
+    every process, so that all can take rank 0's measurement."""
 
-    def __init__(self, timing_from_step: int = 1) -> None:
-        self.timing_from_step = timing_from_step
+    def __init__(self, fix_by_step: int = 200) -> None:
+        self.fix_by_step = fix_by_step
         self.starts: list[float] = []  # monotonic time at the start of each timed step
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
-        if pl_module.horizon is None and trainer.global_step >= self.timing_from_step:
+        if pl_module.horizon is None and trainer.global_step >= 1:
             self.starts.append(time.monotonic())
 
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if trainer.global_step >= self.fix_by_step:
+            self.fix(trainer, pl_module)
+
     def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.fix(trainer, pl_module)
+
+    def fix(self, trainer: L.Trainer, pl_module) -> None:
         timer = budget_timer(trainer)
-        if trainer.sanity_checking or pl_module.horizon is not None or timer is None or len(self.starts) < 3:
+        if pl_module.horizon is not None or timer is None or len(self.starts) < 3:
             return
         now = time.monotonic()
         seconds_per_step = statistics.median(b - a for a, b in zip(self.starts, self.starts[1:]))
         overhead = max(now - self.starts[0] - seconds_per_step * len(self.starts), 0.0) / len(self.starts)
         remaining = timer.time_remaining()
-        horizon = fit_horizon(trainer.global_step, remaining, seconds_per_step, overhead, pl_module.hparams.warmup_steps, trainer.max_steps)
+        horizon = fit_horizon(trainer.global_step, remaining, seconds_per_step, overhead,
+                              pl_module.hparams.warmup_steps, trainer.max_steps)
         # Every process must use the same horizon: rank 0's measurement decides.
         pl_module.horizon = trainer.strategy.broadcast(horizon, src=0)
         self.starts.clear()

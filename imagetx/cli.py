@@ -34,7 +34,8 @@ class ConfigError(ValueError):
     """A setting the parser rejected (unknown key, wrong type, missing file)."""
 
 
-# NonFiniteLossError is a FloatingPointError (lit.py); importing it here would load the model.
+# FloatingPointError: a run stopped by non-finite steps (NonFiniteLossError, nonfinite.py), or a
+# model whose outputs are not finite asked to sample (sampler.py): one line, like bad input.
 BAD_INPUT = (ConfigError, DataError, CheckpointError, FloatingPointError, OSError, ValueError)
 
 

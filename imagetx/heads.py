@@ -28,6 +28,16 @@ def scoring_dtype(params: Tensor) -> torch.dtype:
     return torch.promote_types(params.dtype, torch.float32)
 
 
+def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
+    """(..., n) probabilities -> (...) indices, index i drawn with probability probs[..., i].
+
+    The exponential race argmax(p / E), E ~ Exp(1), which is how ``torch.multinomial`` draws
+    one sample (the same random numbers, the same draws), without its two checks of the
+    probabilities, which read them back: on a GPU a host sync at every sampling step."""
+    race = torch.empty_like(probs).exponential_(1, generator=generator)
+    return (probs / race).argmax(-1)
+
+
 def check_temperature(temperature: float) -> None:
     if not temperature >= 0 or math.isinf(temperature):
         raise ValueError(f"temperature {temperature} is invalid: temperatures must be finite and >= 0 "
@@ -55,9 +65,7 @@ class CategoricalHead(nn.Module):
         logits = logits.to(scoring_dtype(logits))
         if temperature == 0:
             return logits.argmax(-1)
-        probs = torch.softmax(logits / temperature, dim=-1)
-        flat = torch.multinomial(probs.reshape(-1, LEVELS), 1, generator=generator)
-        return flat.view(probs.shape[:-1])
+        return draw(torch.softmax(logits / temperature, dim=-1), generator)
 
 
 class DMOLHead(nn.Module):
@@ -135,9 +143,7 @@ class DMOLHead(nn.Module):
         if temperature == 0:
             component = logits.argmax(-1)
         else:
-            probs = torch.softmax(logits / temperature, dim=-1)
-            component = torch.multinomial(probs.reshape(-1, self.components), 1, generator=generator)
-            component = component.view(probs.shape[:-1])
+            component = draw(torch.softmax(logits / temperature, dim=-1), generator)
         pick = F.one_hot(component, self.components).to(means.dtype).unsqueeze(-2)  # (..., 1, K)
         means, log_scales, coeffs = ((t * pick).sum(-1).double() for t in (means, log_scales, coeffs))  # (..., 3)
         # Logistic noise by inversion, in float64: u = 0 would give −inf, so it starts at the

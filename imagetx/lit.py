@@ -160,6 +160,18 @@ class ImageTransformerModule(L.LightningModule):
         self.step_loss = step_loss
         return loss
 
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None) -> None:
+        """Clip by the global norm here, before the fused optimiser steps. Lightning refuses to clip
+        for an optimiser that unscales gradients itself (the fused Adam) under mixed precision,
+        because under fp16 the gradients would still be scaled; under bf16 and fp32 no scaler
+        exists and they are the true gradients. fp16 keeps Lightning's own check."""
+        if gradient_clip_val is None or str(self.trainer.precision).startswith("16"):
+            return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
+        if gradient_clip_algorithm not in (None, "norm"):
+            raise ValueError(f"--trainer.gradient_clip_algorithm {gradient_clip_algorithm}: imagetx clips by the "
+                             "global norm only (norm)")
+        torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
+
     def on_before_optimizer_step(self, optimizer) -> None:
         """Decide on the device whether this step's update is applied: not when its loss or its
         gradients hold a NaN or an infinity, which would make the weights NaN. The fused optimiser

@@ -23,11 +23,12 @@ from torch import Tensor, nn
 from .attention import CrossAttention, CrossAttentionCache, SelfAttention, SelfAttentionCache
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
+from .cross_pattern import LocalCrossAttention, cross_can_attend
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
 from .inputs import check_image_tensor, check_labels
 from .order import GenerationOrder, images_to_sequence
-from .patterns import AttentionPattern, LocalCrossAttention, cross_can_attend, pattern_for
+from .patterns import AttentionPattern, pattern_for
 from .position_bias import RelativePositionBias
 
 
@@ -48,7 +49,6 @@ class DecodingCache:
     None."""
 
     step: Tensor
-    batch: int
     condition: Tensor | None
     layers: list[LayerCache]
     remainder: RemainderCache | None
@@ -262,16 +262,17 @@ class ImageTransformer(nn.Module):
         context = self.encode(low_res)
         layers = [layer.start_decoding(batch, step, context) for layer in self.layers]
         remainder = None if self.cell_remainder is None else self.cell_remainder.start_decoding(low_res, step)
-        return DecodingCache(step, batch, self.condition(labels), layers, remainder)
+        return DecodingCache(step, self.condition(labels), layers, remainder)
 
-    def decode_step(self, previous: Tensor | None, cache: DecodingCache) -> Tensor:
-        """The value generated at step t−1 ((B,) sub-pixels or (B, 3) pixels; None at t = 0)
-        -> (B, P): the head's parameters for step t = ``cache.step``. Every cache moves on to
-        t + 1. Equal to ``forward``'s step t given the same earlier values (tests)."""
+    def decode_step(self, previous: Tensor, cache: DecodingCache) -> Tensor:
+        """The value generated at step t−1 ((B,) sub-pixels or (B, 3) pixels) -> (B, P): the
+        head's parameters for step t = ``cache.step``. Every cache moves on to t + 1. Equal to
+        ``forward``'s step t given the same earlier values (tests).
+
+        At t = 0 ``previous`` is read but counts for nothing (its embedding is multiplied by 0,
+        as ``shift_right`` gives step 0 zeros): pass zeros (``sampler.first_input``). No branch
+        depends on t, so every step runs one graph (``sampler.compile_decoding``)."""
         step = cache.step.view(1)
-        if previous is None:  # step 0 reads no value (its input is zeros, as in ``shift_right``)
-            per_step = () if self.config.head == "categorical" else (CHANNELS,)
-            previous = self.step_rows.new_zeros((cache.batch, *per_step))
         previous = previous[:, None]  # (B, 1[, 3])
         channel = self.step_channels[(step - 1) % self.order.length]  # the channel of step t−1
         shifted = self.embed_values(previous, channel) * (step > 0)

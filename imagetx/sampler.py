@@ -7,23 +7,104 @@ see (for 1D local attention with one memory block: 2·lq positions, not the whol
 slots each step reads taken from its pattern's blocks; cross-attention keys and values over
 the encoder output are computed once. ``sample`` is the loop around it; tests check that
 teacher-forced decoding equals the full pass.
+
+The step can run compiled (``compile_decoding``; ``sample(..., compiled=True)``): the same
+``decode_step``, traced whole into one graph with static shapes. That works because every
+cache is allocated when decoding starts and written in place, the step index is a 0-d tensor
+that every cache shares, and no branch of the step depends on which step it is. On CUDA
+``compiled="reduce-overhead"`` also captures the step as a CUDA graph: one launch per step
+instead of one per kernel. The loop reads nothing back from the device per step (the given
+rows are known on the host, the heads draw without ``torch.multinomial``'s checks): it
+queues the steps, and the device runs them as fast as it can.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import inspect
+import weakref
+from collections.abc import Callable, Iterator
 
 import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from .config import CHANNELS
 from .heads import check_temperature
-from .model import ImageTransformer
+from .model import DecodingCache, ImageTransformer
 from .modes import eval_mode
 from .order import sequence_to_images
+
+# (value generated at the step before, cache) -> the head's parameters: ``decode_step`` or its compiled form.
+DecodeStep = Callable[[Tensor, DecodingCache], Tensor]
 
 
 def check_count(count: int) -> None:
     if count < 1:
         raise ValueError(f"number of images {count} is invalid: ask for at least 1")
+
+
+def first_input(model: ImageTransformer, count: int) -> Tensor:
+    """``previous`` for step 0, which ``decode_step`` reads and ignores: zeros of the shape of
+    one step's values, (count,) sub-pixels or (count, 3) pixels."""
+    per_step = () if model.config.head == "categorical" else (CHANNELS,)
+    return torch.zeros((count, *per_step), dtype=torch.long, device=model.step_rows.device)
+
+
+def cache_tensors(state: object) -> Iterator[Tensor]:
+    """Every tensor a decoding cache holds (its dataclasses, lists and tensors, walked)."""
+    if isinstance(state, Tensor):
+        yield state
+    elif dataclasses.is_dataclass(state):
+        for field in dataclasses.fields(state):
+            yield from cache_tensors(getattr(state, field.name))
+    elif isinstance(state, (list, tuple)):
+        for item in state:
+            yield from cache_tensors(item)
+
+
+class CompiledDecoding:
+    """``model.decode_step`` compiled (``compile_decoding``), called as the step itself."""
+
+    def __init__(self, model: ImageTransformer, compiled: Callable) -> None:
+        self.model, self.compiled = model, compiled
+        self.marked: weakref.ref | None = None  # the cache whose tensors were last marked static
+
+    def __call__(self, previous: Tensor, cache: DecodingCache) -> Tensor:
+        if self.marked is None or self.marked() is not cache:
+            # The caches stay at one address for the whole decoding (written in place): marked so,
+            # a CUDA graph may capture a step that writes them, rather than being skipped for
+            # "mutated inputs"; without CUDA graphs the mark changes nothing.
+            for tensor in cache_tensors(cache):
+                torch._dynamo.mark_static_address(tensor)
+            self.marked = weakref.ref(cache)
+        # contiguous: strides are part of a static graph; a teacher-forced value (a column of
+        # the prefix) would otherwise compile a second graph. clone: the parameters are the
+        # caller's to keep, and a CUDA graph overwrites its outputs at its next replay.
+        return self.compiled(self.model, previous.contiguous(), cache).clone()
+
+
+# model -> {mode: its compiled decode_step}. Weak: a model's compilations go with it. What is
+# kept is the class's decode_step, compiled, which refers to no model.
+COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# Each compilation with graphs of its own: torch keeps the graphs of one function together, so
+# that one model's (or mode's) would count against every other's recompile limit. Older torch
+# (torch.compile without isolate_recompiles) keeps them together.
+ISOLATED = {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
+
+
+def compile_decoding(model: ImageTransformer, mode: str = "default") -> DecodeStep:
+    """``model.decode_step`` under ``torch.compile(fullgraph=True, dynamic=False)``, in ``mode``
+    ("default"; "reduce-overhead" on CUDA: captured as a CUDA graph, replayed at every step).
+
+    One graph per batch size, dtype and device, compiled at its first step (seconds) and kept
+    while the model lives: each ``compile_decoding(model, mode)`` returns the same compilation.
+    fullgraph: a graph break is an error, not a silent slow path; past torch's recompile limit
+    (8 graphs per model) it raises too. Equal to the eager step (tests)."""
+    modes = COMPILED.setdefault(model, {})
+    if mode not in modes:
+        modes[mode] = torch.compile(type(model).decode_step, fullgraph=True, dynamic=False, mode=mode, **ISOLATED)
+    return CompiledDecoding(model, modes[mode])
 
 
 @torch.no_grad()
@@ -37,13 +118,16 @@ def sample(
     given_rows: int = 0,
     generator: torch.Generator | None = None,
     progress: bool = False,
+    compiled: bool | str = False,
 ) -> Tensor:
     """Generate ``count`` images (count, H, W, 3) uint8 with the cache, in eval mode (the
     model's own mode is restored after).
 
     With ``prefix`` images and ``given_rows`` = k, every step in the first k image rows
     (``model.given_steps``) is teacher-forced to the prefix's value (image completion,
-    docs/model.md §6); the rest is sampled.
+    docs/model.md §6); the rest is sampled. ``compiled``: each step through
+    ``compile_decoding`` (True: torch.compile's default mode; a string: that mode, e.g.
+    "reduce-overhead"), the same images as the eager step gives, up to rounding.
     """
     check_count(count)
     check_temperature(temperature)
@@ -51,16 +135,23 @@ def sample(
     if given_rows and (prefix is None or prefix.shape[0] != count):
         raise ValueError(f"completion needs prefix images of shape ({count}, H, W, 3) for given_rows={given_rows}")
     forced = model.targets(prefix.to(model.step_rows.device)) if given_rows else None
-    values, value = [], None
+    step = model.decode_step
+    if compiled:
+        step = compile_decoding(model, "default" if compiled is True else compiled)
+    values, value = [], first_input(model, count)
+    finite = torch.ones((), dtype=torch.bool, device=value.device)
     with eval_mode(model):
         cache = model.start_decoding(count, labels, low_res)
         for t in tqdm(range(model.order.length), desc="sampling", unit="step", disable=not progress, leave=False):
-            params = model.decode_step(value, cache)
+            params = step(value, cache)
+            finite &= params.isfinite().all()  # read once, after the loop
             if given[t]:
                 value = forced[:, t]
             else:
                 value = model.head.sample(params[:, None], temperature, generator)[:, 0]
             values.append(value)
+    if not finite:
+        raise FloatingPointError("the model's outputs are not finite (NaN or infinite weights?): no images sampled")
     sequence = torch.stack(values, dim=1)
     return sequence_to_images(sequence, model.order, model.config.head).to(torch.uint8)
 

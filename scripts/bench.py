@@ -274,7 +274,7 @@ def sample_worker(spec: dict) -> dict:
     import torch
 
     from imagetx import ImageTransformer
-    from imagetx.sampler import sample, sample_uncached
+    from imagetx.sampler import first_input, sample, sample_uncached
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
@@ -296,7 +296,7 @@ def sample_worker(spec: dict) -> dict:
         cache = model.start_decoding(batch, labels, low_res)
         sync(device)
         setup = time.perf_counter() - t0
-        value, t1 = None, time.perf_counter()
+        value, t1 = first_input(model, batch), time.perf_counter()
         for t in range(n):
             if t == warm:
                 sync(device)

@@ -16,8 +16,9 @@ import torch
 from einops import rearrange
 
 from imagetx.attention import CrossAttention, SelfAttention, project_heads
+from imagetx.cross_pattern import LocalCrossAttention, cross_can_attend
 from imagetx.order import GenerationOrder
-from imagetx.patterns import FullCausal, LocalCrossAttention, Local1D, Local2D, cross_can_attend, dense_attention
+from imagetx.patterns import FullCausal, Local1D, Local2D, dense_attention
 
 
 def local_1d(length: int, block: int, memory: int = 1) -> Local1D:

@@ -128,3 +128,20 @@ def test_a_resumed_run_keeps_its_horizon_and_ends_as_the_uninterrupted_one(tmp_p
     assert resumed["global_step"] == straight["global_step"] == 12
     for key in ("state_dict", "optimizer_states", "lr_schedulers", "imagetx"):
         assert_identical(resumed[key], straight[key], key)
+
+
+def test_without_a_validation_the_horizon_is_fixed_after_fix_by_step(tmp_path, data_root):
+    # Validation only after the run (interval 50 > 12 steps): the horizon comes from the steps
+    # alone, at step 200 or here, for a test, at the callback's fix_by_step given in the YAML.
+    run_dir = tmp_path / "late_validation"
+    config = budget_config(tmp_path, run_dir, data_root, max_steps=12, max_time="00:00:10:00")
+    set_schedule(config)
+    import yaml
+
+    values = yaml.safe_load(config.read_text())
+    values["trainer"]["val_check_interval"] = 50
+    values["trainer"]["callbacks"] = [{"class_path": "imagetx.budget.BudgetHorizon", "init_args": {"fix_by_step": 7}}]
+    config.write_text(yaml.safe_dump(values))
+    run(config)
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["imagetx"]["lr_horizon"] == {"decay_start": 8, "end": 12}

@@ -20,10 +20,11 @@ import torch._dynamo
 
 from helpers import random_images, random_labels, tiny_model
 from imagetx import flex
+from imagetx.cross_pattern import LocalCrossAttention, cross_can_attend
 from imagetx.data import downsample_area
 from imagetx.flex import uses_flex
 from imagetx.order import GenerationOrder
-from imagetx.patterns import FullCausal, Local1D, Local2D, LocalCrossAttention, cross_can_attend, dense_attention
+from imagetx.patterns import FullCausal, Local1D, Local2D, dense_attention
 from imagetx.position_bias import RelativePositionBias
 from test_sampler import cached_params
 
@@ -198,7 +199,8 @@ def count_flex_calls(monkeypatch) -> list[int]:
         calls[0] += 1
         return original(*args, **kwargs)
 
-    monkeypatch.setattr("imagetx.patterns.flex_attend", counted)
+    for module in ("imagetx.patterns", "imagetx.cross_pattern"):  # self- and cross-attention patterns
+        monkeypatch.setattr(f"{module}.flex_attend", counted)
     return calls
 
 

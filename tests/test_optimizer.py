@@ -3,6 +3,9 @@ input can learn at their own rate (``low_res_lr_scale``)."""
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from helpers import tiny_config
 from imagetx.lit import ImageTransformerModule
 
@@ -27,3 +30,22 @@ def test_a_model_without_a_low_res_input_has_one_group():
     module = ImageTransformerModule(tiny_config(), optimizer="adamw_cosine", peak_lr=0.01, low_res_lr_scale=0.25)
     (only,) = module.parameter_groups()
     assert only["lr"] == 0.01 and len(only["params"]) == len(list(module.parameters()))
+
+
+class Precision:
+    """Stands in for the Trainer where configure_gradient_clipping reads only its precision."""
+
+    def __init__(self, precision: str) -> None:
+        self.precision = precision
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_gradients_are_clipped_by_their_global_norm(precision, monkeypatch):
+    module = ImageTransformerModule(tiny_config(), optimizer="adamw_cosine")
+    monkeypatch.setattr(ImageTransformerModule, "trainer", Precision(precision))
+    for p in module.parameters():
+        p.grad = torch.full_like(p, 3.0)
+    before = torch.nn.utils.get_total_norm([p.grad for p in module.parameters()])
+    module.configure_gradient_clipping(None, gradient_clip_val=0.5, gradient_clip_algorithm="norm")
+    after = torch.nn.utils.get_total_norm([p.grad for p in module.parameters()])
+    assert before > 10 and after == pytest.approx(0.5, rel=1e-5)

@@ -1,4 +1,5 @@
-"""imagetx.sampler: the cached decoder equals the full pass; sampling behaviour (docs/model.md §6, §7)."""
+"""imagetx.sampler: the cached decoder, eager and compiled, equals the full pass; no host read per
+step; sampling behaviour (docs/model.md §6, §7)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import yaml
 from helpers import random_images, random_labels, tiny_model
 from imagetx.data import downsample_area
 from imagetx import ImageTransformer, ModelConfig
-from imagetx.sampler import sample, sample_uncached
+from imagetx.sampler import compile_decoding, first_input, sample, sample_uncached
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -25,21 +26,22 @@ def block_shape(head):
     return (4, 8) if head == "categorical" else (4, 4)
 
 
-def cached_params(model, images, labels=None, low_res=None):
-    """Teacher-force ``images`` through ``decode_step``: (B, T, P) parameters."""
+def cached_params(model, images, labels=None, low_res=None, step=None):
+    """Teacher-force ``images`` through ``step`` (``model.decode_step`` by default): (B, T, P) parameters."""
+    step = step or model.decode_step
     cache = model.start_decoding(images.shape[0], labels, low_res)
     targets = model.targets(images)
-    params = [model.decode_step(None, cache)]
+    params = [step(first_input(model, images.shape[0]), cache)]
     for t in range(1, model.order.length):
-        params.append(model.decode_step(targets[:, t - 1], cache))
+        params.append(step(targets[:, t - 1], cache))
     assert int(cache.step) == model.order.length  # one counter, advanced once per step
     return torch.stack(params, dim=1)
 
 
-def check_cached_equals_full(model, images, labels=None, low_res=None):
+def check_cached_equals_full(model, images, labels=None, low_res=None, step=None):
     with torch.no_grad():
         full = model(images, labels, low_res)
-        cached = cached_params(model, images, labels, low_res)
+        cached = cached_params(model, images, labels, low_res, step)
         targets = model.targets(images)
         assert cached.shape == full.shape
         torch.testing.assert_close(cached, full, rtol=1e-9, atol=1e-9)
@@ -83,6 +85,148 @@ def test_cached_decoder_matches_full_pass_pre_norm():
     model = tiny_model(seed=8, dtype=torch.float64, head="dmol", attention="local_2d", norm="pre",
                        query_block_shape=(4, 4), **SMALL_BLOCKS)
     check_cached_equals_full(model, random_images(2, 8, seed=9))
+
+
+# ----- the compiled step -----------------------------------------------------------------------
+
+# One tiny model for each part of decode_step the compiled graph must hold: the 1D ring with a
+# row of position biases over it, a 2D ring, and cross-attention under a radius-0 mask with the
+# cell remainder's running sums (4x4 input: each step sees 3 of its 48 sub-pixels). A compile
+# takes seconds each.
+COMPILED_CASES = {
+    "1d_position_bias": dict(head="dmol", attention="local_1d", relative_position_bias=True, num_classes=10),
+    "2d": dict(head="categorical", attention="local_2d", query_block_shape=(4, 8)),
+    "superres_remainder_radius_0": dict(head="dmol", attention="local_1d", num_classes=10, encoder_layers=1,
+                                        low_res_size=4, cross_attention_radius=0, cell_remainder_input=True),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", COMPILED_CASES)
+def test_compiled_step_matches_the_eager_step_and_the_full_pass(case):
+    model = tiny_model(seed=18, dtype=torch.float64, **COMPILED_CASES[case], **{**SMALL_BLOCKS, "n_layers": 1})
+    cfg = model.config
+    images = random_images(2, 8, seed=19)
+    labels = random_labels(2, 10, seed=20) if cfg.num_classes else None
+    low_res = downsample_area(random_images(2, 8, seed=21), cfg.low_res_size) if cfg.encoder_layers else None
+    step = compile_decoding(model)
+    # error_on_recompile: every step, the first (zeros) and the teacher-forced ones (strided
+    # columns of the targets) alike, runs the one graph compiled at step 0.
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        check_cached_equals_full(model, images, labels, low_res, step)
+        with torch.no_grad():
+            compiled = cached_params(model, images, labels, low_res, step)
+    with torch.no_grad():
+        eager = cached_params(model, images, labels, low_res)
+    torch.testing.assert_close(compiled, eager, rtol=1e-12, atol=1e-12)
+    assert compile_decoding(model).compiled is step.compiled  # compiled once per model
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("head", ["categorical", "dmol"])
+def test_compiled_sampling_gives_the_eager_images(head):
+    # float64: the compiled and eager parameters agree to ~1e-15, so every draw from the same
+    # random numbers lands on the same value. Completion too: the given rows are teacher-forced
+    # through the same graph (no recompilation).
+    model = tiny_model(seed=22, head=head, dtype=torch.float64)
+    prefix = random_images(3, 4, seed=23)
+    for rows in (0, 2):
+        given = dict(prefix=prefix, given_rows=rows) if rows else {}
+        eager = sample(model, 3, generator=torch.Generator().manual_seed(8), **given)
+        with torch._dynamo.config.patch(error_on_recompile=rows > 0):
+            compiled = sample(model, 3, generator=torch.Generator().manual_seed(8), compiled=True, **given)
+        assert torch.equal(compiled, eager)
+
+
+def test_sampling_a_model_that_outputs_nan_fails_with_one_clear_error():
+    # The heads draw without torch.multinomial's checks (they would read the device at every
+    # step); the sampler checks the parameters once, after the loop.
+    model = tiny_model(seed=24)
+    with torch.no_grad():
+        model.head.proj.bias.fill_(float("nan"))
+    with pytest.raises(FloatingPointError, match="not finite"):
+        sample(model, 2)
+
+
+# ----- no host read per step ---------------------------------------------------------------------
+
+HOST_READS = ("item", "tolist", "cpu", "numpy", "__bool__", "__int__", "__float__", "__index__")
+
+
+def host_reads(monkeypatch, run) -> int:
+    """Reads of device values made from Python while ``run()`` runs (on a GPU each one waits for
+    the device): the Tensor methods that read, patched and counted, as in test_host_reads.py.
+    A compiled graph's reads are Python calls too (``.item()`` in the generated code, or in a
+    guard on a value)."""
+    count = [0]
+    with monkeypatch.context() as patch:
+        for name in HOST_READS:
+            def counted(tensor, *args, _original=getattr(torch.Tensor, name), **kwargs):
+                count[0] += 1
+                return _original(tensor, *args, **kwargs)
+
+            patch.setattr(torch.Tensor, name, counted)
+        run()
+    return count[0]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("compiled", [False, True])
+def test_sampling_reads_the_device_a_fixed_number_of_times_not_per_step(monkeypatch, compiled):
+    # Super-resolution with radius-0 cross-attention and 2D rings: every decoding cache that
+    # is indexed by the step. 48 steps against 192: the reads must not grow with them. A 0-d
+    # step index (can_read[step]) is read back as a Python int, in the graph as a .item().
+    reads = []
+    for size in (4, 8):
+        model = tiny_model(seed=25, image_size=size, attention="local_2d", query_block_shape=(2, 6),
+                           memory_flange=(1, 3), encoder_layers=1, low_res_size=size // 2, cross_attention_radius=0)
+        low_res = downsample_area(random_images(2, size, seed=26), size // 2)
+        sample(model, 2, low_res=low_res, compiled=compiled)  # compiles, builds each pattern's tables
+        reads.append(host_reads(monkeypatch, lambda: sample(model, 2, low_res=low_res, compiled=compiled)))
+        assert model.order.length == 3 * size * size
+    assert reads[0] == reads[1] <= 3, reads  # the given rows (once), the finiteness check (once)
+
+
+CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(),
+                               reason="CUDA graphs and host-device syncs need a GPU (the CPU tests above cover "
+                                      "the compiled step's values and its host reads)")
+
+
+@CUDA_ONLY
+@pytest.mark.slow
+def test_cuda_graph_step_matches_the_full_pass():
+    # mode="reduce-overhead": the compiled step captured as a CUDA graph. cudagraph_or_error turns
+    # a skipped capture (e.g. for the caches written in place) into an error.
+    import torch._inductor.config as inductor_config
+    from torch._dynamo.utils import counters
+
+    model = tiny_model(seed=27, dtype=torch.float64, head="dmol", attention="local_1d", relative_position_bias=True,
+                       **SMALL_BLOCKS).cuda()
+    images = random_images(2, 8, seed=28).cuda()
+    skips = counters["inductor"]["cudagraph_skips"]
+    with inductor_config.patch({"triton.cudagraph_or_error": True}):
+        check_cached_equals_full(model, images, step=compile_decoding(model, "reduce-overhead"))
+    assert counters["inductor"]["cudagraph_skips"] == skips
+
+
+@CUDA_ONLY
+@pytest.mark.slow
+@pytest.mark.parametrize("compiled", [False, True, "reduce-overhead"])
+def test_sampling_on_cuda_does_not_sync_per_step(compiled):
+    import warnings
+
+    model = tiny_model(seed=29, head="categorical", attention="local_1d", relative_position_bias=True,
+                       **SMALL_BLOCKS).cuda()
+    sample(model, 2, compiled=compiled)  # compiles (and captures)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            sample(model, 2, compiled=compiled, generator=torch.Generator("cuda").manual_seed(0))
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchroniz" in str(w.message)]
+    assert len(syncs) < model.order.length // 16, [str(w.message) for w in syncs[:3]]  # 192 steps
 
 
 # ----- sampling ------------------------------------------------------------------------------
