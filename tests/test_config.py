@@ -218,8 +218,10 @@ def test_every_preset_holds_a_valid_model_and_schedule(preset):
     model_args = inspect.signature(ImageTransformerModule).parameters
     assert set(values["model"]) <= set(model_args), f"{preset.name}: unknown model keys"
     if values["model"].get("optimizer") == "adamw_cosine":
-        # the cosine horizon is max_steps: without it the learning rate would never decay
-        assert values["trainer"]["max_steps"] > values["model"]["warmup_steps"]
+        # the cosine ends at the time budget (budget.py) or at max_steps: without either the
+        # learning rate would never decay
+        budget = values["trainer"].get("max_time") and values["model"].get("lr_horizon", "budget") == "budget"
+        assert budget or values["trainer"]["max_steps"] > values["model"]["warmup_steps"]
 
 
 def test_quick_superres_keeps_the_decoder_it_was_measured_with():
