@@ -57,8 +57,9 @@ def fit_horizon(step: int, remaining_seconds: float, seconds_per_step: float, ov
 
 class BudgetHorizon(Callback):
     """Fixes ``ImageTransformerModule.horizon`` from timings, in a run with a time budget
-    (docs/model.md §8): at the end of the first validation, or after ``fix_by_step`` steps if no
-    validation has come by then (then only the steps themselves are timed). Steps from step 1
+    (docs/model.md §8): at the end of the first validation, or, if none has come by then, after
+    ``fix_by_step`` steps or a tenth of ``max_steps``, whichever is less (``fix_by``; then only
+    the steps themselves are timed, and a validation due at that step still counts). Steps from step 1
     on are timed (step 0 includes one-off start-up work): the median time from one step's start
     to the next is the cost of a step; the rest of the time since then (the validation, grids,
     checkpoints) is spread over the steps as overhead. Both moments fall at the same step in
@@ -73,8 +74,17 @@ class BudgetHorizon(Callback):
             self.starts.append(time.monotonic())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
-        if trainer.global_step >= self.fix_by_step:
+        # Strictly after: a validation due at step fix_by_step runs after this hook, and its
+        # cost belongs in the measurement (the quick presets validate every 200 steps).
+        if trainer.global_step > self.fix_by(trainer.max_steps):
             self.fix(trainer, pl_module)
+
+    def fix_by(self, max_steps: int) -> int:
+        """The step after which the horizon is fixed without waiting for a validation: at most a
+        tenth of a run's ``max_steps``, so that a short run (``--trainer.max_steps 200``) still
+        anneals instead of running at the peak until its end, which would come first. Never
+        before step 4: ``fix`` needs 3 timed steps (steps 1 to 3)."""
+        return self.fix_by_step if max_steps <= 0 else min(self.fix_by_step, max(max_steps // 10, 4))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
         if not trainer.sanity_checking:

@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import math
 import shutil
+import time
+from types import SimpleNamespace
 
 import lightning as L
+from lightning.pytorch.callbacks import Timer
 import pytest
 import torch
 
 from helpers import train_metrics, write_train_config
-from imagetx.budget import Horizon, fit_horizon
+from imagetx.budget import BudgetHorizon, Horizon, fit_horizon
 from imagetx.schedule import warmup_cosine
 from imagetx.train import main
 from test_reliability_resume import assert_identical
@@ -132,7 +135,8 @@ def test_a_resumed_run_keeps_its_horizon_and_ends_as_the_uninterrupted_one(tmp_p
 
 def test_without_a_validation_the_horizon_is_fixed_after_fix_by_step(tmp_path, data_root):
     # Validation only after the run (interval 50 > 12 steps): the horizon comes from the steps
-    # alone, at step 200 or here, for a test, at the callback's fix_by_step given in the YAML.
+    # alone, at step 200 (at most a tenth of max_steps) or here, for a test, at the callback's
+    # fix_by_step given in the YAML.
     run_dir = tmp_path / "late_validation"
     config = budget_config(tmp_path, run_dir, data_root, max_steps=12, max_time="00:00:10:00")
     set_schedule(config)
@@ -140,8 +144,50 @@ def test_without_a_validation_the_horizon_is_fixed_after_fix_by_step(tmp_path, d
 
     values = yaml.safe_load(config.read_text())
     values["trainer"]["val_check_interval"] = 50
-    values["trainer"]["callbacks"] = [{"class_path": "imagetx.budget.BudgetHorizon", "init_args": {"fix_by_step": 7}}]
+    values["trainer"]["callbacks"] = [{"class_path": "imagetx.budget.BudgetHorizon", "init_args": {"fix_by_step": 3}}]
     config.write_text(yaml.safe_dump(values))
     run(config)
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert checkpoint["imagetx"]["lr_horizon"] == {"decay_start": 8, "end": 12}
+    # fixed after step 4, the first past fix_by_step: the cosine starts at step 5
+    assert checkpoint["imagetx"]["lr_horizon"] == {"decay_start": 5, "end": 12}
+
+
+def fake_run(max_steps: int):
+    timer = Timer(duration=dict(minutes=10))
+    timer.time_remaining = lambda: 100.0
+    trainer = SimpleNamespace(callbacks=[timer], global_step=0, max_steps=max_steps, sanity_checking=False,
+                              strategy=SimpleNamespace(broadcast=lambda value, src: value))
+    module = SimpleNamespace(horizon=None, hparams=SimpleNamespace(warmup_steps=2), print=lambda *a: None)
+    return trainer, module
+
+
+def train_steps(callback, trainer, module, steps, seconds=0.01):
+    for step in steps:
+        trainer.global_step = step
+        callback.on_train_batch_start(trainer, module, None, step)
+        time.sleep(seconds)
+        callback.on_train_batch_end(trainer, module, None, None, step)
+
+
+def test_a_short_run_anneals_before_its_max_steps():
+    # --trainer.max_steps 60 on a preset with a budget: waiting 200 steps for the horizon would
+    # leave the whole run at the peak learning rate. It is fixed after a tenth of max_steps.
+    trainer, module = fake_run(max_steps=60)
+    callback = BudgetHorizon()
+    train_steps(callback, trainer, module, range(1, 7))
+    assert module.horizon is None
+    train_steps(callback, trainer, module, [7])
+    assert module.horizon == Horizon(decay_start=8, end=60)
+
+
+def test_a_validation_due_at_fix_by_step_is_in_the_measurement():
+    # Lightning runs a validation due at step N after the train-batch hooks of step N: fixing
+    # the horizon there would leave the validation's cost out and overshoot the budget.
+    trainer, module = fake_run(max_steps=-1)
+    callback = BudgetHorizon(fix_by_step=5)
+    train_steps(callback, trainer, module, range(1, 6))
+    assert module.horizon is None, "fixed before the validation due at step fix_by_step"
+    time.sleep(0.2)  # the validation: 20 steps' worth
+    callback.on_validation_end(trainer, module)
+    steps_with_validation = module.horizon.end - 5
+    assert steps_with_validation < 100 / 0.01 / 2, "the validation's time was not counted"
