@@ -1,0 +1,78 @@
+"""The shipped models in pretrained/ (their model cards: pretrained/*/README.md).
+
+Each loads through the safe-weights path, scores the 32 fixed val images of
+tests/data/cifar10_val_first32.npz (the first 32 of the last 5,000 CIFAR-10 training images,
+``train-4.npz[5000:5032]`` of ../shared/cifar10, with their labels) within 0.01 bits/dim of
+the figure recorded here when it was exported, and does its job: a completion keeps its given
+rows bit-identical, a super-resolved sample box-averages back close to its 8×8 input."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from imagetx.data import downsample_area
+from imagetx.evaluate import evaluate
+from imagetx.sample import main as sample_main
+from imagetx.sampler import sample
+from imagetx.weights import load_model
+
+REPO = Path(__file__).resolve().parents[1]
+VAL_IMAGES = Path(__file__).parent / "data" / "cifar10_val_first32.npz"
+
+# bits/dim over the 32 fixed val images, measured with `evaluate` when the weights were exported
+RECORDED_BPD = {"completion": 3.5827, "superres": 3.3951}
+# A recorded figure is the same weights on the same images: only float summation order may
+# differ between machines, far below this.
+BPD_TOLERANCE = 0.01
+
+
+def val_images() -> torch.Tensor:
+    with np.load(VAL_IMAGES) as arrays:
+        return torch.from_numpy(arrays["images"])
+
+
+@pytest.fixture(scope="module", params=sorted(RECORDED_BPD))
+def shipped(request):
+    return request.param, load_model(REPO / "pretrained" / request.param)
+
+
+def test_each_shipped_model_scores_the_bits_per_dim_recorded_for_it(shipped):
+    name, model = shipped
+    assert (REPO / "pretrained" / name / "model.safetensors").is_file()
+    assert (REPO / "pretrained" / name / "README.md").is_file(), "every shipped model has a model card"
+    bpd = evaluate(model, val_images(), None, progress=False)["bpd"]
+    assert abs(bpd - RECORDED_BPD[name]) <= BPD_TOLERANCE, f"{name}: {bpd:.4f} against {RECORDED_BPD[name]}"
+
+
+def test_the_completion_model_keeps_the_given_rows_bit_identical():
+    model = load_model(REPO / "pretrained" / "completion")
+    images, rows = val_images()[:2], 16
+    completed = sample(model, 2, prefix=images, given_rows=rows, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(completed[:, :rows], images[:, :rows])
+    assert not torch.equal(completed[:, rows:], images[:, rows:])  # the rest is the model's own
+
+
+def test_a_super_resolved_sample_averages_back_close_to_its_input():
+    model = load_model(REPO / "pretrained" / "superres")
+    size = model.config.low_res_size
+    low_res = downsample_area(val_images()[:2], size)
+    upsampled = sample(model, 2, low_res=low_res, generator=torch.Generator().manual_seed(0))
+    back = downsample_area(upsampled, size).int()
+    # Nothing forces the mean of a sampled 4×4 cell to its low-res value: the model has learnt
+    # it. A model given no input would be off by tens of levels (an image's own colours).
+    error = (back - low_res.int()).abs().float()
+    assert error.mean() < 4, f"mean absolute error {error.mean():.2f} levels"
+
+
+@pytest.mark.parametrize("task", ["complete", "superres"])
+def test_try_it_commands_run_on_your_own_image(tmp_path, capsys, task):
+    # README, "Try it without training": a photo of any size in, a grid out
+    photo = tmp_path / "photo.png"
+    Image.fromarray(val_images()[3].repeat_interleave(3, 0).repeat_interleave(3, 1).numpy()).save(photo)  # 96×96
+    name = "completion" if task == "complete" else "superres"
+    sample_main(["--ckpt", str(REPO / "pretrained" / name), "--task", task, "--images", str(photo),
+                 "--count", "1", "--samples", "2", "--out", str(tmp_path / "out")])
+    assert list((tmp_path / "out").glob("*.png")), "the grid was written"
