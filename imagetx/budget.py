@@ -91,8 +91,10 @@ class BudgetHorizon(Callback):
             self.fix(trainer, pl_module)
 
     def fix(self, trainer: L.Trainer, pl_module) -> None:
+        if pl_module.horizon is not None or len(self.starts) < 3:  # every later step: nothing to look up
+            return
         timer = budget_timer(trainer)
-        if pl_module.horizon is not None or timer is None or len(self.starts) < 3:
+        if timer is None:
             return
         now = time.monotonic()
         seconds_per_step = statistics.median(b - a for a, b in zip(self.starts, self.starts[1:]))

@@ -27,16 +27,10 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
-from imagetx import ImageTransformer, ModelConfig
+from imagetx import ImageTransformer
 from imagetx.sampler import compile_decoding, first_input, sample, sample_uncached
-from scripts.common import sync, timed
-
-
-def model_from_preset(path: str) -> ModelConfig:
-    values = yaml.safe_load(Path(path).read_text())["model"]["config"]
-    return ModelConfig.from_dict(values)
+from scripts.common import preset_model_config, sync, timed
 
 
 @torch.no_grad()
@@ -64,7 +58,7 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    config = model_from_preset(args.config)
+    config = preset_model_config(args.config)
     model = ImageTransformer(config).to(args.device, getattr(torch, args.dtype)).eval()
     labels = torch.arange(args.batch, device=args.device) % config.num_classes if config.num_classes else None
     low_res = None

@@ -2,7 +2,7 @@
 (``run_subprocess``, the result a JSON line marked ``RESULT_MARKER``), memory read from
 the process (``current_rss_bytes``, ``maxrss_bytes``, ``reset_peak_rss``), the machine described
 (``machine_info``), timings that include the device's queued work (``timed``, ``sync``),
-and table cells (``fmt``).
+a preset's model configuration (``preset_model_config``) and table cells (``fmt``).
 
 Standard library only at import time (torch is imported inside the functions that need
 it), so that a driver process does not pay for it.
@@ -111,6 +111,17 @@ def machine_info(device: str, threads: int | None) -> dict:
         info["cuda_device"] = torch.cuda.get_device_name(0)
         info["cuda_version"] = torch.version.cuda
     return info
+
+
+def preset_model_config(path, **overrides):
+    """The ``ModelConfig`` of the preset YAML at ``path`` (its ``model.config``), with ``overrides``."""
+    import yaml
+
+    from imagetx.config import ModelConfig
+
+    with open(path) as handle:
+        fields = yaml.safe_load(handle)["model"]["config"]
+    return ModelConfig.from_dict({**fields, **overrides})
 
 
 def fmt(value, spec: str, missing: str = "-") -> str:

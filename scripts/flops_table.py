@@ -12,20 +12,16 @@ import argparse
 import json
 from pathlib import Path
 
-import yaml
-
-from imagetx.config import ModelConfig
 from imagetx.flops import count_flops
 from imagetx.model import ImageTransformer
-from scripts.common import fmt
+from scripts.common import fmt, preset_model_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 GIGA = 1e9
 
 
 def preset_flops(path: Path, kernel: str) -> dict:
-    fields = yaml.safe_load(path.read_text())["model"]["config"] | {"attention_kernel": kernel}
-    model = ImageTransformer(ModelConfig(**fields))
+    model = ImageTransformer(preset_model_config(path, attention_kernel=kernel))
     flops = count_flops(model, "cpu")
     return {"preset": path.stem, "parameters": sum(p.numel() for p in model.parameters()),
             "forward_gflops": flops.forward / GIGA, "training_gflops": flops.training / GIGA,
