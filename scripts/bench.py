@@ -121,8 +121,8 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.common import (RESULT_MARKER, current_rss_bytes, fmt, machine_info, maxrss_bytes, run_subprocess, sync,
-                            timed)
+from scripts.common import (RESULT_MARKER, current_rss_bytes, fmt, machine_info, maxrss_bytes, preset_model_config,
+                            run_subprocess, sync, timed)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -160,14 +160,9 @@ def read_preset(name: str) -> dict:
 def build_config(spec: dict):
     """The ModelConfig of a configuration: the preset's, with image size, attention (and, for
     the smoke run, the model size) overridden."""
-    from imagetx import ModelConfig
-
-    values = dict(read_preset(spec["preset"])["model"]["config"])
-    values["image_size"] = spec["image_size"]
-    values["attention"] = spec["attention"]
-    if spec.get("smoke"):
-        values.update(SMOKE_MODEL)
-    return ModelConfig.from_dict(values)
+    smoke = SMOKE_MODEL if spec.get("smoke") else {}
+    return preset_model_config(preset_path(spec["preset"]), image_size=spec["image_size"],
+                               attention=spec["attention"], **smoke)
 
 
 # ----------------------------------------------------------------------------- FLOPs
