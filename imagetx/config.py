@@ -16,6 +16,7 @@ ATTENTIONS = ("local_1d", "local_2d", "full")
 POSITION_ENCODINGS = ("sinusoidal", "learned")
 NORMS = ("post", "pre")
 ATTENTION_KERNELS = ("auto", "flex", "sdpa")
+LOW_RES_READINGS = ("cross_attention", "cell_add")
 CHANNELS = 3  # RGB
 LEVELS = 256  # values of one sub-pixel
 # Half the value range, 127.5: v / HALF_RANGE - 1 maps the integers 0..255 onto [-1, 1]
@@ -52,12 +53,21 @@ class ModelConfig:
     low_res_size: int = 8  # side of the encoder's input image, in pixels
     # Reach of cross-attention (§6). None: every low-res sub-pixel, as in T2T. k >= 0:
     # only the low-res pixels within k cells (rows and columns) of the one under the
-    # query, which a barely trained decoder cannot miss (the quick CPU preset uses 0).
+    # query, which a barely trained decoder cannot miss (pretrained_superres uses 0).
     cross_attention_radius: int | None = None
     # True: each decoder step also gets the mean that the not-yet-generated values of
     # its low-res cell must have for the cell to box-average to the input (exact for
     # the box-mean inputs of §6; imagetx/cell_remainder.py). Not in the paper.
     cell_remainder_input: bool = False
+    # How each decoder layer reads the encoder (§6): "cross_attention" (the paper's), or
+    # "cell_add": after self-attention, a linear map of the encoder's outputs for the low-res
+    # pixel the step lies in (imagetx/cell_add.py; not in the paper), about as good as radius-0
+    # cross-attention and cheaper: no query or output projection per step.
+    low_res_reading: Literal["cross_attention", "cell_add"] = "cross_attention"
+    # True: the maps that write the low-res input into the decoder (cross-attention's output
+    # projection, the cell add, the cell remainder's) start at zero, so a new model's outputs do
+    # not depend on its input until it learns to read it. Not in the paper.
+    low_res_zero_start: bool = False
     # True: every decoder self-attention layer adds a learned bias per head for each
     # (row, column) offset between query and key to the attention scores, starting from a
     # distance prior (imagetx/position_bias.py). Not in the paper; off in its presets.
@@ -98,6 +108,7 @@ class ModelConfig:
             ("position_encoding", POSITION_ENCODINGS),
             ("norm", NORMS),
             ("attention_kernel", ATTENTION_KERNELS),
+            ("low_res_reading", LOW_RES_READINGS),
         ):
             if getattr(self, name) not in choices:
                 bad(name, getattr(self, name), f"choose one of {', '.join(choices)}")
@@ -125,6 +136,11 @@ class ModelConfig:
         if self.cell_remainder_input and not self.encoder_layers:
             bad("cell_remainder_input", self.cell_remainder_input,
                 "needs a low-resolution input: set encoder_layers > 0")
+        if self.low_res_reading == "cell_add" and not self.encoder_layers:
+            bad("low_res_reading", self.low_res_reading, "needs a low-resolution input: set encoder_layers > 0")
+        if self.low_res_reading == "cell_add" and radius is not None:
+            bad("cross_attention_radius", radius,
+                "is for cross-attention; the cell add reads the step's own low-res pixel: set it to null")
         rows, cols = self.grid_shape
         if self.attention == "local_1d":
             if self.query_block_length < 1:

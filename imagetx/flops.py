@@ -19,7 +19,8 @@ computes them), never the dense T² it does not:
   ``is_causal`` call as dense (T², its own documented upper bound); with a bias it is one
   T×T block;
 * the encoder: every pair of its 3·h·w sub-pixels; cross-attention: every decoder step over
-  all of them, or (``cross_attention_radius``) over its group's gathered keys.
+  all of them, or (``cross_attention_radius``) over its group's gathered keys. The cell add
+  (``low_res_reading: cell_add``) is no attention: its map runs once per low-resolution pixel.
 
 Where FlexAttention runs instead (``attention_kernel`` flex, or auto on CUDA: ``flex.uses_flex``),
 a pattern's attention is every 128×128 tile of its block mask that the kernel does not skip,
@@ -41,6 +42,7 @@ import torch
 from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
+from .config import CHANNELS
 from .flex import uses_flex
 from .model import ImageTransformer
 from .patterns import AttentionPattern, FullCausal, Local1D
@@ -107,17 +109,23 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
     steps = model.order.length  # decoder positions: sub-pixels or pixels
     context = 0 if model.encoder is None else model.encoder.order.length  # low-resolution sub-pixels
     # Every linear layer runs once per decoder step, except the encoder's and the projection of
-    # cross-attention's keys and values, which run once per low-resolution sub-pixel.
+    # cross-attention's keys and values, which run once per low-resolution sub-pixel, and the
+    # cell add's map, once per low-resolution pixel (its 3 sub-pixels at once).
     per_context = set() if model.encoder is None else set(model.encoder.modules())
     per_context |= {layer.cross_attn.to_kv for layer in model.layers if layer.cross_attn is not None}
+    per_low_res_pixel = {layer.cell_add.proj for layer in model.layers if layer.cell_add is not None}
     raw = {model.cell_remainder.proj} if model.cell_remainder is not None else set()
     if cfg.head == "dmol":
         raw.add(model.value_embedding.proj)
     projections = inputs = 0
     for module in model.modules():
         if isinstance(module, nn.Linear):
-            flops = FLOPS_PER_MAC * module.in_features * module.out_features * (
-                context if module in per_context else steps)
+            runs = steps
+            if module in per_context:
+                runs = context
+            elif module in per_low_res_pixel:
+                runs = context // CHANNELS
+            flops = FLOPS_PER_MAC * module.in_features * module.out_features * runs
             if module in raw:
                 inputs += flops
             else:
@@ -130,5 +138,6 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
         if model.local_cross is not None:
             local = model.local_cross
             cross = tile_pairs(local.block_mask(device)) if flex else steps * local.key_index.shape[1]
-        pairs += cfg.encoder_layers * context * context + cfg.n_layers * cross
+        crossing = sum(layer.cross_attn is not None for layer in model.layers)
+        pairs += cfg.encoder_layers * context * context + crossing * cross
     return Flops(projections, inputs, per_pair * pairs)

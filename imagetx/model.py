@@ -1,7 +1,7 @@
 """The Image Transformer network (docs/model.md §1–§3, §5, §6): a plain ``nn.Module``.
 
-Read top to bottom: one transformer layer (post- or pre-LayerNorm, optional
-cross-attention), the super-resolution encoder, then the decoder that embeds
+Read top to bottom: one transformer layer (post- or pre-LayerNorm, optionally
+reading the low-res input), the super-resolution encoder, then the decoder that embeds
 images in generation order, shifts them right by one step, runs the local
 attention stack and returns the head's distribution parameters.
 
@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from .attention import CrossAttention, CrossAttentionCache, SelfAttention, SelfAttentionCache
+from .cell_add import CellAdd, CellAddCache
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
 from .cross_pattern import LocalCrossAttention, cross_can_attend
@@ -34,10 +35,11 @@ from .position_bias import RelativePositionBias
 
 @dataclass
 class LayerCache:
-    """One decoder layer's decoding state: its self-attention ring, its cross-attention keys."""
+    """One decoder layer's decoding state: its self-attention ring, and what reads the low-res
+    input: cross-attention's keys and values, or the cell add's mapped cells."""
 
     self_attn: SelfAttentionCache
-    cross_attn: CrossAttentionCache | None = None
+    low_res: CrossAttentionCache | CellAddCache | None = None
 
 
 @dataclass
@@ -55,19 +57,29 @@ class DecodingCache:
 
 
 class TransformerLayer(nn.Module):
-    """Self-attention [+ cross-attention] + feed-forward, each with add-and-norm (docs/model.md §3)."""
+    """Self-attention [+ a reading of the low-res input: cross-attention or the cell add] +
+    feed-forward, each with add-and-norm (docs/model.md §3, §6)."""
 
     def __init__(self, config: ModelConfig, pattern: AttentionPattern | None = None,
-                 position_bias: RelativePositionBias | None = None, cross_attention: bool = False,
-                 local_cross: LocalCrossAttention | None = None) -> None:
+                 position_bias: RelativePositionBias | None = None, reads_low_res: bool = False,
+                 local_cross: LocalCrossAttention | None = None, cell_of_step: Tensor | None = None) -> None:
+        """``reads_low_res``: a super-resolution decoder layer, reading the encoder as
+        ``config.low_res_reading`` says; the cell add needs ``cell_of_step`` (T,), the low-res
+        pixel of each step."""
         super().__init__()
         d = config.d_model
         self.pre_norm = config.norm == "pre"
         self.self_attn = SelfAttention(d, config.n_heads, pattern, position_bias, config.attention_kernel)
         self.self_norm = nn.LayerNorm(d)
+        cross_attention = reads_low_res and config.low_res_reading == "cross_attention"
         self.cross_attn = (CrossAttention(d, config.n_heads, local_cross, config.attention_kernel)
                            if cross_attention else None)
         self.cross_norm = nn.LayerNorm(d) if cross_attention else None
+        cell_add = reads_low_res and config.low_res_reading == "cell_add"
+        self.cell_add = CellAdd(d, cell_of_step) if cell_add else None
+        # Post-norm normalises after every add; pre-norm has nothing to normalise before the
+        # cell add, which reads no hidden state.
+        self.cell_norm = nn.LayerNorm(d) if cell_add and not self.pre_norm else None
         self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
         self.ffn_norm = nn.LayerNorm(d)
         self.dropout = nn.Dropout(config.dropout)
@@ -79,16 +91,21 @@ class TransformerLayer(nn.Module):
         return norm(x + self.dropout(branch(x)))
 
     def start_decoding(self, batch: int, step: Tensor, context: Tensor | None = None) -> LayerCache:
-        """This layer's empty decoding cache (cross-attention: keys and values over ``context``)."""
-        cross = None if self.cross_attn is None else self.cross_attn.start_decoding(context, step)
-        return LayerCache(self.self_attn.start_decoding(batch, step), cross)
+        """This layer's empty decoding cache (the low-res reading's: over ``context``, once)."""
+        reader = self.cross_attn if self.cross_attn is not None else self.cell_add
+        low_res = None if reader is None else reader.start_decoding(context, step)
+        return LayerCache(self.self_attn.start_decoding(batch, step), low_res)
 
     def forward(self, x: Tensor, context: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
         """(B, T, d) -> (B, T, d); with ``cache``, one step (B, 1, d) and no ``context``."""
-        self_cache, cross_cache = (None, None) if cache is None else (cache.self_attn, cache.cross_attn)
+        self_cache, low_res_cache = (None, None) if cache is None else (cache.self_attn, cache.low_res)
         x = self.add_and_norm(x, lambda h: self.self_attn(h, self_cache), self.self_norm)
         if self.cross_attn is not None:
-            x = self.add_and_norm(x, lambda h: self.cross_attn(h, context, cross_cache), self.cross_norm)
+            x = self.add_and_norm(x, lambda h: self.cross_attn(h, context, low_res_cache), self.cross_norm)
+        if self.cell_add is not None:
+            x = x + self.dropout(self.cell_add(context, low_res_cache))
+            if self.cell_norm is not None:
+                x = self.cell_norm(x)
         return self.add_and_norm(x, self.ffn, self.ffn_norm)
 
 
@@ -156,15 +173,25 @@ class ImageTransformer(nn.Module):
         self.cell_remainder = None
         if config.cell_remainder_input:
             self.cell_remainder = CellRemainder(config, self.step_cells(), self.step_channels)
+        cell_of_step = None  # (T,) the low-res pixel of each step, raster index: what the cell add reads
+        if self.encoder is not None:
+            cell_rows, cell_cols = self.step_cells()
+            cell_of_step = cell_rows * config.low_res_size + cell_cols
         self.layers = nn.ModuleList(
             TransformerLayer(config, self.pattern,
                              RelativePositionBias(config.n_heads, *config.grid_shape)
                              if config.relative_position_bias else None,
-                             cross_attention=self.encoder is not None, local_cross=self.local_cross)
+                             reads_low_res=self.encoder is not None, local_cross=self.local_cross,
+                             cell_of_step=cell_of_step)
             for _ in range(config.n_layers)
         )
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
         self.head = CategoricalHead(d) if categorical else DMOLHead(d, config.mixture_components)
+        if config.low_res_zero_start:
+            for linear in self.low_res_writers():
+                nn.init.zeros_(linear.weight)
+                if linear.bias is not None:
+                    nn.init.zeros_(linear.bias)
 
     def local_cross_attention(self) -> LocalCrossAttention | None:
         """Cross-attention of each decoder step to the encoder's sub-pixels within the radius,
@@ -182,9 +209,19 @@ class ImageTransformer(nn.Module):
 
     def low_res_modules(self) -> list[nn.Module]:
         """The parts that read the low-resolution input: the encoder, every layer's
-        cross-attention (and its norm), the cell remainder input. Empty without an encoder."""
-        cross = [part for layer in self.layers for part in (layer.cross_attn, layer.cross_norm) if part is not None]
-        return [part for part in (self.encoder, *cross, self.cell_remainder) if part is not None]
+        cross-attention (and its norm) or cell add (and its norm), the cell remainder input.
+        Empty without an encoder."""
+        readers = [part for layer in self.layers
+                   for part in (layer.cross_attn, layer.cross_norm, layer.cell_add, layer.cell_norm) if part is not None]
+        return [part for part in (self.encoder, *readers, self.cell_remainder) if part is not None]
+
+    def low_res_writers(self) -> list[nn.Linear]:
+        """The last maps on the way from the low-res input into the decoder's residual stream,
+        which ``low_res_zero_start`` starts at zero: cross-attention's output projections, the
+        cell adds' maps, the cell remainder's projection."""
+        writers = [layer.cross_attn.to_out for layer in self.layers if layer.cross_attn is not None]
+        writers += [layer.cell_add.proj for layer in self.layers if layer.cell_add is not None]
+        return writers + ([self.cell_remainder.proj] if self.cell_remainder is not None else [])
 
     @property
     def cross_can_attend(self) -> Tensor | None:
@@ -256,7 +293,8 @@ class ImageTransformer(nn.Module):
     # ----- decoding one step at a time -----------------------------------------
     def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None) -> DecodingCache:
         """An empty cache for decoding ``batch`` images one step at a time with ``decode_step``.
-        The encoder runs here, once: cross-attention keeps its keys and values."""
+        The encoder runs here, once: cross-attention keeps its keys and values, the cell add
+        its mapped cells."""
         self.check_conditioning(batch, labels, low_res)
         step = torch.zeros((), dtype=torch.long, device=self.step_rows.device)
         context = self.encode(low_res)

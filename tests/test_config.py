@@ -209,6 +209,8 @@ PAPER_PRESETS = ["cifar10_categorical.yaml", "cifar10_dmol.yaml", "cifar10_2d.ya
 def test_paper_presets_use_no_option_the_paper_lacks(name):
     config = yaml.safe_load((PRESETS[0].parent / name).read_text())["model"]["config"]
     assert not config.get("relative_position_bias", False) and not config.get("cell_remainder_input", False)
+    assert config.get("low_res_reading", "cross_attention") == "cross_attention"
+    assert not config.get("low_res_zero_start", False)
 
 
 @pytest.mark.parametrize("preset", PRESETS, ids=lambda p: p.name)
@@ -230,8 +232,9 @@ def test_quick_superres_is_quick_plus_the_low_res_fields():
     # in nothing else.
     quick, superres = (yaml.safe_load((PRESETS[0].parent / name).read_text())
                        for name in ("quick.yaml", "quick_superres.yaml"))
-    low_res_fields = {"encoder_layers", "low_res_size", "cross_attention_radius", "cell_remainder_input"}
-    assert low_res_fields <= set(superres["model"]["config"])
+    low_res_fields = {"encoder_layers", "low_res_size", "cross_attention_radius", "cell_remainder_input",
+                      "low_res_reading", "low_res_zero_start"}
+    assert {"encoder_layers", "low_res_size"} <= set(superres["model"]["config"])
     decoder = {k: v for k, v in superres["model"]["config"].items() if k not in low_res_fields}
     assert decoder == quick["model"]["config"]
     assert {k: v for k, v in superres["model"].items() if k not in ("config", "low_res_lr_scale")} == \
@@ -240,3 +243,13 @@ def test_quick_superres_is_quick_plus_the_low_res_fields():
     assert {k: v for k, v in superres["trainer"].items() if k != "default_root_dir"} == \
         {k: v for k, v in quick["trainer"].items() if k != "default_root_dir"}
     assert quick["data"] == superres["data"]
+
+
+def test_low_res_reading_is_a_known_one():
+    assert_rejected("low_res_reading", image_size=8, encoder_layers=1, low_res_size=4, low_res_reading="cell_mean")
+
+
+def test_the_cell_add_needs_an_encoder_and_no_cross_attention_radius():
+    assert_rejected("low_res_reading", image_size=8, low_res_reading="cell_add")
+    assert_rejected("cross_attention_radius", image_size=8, encoder_layers=1, low_res_size=4,
+                    low_res_reading="cell_add", cross_attention_radius=0)

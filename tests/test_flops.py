@@ -36,6 +36,8 @@ CASES = {
     "encoder, cross-attention to all": dict(head="dmol", encoder_layers=2),
     "encoder, local cross-attention, cell remainder": dict(encoder_layers=1, cross_attention_radius=0,
                                                           cell_remainder_input=True),
+    "encoder, cell add, cell remainder": dict(head="dmol", encoder_layers=1, low_res_reading="cell_add",
+                                              cell_remainder_input=True),
 }
 
 

@@ -69,13 +69,16 @@ def test_ring_buffer_is_shorter_than_the_sequence():
     assert all(layer.self_attn.step is cache.step for layer in cache.layers)  # one step counter
 
 
-@pytest.mark.parametrize("head,attention,radius", [("categorical", "local_2d", None), ("dmol", "local_1d", None),
-                                                   ("categorical", "local_1d", 0), ("dmol", "local_2d", 1)])
-def test_cached_decoder_matches_full_pass_with_encoder(head, attention, radius):
-    # low_res_size 4 with radius 0 or 1: each step's cross-attention sees part of the 4x4 input
+@pytest.mark.parametrize("head,attention,radius,reading", [
+    ("categorical", "local_2d", None, "cross_attention"), ("dmol", "local_1d", None, "cross_attention"),
+    ("categorical", "local_1d", 0, "cross_attention"), ("dmol", "local_2d", 1, "cross_attention"),
+    ("categorical", "local_1d", None, "cell_add"), ("dmol", "local_2d", None, "cell_add")])
+def test_cached_decoder_matches_full_pass_with_encoder(head, attention, radius, reading):
+    # low_res_size 4 with radius 0 or 1 or the cell add: each step reads part of the 4x4 input directly
+    small_input = radius is None and reading == "cross_attention"
     model = tiny_model(seed=4, dtype=torch.float64, head=head, attention=attention, num_classes=10,
-                       encoder_layers=1, low_res_size=2 if radius is None else 4, cross_attention_radius=radius,
-                       query_block_shape=block_shape(head), **{**SMALL_BLOCKS, "n_layers": 1})
+                       encoder_layers=1, low_res_size=2 if small_input else 4, cross_attention_radius=radius,
+                       low_res_reading=reading, query_block_shape=block_shape(head), **{**SMALL_BLOCKS, "n_layers": 1})
     images = random_images(2, 8, seed=5)
     low_res = downsample_area(random_images(2, 8, seed=6), model.config.low_res_size)  # not the images' own
     check_cached_equals_full(model, images, random_labels(2, 10, seed=7), low_res)
@@ -90,14 +93,16 @@ def test_cached_decoder_matches_full_pass_pre_norm():
 # ----- the compiled step -----------------------------------------------------------------------
 
 # One tiny model for each part of decode_step the compiled graph must hold: the 1D ring with a
-# row of position biases over it, a 2D ring, and cross-attention under a radius-0 mask with the
-# cell remainder's running sums (4x4 input: each step sees 3 of its 48 sub-pixels). A compile
-# takes seconds each.
+# row of position biases over it, a 2D ring, cross-attention under a radius-0 mask with the
+# cell remainder's running sums (4x4 input: each step sees 3 of its 48 sub-pixels), and the cell
+# add's gather. A compile takes seconds each.
 COMPILED_CASES = {
     "1d_position_bias": dict(head="dmol", attention="local_1d", relative_position_bias=True, num_classes=10),
     "2d": dict(head="categorical", attention="local_2d", query_block_shape=(4, 8)),
     "superres_remainder_radius_0": dict(head="dmol", attention="local_1d", num_classes=10, encoder_layers=1,
                                         low_res_size=4, cross_attention_radius=0, cell_remainder_input=True),
+    "superres_cell_add": dict(head="dmol", attention="local_1d", encoder_layers=1, low_res_size=4,
+                              low_res_reading="cell_add", cell_remainder_input=True),
 }
 
 

@@ -43,12 +43,12 @@ class LeafEmbeddings:
         return self.leaf
 
 
-@pytest.mark.parametrize("radius", [None, 0])
+@pytest.mark.parametrize("reading,radius", [("cross_attention", None), ("cross_attention", 0), ("cell_add", None)])
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
 @pytest.mark.parametrize("attention", ["local_1d", "local_2d", "full"])
-def test_decoder_causal_and_every_output_sees_all_of_the_low_res_input(head, attention, radius):
-    # radius 0: cross-attention sees one low-res pixel, the rest arrives through the encoder
-    model = superres_model(head, attention, radius=radius)
+def test_decoder_causal_and_every_output_sees_all_of_the_low_res_input(head, attention, reading, radius):
+    # radius 0 and the cell add read one low-res pixel directly, the rest arrives through the encoder
+    model = superres_model(head, attention, radius=radius, low_res_reading=reading)
     images, low_res = random_images(2, 8, seed=1), random_images(2, 2, seed=2)
     leaf = LeafEmbeddings(model)
     targets = model.targets(images)
