@@ -90,6 +90,16 @@ def test_cached_decoder_matches_full_pass_pre_norm():
     check_cached_equals_full(model, random_images(2, 8, seed=9))
 
 
+def test_cached_decoder_matches_full_pass_pre_norm_cell_add():
+    # quick_superres's shape of model: pre-norm (no norm after the cell add), position biases,
+    # the cell add and the cell remainder over a 4x4 input
+    model = tiny_model(seed=10, dtype=torch.float64, head="dmol", attention="local_1d", norm="pre",
+                       relative_position_bias=True, encoder_layers=1, low_res_size=4, low_res_reading="cell_add",
+                       cell_remainder_input=True, **SMALL_BLOCKS)
+    images = random_images(2, 8, seed=11)
+    check_cached_equals_full(model, images, low_res=downsample_area(random_images(2, 8, seed=12), 4))
+
+
 # ----- the compiled step -----------------------------------------------------------------------
 
 # One tiny model for each part of decode_step the compiled graph must hold: the 1D ring with a
