@@ -170,13 +170,10 @@ class ImageTransformer(nn.Module):
         self.input_dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config) if config.encoder_layers else None
         self.local_cross = self.local_cross_attention()
+        cell_of_step = None if self.encoder is None else self.cell_of_step()
         self.cell_remainder = None
         if config.cell_remainder_input:
-            self.cell_remainder = CellRemainder(config, self.step_cells(), self.step_channels)
-        cell_of_step = None  # (T,) the low-res pixel of each step, raster index: what the cell add reads
-        if self.encoder is not None:
-            cell_rows, cell_cols = self.step_cells()
-            cell_of_step = cell_rows * config.low_res_size + cell_cols
+            self.cell_remainder = CellRemainder(config, cell_of_step, self.step_channels)
         self.layers = nn.ModuleList(
             TransformerLayer(config, self.pattern,
                              RelativePositionBias(config.n_heads, *config.grid_shape)
@@ -206,6 +203,12 @@ class ImageTransformer(nn.Module):
         scale = self.config.image_size // self.config.low_res_size
         pixel_cols = self.step_cols // CHANNELS if self.config.head == "categorical" else self.step_cols
         return self.step_rows // scale, pixel_cols // scale
+
+    def cell_of_step(self) -> Tensor:
+        """(T,): the low-resolution pixel each decoder step lies in, as a raster index (what the
+        cell add and the cell remainder read)."""
+        rows, cols = self.step_cells()
+        return rows * self.config.low_res_size + cols
 
     def low_res_modules(self) -> list[nn.Module]:
         """The parts that read the low-resolution input: the encoder, every layer's
