@@ -6,6 +6,7 @@ and the device's peak FLOP/s, which it looks up by the name torch gives the devi
 (``lightning.fabric.utilities.throughput.get_available_flops``). Its table misses some devices:
 an H200 is "NVIDIA H200" to torch, which its table does not parse (it warns "FLOPs not found"),
 so no MFU would be logged. ``ThroughputWithPeak`` then takes the peak from ``DENSE_PEAK_FLOPS``.
+On CUDA it also logs the allocator's peak (``train/device/peak_memory_gib``).
 """
 
 from __future__ import annotations
@@ -63,6 +64,14 @@ class ThroughputWithPeak(ThroughputMonitor):
     def setup(self, trainer, pl_module, stage: str) -> None:
         self.fallback_peak = table_peak(trainer.strategy.root_device, compute_dtype(str(trainer.precision)))
         super().setup(trainer, pl_module, stage)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+        device = trainer.strategy.root_device
+        if device.type == "cuda":
+            # The allocator's high-water mark since the start: a host-side counter, no device sync.
+            peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
+            pl_module.log("train/device/peak_memory_gib", peak_gib, on_step=True, on_epoch=False)
 
     @property
     def available_flops(self) -> float | None:

@@ -243,6 +243,17 @@ def test_downsample_area_batch_and_32_to_8():
 
 # ----- the DataModule ----------------------------------------------------------------------
 
+def test_setup_says_how_many_images_each_split_has(tmp_path, caplog):
+    """One log line to check a run against (a half-copied data folder shows there)."""
+    write_cifar_npz(tmp_path, train_sizes=(8, 7), test_size=5)
+    dm = ImageDataModule(root=str(tmp_path), val_size=10)
+    with caplog.at_level("INFO"):
+        dm.setup("fit")
+        dm.setup("test")
+    lines = [record.getMessage() for record in caplog.records if record.getMessage().startswith("data:")]
+    assert lines == [f"data: 5 train, 10 val images (cifar10, {tmp_path})", f"data: 5 test images (cifar10, {tmp_path})"]
+
+
 def test_datamodule_batches_and_no_dropped_images(tmp_path):
     train_images, train_labels, test_images, _ = write_cifar_npz(tmp_path, train_sizes=(8, 7), test_size=5)
     dm = ImageDataModule(root=str(tmp_path), batch_size=3, eval_batch_size=4, val_size=10)

@@ -50,7 +50,7 @@ def test_recipe_sizing_matches_its_arithmetic():
 
 
 # What the CPU run changes: the model's size, the steps, the device, the data. The rest (compile,
-# bf16-mixed, the optimiser and its budget horizon, pre-LN, position biases, DMOL, the sample
+# bf16-mixed, the optimiser and its budget horizon, pre-LN, DMOL, the sample
 # grids) is the recipe's own.
 TINY = {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_filter": 32, "mixture_components": 2}
 

@@ -81,3 +81,24 @@ def test_training_logs_flops_per_second_and_mfu_against_the_peak(tmp_path, monke
     per_image = count_flops(ImageTransformer(ModelConfig(**TINY_TRAIN_MODEL))).training
     assert flops_per_sec / images_per_sec == pytest.approx(per_image, rel=1e-9)
     assert float(row["train/device/mfu"]) == pytest.approx(flops_per_sec / peak, rel=1e-9)
+
+
+@pytest.mark.parametrize("device, logged", [("cuda", True), ("cpu", False)])
+def test_peak_memory_is_logged_on_cuda_only(monkeypatch, device, logged):
+    """On CUDA every training batch logs the allocator's high-water mark in GiB; a CPU run has none
+    to log. (ThroughputMonitor's own bookkeeping is stubbed: it needs a running Trainer.)"""
+    monkeypatch.setattr(throughput.ThroughputMonitor, "on_train_batch_end", lambda *args: None)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30)
+    logs = []
+
+    class Module:
+        def log(self, name, value, **kwargs):
+            logs.append((name, value, kwargs))
+
+    class Trainer:
+        class strategy:
+            root_device = torch.device(device)
+
+    throughput.ThroughputWithPeak(batch_size_fn=len).on_train_batch_end(Trainer(), Module(), None, None, 0)
+    expected = [("train/device/peak_memory_gib", 3.0, {"on_step": True, "on_epoch": False})]
+    assert logs == (expected if logged else [])
