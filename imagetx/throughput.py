@@ -6,7 +6,7 @@ and the device's peak FLOP/s, which it looks up by the name torch gives the devi
 (``lightning.fabric.utilities.throughput.get_available_flops``). Its table misses some devices:
 an H200 is "NVIDIA H200" to torch, which its table does not parse (it warns "FLOPs not found"),
 so no MFU would be logged. ``ThroughputWithPeak`` then takes the peak from ``DENSE_PEAK_FLOPS``.
-On CUDA it also logs the allocator's peak (``train/device/peak_memory_gib``).
+On CUDA it also logs the allocator's peak (``train/device/peak_memory_gib``) on logging steps.
 """
 
 from __future__ import annotations
@@ -68,10 +68,13 @@ class ThroughputWithPeak(ThroughputMonitor):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
         device = trainer.strategy.root_device
-        if device.type == "cuda":
-            # The allocator's high-water mark since the start: a host-side counter, no device sync.
+        if device.type == "cuda" and trainer.global_step % trainer.log_every_n_steps == 0:
+            # The allocator's high-water mark since the start: a host-side counter. Straight to the
+            # loggers as a float: ``pl_module.log`` would copy it to the device, and wait for the
+            # device, on every step.
             peak_gib = torch.cuda.max_memory_allocated(device) / 2**30
-            pl_module.log("train/device/peak_memory_gib", peak_gib, on_step=True, on_epoch=False)
+            for logger in trainer.loggers:
+                logger.log_metrics({"train/device/peak_memory_gib": peak_gib}, step=trainer.global_step)
 
     @property
     def available_flops(self) -> float | None:

@@ -16,6 +16,8 @@ RUN=/root/run
 CODE=/root/code  # a copy of the package: later calls re-send the working tree under a running job
 CONFIG=${CONFIG:-configs/cifar10_dmol_25min.yaml}
 export PYTHONPATH=$CODE:/tmp/site PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+# The lines of a training log worth a call's output (the rest is progress bars and warnings).
+LOG_LINES="data:|horizon|Time limit|Error|error"
 
 # The run's own process id, written at launch. (Matching command lines with `pgrep -f` also
 # matches the shell of any call whose command names the module, which then waits on itself.)
@@ -50,7 +52,7 @@ pilot)
   rm -rf /root/pilot
   python3 -m imagetx.train --config $CONFIG --data.root $DATA --wandb disabled \
       --trainer.default_root_dir /root/pilot --trainer.max_time "$2" \
-      --trainer.val_check_interval 1000 "${@:3}" 2>&1 | grep -E "data:|horizon|Error|error" | tail -20
+      --trainer.val_check_interval 1000 "${@:3}" 2>&1 | grep -E "$LOG_LINES" | tail -20
   latest_metrics /root/pilot
   ;;
 tests)
@@ -63,7 +65,7 @@ launch)
   setsid nohup python3 -m imagetx.train --config $CONFIG --data.root $DATA --wandb disabled \
       --trainer.default_root_dir $RUN --trainer.max_time "$2" "${@:3}" >$RUN/train.log 2>&1 </dev/null &
   echo $! >$RUN/train.pid
-  sleep 60; grep -E "data:|horizon|Error|error" $RUN/train.log
+  sleep 60; grep -E "$LOG_LINES" $RUN/train.log
   ;;
 wait)
   end=$((SECONDS + $2))
@@ -72,7 +74,7 @@ wait)
     echo "--- $(date +%T)  $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader)"
     latest_metrics $RUN | tail -2
   done
-  grep -E "horizon|Time limit|Error|error" $RUN/train.log | tail -5
+  grep -E "$LOG_LINES" $RUN/train.log | tail -5
   ;;
 finish)
   end=$((SECONDS + $2))

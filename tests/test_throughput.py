@@ -83,22 +83,24 @@ def test_training_logs_flops_per_second_and_mfu_against_the_peak(tmp_path, monke
     assert float(row["train/device/mfu"]) == pytest.approx(flops_per_sec / peak, rel=1e-9)
 
 
-@pytest.mark.parametrize("device, logged", [("cuda", True), ("cpu", False)])
-def test_peak_memory_is_logged_on_cuda_only(monkeypatch, device, logged):
-    """On CUDA every training batch logs the allocator's high-water mark in GiB; a CPU run has none
-    to log. (ThroughputMonitor's own bookkeeping is stubbed: it needs a running Trainer.)"""
+@pytest.mark.parametrize("device, step, logged", [("cuda", 10, True), ("cuda", 11, False), ("cpu", 10, False)])
+def test_peak_memory_is_logged_on_cuda_logging_steps_only(monkeypatch, device, step, logged):
+    """On CUDA each logging step (every ``log_every_n_steps``) logs the allocator's high-water mark
+    in GiB; other steps and a CPU run log none. (ThroughputMonitor's own bookkeeping is stubbed: it
+    needs a running Trainer.)"""
     monkeypatch.setattr(throughput.ThroughputMonitor, "on_train_batch_end", lambda *args: None)
     monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 3 * 2**30)
     logs = []
 
-    class Module:
-        def log(self, name, value, **kwargs):
-            logs.append((name, value, kwargs))
+    class Logger:
+        def log_metrics(self, metrics, step):
+            logs.append((metrics, step))
 
     class Trainer:
         class strategy:
             root_device = torch.device(device)
 
-    throughput.ThroughputWithPeak(batch_size_fn=len).on_train_batch_end(Trainer(), Module(), None, None, 0)
-    expected = [("train/device/peak_memory_gib", 3.0, {"on_step": True, "on_epoch": False})]
-    assert logs == (expected if logged else [])
+        global_step, log_every_n_steps, loggers = step, 5, [Logger()]
+
+    throughput.ThroughputWithPeak(batch_size_fn=len).on_train_batch_end(Trainer(), None, None, None, 0)
+    assert logs == ([({"train/device/peak_memory_gib": 3.0}, step)] if logged else [])
