@@ -27,6 +27,7 @@ from .cross_pattern import LocalCrossAttention
 from .flex import uses_flex
 from .patterns import AttentionPattern, DecodeIndex, fused_attention
 from .position_bias import RelativePositionBias
+from .rotary import Rotary2D
 
 
 def project_heads(proj: nn.Linear, x: Tensor, n_heads: int, parts: int) -> tuple[Tensor, ...]:
@@ -73,12 +74,15 @@ class CrossAttentionCache:
 
 class SelfAttention(nn.Module):
     """Self-attention under ``pattern`` (the decoder; causal), or over every position without
-    one (the encoder), with an optional relative position bias (decoder only)."""
+    one (the encoder), with optional relative positions (decoder only): a bias added to the
+    scores, and/or queries and keys turned by their grid positions (``rotary``)."""
 
     def __init__(self, d_model: int, n_heads: int, pattern: AttentionPattern | None = None,
-                 position_bias: RelativePositionBias | None = None, kernel: str = "auto") -> None:
+                 position_bias: RelativePositionBias | None = None, kernel: str = "auto",
+                 rotary: Rotary2D | None = None) -> None:
         super().__init__()
         self.n_heads, self.pattern, self.position_bias, self.kernel = n_heads, pattern, position_bias, kernel
+        self.rotary = rotary
         # T2T's attention projections carry no bias.
         self.to_qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.to_out = nn.Linear(d_model, d_model, bias=False)
@@ -96,6 +100,9 @@ class SelfAttention(nn.Module):
     def forward(self, x: Tensor, cache: SelfAttentionCache | None = None) -> Tensor:
         """(B, T, d) -> (B, T, d); with ``cache``, one step (B, 1, d): step ``cache.step``."""
         q, k, v = project_heads(self.to_qkv, x, self.n_heads, 3)
+        if self.rotary is not None:  # cached keys are kept turned: each by its own step
+            steps = slice(None) if cache is None else cache.step.view(1)
+            q, k = self.rotary(q, steps), self.rotary(k, steps)
         if cache is not None:
             out = self.attend_step(q, k, v, cache)
         elif self.pattern is None:

@@ -17,6 +17,7 @@ POSITION_ENCODINGS = ("sinusoidal", "learned")
 NORMS = ("post", "pre")
 ATTENTION_KERNELS = ("auto", "flex", "sdpa")
 LOW_RES_READINGS = ("cross_attention", "cell_add")
+RELATIVE_POSITIONS = ("none", "table", "distance", "rotary", "rotary_distance")
 CHANNELS = 3  # RGB
 LEVELS = 256  # values of one sub-pixel
 # Half the value range, 127.5: v / HALF_RANGE - 1 maps the integers 0..255 onto [-1, 1]
@@ -68,10 +69,13 @@ class ModelConfig:
     # projection, the cell add, the cell remainder's) start at zero, so a new model's outputs do
     # not depend on its input until it learns to read it. Not in the paper.
     low_res_zero_start: bool = False
-    # True: every decoder self-attention layer adds a learned bias per head for each
-    # (row, column) offset between query and key to the attention scores, starting from a
-    # distance prior (imagetx/position_bias.py). Not in the paper; off in its presets.
-    relative_position_bias: bool = False
+    # How decoder self-attention sees where each key lies relative to its query (§4; not in the
+    # paper, whose inputs carry absolute positions only): "none"; "table", a learned bias per
+    # head and (row, column) offset added to the scores, starting from a distance prior
+    # (imagetx/position_bias.py); "distance", that prior fixed (nothing learned; FlexAttention
+    # computes it from the indices); "rotary", 2D rotary embeddings of queries and keys
+    # (imagetx/rotary.py: nothing added to the scores); "rotary_distance", both of the last two.
+    relative_positions: Literal["none", "table", "distance", "rotary", "rotary_distance"] = "none"
     # §4: how attention runs: "flex" = FlexAttention, block-sparse (imagetx/flex.py); "sdpa" =
     # the gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
     # elsewhere (FlexAttention has no backward on the CPU). Same numbers either way.
@@ -89,6 +93,16 @@ class ModelConfig:
         if self.head == "categorical":
             return self.image_size, self.image_size * CHANNELS
         return self.image_size, self.image_size
+
+    @property
+    def position_bias(self) -> str | None:
+        """The bias decoder self-attention adds to its scores: "learned", "fixed" or None."""
+        return {"table": "learned", "distance": "fixed", "rotary_distance": "fixed"}.get(self.relative_positions)
+
+    @property
+    def rotary(self) -> bool:
+        """Whether decoder self-attention turns its queries and keys by their grid positions."""
+        return self.relative_positions in ("rotary", "rotary_distance")
 
     @property
     def dims_per_image(self) -> int:
@@ -109,6 +123,7 @@ class ModelConfig:
             ("norm", NORMS),
             ("attention_kernel", ATTENTION_KERNELS),
             ("low_res_reading", LOW_RES_READINGS),
+            ("relative_positions", RELATIVE_POSITIONS),
         ):
             if getattr(self, name) not in choices:
                 bad(name, getattr(self, name), f"choose one of {', '.join(choices)}")
@@ -120,6 +135,10 @@ class ModelConfig:
             bad("n_heads", self.n_heads, f"must divide d_model={self.d_model} (e.g. {_divisors(self.d_model)})")
         if self.d_model % 2:
             bad("d_model", self.d_model, "must be even: half encodes the row, half the column")
+        if self.rotary and (self.d_model // self.n_heads) % 4:
+            bad("relative_positions", self.relative_positions,
+                f"needs a head size (d_model / n_heads = {self.d_model // self.n_heads}) divisible by 4, "
+                "in dimension pairs for rows and for columns: change n_heads or d_model")
         if not 0.0 <= self.dropout < 1.0:
             bad("dropout", self.dropout, "must be in [0, 1)")
         if self.num_classes < 0:

@@ -1,5 +1,5 @@
 """FlexAttention (``torch.nn.attention.flex_attention``) for the attention patterns
-(docs/model.md §4): one block-sparse kernel for every pattern, with the relative position bias
+(docs/model.md §4): one block-sparse kernel for every pattern, with a relative position bias
 as a ``score_mod``.
 
 A pattern states its rule once, as a function of query and key step tensors (a ``MaskRule``):
@@ -25,12 +25,15 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 
 from .config import ATTENTION_KERNELS
+from .position_bias import distance_bias
 
 # (query steps, key steps) -> bool, True where the query may attend to the key; elementwise
 # over tensors that broadcast (index grids for the dense matrix, 0-d indices in a mask_mod).
 MaskRule = Callable[[Tensor, Tensor], Tensor]
-# (query steps, key steps) -> offset indices into a RelativePositionBias table.
+# (query steps, key steps) -> offset indices into a RelativePositionBias table
+# (GenerationOrder.relative_offsets), or -> (row offsets, column offsets) (grid_offsets).
 OffsetRule = Callable[[Tensor, Tensor], Tensor]
+GridOffsetRule = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]
 # FlexAttention's (score, batch, head, query, key) -> the score to use.
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -58,12 +61,23 @@ def build_block_mask(rule: MaskRule, query_length: int, key_length: int, device:
     return create_block_mask(mask_mod, None, None, query_length, key_length, device=device)
 
 
-def bias_score_mod(table: Tensor, offsets: OffsetRule) -> ScoreMod:
-    """A ``score_mod`` adding head h's relative position bias, ``table[h, offsets(q, k)]``,
-    to each score (``RelativePositionBias``: the table is (heads, offset_count))."""
+def table_score_mod(table: Tensor, offsets: OffsetRule) -> ScoreMod:
+    """A ``score_mod`` adding head h's learned relative position bias, ``table[h, offsets(q, k)]``,
+    to each score (``RelativePositionBias``: the table is (heads, offset_count)). The kernel reads
+    the captured table, and its backward sums every score's gradient into it."""
 
     def score_mod(score: Tensor, batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
         return score + table[head, offsets(query, key)]
+
+    return score_mod
+
+
+def distance_score_mod(offsets: GridOffsetRule) -> ScoreMod:
+    """A ``score_mod`` adding the fixed distance bias (``position_bias.distance_bias``) computed
+    from the query and key indices alone: no captured tensor, nothing to differentiate."""
+
+    def score_mod(score: Tensor, batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
+        return score + distance_bias(head, *offsets(query, key))
 
     return score_mod
 

@@ -98,7 +98,7 @@ def decoder_attention_pairs(model: ImageTransformer, device: torch.device | str 
     """Query-key pairs one decoder self-attention layer computes per image and head on ``device``."""
     if uses_flex(model.config.attention_kernel, torch.device(device)):
         return tile_pairs(model.pattern.block_mask(device))
-    return self_attention_pairs(model.pattern, model.config.relative_position_bias)
+    return self_attention_pairs(model.pattern, model.config.position_bias is not None)
 
 
 def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> Flops:

@@ -31,6 +31,7 @@ from .inputs import check_image_tensor, check_labels
 from .order import GenerationOrder, images_to_sequence
 from .patterns import AttentionPattern, pattern_for
 from .position_bias import RelativePositionBias
+from .rotary import Rotary2D
 
 
 @dataclass
@@ -60,16 +61,22 @@ class TransformerLayer(nn.Module):
     """Self-attention [+ a reading of the low-res input: cross-attention or the cell add] +
     feed-forward, each with add-and-norm (docs/model.md §3, §6)."""
 
-    def __init__(self, config: ModelConfig, pattern: AttentionPattern | None = None,
-                 position_bias: RelativePositionBias | None = None, reads_low_res: bool = False,
-                 local_cross: LocalCrossAttention | None = None, cell_of_step: Tensor | None = None) -> None:
-        """``reads_low_res``: a super-resolution decoder layer, reading the encoder as
-        ``config.low_res_reading`` says; the cell add needs ``cell_of_step`` (T,), the low-res
+    def __init__(self, config: ModelConfig, pattern: AttentionPattern | None = None, rotary: Rotary2D | None = None,
+                 reads_low_res: bool = False, local_cross: LocalCrossAttention | None = None,
+                 cell_of_step: Tensor | None = None) -> None:
+        """``pattern``: a decoder layer, causal under it, with ``config.relative_positions``
+        (``rotary``: the decoder's one ``Rotary2D``, which every layer shares); without, an
+        encoder layer. ``reads_low_res``: a super-resolution decoder layer, reading the encoder
+        as ``config.low_res_reading`` says; the cell add needs ``cell_of_step`` (T,), the low-res
         pixel of each step."""
         super().__init__()
         d = config.d_model
         self.pre_norm = config.norm == "pre"
-        self.self_attn = SelfAttention(d, config.n_heads, pattern, position_bias, config.attention_kernel)
+        position_bias = None
+        if pattern is not None and config.position_bias:
+            position_bias = RelativePositionBias(config.n_heads, *config.grid_shape,
+                                                 learned=config.position_bias == "learned")
+        self.self_attn = SelfAttention(d, config.n_heads, pattern, position_bias, config.attention_kernel, rotary)
         self.self_norm = nn.LayerNorm(d)
         cross_attention = reads_low_res and config.low_res_reading == "cross_attention"
         self.cross_attn = (CrossAttention(d, config.n_heads, local_cross, config.attention_kernel)
@@ -123,7 +130,7 @@ class Encoder(nn.Module):
         super().__init__()
         side = config.low_res_size
         self.order = GenerationOrder(side, side * CHANNELS)
-        rows, cols = self.order.cell_of_step()
+        rows, cols = self.order.grid_cell()
         pixel_cols, channels = cols // CHANNELS, cols % CHANNELS
         self.register_buffer("cell_rows", rows, persistent=False)  # low-res pixel of each sub-pixel
         self.register_buffer("cell_cols", pixel_cols, persistent=False)
@@ -159,7 +166,7 @@ class ImageTransformer(nn.Module):
         d = config.d_model
         self.pattern = pattern_for(config)
         self.order = self.pattern.order
-        rows, cols = self.order.cell_of_step()
+        rows, cols = self.order.grid_cell()
         self.register_buffer("step_rows", rows, persistent=False)
         self.register_buffer("step_cols", cols, persistent=False)
         self.register_buffer("step_channels", cols % CHANNELS, persistent=False)
@@ -174,12 +181,11 @@ class ImageTransformer(nn.Module):
         self.cell_remainder = None
         if config.cell_remainder_input:
             self.cell_remainder = CellRemainder(config, cell_of_step, self.step_channels)
+        # No parameters, and T × e/2 angles: one for every layer.
+        rotary = Rotary2D(d // config.n_heads, self.order) if config.rotary else None
         self.layers = nn.ModuleList(
-            TransformerLayer(config, self.pattern,
-                             RelativePositionBias(config.n_heads, *config.grid_shape)
-                             if config.relative_position_bias else None,
-                             reads_low_res=self.encoder is not None, local_cross=self.local_cross,
-                             cell_of_step=cell_of_step)
+            TransformerLayer(config, self.pattern, rotary, reads_low_res=self.encoder is not None,
+                             local_cross=self.local_cross, cell_of_step=cell_of_step)
             for _ in range(config.n_layers)
         )
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()

@@ -22,7 +22,6 @@ class GenerationOrder:
         if block is not None and (rows % block[0] or cols % block[1]):
             raise ValueError(f"block {block} does not tile the {rows}x{cols} grid")
         self.rows, self.cols, self.block = rows, cols, block
-        self.cells_on: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}  # cell_of_step() per device
 
     @classmethod
     def for_config(cls, config: ModelConfig) -> "GenerationOrder":
@@ -48,33 +47,39 @@ class GenerationOrder:
         return rearrange(seq, "b (nh nw qh qw) ... -> b (nh qh) (nw qw) ...",
                          nh=self.rows // qh, qh=qh, qw=qw)
 
-    def cell_of_step(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(row, col) of the grid cell generated at each step: two (T,) long tensors."""
-        rows = torch.arange(self.rows).view(1, -1, 1).expand(1, self.rows, self.cols)
-        cols = torch.arange(self.cols).view(1, 1, -1).expand(1, self.rows, self.cols)
-        # contiguous: a one-row grid would otherwise give stride-0 views, which compiled kernels
-        # (FlexAttention's captured lookups) do not take
-        return self.grid_to_sequence(rows)[0].contiguous(), self.grid_to_sequence(cols)[0].contiguous()
+    def grid_cell(self, steps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row, col) of the grid cell generated at each of ``steps`` (long, any shape, any
+        device; by default every step: two (T,) tensors). Arithmetic on the step numbers, no
+        lookup table: the same code runs on index grids, on 0-d indices inside a FlexAttention
+        kernel and on the decoding step counter, on any device."""
+        if steps is None:
+            steps = torch.arange(self.length)
+        if self.block is None:
+            return steps // self.cols, steps % self.cols
+        qh, qw = self.block
+        block, inside = steps // (qh * qw), steps % (qh * qw)
+        blocks_per_row = self.cols // qw
+        return block // blocks_per_row * qh + inside // qw, block % blocks_per_row * qw + inside % qw
 
     @property
     def offset_count(self) -> int:
         """Distinct (row, column) offsets between two cells: (2·rows − 1)·(2·cols − 1)."""
         return (2 * self.rows - 1) * (2 * self.cols - 1)
 
-    def relative_offsets(self, query_steps: torch.Tensor, key_steps: torch.Tensor) -> torch.Tensor:
-        """The grid offset (query row − key row, query col − key col) of each pair of steps, as
-        one index in 0..offset_count−1 (row-major over the offsets), broadcast over the steps'
-        shapes. Steps outside 0..T−1 (padding, cells outside the grid, ring slots not yet
+    def grid_offsets(self, query_steps: torch.Tensor, key_steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(query row − key row, query col − key col) of each pair of steps, broadcast over the
+        steps' shapes. Steps outside 0..T−1 (padding, cells outside the grid, ring slots not yet
         written) are clamped to a real step: the callers mask those pairs anyway."""
-        device = query_steps.device
-        if device not in self.cells_on:
-            self.cells_on[device] = tuple(cell.to(device) for cell in self.cell_of_step())
-        rows, cols = self.cells_on[device]
         last = self.length - 1
-        query_steps, key_steps = query_steps.clamp(0, last), key_steps.clamp(0, last)
-        row_offset = rows[query_steps] - rows[key_steps] + self.rows - 1
-        col_offset = cols[query_steps] - cols[key_steps] + self.cols - 1
-        return row_offset * (2 * self.cols - 1) + col_offset
+        query_rows, query_cols = self.grid_cell(query_steps.clamp(0, last))
+        key_rows, key_cols = self.grid_cell(key_steps.clamp(0, last))
+        return query_rows - key_rows, query_cols - key_cols
+
+    def relative_offsets(self, query_steps: torch.Tensor, key_steps: torch.Tensor) -> torch.Tensor:
+        """``grid_offsets`` as one index in 0..offset_count−1 (row-major over the offsets): where
+        a ``RelativePositionBias`` table keeps each offset's entry."""
+        row_offset, col_offset = self.grid_offsets(query_steps, key_steps)
+        return (row_offset + self.rows - 1) * (2 * self.cols - 1) + col_offset + self.cols - 1
 
 
 def images_to_grid(images: torch.Tensor, head: str) -> torch.Tensor:

@@ -6,8 +6,8 @@ size, in generation order.
 
 A self-attention pattern answers, for the steps of its ``GenerationOrder``:
 
-* ``mask_rule(device)``: the pattern's rule, written once, as a function of query and key
-  steps (``flex.MaskRule``). On index grids it gives ``can_attend()``, the dense boolean
+* ``mask_rule()``: the pattern's rule, written once, as arithmetic on query and key
+  steps (``flex.MaskRule``), so it runs on any device with nothing to look up. On index grids it gives ``can_attend()``, the dense boolean
   (T, T) matrix (True = the query, a row, may attend to the key, a column): the reference,
   for tests only (``dense_attention`` with it defines the right answer). As FlexAttention's
   ``mask_mod`` it gives ``block_mask(device)``, built once per device, from which
@@ -36,7 +36,7 @@ from einops import rearrange
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask
 
-from .flex import MaskRule, OffsetRule, bias_score_mod, build_block_mask, dense_mask, flex_attend
+from .flex import MaskRule, build_block_mask, dense_mask, distance_score_mod, flex_attend, table_score_mod
 from .order import GenerationOrder
 from .position_bias import RelativePositionBias
 
@@ -196,14 +196,13 @@ class AttentionPattern(BuiltOnce):
     def length(self) -> int:
         return self.order.length
 
-    def mask_rule(self, device: torch.device | str) -> MaskRule:
-        """(query steps, key steps) -> bool, True where the query may attend to the key; the
-        lookup tensors it reads (if any) on ``device``."""
+    def mask_rule(self) -> MaskRule:
+        """(query steps, key steps) -> bool, True where the query may attend to the key."""
         raise NotImplementedError
 
     def can_attend(self) -> Tensor:
         """(T, T) bool, True where the query (row) may attend to the key (column)."""
-        return dense_mask(self.mask_rule("cpu"), self.length, self.length)
+        return dense_mask(self.mask_rule(), self.length, self.length)
 
     def build_blocks(self) -> BlockIndex:
         """The pattern's blocks, on the CPU (``blocks`` keeps them, per device)."""
@@ -237,26 +236,19 @@ class AttentionPattern(BuiltOnce):
     def block_mask(self, device: torch.device | str) -> BlockMask:
         """FlexAttention's block mask of the rule, over T queries and T keys, on ``device``."""
         return self.once("block_mask", device,
-                         lambda: build_block_mask(self.mask_rule(device), self.length, self.length, device))
-
-    def offset_rule(self, device: torch.device | str) -> OffsetRule:
-        """``order.relative_offsets``, with its step-to-cell lookups already on ``device``: a
-        kernel that traces it must find them there, not build them."""
-
-        def build() -> OffsetRule:
-            step = torch.zeros((), dtype=torch.long, device=device)
-            self.order.relative_offsets(step, step)
-            return self.order.relative_offsets
-
-        return self.once("offsets", device, build)
+                         lambda: build_block_mask(self.mask_rule(), self.length, self.length, device))
 
     def attend_flex(self, q: Tensor, k: Tensor, v: Tensor,
                     position_bias: RelativePositionBias | None = None) -> Tensor:
-        """``attend`` through FlexAttention: the block mask, and the bias as a ``score_mod``."""
+        """``attend`` through FlexAttention: the block mask, and the bias as a ``score_mod``
+        (a fixed one computed from the indices, a learned one read from its table)."""
         mask = self.block_mask(q.device)
         if position_bias is None:
             return flex_attend(q, k, v, mask)
-        score_mod = bias_score_mod(position_bias.table, self.offset_rule(q.device))
+        if position_bias.learned:
+            score_mod = table_score_mod(position_bias.table, self.order.relative_offsets)
+        else:
+            score_mod = distance_score_mod(self.order.grid_offsets)
         return flex_attend(q, k, v, mask, score_mod, position_bias.n_heads)
 
     def decode_index(self, device: torch.device | str) -> DecodeIndex:
@@ -270,7 +262,7 @@ class AttentionPattern(BuiltOnce):
 class FullCausal(AttentionPattern):
     """Every query sees every earlier position and itself: the O(T²) baseline."""
 
-    def mask_rule(self, device: torch.device | str) -> MaskRule:
+    def mask_rule(self) -> MaskRule:
         def rule(query: Tensor, key: Tensor) -> Tensor:
             return key <= query
 
@@ -301,7 +293,7 @@ class Local1D(AttentionPattern):
         super().__init__(order)
         self.block_length, self.memory_blocks = block_length, memory_blocks
 
-    def mask_rule(self, device: torch.device | str) -> MaskRule:
+    def mask_rule(self) -> MaskRule:
         lq, m = self.block_length, self.memory_blocks
 
         def rule(query: Tensor, key: Tensor) -> Tensor:
@@ -375,19 +367,18 @@ class Local2D(AttentionPattern):
         super().__init__(order)
         self.block, self.flange = tuple(order.block), tuple(flange)
 
-    def mask_rule(self, device: torch.device | str) -> MaskRule:
+    def mask_rule(self) -> MaskRule:
         (qh, qw), (fh, fw) = self.block, self.flange
-        # Contiguous: a compiled kernel reads them as captured tensors, which may not be stride-0 views.
-        rows, cols = (cell.to(device).contiguous() for cell in self.order.cell_of_step())
+        grid_cell = self.order.grid_cell
         last = self.length - 1
 
         def rule(query: Tensor, key: Tensor) -> Tensor:
             # A kernel's last block may ask about steps past T − 1. Clamped, such a key reads the
             # last cell (bottom right: in no block's flange) and, later than every real query,
             # fails ``own``.
-            query_cell, key_cell = query.clamp(max=last), key.clamp(max=last)
-            r0, c0 = rows[query_cell] // qh * qh, cols[query_cell] // qw * qw  # query block corner
-            key_row, key_col = rows[key_cell], cols[key_cell]
+            query_row, query_col = grid_cell(query.clamp(max=last))
+            r0, c0 = query_row // qh * qh, query_col // qw * qw  # query block corner
+            key_row, key_col = grid_cell(key.clamp(max=last))
             top = (key_row >= r0 - fh) & (key_row < r0) & (key_col >= c0 - fw) & (key_col < c0 + qw + fw)
             left = (key_row >= r0) & (key_row < r0 + qh) & (key_col >= c0 - fw) & (key_col < c0)
             own = (key_row // qh * qh == r0) & (key_col // qw * qw == c0) & (key <= query)

@@ -245,7 +245,7 @@ def test_order_is_block_raster(rows, cols, block):
     grid = torch.tensor([[[r, c] for c in range(cols)] for r in range(rows)])[None]
     seq = order.grid_to_sequence(grid)[0]
     assert [tuple(x) for x in seq.tolist()] == expected
-    step_rows, step_cols = order.cell_of_step()
+    step_rows, step_cols = order.grid_cell()
     assert list(zip(step_rows.tolist(), step_cols.tolist())) == expected
 
 

@@ -217,7 +217,7 @@ def test_non_local_attention_is_caught(attention):
 def test_relative_position_bias_is_causal(attention, head):
     # The bias is looked up by position only and added before the mask: the support stays
     # exactly the pattern's, over two layers; without the shift the same model leaks.
-    model, emb, _ = build(head, attention, n_layers=2, seed=4, relative_position_bias=True)
+    model, emb, _ = build(head, attention, n_layers=2, seed=4, relative_positions="table")
     for layer in model.layers:
         assert layer.self_attn.position_bias is not None
         with torch.no_grad():

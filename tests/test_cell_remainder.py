@@ -26,7 +26,7 @@ def remainder_model(head: str, attention: str, seed: int = 0, **overrides):
 def brute_force_remainder_means(model, images, low_res):
     """(B, T, c): for each step, (N·low-res value − sum of the values of its cell and channel
     generated before it) / (count still to come), from grid coordinates and a plain loop."""
-    rows, cols = model.order.cell_of_step()
+    rows, cols = model.order.grid_cell()
     categorical = model.config.head == "categorical"
     scale = model.config.image_size // model.config.low_res_size
     n = scale * scale

@@ -208,7 +208,7 @@ PAPER_PRESETS = ["cifar10_categorical.yaml", "cifar10_dmol.yaml", "cifar10_2d.ya
 @pytest.mark.parametrize("name", PAPER_PRESETS)
 def test_paper_presets_use_no_option_the_paper_lacks(name):
     config = yaml.safe_load((PRESETS[0].parent / name).read_text())["model"]["config"]
-    assert not config.get("relative_position_bias", False) and not config.get("cell_remainder_input", False)
+    assert config.get("relative_positions", "none") == "none" and not config.get("cell_remainder_input", False)
     assert config.get("low_res_reading", "cross_attention") == "cross_attention"
     assert not config.get("low_res_zero_start", False)
 

@@ -67,6 +67,14 @@ def random_bias(order: GenerationOrder, seed: int = 0) -> RelativePositionBias:
     return bias
 
 
+def bias_of(kind: str, order: GenerationOrder) -> RelativePositionBias | None:
+    """None ("plain"), a learned table off its prior ("learned"), or the fixed distance bias,
+    which flex computes from the indices ("fixed")."""
+    if kind == "plain":
+        return None
+    return random_bias(order) if kind == "learned" else RelativePositionBias(HEADS, order.rows, order.cols, learned=False)
+
+
 def dense_reference(pattern, q, k, v, bias: RelativePositionBias | None = None) -> torch.Tensor:
     """``dense_attention`` with the pattern's ``can_attend`` (and every pair's bias), float64."""
     if bias is None:
@@ -79,10 +87,10 @@ def dense_reference(pattern, q, k, v, bias: RelativePositionBias | None = None) 
 # ----- every pattern equals the dense reference ----------------------------------------------
 
 @pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: p.describe())
-@pytest.mark.parametrize("with_bias", [False, True], ids=["plain", "position_bias"])
-def test_flex_equals_dense_reference(pattern, with_bias):
+@pytest.mark.parametrize("bias_kind", ["plain", "learned", "fixed"])
+def test_flex_equals_dense_reference(pattern, bias_kind):
     q, k, v = rand_qkv(pattern.length)
-    bias = random_bias(pattern.order) if with_bias else None
+    bias = bias_of(bias_kind, pattern.order)
     with torch.no_grad():
         got = pattern.attend_flex(q.float(), k.float(), v.float(), bias)
     assert got.dtype == torch.float32 and got.shape == q.shape
@@ -158,29 +166,35 @@ def test_auto_is_flex_on_cuda_only():
 # Tiny models that share one batch of 2 (each compiles the kernel once per rule and shape):
 # 1D blocks of one 24-wide grid row with position biases; 2D blocks with a 1-row, 2-column
 # flange, position biases and radius-1 cross-attention; full attention with position biases;
-# 2D with radius-0 cross-attention and the cell remainder input.
+# 2D with radius-0 cross-attention and the cell remainder input; 1D blocks with rotary
+# positions and the fixed distance bias; 2D with the fixed bias alone.
 MODELS = {
     "local_1d_bias": dict(head="categorical", attention="local_1d", image_size=8, query_block_length=24,
-                          relative_position_bias=True, num_classes=10),
+                          relative_positions="table", num_classes=10),
     "local_2d_cross": dict(head="dmol", attention="local_2d", image_size=8, query_block_shape=(2, 4),
                            memory_flange=(1, 2), encoder_layers=1, low_res_size=4, cross_attention_radius=1,
-                           relative_position_bias=True),
-    "full_bias": dict(head="categorical", attention="full", relative_position_bias=True),
+                           relative_positions="table"),
+    "full_bias": dict(head="categorical", attention="full", relative_positions="table"),
     "local_2d_radius_0": dict(head="categorical", attention="local_2d", image_size=8, query_block_shape=(4, 8),
                               memory_flange=(2, 4), encoder_layers=1, low_res_size=4, cross_attention_radius=0,
                               cell_remainder_input=True),
+    "local_1d_rotary_distance": dict(head="dmol", attention="local_1d", image_size=8, query_block_length=8,
+                                     relative_positions="rotary_distance"),
+    "local_2d_distance": dict(head="categorical", attention="local_2d", image_size=8, query_block_shape=(2, 4),
+                              memory_flange=(1, 2), relative_positions="distance"),
 }
 
 
 def model_and_inputs(name: str, kernel: str, seed: int = 0):
     """A two-layer tiny model of MODELS[name] running ``kernel``, with images and whatever
-    conditioning it takes; the table of every position bias moved off its prior."""
+    conditioning it takes; the table of every learned position bias moved off its prior."""
     config = MODELS[name]
     model = tiny_model(seed=seed, n_layers=2, attention_kernel=kernel, **config)
     gen = torch.Generator().manual_seed(seed)
     for layer in model.layers:
-        if layer.self_attn.position_bias is not None:
-            table = layer.self_attn.position_bias.table
+        bias = layer.self_attn.position_bias
+        if bias is not None and bias.learned:
+            table = bias.table
             with torch.no_grad():
                 table.add_(torch.randn(table.shape, generator=gen))
     size = config.get("image_size", 4)
@@ -247,7 +261,7 @@ def steps_to_perturb(length: int) -> list[int]:
     return sorted({0, 1, length // 3, length // 2 - 1, length // 2, length - 2})
 
 
-@pytest.mark.parametrize("name", ["local_1d_bias", "local_2d_cross", "full_bias"])
+@pytest.mark.parametrize("name", ["local_1d_bias", "local_2d_cross", "full_bias", "local_1d_rotary_distance"])
 def test_flex_is_causal_by_perturbation(name):
     model, images, labels, low_res = model_and_inputs(name, "flex")
     emb = model.embed_values(model.targets(images)).detach()
@@ -261,14 +275,15 @@ def test_flex_is_causal_by_perturbation(name):
 def test_perturbation_catches_a_mask_mod_that_sees_the_next_step():
     # Negative control: the same check on a model whose rule also lets each query see the next key.
     model, images, labels, low_res = model_and_inputs("local_1d_bias", "flex")
-    honest = model.pattern.mask_rule("cpu")
-    model.pattern.mask_rule = lambda device: (lambda query, key: honest(query, key) | (key == query + 1))
+    honest = model.pattern.mask_rule()
+    model.pattern.mask_rule = lambda: (lambda query, key: honest(query, key) | (key == query + 1))
     emb = model.embed_values(model.targets(images)).detach()
     leaks = [future_changes(model, emb, None, labels, step)[0] for step in steps_to_perturb(emb.shape[1])]
     assert all(leaks)
 
 
-@pytest.mark.parametrize("name", ["local_1d_bias", "local_2d_cross", "full_bias", "local_2d_radius_0"])
+@pytest.mark.parametrize("name", ["local_1d_bias", "local_2d_cross", "full_bias", "local_2d_radius_0",
+                                  "local_1d_rotary_distance", "local_2d_distance"])
 def test_cached_sampler_equals_the_flex_full_pass(name):
     model, images, labels, low_res = model_and_inputs(name, "flex")
     with torch.no_grad():
@@ -294,22 +309,23 @@ def test_compiled_model_through_flex_equals_eager():
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason="FlexAttention has no backward on CPU in torch 2.15; runs on a GPU")
 @pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: p.describe())
-@pytest.mark.parametrize("with_bias", [False, True], ids=["plain", "position_bias"])
-def test_flex_values_and_gradients_equal_dense_on_cuda(pattern, with_bias):
+@pytest.mark.parametrize("bias_kind", ["plain", "learned", "fixed"])
+def test_flex_values_and_gradients_equal_dense_on_cuda(pattern, bias_kind):
     device = torch.device("cuda")
     q64, k64, v64 = (t.requires_grad_() for t in rand_qkv(pattern.length, dim=16, device=device))
-    bias64 = random_bias(pattern.order).to(device).double() if with_bias else None
-    bias32 = random_bias(pattern.order).to(device) if with_bias else None
+    bias64, bias32 = (None if b is None else b.to(device) for b in (bias_of(bias_kind, pattern.order) for _ in range(2)))
+    bias64 = None if bias64 is None else bias64.double()
+    learned = bias_kind == "learned"  # a fixed bias has no gradient to check
     projection = torch.randn(q64.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(device)
 
     def grads(out, inputs):
         return torch.autograd.grad((out.double() * projection).sum(), inputs)
 
     ref = dense_reference(pattern, q64, k64, v64, bias64)
-    ref_grads = grads(ref, [q64, k64, v64] + ([bias64.table] if with_bias else []))
+    ref_grads = grads(ref, [q64, k64, v64] + ([bias64.table] if learned else []))
     q, k, v = (t.detach().float().requires_grad_() for t in (q64, k64, v64))
     got = pattern.attend_flex(q, k, v, bias32)
-    got_grads = grads(got, [q, k, v] + ([bias32.table] if with_bias else []))
+    got_grads = grads(got, [q, k, v] + ([bias32.table] if learned else []))
     torch.testing.assert_close(got.double(), ref, atol=1e-4, rtol=0)
     for name, g, r in zip(["q", "k", "v", "table"], got_grads, ref_grads):
         torch.testing.assert_close(g.double(), r, atol=1e-4, rtol=1e-3, msg=lambda m: f"grad {name}: {m}")

@@ -94,7 +94,7 @@ CASES = {
     "class-conditional, Adam, progress bar": ({"num_classes": 10}, (), True),
     "super-resolution, position biases, AdamW": (
         {"encoder_layers": 1, "cross_attention_radius": 0, "cell_remainder_input": True,
-         "relative_position_bias": True, "norm": "pre"},
+         "relative_positions": "table", "norm": "pre"},
         ("--model.optimizer", "adamw_cosine", "--model.lr_horizon", "steps"), False),
 }
 

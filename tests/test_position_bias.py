@@ -1,4 +1,4 @@
-"""Relative position biases (``relative_position_bias``): the table lookup, every fast path
+"""Relative position biases (``relative_positions`` "table", "distance"): the table lookup, every fast path
 against the dense reference with the bias added, and the cached decoder against the full pass.
 Causality with the bias is checked by gradients in test_causality.py."""
 
@@ -39,7 +39,7 @@ def random_bias(order: GenerationOrder, seed: int = 0) -> RelativePositionBias:
 
 def test_lookup_equals_loops_and_starts_from_the_distance_prior():
     order = GenerationOrder(3, 5, (1, 5))
-    rows, cols = order.cell_of_step()
+    rows, cols = order.grid_cell()
     bias = RelativePositionBias(4, order.rows, order.cols)
     steps = torch.arange(15)
     dense = bias(order.relative_offsets(steps[:, None], steps[None, :]))
@@ -99,7 +99,7 @@ def test_cached_decoder_with_bias_matches_full_pass(head, attention, geometry):
     if head == "dmol" and attention == "local_2d":
         geometry["query_block_shape"] = (2, 2)
     model = tiny_model(seed=3, dtype=torch.float64, head=head, attention=attention, image_size=8, n_layers=2,
-                       num_classes=10, relative_position_bias=True, **geometry)
+                       num_classes=10, relative_positions="table", **geometry)
     for layer in model.layers:  # away from the prior, so every offset's entry differs
         with torch.no_grad():
             layer.self_attn.position_bias.table.add_(torch.randn_like(layer.self_attn.position_bias.table))
@@ -113,7 +113,7 @@ def test_cached_decoder_with_bias_matches_full_pass(head, attention, geometry):
 def test_off_by_default_and_only_in_decoder_self_attention():
     plain = tiny_model(encoder_layers=1, low_res_size=2)
     assert all(layer.self_attn.position_bias is None for layer in plain.layers)
-    biased = tiny_model(encoder_layers=1, low_res_size=2, relative_position_bias=True)
+    biased = tiny_model(encoder_layers=1, low_res_size=2, relative_positions="table")
     assert all(layer.self_attn.position_bias is not None for layer in biased.layers)
     assert all(layer.self_attn.position_bias is None for layer in biased.encoder.layers)
     assert not hasattr(biased.layers[0].cross_attn, "position_bias")

@@ -1,0 +1,52 @@
+"""2D rotary position embeddings of queries and keys (``ModelConfig.relative_positions``
+"rotary" and "rotary_distance"; not in the paper).
+
+RoPE (Su et al. 2021) turns each pair of a head's dimensions by an angle proportional to the
+position, in queries and keys alike, so that q·k depends on positions only through their
+difference. On the generation grid (axial 2D RoPE, as in Heo et al. 2024 for vision
+transformers) half of the pairs turn with the grid row, half with the grid column:
+
+    angle(step, i) = row(step)·ω_i  for the first e/4 pairs,  col(step)·ω_i  for the others,
+    ω_i = ROTARY_BASE^(−i / (e/4)),  i = 0 .. e/4 − 1.
+
+The scores then carry the (row, column) offset of every pair, learnt through the projections,
+with no bias term, no table and nothing inside the attention kernel: every kernel (SDPA, the
+fused 1D path, FlexAttention without a ``score_mod``, the decoding step) runs as it does without
+positions. A categorical model's columns are sub-pixel columns (3·pixel column + channel), as
+for the position bias.
+"""
+
+from __future__ import annotations
+
+import torch
+from einops import rearrange
+from torch import Tensor, nn
+
+from .order import GenerationOrder
+
+# The slowest frequency is ROTARY_BASE^−(1 − 1/n) radians per cell (n = e/4 frequencies per
+# axis): for heads of 32 (n = 8) a wavelength of 2π·100^(7/8) ≈ 350 cells, longer than twice the
+# widest grid (96 sub-pixel columns), so no two offsets of a grid look alike on every frequency;
+# the fastest, 1 radian per cell, tells neighbours apart. 100 is Heo et al.'s axial base for
+# image grids (10,000, the text default, spends most frequencies on distances no grid has).
+ROTARY_BASE = 100.0
+
+
+class Rotary2D(nn.Module):
+    """Turns (t, N, e) queries or keys of the given steps by their grid rows and columns."""
+
+    def __init__(self, head_dim: int, order: GenerationOrder) -> None:
+        super().__init__()
+        n = head_dim // 4
+        frequencies = ROTARY_BASE ** (-torch.arange(n, dtype=torch.float64) / n)
+        rows, cols = order.grid_cell()
+        angles = torch.cat([rows[:, None] * frequencies, cols[:, None] * frequencies], dim=1)  # (T, e/2)
+        self.register_buffer("cos", angles.cos().float(), persistent=False)
+        self.register_buffer("sin", angles.sin().float(), persistent=False)
+
+    def forward(self, x: Tensor, steps: Tensor | slice = slice(None)) -> Tensor:
+        """x (t, N, e) of ``steps`` (all T by default, or the decoding step's (1,) index) ->
+        x turned: dimension i pairs with i + e/2."""
+        cos, sin = (rearrange(t[steps].to(x.dtype), "t p -> t 1 p") for t in (self.cos, self.sin))
+        first, second = x.chunk(2, dim=-1)
+        return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
