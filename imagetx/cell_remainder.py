@@ -26,6 +26,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .config import CHANNELS, HALF_RANGE, ModelConfig
+from .precision import full_precision_linear, scoring_dtype
 
 
 @dataclass
@@ -71,7 +72,7 @@ class CellRemainder(nn.Module):
     @property
     def sum_dtype(self) -> torch.dtype:
         """At least float32 (a bf16 model too): sums up to 16·255 must stay exact."""
-        return torch.promote_types(self.proj.weight.dtype, torch.float32)
+        return scoring_dtype(self.proj.weight)
 
     def step_values(self, values: Tensor) -> Tensor:
         """(B, T) sub-pixels or (B, T, 3) pixels -> (B, T, c) floats, c values per step."""
@@ -91,12 +92,12 @@ class CellRemainder(nn.Module):
         still_to_come = still_to_come.to(self.sum_dtype)
         remainder_mean = (self.cell_size * low_values - earlier_sum) / still_to_come[:, None]
         uncertainty = (1.0 / still_to_come)[None, :, None].expand(*remainder_mean.shape[:2], 1)
-        features = torch.cat([remainder_mean / HALF_RANGE - 1.0, uncertainty], dim=-1)
-        return features.to(self.proj.weight.dtype)
+        return torch.cat([remainder_mean / HALF_RANGE - 1.0, uncertainty], dim=-1)
 
     def embed(self, features: Tensor) -> Tensor:
-        """(B, t, c + 1) features -> (B, t, d), added to the decoder's input."""
-        return self.proj(features)
+        """(B, t, c + 1) features -> (B, t, d), added to the decoder's input; in float32 under
+        mixed precision, as it reads raw values (precision.py)."""
+        return full_precision_linear(self.proj, features)
 
     def start_decoding(self, low_res: Tensor, step: Tensor) -> RemainderCache:
         """An empty cache for decoding the images of ``low_res`` (B, h, w, 3) one step at a time."""

@@ -15,6 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .config import CHANNELS, HALF_RANGE, LEVELS
+from .precision import full_precision_linear, scoring_dtype
 
 
 class SubPixelEmbedding(nn.Module):
@@ -56,7 +57,9 @@ class PixelEmbedding(nn.Module):
         self.proj = nn.Linear(CHANNELS, d_model)
 
     def forward(self, pixels: Tensor) -> Tensor:
-        return torch.relu(self.proj(pixels.to(self.proj.weight.dtype) / HALF_RANGE - 1.0))
+        # In float32 under mixed precision: bfloat16 would merge neighbouring levels (precision.py).
+        values = pixels.to(scoring_dtype(self.proj.weight)) / HALF_RANGE - 1.0
+        return torch.relu(full_precision_linear(self.proj, values))
 
 
 def sinusoid(positions: Tensor, dim: int) -> Tensor:

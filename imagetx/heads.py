@@ -3,8 +3,8 @@ discretised mixture of logistics (DMOL) of PixelCNN++.
 
 Each head maps the decoder output (B, T, d) to distribution parameters and can
 score targets (log-likelihood in nats, per position) and sample with a
-temperature. Parameters are scored in float32 at least (``scoring_dtype``), even under
-bf16 autocast, and in float64 for a float64 model.
+temperature. The head's projection, its scores and its draws run in float32 at least, even
+under bf16 autocast, and in float64 for a float64 model (``precision.py`` says why).
 """
 
 from __future__ import annotations
@@ -17,15 +17,10 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .config import CHANNELS, HALF_RANGE, LEVELS
+from .precision import full_precision_linear, scoring_dtype
 
 HALF_BIN = 1.0 / (LEVELS - 1)  # half-width of one value's bin on the [-1, 1] scale
 MIN_LOG_SCALE = -7.0  # PixelCNN++ clamp: keeps inv_s = exp(-s) below ~1100
-
-
-def scoring_dtype(params: Tensor) -> torch.dtype:
-    """float32, or the parameters' own dtype where it is wider: bf16 and fp16 have too few bits
-    to tell neighbouring bins apart, and a float64 model is scored in float64 throughout."""
-    return torch.promote_types(params.dtype, torch.float32)
 
 
 def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -52,7 +47,7 @@ class CategoricalHead(nn.Module):
         self.proj = nn.Linear(d_model, LEVELS)
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return self.proj(hidden)  # (B, T, 256) logits
+        return full_precision_linear(self.proj, hidden)  # (B, T, 256) logits
 
     def log_prob(self, logits: Tensor, targets: Tensor) -> Tensor:
         """logits (B, T, 256), targets (B, T) ints -> (B, T) log p in nats."""
@@ -81,7 +76,7 @@ class DMOLHead(nn.Module):
         self.proj = nn.Linear(d_model, components * (1 + 3 * CHANNELS))
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return self.proj(hidden)  # (B, T, 10K)
+        return full_precision_linear(self.proj, hidden)  # (B, T, 10K)
 
     def split(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """-> logits (..., K), means, log_scales, coeffs each (..., 3, K)."""

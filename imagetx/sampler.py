@@ -88,8 +88,9 @@ class CompiledDecoding:
 # kept is the class's decode_step, compiled, which refers to no model.
 COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Each compilation with graphs of its own: torch keeps the graphs of one function together, so
-# that one model's (or mode's) would count against every other's recompile limit. Older torch
-# (torch.compile without isolate_recompiles) keeps them together.
+# that one model's (or mode's) would count against every other's recompile limit. torch before
+# 2.13 (no isolate_recompiles; 2.11 on the lent GPU machines) keeps them together: there the
+# limit counts every model's graphs in the process.
 ISOLATED = {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
 
 

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import lightning  # noqa: F401  (first imported here: see below)
 import pytest
 import torch
 
 from helpers import write_cifar_npz
+
+# Lightning gives its loggers a handler on the sys.stderr of the moment it is first imported.
+# Imported here, at collection, that is pytest's session-long capture; imported first inside a
+# test that captures its output (capsys), it would be that test's stream, closed after the test,
+# and every later log line ("Seed set to 0") would raise "I/O operation on closed file".
 
 # Tiny tensors on two shared cores: intra-op threads only add synchronisation cost
 # (one backward pass of a tiny model ran far slower with 2 threads under load).

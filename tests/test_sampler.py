@@ -12,7 +12,7 @@ import yaml
 from helpers import random_images, random_labels, tiny_model
 from imagetx.data import downsample_area
 from imagetx import ImageTransformer, ModelConfig
-from imagetx.sampler import compile_decoding, first_input, sample, sample_uncached
+from imagetx.sampler import ISOLATED, compile_decoding, first_input, sample, sample_uncached
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -102,6 +102,15 @@ def test_cached_decoder_matches_full_pass_pre_norm_cell_add():
 
 # ----- the compiled step -----------------------------------------------------------------------
 
+@pytest.fixture
+def own_compile_cache():
+    """A torch without ``torch.compile(isolate_recompiles=)`` (before 2.13) keeps every model's
+    compiled decode_step in one cache: there, each test starts from an empty one, so that its
+    check of no recompilation sees its own model's graphs only (as 2.13 and newer keep them)."""
+    if not ISOLATED:
+        torch._dynamo.reset()
+
+
 # One tiny model for each part of decode_step the compiled graph must hold: the 1D ring with a
 # row of position biases over it, a 2D ring, cross-attention under a radius-0 mask with the
 # cell remainder's running sums (4x4 input: each step sees 3 of its 48 sub-pixels), and the cell
@@ -118,6 +127,7 @@ COMPILED_CASES = {
 
 @pytest.mark.slow
 @pytest.mark.parametrize("case", COMPILED_CASES)
+@pytest.mark.usefixtures("own_compile_cache")
 def test_compiled_step_matches_the_eager_step_and_the_full_pass(case):
     model = tiny_model(seed=18, dtype=torch.float64, **COMPILED_CASES[case], **{**SMALL_BLOCKS, "n_layers": 1})
     cfg = model.config
@@ -139,6 +149,7 @@ def test_compiled_step_matches_the_eager_step_and_the_full_pass(case):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
+@pytest.mark.usefixtures("own_compile_cache")
 def test_compiled_sampling_gives_the_eager_images(head):
     # float64: the compiled and eager parameters agree to ~1e-15, so every draw from the same
     # random numbers lands on the same value. Completion too: the given rows are teacher-forced
@@ -187,6 +198,7 @@ def host_reads(monkeypatch, run) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.usefixtures("own_compile_cache")
 def test_sampling_reads_the_device_a_fixed_number_of_times_not_per_step(monkeypatch, compiled):
     # Super-resolution with radius-0 cross-attention and 2D rings: every decoding cache that
     # is indexed by the step. 48 steps against 192: the reads must not grow with them. A 0-d
