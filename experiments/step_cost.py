@@ -22,7 +22,7 @@ import yaml
 
 from experiments.json_result import emit
 from imagetx import ImageTransformer, ModelConfig
-from imagetx.lit import model_inputs
+from imagetx.model.scoring import model_inputs
 
 
 def set_key(tree: dict, dotted: str, value) -> None:

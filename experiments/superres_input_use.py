@@ -20,10 +20,10 @@ import sys
 import torch
 
 from imagetx import load_model
-from imagetx.config import CHANNELS
-from imagetx.checkpoint import CheckpointError
-from imagetx.data import downsample_area
-from imagetx.sources import DataError, load
+from imagetx.model.config import CHANNELS
+from imagetx.io.checkpoint import CheckpointError
+from imagetx.model.inputs import downsample_area
+from imagetx.data.sources import DataError, load
 
 from experiments.json_result import emit
 

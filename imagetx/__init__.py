@@ -10,10 +10,10 @@ The public API::
     model = load_model("my-model")      # or a training checkpoint (.ckpt)
 """
 
-from .checkpoint import CheckpointError
-from .config import ModelConfig
-from .model import ImageTransformer
-from .weights import from_pretrained, load_model, save_pretrained
+from .io.checkpoint import CheckpointError
+from .model.config import ModelConfig
+from .model.transformer import ImageTransformer
+from .io.weights import from_pretrained, load_model, save_pretrained
 
 __all__ = ["CheckpointError", "ImageTransformer", "ModelConfig", "from_pretrained", "load_model", "save_pretrained"]
 __version__ = "0.1.0"

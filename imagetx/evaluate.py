@@ -6,7 +6,7 @@
 
 Bits/dim is the total negative log-likelihood over every image of the split (no
 dropped last batch) divided by (images · dimensions · ln 2), each image scored as
-training's validation scores it (``lit.batch_bits_per_dim``). ``--task complete``
+training's validation scores it (``model.scoring``). ``--task complete``
 scores only the sub-pixels below the first K rows, given those rows (completion);
 for a super-resolution checkpoint the score is of the 32×32 image given its 8×8
 input. The last line printed is one JSON object.
@@ -20,35 +20,12 @@ from typing import Literal
 
 import torch
 from jsonargparse import ArgumentParser, Namespace
-from tqdm.auto import tqdm
 
-from .cli import add_data_arguments, check_device, data_reader, parse, parser_for, run_or_exit
-from .lit import batch_bits_per_dim
-from .model import ImageTransformer
-from .modes import eval_mode
-from .sources import SPLITS, check_fits, tensors
-from .weights import load_model
-
-
-@torch.no_grad()
-def evaluate(model: ImageTransformer, images: torch.Tensor, labels: torch.Tensor | None, batch_size: int = 32,
-             rows: int = 0, progress: bool = True) -> dict[str, float]:
-    """Bits/dim over all ``images`` (N, H, W, 3); with ``rows`` > 0, of the part below them.
-    ``labels``: for a class-conditional model (None for unlabelled images). Scored in eval
-    mode (no dropout), whatever mode the model is in; it is left in its own mode.
-
-    Every image has as many scored dimensions, so the mean of the images' bits/dim is their
-    total negative log-likelihood / (images · dimensions · ln 2)."""
-    device = next(model.parameters()).device
-    total_bits_per_dim = 0.0
-    batches = range(0, len(images), batch_size)
-    with eval_mode(model):
-        for start in tqdm(batches, desc="evaluating", unit="batch", disable=not progress):
-            batch = {"images": images[start : start + batch_size].to(device)}
-            if labels is not None:
-                batch["labels"] = labels[start : start + batch_size].to(device)
-            total_bits_per_dim += float(batch_bits_per_dim(model, batch, rows).double().sum())
-    return {"bpd": total_bits_per_dim / len(images), "images": len(images)}
+from .cli.common import check_device, parse, parser_for, run_or_exit
+from .cli.data_options import add_data_arguments, data_reader
+from .data.sources import SPLITS, check_fits, tensors
+from .io.weights import load_model
+from .model.scoring import evaluate
 
 
 def build_parser() -> ArgumentParser:

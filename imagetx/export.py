@@ -17,9 +17,9 @@ from typing import Literal
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
-from .atomic import check_writable
-from .cli import parse, parser_for, run_or_exit
-from .weights import CONFIG_FILE, WEIGHTS_FILE, load_model, save_pretrained
+from .io.atomic import check_writable
+from .cli.common import parse, parser_for, run_or_exit
+from .io.weights import CONFIG_FILE, WEIGHTS_FILE, load_model, save_pretrained
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 

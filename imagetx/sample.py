@@ -27,17 +27,17 @@ from typing import Literal
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
-from .atomic import check_writable
-from .cli import Number, add_data_arguments, check_device, data_reader, parse, parser_for, run_or_exit
-from .config import ModelConfig
-from .data import downsample_area
-from .heads import check_temperature
-from .images import load_image_file, save_grid, upsample_nearest
-from .inputs import check_labels
-from .model import ImageTransformer
-from .sampler import sample
-from .sources import SPLITS, check_fits, tensors
-from .weights import load_model
+from .cli.common import Number, check_device, parse, parser_for, run_or_exit
+from .cli.data_options import add_data_arguments, data_reader
+from .data.sources import SPLITS, check_fits, tensors
+from .io.atomic import check_writable
+from .io.images import load_image_file, save_grid, upsample_nearest
+from .io.weights import load_model
+from .model.config import ModelConfig
+from .model.heads import check_temperature
+from .model.inputs import check_labels, downsample_area
+from .model.sampler import sample
+from .model.transformer import ImageTransformer
 
 IMAGES_PER_ROW = 8
 GREY = 128  # fills the part of a completion's input that the model is not shown

@@ -31,18 +31,21 @@ from pathlib import Path
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from .atomic import check_writable, remove_stale_temporaries
-from .budget import BudgetHorizon
-from .callbacks import LastCheckpoint, count_images
-from .checkpoint import CHECKPOINT_DIR, LAST, AtomicCheckpointIO
-from .cli import ConfigError, HelpFormatter, Trainer, describe_parse_error, run_or_exit
-from .config import ModelConfig
-from .data import ImageDataModule
-from .lit import ImageTransformerModule
-from .nonfinite import NonFiniteLossError
-from .resume import checkpoint_to_resume, last_good_checkpoint
-from .throughput import ThroughputWithPeak
-from .tracking import WANDB_MODES, make_loggers
+from .cli.common import ConfigError, HelpFormatter, run_or_exit
+from .cli.errors import describe_parse_error
+from .data.datamodule import ImageDataModule
+from .io.atomic import check_writable, remove_stale_temporaries
+from .io.checkpoint import CHECKPOINT_DIR, LAST
+from .model.config import ModelConfig
+from .training.budget import BudgetHorizon
+from .training.callbacks import LastCheckpoint, count_images
+from .training.checkpoint_io import AtomicCheckpointIO
+from .training.module import ImageTransformerModule
+from .training.nonfinite import NonFiniteLossError
+from .training.resume import checkpoint_to_resume, last_good_checkpoint
+from .training.throughput import ThroughputWithPeak
+from .training.tracking import WANDB_MODES, make_loggers
+from .training.trainer import Trainer
 
 
 # What the data takes from the model (ImageDataModule.FROM_MODEL): {data key: model option}.

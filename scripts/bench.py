@@ -55,7 +55,7 @@ Peak memory
 FLOPs and model FLOP utilisation (MFU)
 --------------------------------------
 FLOPs per image for one training step (forward + backward), from
-``imagetx.flops.count_flops`` on the device the step runs on (the model's real work: linear
+``imagetx.model.flops.count_flops`` on the device the step runs on (the model's real work: linear
 layers, and the query-key pairs each attention kernel computes, local blocks or FlexAttention
 tiles, never a dense T²; docs/model.md §8)::
 
@@ -66,14 +66,14 @@ tiles, never a dense T²; docs/model.md §8)::
 ``keys_per_query`` = the decoder self-attention's computed pairs per query (attention /
 (L x 4 x d x T)). Achieved FLOP/s = flops x images/s. MFU = achieved / peak, with the peak
 from ``--peak-tflops`` or, on CUDA, the dense bf16 peak of the device (Lightning's table, then
-``imagetx.throughput.DENSE_PEAK_FLOPS``: H100 and H200 SXM 989 TFLOP/s, without sparsity).
+``imagetx.training.throughput.DENSE_PEAK_FLOPS``: H100 and H200 SXM 989 TFLOP/s, without sparsity).
 
 Sampling
 --------
 For each preset at its own image size (32; first ``--image-sizes`` value otherwise),
 model in eval mode, ``--sample-batch`` images (``--no-sampling`` skips all of it):
 
-* cached sampling, the ``quick`` preset: ``imagetx.sampler.sample`` for the whole batch,
+* cached sampling, the ``quick`` preset: ``imagetx.model.sampler.sample`` for the whole batch,
   all 1024 steps, timed end to end (after a few warm-up steps of a throw-away decoder);
 * cached sampling, paper presets: sampling all 3072 steps of a 12x512 model is slow on a
   CPU, so this times the step loop of ``ImageTransformer.decode_step`` (step, head
@@ -171,7 +171,7 @@ def flops_per_image(model, device) -> dict:
     """Training FLOPs (forward + backward) per image on ``device``; see the module docstring."""
     from torch import nn
 
-    from imagetx.flops import count_flops, decoder_attention_pairs
+    from imagetx.model.flops import count_flops, decoder_attention_pairs
 
     length = model.order.length
     linear = sum(p.numel() for mod in model.modules() if isinstance(mod, nn.Linear) for p in mod.parameters())
@@ -186,7 +186,7 @@ def flops_per_image(model, device) -> dict:
 def make_inputs(cfg, batch: int, device, seed: int = 0):
     import torch
 
-    from imagetx.data import downsample_area
+    from imagetx.model.inputs import downsample_area
 
     gen = torch.Generator().manual_seed(seed)
     images = torch.randint(0, 256, (batch, cfg.image_size, cfg.image_size, 3), generator=gen,
@@ -269,7 +269,7 @@ def sample_worker(spec: dict) -> dict:
     import torch
 
     from imagetx import ImageTransformer
-    from imagetx.sampler import first_input, sample, sample_uncached
+    from imagetx.model.sampler import first_input, sample, sample_uncached
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
@@ -352,7 +352,7 @@ def detect_peak_tflops(args) -> tuple[float | None, str]:
 
     from lightning.fabric.utilities.throughput import get_available_flops
 
-    from imagetx.throughput import table_peak
+    from imagetx.training.throughput import table_peak
 
     device = torch.device("cuda", 0)
     name = torch.cuda.get_device_name(device)
@@ -596,7 +596,7 @@ def main(argv: list[str] | None = None) -> int:
                      "max_cell_seconds": args.max_cell_seconds, "sample_batch": sample_batch,
                      "sample_steps": sample_steps, "uncached_steps": uncached_steps, "smoke": smoke,
                      "peak_tflops": peak_tflops, "peak_source": peak_source,
-                     "flops_formula": "imagetx.flops.count_flops(model, device).training per image (fwd+bwd)"},
+                     "flops_formula": "imagetx.model.flops.count_flops(model, device).training per image (fwd+bwd)"},
         "machine": {**info, "loadavg_start": load,
                     "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None},
         "results": results,

@@ -4,7 +4,7 @@ gathered-block SDPA path and through FlexAttention (docs/model.md §4).
 What it measures
 ----------------
 At the paper's CIFAR-10 size (categorical grid 32 rows x 96 columns = 3072 positions,
-d_model = 512, 4 heads), ONE ``imagetx.attention.SelfAttention(d_model, n_heads, pattern,
+d_model = 512, 4 heads), ONE ``imagetx.model.attention.SelfAttention(d_model, n_heads, pattern,
 kernel=...)`` layer applied to an input ``x`` of shape (batch, 3072, 512), either
 
 * ``forward_backward``: with ``requires_grad=True``, followed by a backward pass of a
@@ -83,8 +83,8 @@ BLOCK_2D, FLANGE_2D = (16, 16), (16, 32)
 
 
 def build_pattern(variant: str, rows: int, cols: int):
-    from imagetx.order import GenerationOrder
-    from imagetx.patterns import FullCausal, Local1D, Local2D
+    from imagetx.model.order import GenerationOrder
+    from imagetx.model.patterns import FullCausal, Local1D, Local2D
 
     if variant == "local_1d":
         return Local1D(GenerationOrder(rows, cols), block_length=BLOCK_LENGTH_1D, memory_blocks=MEMORY_BLOCKS_1D)
@@ -116,7 +116,7 @@ def run_worker(args: argparse.Namespace) -> dict:
     torch.manual_seed(0)
     pattern = build_pattern(variant, args.seq_rows, args.seq_cols)
     length = args.seq_rows * args.seq_cols
-    from imagetx.attention import SelfAttention
+    from imagetx.model.attention import SelfAttention
 
     module = SelfAttention(D_MODEL, N_HEADS, pattern, kernel=kernel).to(device)
     x = torch.randn(batch, length, D_MODEL, device=device, requires_grad=backward)

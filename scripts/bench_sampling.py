@@ -8,7 +8,7 @@ and compiled, and uncached full recomputation.
 The cached sampler runs every generation step once, through all layers, reading
 keys/values from per-layer ring buffers (imagetx/sampler.py loops over the model's
 ``decode_step``). It is timed twice: with the eager step, and with the same step compiled
-(``imagetx.sampler.compile_decoding``; ``--compile-mode reduce-overhead`` on CUDA also
+(``imagetx.model.sampler.compile_decoding``; ``--compile-mode reduce-overhead`` on CUDA also
 captures it as a CUDA graph). Each is warmed up first on a throw-away cache (the compiled
 step compiles there; that time is reported apart), then one whole ``sample`` call is timed.
 The uncached one is what T2T and its PyTorch port do: rerun the whole network over the whole
@@ -29,7 +29,7 @@ from pathlib import Path
 import torch
 
 from imagetx import ImageTransformer
-from imagetx.sampler import compile_decoding, first_input, sample, sample_uncached
+from imagetx.model.sampler import compile_decoding, first_input, sample, sample_uncached
 from scripts.common import preset_model_config, sync, timed
 
 

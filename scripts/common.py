@@ -117,7 +117,7 @@ def preset_model_config(path, **overrides):
     """The ``ModelConfig`` of the preset YAML at ``path`` (its ``model.config``), with ``overrides``."""
     import yaml
 
-    from imagetx.config import ModelConfig
+    from imagetx.model.config import ModelConfig
 
     with open(path) as handle:
         fields = yaml.safe_load(handle)["model"]["config"]

@@ -12,8 +12,8 @@ import argparse
 import json
 from pathlib import Path
 
-from imagetx.flops import count_flops
-from imagetx.model import ImageTransformer
+from imagetx.model.flops import count_flops
+from imagetx.model.transformer import ImageTransformer
 from scripts.common import fmt, preset_model_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"

@@ -42,7 +42,7 @@ def no_cifar_download(monkeypatch):
 def clean_wandb_env(monkeypatch, tmp_path):
     """No W&B key, no WANDB_* settings, HOME in tmp_path (so no ~/.netrc key either).
 
-    imagetx.tracking writes WANDB_MODE / WANDB_SILENT into os.environ itself; setenv before
+    imagetx.training.tracking writes WANDB_MODE / WANDB_SILENT into os.environ itself; setenv before
     delenv makes monkeypatch remember the original state, so whatever the code under test
     sets is undone after the test instead of leaking into later tests.
     """

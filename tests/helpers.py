@@ -158,3 +158,13 @@ def one_error_line(capsys, command, args) -> str:
     assert lines and [line for line in lines if line.startswith("error:")] == lines[-1:], lines
     assert not any(line.startswith("usage:") for line in lines), lines  # not the whole usage text
     return lines[-1]
+
+
+def weights_checkpoint(model: ImageTransformer, metadata: dict | None = None) -> dict:
+    """A checkpoint dict as imagetx.train writes its weights (the LightningModule's ``model.*``
+    state and the imagetx metadata), without any training state; ``metadata`` replaces the
+    model's own."""
+    from imagetx.io.checkpoint import imagetx_metadata
+
+    state = {f"model.{name}": value for name, value in model.state_dict().items()}
+    return {"imagetx": metadata if metadata is not None else imagetx_metadata(model.config), "state_dict": state}

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 import imagetx
-from helpers import random_images, random_labels, tiny_config, tiny_model
+from helpers import random_images, random_labels, tiny_config, tiny_model, weights_checkpoint
 from imagetx import CheckpointError, ImageTransformer, ModelConfig, load_model, save_pretrained
-from imagetx.checkpoint import imagetx_metadata
+from imagetx.io.checkpoint import imagetx_metadata
 
 
 def test_public_names():
@@ -221,18 +221,19 @@ def test_save_load_round_trip(tmp_path, overrides):
     assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]  # no temporary files left
 
 
-@pytest.mark.parametrize("prefix", ["model.", ""], ids=["lightning", "plain"])
-def test_load_checkpoint_file(tmp_path, prefix):
-    # lightning: as training writes it; plain: without the "model." prefix, as older imagetx versions saved a model
+def test_load_checkpoint_file(tmp_path):
+    # as training writes it: the LightningModule's "model." entries
     model = tiny_model(seed=5)
-    state = {prefix + k: v for k, v in model.state_dict().items()}
     path = tmp_path / "model.ckpt"
-    torch.save({"imagetx": {"format": 1, "model_config": model.config.to_dict()}, "state_dict": state,
-                "epoch": 3}, path)
+    torch.save({**weights_checkpoint(model), "epoch": 3}, path)
     loaded = load_model(path)
     images = random_images(2, 4)
     with torch.no_grad():
         assert torch.equal(loaded.nll(images), model.nll(images))
+    # without the prefix the weights are not the network's: refused, naming them
+    torch.save({**weights_checkpoint(model), "state_dict": model.state_dict()}, path)
+    with pytest.raises(CheckpointError, match=r"do not fit .* missing tensor\(s\) value_embedding"):
+        load_model(path)
 
 
 def test_load_missing_file(tmp_path):
@@ -249,7 +250,7 @@ def test_load_directory_is_not_a_checkpoint(tmp_path):
 def test_load_truncated_file(tmp_path, keep):
     path = tmp_path / "model.ckpt"
     model = tiny_model()
-    torch.save({"imagetx": imagetx_metadata(model.config), "state_dict": model.state_dict()}, path)
+    torch.save(weights_checkpoint(model), path)
     load_model(path)  # whole, it loads
     data = path.read_bytes()
     path.write_bytes(data[: int(len(data) * keep)])
@@ -284,7 +285,7 @@ def test_load_state_dict_that_does_not_fit_config(tmp_path):
     model = tiny_model()
     other = tiny_config(d_model=32)  # same fields, different sizes
     path = tmp_path / "mismatch.ckpt"
-    torch.save({"imagetx": {"format": 1, "model_config": other.to_dict()}, "state_dict": model.state_dict()}, path)
+    torch.save(weights_checkpoint(model, {"format": 1, "model_config": other.to_dict()}), path)
     with pytest.raises(CheckpointError, match="do not fit|fit"):
         load_model(path)
 

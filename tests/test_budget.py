@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from helpers import train_metrics, write_train_config
-from imagetx.budget import BudgetHorizon, Horizon, fit_horizon
-from imagetx.schedule import warmup_cosine
+from imagetx.training.budget import BudgetHorizon, Horizon, fit_horizon
+from imagetx.training.schedule import warmup_cosine
 from imagetx.train import main
 from test_reliability_resume import assert_identical
 
@@ -144,7 +144,7 @@ def test_without_a_validation_the_horizon_is_fixed_after_fix_by_step(tmp_path, d
 
     values = yaml.safe_load(config.read_text())
     values["trainer"]["val_check_interval"] = 50
-    values["trainer"]["callbacks"] = [{"class_path": "imagetx.budget.BudgetHorizon", "init_args": {"fix_by_step": 3}}]
+    values["trainer"]["callbacks"] = [{"class_path": "imagetx.training.budget.BudgetHorizon", "init_args": {"fix_by_step": 3}}]
     config.write_text(yaml.safe_dump(values))
     run(config)
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)

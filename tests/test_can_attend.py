@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from helpers import random_images, tiny_model
-from imagetx.order import GenerationOrder
-from imagetx.patterns import FullCausal, Local1D, Local2D, pattern_for
+from imagetx.model.order import GenerationOrder
+from imagetx.model.patterns import FullCausal, Local1D, Local2D, pattern_for
 
 # ----- independent references ------------------------------------------------------
 

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from helpers import random_images, random_labels, tiny_model
-from imagetx.order import GenerationOrder
-from imagetx.patterns import FullCausal
+from imagetx.model.order import GenerationOrder
+from imagetx.model.patterns import FullCausal
 
 # Block sizes chosen so that local attention is genuinely local: categorical 4×4 images
 # are 48 sub-pixel steps on a 4×12 grid, DMOL images 16 pixel steps on a 4×4 grid.

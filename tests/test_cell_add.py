@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import random_images, tiny_model
-from imagetx.data import downsample_area
+from imagetx.model.inputs import downsample_area
 
 
 def cell_add_model(head: str, **overrides):

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from helpers import random_images, tiny_model
-from imagetx.data import downsample_area
-from imagetx.order import sequence_to_images
+from imagetx.model.inputs import downsample_area
+from imagetx.model.order import sequence_to_images
 from test_sampler import SMALL_BLOCKS, block_shape, check_cached_equals_full
 
 HEADS_AND_ORDERS = [("categorical", "local_1d"), ("dmol", "local_1d"), ("categorical", "local_2d"),

@@ -13,10 +13,10 @@ import torch
 
 from helpers import TINY_TRAIN_MODEL, one_error_line, random_images, write_train_config
 from imagetx import CheckpointError, ImageTransformer, ModelConfig, load_model
-from imagetx.checkpoint import imagetx_metadata
+from imagetx.io.checkpoint import imagetx_metadata
 from imagetx.evaluate import main as evaluate_main
 from imagetx.export import main as export_main
-from imagetx.lit import ImageTransformerModule
+from imagetx.training.module import ImageTransformerModule
 from imagetx.sample import main as sample_main
 from imagetx.train import main as train_main
 

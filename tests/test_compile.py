@@ -3,7 +3,7 @@
 import torch
 
 from imagetx import ModelConfig
-from imagetx.lit import ImageTransformerModule
+from imagetx.training.module import ImageTransformerModule
 
 
 def test_compiled_module_matches_eager_and_keeps_parameter_names():

@@ -18,8 +18,8 @@ import yaml
 
 from helpers import random_images, tiny_config, tiny_model
 from imagetx import ImageTransformer, ModelConfig
-from imagetx.lit import ImageTransformerModule
-from imagetx.patterns import pattern_for
+from imagetx.training.module import ImageTransformerModule
+from imagetx.model.patterns import pattern_for
 
 
 def assert_rejected(field: str, **overrides) -> None:

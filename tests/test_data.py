@@ -10,8 +10,9 @@ import pytest
 import torch
 
 from helpers import CIFAR_CLASSES, cifar_arrays, write_cifar_npz, write_npz_shard
-from imagetx.data import ImageDataModule, downsample_area
-from imagetx.sources import DataError, load
+from imagetx.data.datamodule import ImageDataModule
+from imagetx.model.inputs import downsample_area
+from imagetx.data.sources import DataError, load
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download")
 
@@ -249,7 +250,7 @@ def test_setup_says_how_many_images_each_split_has(tmp_path, monkeypatch):
     write_cifar_npz(tmp_path, train_sizes=(8, 7), test_size=5)
     dm = ImageDataModule(root=str(tmp_path), val_size=10)
     said = []
-    monkeypatch.setattr("imagetx.data.rank_zero_info", said.append)
+    monkeypatch.setattr("imagetx.data.datamodule.rank_zero_info", said.append)
     dm.setup("fit")
     dm.setup("test")
     lines = [line for line in said if line.startswith("data:")]

@@ -1,4 +1,4 @@
-"""imagetx.sources: downsampled ImageNet (pickled batches and npz) and image folders read
+"""imagetx.data.sources: downsampled ImageNet (pickled batches and npz) and image folders read
 exactly, the folder conversion (deterministic, resumable, refusing a changed folder,
 skipping unreadable files), the model checked against the data, and the three commands
 on each source. Tiny data written here: 8×8 images and 8×8 models, so it all runs in
@@ -23,13 +23,13 @@ import torch
 import yaml
 from PIL import Image
 
-import imagetx.sources.folder as folder
+import imagetx.data.sources.folder as folder
 from helpers import one_error_line, tiny_model, write_train_config
 from imagetx import load_model, save_pretrained
-from imagetx.data import ImageDataModule
+from imagetx.data.datamodule import ImageDataModule
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
-from imagetx.sources import DataError, Reader, load
+from imagetx.data.sources import DataError, Reader, load
 from imagetx.train import main as train_main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -282,7 +282,7 @@ def test_interrupted_conversion_resumes_and_ends_with_the_same_shards(tmp_path, 
     script = textwrap.dedent(f"""
         import os, signal
         from pathlib import Path
-        import imagetx.sources.folder as folder
+        import imagetx.data.sources.folder as folder
         folder.SHARD_SIZE = 3
         write_shard = folder.write_shard
 
@@ -490,7 +490,7 @@ def test_bad_data_through_the_commands(tmp_path, capsys, case):
 
 @pytest.mark.parametrize("name", ["imagenet32.yaml", "imagenet64.yaml", "faces_superres.yaml"])
 def test_data_presets_hold_valid_data_settings(name):
-    from imagetx.config import ModelConfig
+    from imagetx.model.config import ModelConfig
 
     values = yaml.safe_load((REPO / "configs" / name).read_text())
     config = ModelConfig.from_dict(values["model"]["config"]).validate()

@@ -3,7 +3,7 @@
 ``python -m imagetx.train ... --trainer.accelerator cpu --trainer.devices 2 --trainer.strategy ddp``
 is run as a subprocess (exactly what README "Multiple GPUs and machines" tells users to
 run): Lightning starts the second rank itself, the training batches are shared out by
-imagetx.data's TrainOrder, and the validation batches by the DistributedSampler that
+imagetx.data.datamodule's TrainOrder, and the validation batches by the DistributedSampler that
 Lightning puts in front of ImageDataModule's val loader. A small callback (written to
 tmp_path, imported by both ranks through PYTHONPATH) records each rank's final parameters
 and the validation images that rank saw.

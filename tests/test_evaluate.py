@@ -10,7 +10,8 @@ import torch
 
 from helpers import random_images, tiny_model, write_cifar_npz
 from imagetx import save_pretrained
-from imagetx.evaluate import evaluate, main
+from imagetx.evaluate import main
+from imagetx.model.scoring import evaluate
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 

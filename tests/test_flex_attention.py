@@ -19,13 +19,13 @@ import torch
 import torch._dynamo
 
 from helpers import random_images, random_labels, tiny_model
-from imagetx import flex
-from imagetx.cross_pattern import LocalCrossAttention, cross_can_attend
-from imagetx.data import downsample_area
-from imagetx.flex import uses_flex
-from imagetx.order import GenerationOrder
-from imagetx.patterns import FullCausal, Local1D, Local2D, dense_attention
-from imagetx.position_bias import RelativePositionBias
+from imagetx.model import flex
+from imagetx.model.cross_pattern import LocalCrossAttention, cross_can_attend
+from imagetx.model.inputs import downsample_area
+from imagetx.model.flex import uses_flex
+from imagetx.model.order import GenerationOrder
+from imagetx.model.patterns import FullCausal, Local1D, Local2D, dense_attention
+from imagetx.model.position_bias import RelativePositionBias
 from test_sampler import cached_params
 
 HEADS = 2
@@ -213,7 +213,7 @@ def count_flex_calls(monkeypatch) -> list[int]:
         calls[0] += 1
         return original(*args, **kwargs)
 
-    for module in ("imagetx.patterns", "imagetx.cross_pattern"):  # self- and cross-attention patterns
+    for module in ("imagetx.model.patterns", "imagetx.model.cross_pattern"):  # self- and cross-attention patterns
         monkeypatch.setattr(f"{module}.flex_attend", counted)
     return calls
 

@@ -1,4 +1,4 @@
-"""imagetx.flops: FLOPs per image counted from the model's structure, checked against
+"""imagetx.model.flops: FLOPs per image counted from the model's structure, checked against
 torch.utils.flop_counter.FlopCounterMode, which counts the matrix products that really run.
 
 The reference runs with SDPA's math backend (``sdpa_kernel(SDPBackend.MATH)``): attention as
@@ -24,8 +24,8 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import random_images, random_labels, tiny_config
 from imagetx import ImageTransformer, ModelConfig
-from imagetx.data import downsample_area
-from imagetx.flops import FLOPS_PER_MAC, count_flops
+from imagetx.model.inputs import downsample_area
+from imagetx.model.flops import FLOPS_PER_MAC, count_flops
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 

@@ -20,10 +20,10 @@ from torch._dynamo.utils import counters
 
 from helpers import train_metrics
 from imagetx import ImageTransformer, ModelConfig, load_model
-from imagetx.evaluate import evaluate
-from imagetx.flops import count_flops
-from imagetx.sampler import sample
-from imagetx.sources import load
+from imagetx.model.scoring import evaluate
+from imagetx.model.flops import count_flops
+from imagetx.model.sampler import sample
+from imagetx.data.sources import load
 from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -60,7 +60,7 @@ def write_override(path: Path, run_dir: Path, data_root: Path, **trainer) -> Pat
         "trainer": {"default_root_dir": str(run_dir), "accelerator": "cpu", "max_steps": 4,
                     "val_check_interval": 2, "limit_val_batches": 1, "log_every_n_steps": 1,
                     "enable_progress_bar": False, "enable_model_summary": False,
-                    "callbacks": [{"class_path": "imagetx.callbacks.SampleGrid",
+                    "callbacks": [{"class_path": "imagetx.training.callbacks.SampleGrid",
                                    "init_args": {"every_n_steps": 4, "count": 2}}], **trainer},
         "model": {"config": TINY, "warmup_steps": 2},
         "data": {"root": str(data_root), "batch_size": 2, "eval_batch_size": 2, "val_size": 2},

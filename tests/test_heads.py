@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from helpers import random_images, tiny_model
-from imagetx.heads import CategoricalHead, DMOLHead
+from imagetx.model.heads import CategoricalHead, DMOLHead
 
 LEVELS = 256
 

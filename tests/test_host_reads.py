@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from helpers import write_cifar_npz, write_train_config
-from imagetx.lit import ImageTransformerModule
+from imagetx.training.module import ImageTransformerModule
 from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import tiny_config
-from imagetx.lit import ImageTransformerModule
+from imagetx.training.module import ImageTransformerModule
 
 LOW_RES_PARTS = ("encoder.", "cross_attn.", "cross_norm.", "cell_add.", "cell_norm.", "cell_remainder.")
 

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from helpers import random_images, random_labels, tiny_model
-from imagetx.order import GenerationOrder
-from imagetx.patterns import FullCausal, Local1D, Local2D, dense_attention
-from imagetx.position_bias import RelativePositionBias
+from imagetx.model.order import GenerationOrder
+from imagetx.model.patterns import FullCausal, Local1D, Local2D, dense_attention
+from imagetx.model.position_bias import RelativePositionBias
 from test_sampler import cached_params
 
 HEADS = 2

@@ -13,11 +13,11 @@ import pytest
 import torch
 from PIL import Image
 
-from imagetx.data import downsample_area
-from imagetx.evaluate import evaluate
+from imagetx.model.inputs import downsample_area
+from imagetx.model.scoring import evaluate
 from imagetx.sample import main as sample_main
-from imagetx.sampler import sample
-from imagetx.weights import load_model
+from imagetx.model.sampler import sample
+from imagetx.io.weights import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 VAL_IMAGES = Path(__file__).parent / "data" / "cifar10_val_first32.npz"
@@ -95,8 +95,8 @@ def test_bf16_autocast_scores_the_completion_model_close_to_float32(monkeypatch)
     float32, mixed = bpd(False), bpd(True)
     assert abs(mixed - float32) <= 0.003, f"bf16 autocast {mixed:.4f} against float32 {float32:.4f}"
     autocast_linear = lambda proj, x: proj(x)  # noqa: E731
-    monkeypatch.setattr("imagetx.heads.full_precision_linear", autocast_linear)
+    monkeypatch.setattr("imagetx.model.heads.full_precision_linear", autocast_linear)
     bfloat16_head = bpd(True)
     assert bfloat16_head - mixed > 0.001, f"bf16 head {bfloat16_head:.4f} against {mixed:.4f} with a float32 head"
-    monkeypatch.setattr("imagetx.embedding.full_precision_linear", autocast_linear)
+    monkeypatch.setattr("imagetx.model.embedding.full_precision_linear", autocast_linear)
     assert bpd(True) - mixed > 0.006, "bfloat16 pixel embedding and head"

@@ -16,10 +16,10 @@ import torch
 
 from helpers import random_images, random_labels, tiny_config, tiny_model
 from imagetx import ImageTransformer
-from imagetx.order import GenerationOrder
-from imagetx.patterns import dense_attention
-from imagetx.position_bias import RelativePositionBias, distance_prior
-from imagetx.rotary import Rotary2D
+from imagetx.model.order import GenerationOrder
+from imagetx.model.patterns import dense_attention
+from imagetx.model.position_bias import RelativePositionBias, distance_prior
+from imagetx.model.rotary import Rotary2D
 from test_causality import build, causality_violations, steps_to_check
 from test_position_bias import HEADS, patterns_with_grids
 from test_sampler import check_cached_equals_full

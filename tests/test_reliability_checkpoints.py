@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import imagetx.checkpoint as checkpoint_module
+import imagetx.training.checkpoint_io as checkpoint_io
 from helpers import write_train_config
 from imagetx import load_model
-from imagetx.atomic import remove_stale_temporaries
-from imagetx.checkpoint import atomic_torch_save
+from imagetx.io.atomic import remove_stale_temporaries
+from imagetx.io.checkpoint import atomic_torch_save
 from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -81,7 +81,7 @@ def test_every_checkpoint_file_goes_through_the_atomic_writer(tmp_path, data_roo
         written.append(Path(path).name)
         atomic_torch_save(obj, path)
 
-    monkeypatch.setattr(checkpoint_module, "atomic_torch_save", spy)
+    monkeypatch.setattr(checkpoint_io, "atomic_torch_save", spy)
     run_dir = tmp_path / "run"
     train(tmp_path, run_dir, data_root, 5, top={"checkpoint_every_n_steps": 2})
     files = sorted((run_dir / "checkpoints").iterdir())  # best-N.ckpt, last.ckpt
@@ -102,7 +102,7 @@ def test_sigkill_in_the_middle_of_writing_last_ckpt(tmp_path, data_root):
     # A process that dies by SIGKILL while torch.save is half-way through last.ckpt.
     script = textwrap.dedent(f"""
         import os, signal, torch
-        from imagetx.checkpoint import atomic_torch_save
+        from imagetx.io.checkpoint import atomic_torch_save
 
         def die_mid_write(obj, handle, *args, **kwargs):
             handle.write(b"PK\\x03\\x04" + bytes(10000))

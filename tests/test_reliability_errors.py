@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import TINY_TRAIN_MODEL, one_error_line, tiny_model, write_npz_shard, write_train_config
+from helpers import TINY_TRAIN_MODEL, one_error_line, tiny_model, write_npz_shard, write_train_config, weights_checkpoint
 from imagetx import save_pretrained
-from imagetx.checkpoint import imagetx_metadata
+from imagetx.io.checkpoint import imagetx_metadata
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
 from imagetx.train import main as train_main
@@ -126,10 +126,10 @@ def test_debug_mode_shows_the_traceback(tmp_path, data_root, monkeypatch):
 # ----- checkpoints given to evaluate and sample ------------------------------------------
 
 def write_checkpoint(path, model, **config_changes):
-    """A plain checkpoint file: the model's configuration (with ``config_changes``) and weights."""
+    """A checkpoint file of the model's configuration (with ``config_changes``) and weights."""
     metadata = imagetx_metadata(model.config)
     metadata["model_config"].update(config_changes)
-    torch.save({"imagetx": metadata, "state_dict": model.state_dict()}, path)
+    torch.save(weights_checkpoint(model, metadata), path)
 
 
 def bad_checkpoint(tmp_path, kind):
@@ -232,6 +232,6 @@ def test_cuda_device_without_a_gpu(tmp_path, capsys, checkpoints, command):
 
 def test_config_written_for_the_tiny_model_is_itself_valid():
     # the fixtures above rely on TINY_TRAIN_MODEL being valid; a failure here means the helper broke
-    from imagetx.config import ModelConfig
+    from imagetx.model.config import ModelConfig
 
     ModelConfig(**TINY_TRAIN_MODEL).validate()

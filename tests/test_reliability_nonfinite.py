@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from helpers import write_train_config
-from imagetx.lit import ImageTransformerModule
-from imagetx.nonfinite import NonFiniteLossError, NonFiniteSteps, step_kind
+from imagetx.training.module import ImageTransformerModule
+from imagetx.training.nonfinite import NonFiniteLossError, NonFiniteSteps, step_kind
 from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")

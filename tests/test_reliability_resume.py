@@ -21,7 +21,7 @@ import lightning as L
 import pytest
 import torch
 
-from helpers import train_metrics, write_train_config
+from helpers import train_metrics, write_train_config, weights_checkpoint
 from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -130,7 +130,7 @@ def test_finished_run_extended_with_resume_matches_an_uninterrupted_run(tmp_path
                                                                        first_steps):
     # 7 steps end mid-epoch (epoch 1, batch 2); the second run continues the order from there.
     # 10 end at epoch 1's last batch: Lightning resumes at the start of epoch 2, which must
-    # start afresh (imagetx.data.TrainLoader), as in the uninterrupted run.
+    # start afresh (imagetx.data.datamodule.TrainLoader), as in the uninterrupted run.
     run_dir = tmp_path / "extended"
     first = train(tmp_path, run_dir, data_root, max_steps=first_steps)
     assert first["global_step"] == first_steps
@@ -139,7 +139,7 @@ def test_finished_run_extended_with_resume_matches_an_uninterrupted_run(tmp_path
 
 
 def test_training_order_is_a_function_of_seed_and_epoch_and_resumes_mid_epoch():
-    from imagetx.data import TrainOrder
+    from imagetx.data.datamodule import TrainOrder
 
     def indices(order):
         return [index for index, _ in order]
@@ -201,15 +201,15 @@ def test_resume_with_another_batch_size_is_a_clear_error(tmp_path, data_root, ca
 
 @pytest.mark.parametrize("damage", ["truncated", "not imagetx", "weights only"])
 def test_resume_from_a_bad_checkpoint_is_a_clear_error(tmp_path, data_root, capsys, damage):
-    from imagetx.checkpoint import imagetx_metadata
-    from imagetx.model import ImageTransformer
-    from imagetx.config import ModelConfig
+    from imagetx.io.checkpoint import imagetx_metadata
+    from imagetx.model.transformer import ImageTransformer
+    from imagetx.model.config import ModelConfig
     from helpers import TINY_TRAIN_MODEL
 
     bad = tmp_path / "bad.ckpt"
     if damage == "weights only":  # the model's configuration and weights, no optimiser or loop state
         model = ImageTransformer(ModelConfig(**TINY_TRAIN_MODEL))
-        torch.save({"imagetx": imagetx_metadata(model.config), "state_dict": model.state_dict()}, bad)
+        torch.save(weights_checkpoint(model), bad)
     else:
         torch.save({"state_dict": {}} if damage == "not imagetx" else {"x": torch.zeros(1000)}, bad)
         if damage == "truncated":

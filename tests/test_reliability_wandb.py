@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-import imagetx.tracking as tracking_module
+import imagetx.training.tracking as tracking_module
 from helpers import train_metrics, write_train_config
 from imagetx.train import main
-from imagetx.tracking import SafeWandbLogger
+from imagetx.training.tracking import SafeWandbLogger
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 

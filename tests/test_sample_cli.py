@@ -12,7 +12,7 @@ from PIL import ExifTags, Image
 from helpers import tiny_model, write_cifar_npz
 from imagetx import save_pretrained
 from imagetx.sample import main
-from imagetx.sources import load
+from imagetx.data.sources import load
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
@@ -79,7 +79,7 @@ def test_generate_writes_grid_and_summary(tmp_path, capsys, ckpt):
     assert saved["files"] == [str(out / "generate.png")] and saved["seed"] == 3
     # the grid holds the images the sampler draws with this seed
     from imagetx import load_model
-    from imagetx.sampler import sample
+    from imagetx.model.sampler import sample
 
     expected = sample(load_model(ckpt), 2, generator=torch.Generator().manual_seed(3))
     for i in range(2):

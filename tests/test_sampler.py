@@ -1,4 +1,4 @@
-"""imagetx.sampler: the cached decoder, eager and compiled, equals the full pass; no host read per
+"""imagetx.model.sampler: the cached decoder, eager and compiled, equals the full pass; no host read per
 step; sampling behaviour (docs/model.md §6, §7)."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ import torch
 import yaml
 
 from helpers import random_images, random_labels, tiny_model
-from imagetx.data import downsample_area
+from imagetx.model.inputs import downsample_area
 from imagetx import ImageTransformer, ModelConfig
-from imagetx.sampler import ISOLATED, compile_decoding, first_input, sample, sample_uncached
+from imagetx.model.sampler import ISOLATED, compile_decoding, first_input, sample, sample_uncached
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,9 +13,9 @@ from PIL import Image
 
 from helpers import random_images, tiny_model, write_cifar_npz
 from imagetx import load_model, save_pretrained
-from imagetx.attention import merge_heads, project_heads
-from imagetx.patterns import dense_attention
-from imagetx.data import downsample_area
+from imagetx.model.attention import merge_heads, project_heads
+from imagetx.model.patterns import dense_attention
+from imagetx.model.inputs import downsample_area
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
 

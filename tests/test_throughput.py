@@ -10,10 +10,10 @@ import pytest
 import torch
 from lightning.fabric.utilities.throughput import get_available_flops
 
-import imagetx.throughput as throughput
+import imagetx.training.throughput as throughput
 from helpers import TINY_TRAIN_MODEL, write_cifar_npz, write_train_config
 from imagetx import ImageTransformer, ModelConfig
-from imagetx.flops import count_flops
+from imagetx.model.flops import count_flops
 from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")

@@ -10,7 +10,7 @@ import yaml
 
 from helpers import TINY_TRAIN_MODEL, one_error_line, random_images, tiny_config, write_train_config
 from imagetx import ModelConfig, load_model
-from imagetx.lit import ImageTransformerModule
+from imagetx.training.module import ImageTransformerModule
 from imagetx.train import main, make_cli
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")

@@ -12,9 +12,9 @@ import torch
 from torch.utils.data import DataLoader
 
 from helpers import random_images, tiny_config, tiny_model
-from imagetx.data import ImageDataModule
-from imagetx.lit import ImageTransformerModule
-from imagetx.sources import DataError, Pool, check_fits
+from imagetx.data.datamodule import ImageDataModule
+from imagetx.training.module import ImageTransformerModule
+from imagetx.data.sources import DataError, Pool, check_fits
 
 
 def pool(labels, dtype=np.uint8) -> Pool:

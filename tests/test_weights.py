@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import TINY_TRAIN_MODEL, one_error_line, random_images, random_labels, tiny_model, write_train_config
+from helpers import TINY_TRAIN_MODEL, one_error_line, random_images, random_labels, tiny_model, write_train_config, weights_checkpoint
 from imagetx import CheckpointError, ImageTransformer, ModelConfig, from_pretrained, load_model, save_pretrained
-from imagetx.checkpoint import imagetx_metadata
+from imagetx.io.checkpoint import imagetx_metadata
 from imagetx.evaluate import main as evaluate_main
 from imagetx.export import main as export_main
 from imagetx.sample import main as sample_main
@@ -167,8 +167,8 @@ def test_export_errors_are_one_line(tmp_path, capsys):
     assert "nope.ckpt does not exist" in line, line
     assert not (tmp_path / "w").exists()  # nothing written for a checkpoint that cannot be read
     ckpt, taken = tmp_path / "model.ckpt", tmp_path / "a-file"
-    model = tiny_model()  # a plain checkpoint: the model's configuration and weights, no training state
-    torch.save({"imagetx": imagetx_metadata(model.config), "state_dict": model.state_dict()}, ckpt)
+    model = tiny_model()  # the model's configuration and weights, no training state
+    torch.save(weights_checkpoint(model), ckpt)
     taken.write_text("")
     line = one_error_line(capsys, export_main, ["--ckpt", str(ckpt), "--out", str(taken)])
     assert "a-file" in line and "--out" in line, line
@@ -181,8 +181,8 @@ def test_a_run_driven_from_python_with_path_arguments_writes_a_checkpoint_load_m
     # which load_model reads weights-only, so they must hold a str, never a PosixPath.
     import lightning as L
 
-    from imagetx.data import ImageDataModule
-    from imagetx.lit import ImageTransformerModule
+    from imagetx.data.datamodule import ImageDataModule
+    from imagetx.training.module import ImageTransformerModule
 
     module = ImageTransformerModule(ModelConfig(**TINY_TRAIN_MODEL), warmup_steps=2)
     data = ImageDataModule(root=data_root, batch_size=2, val_size=2, download=False, image_size=32, num_classes=0)

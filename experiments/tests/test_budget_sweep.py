@@ -11,7 +11,7 @@ import torch
 
 from experiments.tests.conftest import REPO_ROOT, write_train_config
 from imagetx import load_model
-from imagetx.sources import load
+from imagetx.data.sources import load
 
 VAL_SIZE = 2
 

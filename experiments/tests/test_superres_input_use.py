@@ -13,8 +13,8 @@ import torch
 
 from experiments.tests.conftest import REPO_ROOT, tiny_model, write_cifar_npz
 from imagetx import load_model, save_pretrained
-from imagetx.data import downsample_area
-from imagetx.sources import load
+from imagetx.model.inputs import downsample_area
+from imagetx.data.sources import load
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from .images import CROPS, FILTERS
+from ..io.images import CROPS, FILTERS
 from .seeding import mix_seed, run_seed
 from .sources import DataError, Reader, check_fits, default_root, tensors
 
@@ -234,14 +234,3 @@ class ImageDataModule(L.LightningDataModule):
             raise DataError(f"the checkpoint was trained with data.batch_size={state['batch_size']}, this run has "
                             f"{self.batch_size}: resume with the same batch size (or start a new run)")
 
-
-def downsample_area(images: torch.Tensor, size: int) -> torch.Tensor:
-    """(B, H, W, 3) uint8 -> (B, size, size, 3): the box mean of each (H/size)² patch, rounded
-    half up (T2T "resize by area"; docs/model.md §6). Exact integer arithmetic, no float rounding doubt."""
-    batch, height, width, channels = images.shape
-    if height % size or width % size:
-        raise ValueError(f"cannot box-downsample {height}x{width} to {size}x{size}: size must divide both")
-    fh, fw = height // size, width // size
-    patches = images.long().view(batch, size, fh, size, fw, channels).sum(dim=(2, 4))
-    area = fh * fw
-    return ((2 * patches + area) // (2 * area)).to(torch.uint8)  # floor(mean + ½)

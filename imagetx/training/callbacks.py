@@ -15,10 +15,10 @@ import torch
 from lightning.pytorch.callbacks import Checkpoint
 from lightning.pytorch.utilities import rank_zero_only
 
-from .checkpoint import LAST
-from .data import downsample_area
-from .images import save_grid
-from .sampler import sample
+from ..io.checkpoint import LAST
+from ..model.inputs import downsample_area
+from ..io.images import save_grid
+from ..model.sampler import sample
 
 
 class LastCheckpoint(Checkpoint):

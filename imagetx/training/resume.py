@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .checkpoint import CHECKPOINT_DIR, LAST, CheckpointError, read_checkpoint
-from .config import ModelConfig
+from ..io.checkpoint import CHECKPOINT_DIR, LAST, CheckpointError, read_checkpoint
+from ..model.config import ModelConfig
 
 
 def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig) -> str | None:

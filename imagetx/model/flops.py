@@ -44,7 +44,7 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from .config import CHANNELS
 from .flex import uses_flex
-from .model import ImageTransformer
+from .transformer import ImageTransformer
 from .patterns import AttentionPattern, FullCausal, Local1D
 
 # 2 FLOPs (a multiply and an add) per multiply-add of a matrix product.

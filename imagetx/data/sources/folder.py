@@ -35,8 +35,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from ..atomic import atomic_write, remove_stale_temporaries
-from ..images import CROPS, FILTERS, prepare_image
+from ...io.atomic import atomic_write, remove_stale_temporaries
+from ...io.images import CROPS, FILTERS, prepare_image
 from .common import DataError, Pool, write_npz
 
 SUFFIXES = {".png", ".jpg", ".jpeg"}

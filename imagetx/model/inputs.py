@@ -50,3 +50,15 @@ def check_labels(labels: Tensor | None, count: int, num_classes: int, name: str 
         low, high = int(labels.min()), int(labels.max())
         given = f"{name} {low} is" if count == 1 else f"{name} span {low}..{high}"
         raise ValueError(f"{given} outside 0..{num_classes - 1}")
+
+
+def downsample_area(images: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, H, W, 3) uint8 -> (B, size, size, 3): the box mean of each (H/size)² patch, rounded
+    half up (T2T "resize by area"; docs/model.md §6). Exact integer arithmetic, no float rounding doubt."""
+    batch, height, width, channels = images.shape
+    if height % size or width % size:
+        raise ValueError(f"cannot box-downsample {height}x{width} to {size}x{size}: size must divide both")
+    fh, fw = height // size, width // size
+    patches = images.long().view(batch, size, fh, size, fw, channels).sum(dim=(2, 4))
+    area = fh * fw
+    return ((2 * patches + area) // (2 * area)).to(torch.uint8)  # floor(mean + ½)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..atomic import atomic_write
+from ...io.atomic import atomic_write
 
 
 class DataError(RuntimeError):

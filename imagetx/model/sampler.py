@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from .config import CHANNELS
 from .heads import check_temperature
-from .model import DecodingCache, ImageTransformer
+from .transformer import DecodingCache, ImageTransformer
 from .modes import eval_mode
 from .order import sequence_to_images
 

@@ -23,32 +23,15 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
 from .budget import Horizon, budget_timer
-from .checkpoint import imagetx_metadata, refused
-from .config import ModelConfig
-from .data import ImageDataModule, downsample_area
-from .flops import Flops, count_flops
-from .model import ImageTransformer
+from ..io.checkpoint import imagetx_metadata, refused
+from ..model.config import ModelConfig
+from ..data.datamodule import ImageDataModule
+from ..model.flops import Flops, count_flops
+from ..model.scoring import batch_bits_per_dim
+from ..model.transformer import ImageTransformer
 from .nonfinite import NonFiniteLossError, NonFiniteSteps, non_finite_tensors, step_kind
 from .schedule import noam, warmup_cosine
-from .seeding import mix_seed, run_seed
-
-
-def model_inputs(config: ModelConfig, batch: dict[str, torch.Tensor]):
-    """(images, labels or None, low_res or None) for a batch from the DataModule.
-
-    Super-resolution pairs are formed here from the 32×32 target itself, so the
-    low-resolution input always matches the model's ``low_res_size``.
-    """
-    images = batch["images"]
-    labels = batch["labels"] if config.num_classes else None
-    low_res = downsample_area(images, config.low_res_size) if config.encoder_layers else None
-    return images, labels, low_res
-
-
-def batch_bits_per_dim(model: ImageTransformer, batch: dict[str, torch.Tensor], given_rows: int = 0) -> torch.Tensor:
-    """(B,) bits/dim of every image of a batch from the DataModule: of the whole image, or of
-    the part below its first ``given_rows`` rows given them (``ImageTransformer.bits_per_dim``)."""
-    return model.bits_per_dim(*model_inputs(model.config, batch), given_rows=given_rows)
+from ..data.seeding import mix_seed, run_seed
 
 
 class ImageTransformerModule(L.LightningModule):

@@ -1,11 +1,12 @@
 """Torch checkpoint files (``.ckpt``): written by training, read without running any code.
 
 Every imagetx checkpoint carries ``checkpoint["imagetx"]["model_config"]``, so evaluation and
-sampling need nothing but the path; a plain one (the configuration and the network's weights,
-no training state, as older imagetx versions wrote) is read as a Lightning one is. Writes are
-atomic: a temporary file in the same directory, renamed into place (``AtomicCheckpointIO``
-makes Lightning write its checkpoints that way too). Which checkpoint a run resumes from is
-resume.py's business; the shareable weights folder (safetensors + config.json) is weights.py's.
+sampling need nothing but the path. Read with torch alone (no Lightning): the network's weights
+are the state dict's ``model.*`` entries. Writes are atomic: a temporary file in the same
+directory, renamed into place (``training.checkpoint_io.AtomicCheckpointIO`` makes Lightning
+write its checkpoints that way too). Which checkpoint a run resumes from is
+``training.resume``'s business; the shareable weights folder (safetensors + config.json) is
+weights.py's.
 
 A checkpoint is a pickle, and a pickle can call any function while it is opened.
 ``load_weights_only`` opens every checkpoint imagetx reads with torch's weights-only
@@ -25,16 +26,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from .atomic import atomic_write
-from .config import ModelConfig
-from .model import ImageTransformer
+from ..model.config import ModelConfig
+from ..model.transformer import ImageTransformer
 
 FORMAT_VERSION = 1
 LIGHTNING_PREFIX = "model."  # the LightningModule keeps the network as ``self.model``
 CHECKPOINT_DIR = "checkpoints"  # under the run's directory (trainer.default_root_dir)
 LAST = "last.ckpt"
+LISTED = 3  # names of missing, extra or misshapen tensors given in one error line
 
 
 class CheckpointError(ValueError):
@@ -116,40 +117,39 @@ def model_config_of(checkpoint: dict[str, Any]) -> ModelConfig:
 
 
 def model_state_dict(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
-    state = checkpoint["state_dict"]
-    if any(key.startswith(LIGHTNING_PREFIX) for key in state):
-        state = {key[len(LIGHTNING_PREFIX):]: value for key, value in state.items() if key.startswith(LIGHTNING_PREFIX)}
-    return state
+    """The network's weights: the LightningModule's ``model.*`` entries, without the prefix."""
+    return {key.removeprefix(LIGHTNING_PREFIX): value for key, value in checkpoint["state_dict"].items()
+            if key.startswith(LIGHTNING_PREFIX)}
 
 
 def model_from_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> ImageTransformer:
-    """Rebuild the model stored in the checkpoint file at ``path`` (plain or Lightning), in eval mode."""
+    """Rebuild the model stored in the checkpoint file at ``path``, in eval mode."""
     checkpoint = read_checkpoint(path, map_location)
     try:
         config = model_config_of(checkpoint)
     except CheckpointError as error:
         raise CheckpointError(f"{path}: {error}; use a checkpoint written by imagetx.train") from error
     model = ImageTransformer(config)
-    try:
-        model.load_state_dict(model_state_dict(checkpoint))
-    except RuntimeError as error:
-        first = str(error).strip().splitlines()[0]
-        raise CheckpointError(f"{path}: the weights do not fit the model configuration stored with them ({first})") from error
+    state = model_state_dict(checkpoint)
+    check_tensors(Path(path), state, model.state_dict(), "use a checkpoint written by imagetx.train")
+    model.load_state_dict(state)
     return model.to(map_location).eval()
 
 
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer, through ``atomic_torch_save``: a kill or a full disk
-    mid-write never leaves a corrupt ``last.ckpt`` behind. Remote paths (``s3://``, ...)
-    are left to Lightning."""
-
-    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
-        if "://" in str(path):
-            return super().save_checkpoint(checkpoint, path, storage_options)
-        try:
-            atomic_torch_save(checkpoint, path)
-        except OSError as error:
-            raise CheckpointError(
-                f"cannot write checkpoint {path} ({error.strerror or error}); the previous {Path(path).name}, if any, "
-                "is intact: free disk space or choose another --trainer.default_root_dir, then continue with --resume"
-            ) from error
+def check_tensors(path: Path, stored: dict[str, torch.Tensor], needed: dict[str, torch.Tensor], fix: str) -> None:
+    """A CheckpointError naming the tensors of ``stored`` that are missing, extra, misshapen or not
+    floating point where the model of the stored configuration (``needed``) has floating-point
+    ones, and the ``fix``."""
+    missing = [name for name in needed if name not in stored]
+    extra = [name for name in stored if name not in needed]
+    misfits = [f"{name} is {tuple(stored[name].shape)} {str(stored[name].dtype).removeprefix('torch.')} where the "
+               f"model needs {tuple(needed[name].shape)} {str(needed[name].dtype).removeprefix('torch.')}"
+               for name in needed if name in stored and (stored[name].shape != needed[name].shape or
+                                                         stored[name].is_floating_point() !=
+                                                         needed[name].is_floating_point())]
+    problems = [f"{kind} {', '.join(names[:LISTED])}{f' and {len(names) - LISTED} more' if len(names) > LISTED else ''}"
+                for kind, names in (("missing tensor(s)", missing), ("unexpected tensor(s)", extra),
+                                    ("wrong tensor(s):", misfits)) if names]
+    if problems:
+        raise CheckpointError(f"{path}: the weights do not fit the model configuration stored with them: "
+                              f"{'; '.join(problems)}; {fix}")

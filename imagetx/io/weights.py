@@ -20,15 +20,14 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
 from .atomic import atomic_write
-from .checkpoint import CheckpointError, model_from_checkpoint
-from .config import ModelConfig
-from .model import ImageTransformer
+from .checkpoint import CheckpointError, check_tensors, model_from_checkpoint
+from ..model.config import ModelConfig
+from ..model.transformer import ImageTransformer
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 FORMAT_KEY = "format_version"
 FORMAT_VERSION = 1
-LISTED = 3  # names of missing, extra or misshapen tensors given in one error line
 
 
 def save_pretrained(model: ImageTransformer, directory: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
@@ -55,7 +54,8 @@ def from_pretrained(directory: str | os.PathLike, map_location: str | torch.devi
                               "`huggingface-cli download REPO --local-dir DIR`)")
     model = ImageTransformer(read_config(directory / CONFIG_FILE))
     stored = read_tensors(directory / WEIGHTS_FILE)
-    check_tensors(directory / WEIGHTS_FILE, stored, model.state_dict())
+    check_tensors(directory / WEIGHTS_FILE, stored, model.state_dict(),
+                  "export the folder again from the checkpoint these weights came from")
     model.load_state_dict(stored)
     return model.to(map_location).eval()
 
@@ -98,21 +98,3 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     except Exception as error:  # safetensors' own error type for a bad header, truncation, ...
         raise CheckpointError(f"{path} cannot be read ({type(error).__name__}: {error}): the file is truncated or "
                               "corrupt; export the folder again") from error
-
-
-def check_tensors(path: Path, stored: dict[str, torch.Tensor], needed: dict[str, torch.Tensor]) -> None:
-    """A CheckpointError naming the tensors of ``stored`` that are missing, extra, misshapen or not
-    floating point where the model of config.json (``needed``) has floating-point ones."""
-    missing = [name for name in needed if name not in stored]
-    extra = [name for name in stored if name not in needed]
-    misfits = [f"{name} is {tuple(stored[name].shape)} {str(stored[name].dtype).removeprefix('torch.')} where the "
-               f"model needs {tuple(needed[name].shape)} {str(needed[name].dtype).removeprefix('torch.')}"
-               for name in needed if name in stored and (stored[name].shape != needed[name].shape or
-                                                         stored[name].is_floating_point() !=
-                                                         needed[name].is_floating_point())]
-    problems = [f"{kind} {', '.join(names[:LISTED])}{f' and {len(names) - LISTED} more' if len(names) > LISTED else ''}"
-                for kind, names in (("missing tensor(s)", missing), ("unexpected tensor(s)", extra),
-                                    ("wrong tensor(s):", misfits)) if names]
-    if problems:
-        raise CheckpointError(f"{path} does not fit the model that {CONFIG_FILE} describes: {'; '.join(problems)}; "
-                              "export the folder again from the checkpoint these weights came from")

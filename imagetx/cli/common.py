@@ -1,0 +1,87 @@
+"""What the commands (train, evaluate, sample, export) share: parsing with jsonargparse, the
+check of ``--device``, and one way to fail on bad input (train parses through LightningCLI).
+
+Bad input (a setting, a file, a checkpoint, a request the model cannot serve) ends the
+command with one line ``error: <the problem and the fix>`` on stderr and exit code 2;
+``IMAGETX_DEBUG=1`` raises instead, with the whole traceback.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from argparse import ArgumentError, RawDescriptionHelpFormatter
+from collections.abc import Callable
+from typing import TypeVar
+
+import torch
+from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
+from jsonargparse.typing import register_type
+
+from ..io.checkpoint import CheckpointError
+from ..data.sources import DataError
+from .errors import describe_parse_error
+
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A setting the parser rejected (unknown key, wrong type, missing file)."""
+
+
+# FloatingPointError: a run stopped by non-finite steps (NonFiniteLossError, nonfinite.py), or a
+# model whose outputs are not finite asked to sample (sampler.py): one line, like bad input.
+BAD_INPUT = (ConfigError, DataError, CheckpointError, FloatingPointError, OSError, ValueError)
+
+
+def run_or_exit(command: Callable[[], T]) -> T:
+    """``command()``, turning bad input into one ``error:`` line and exit code 2."""
+    try:
+        return command()
+    except BAD_INPUT as error:
+        if os.environ.get("IMAGETX_DEBUG"):
+            raise
+        print("error: " + " ".join(str(error).split()), file=sys.stderr)
+        sys.exit(2)
+
+
+def check_device(device: str | torch.device) -> None:
+    """A device this machine has, or a ValueError saying which to use instead."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as error:
+        raise ValueError(f"--device {device!r} is not a device name ({error}); use cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"--device {device}: no CUDA GPU is available here; use --device cpu")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                         f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+
+
+class Number(float):
+    """A float option that also reads 'nan' and 'inf' (jsonargparse's float does not), so
+    that the command can refuse them with its own message."""
+
+
+register_type(Number, serializer=float, deserializer=Number)
+
+
+class HelpFormatter(DefaultHelpFormatter, RawDescriptionHelpFormatter):
+    """jsonargparse's ``--help``, with the command's docstring laid out as written."""
+
+
+def parser_for(description: str) -> ArgumentParser:
+    """A jsonargparse parser with ``--config FILE``; errors raise instead of printing usage."""
+    parser = ArgumentParser(description=description, exit_on_error=False, formatter_class=HelpFormatter)
+    parser.add_argument("--config", action="config", help="a YAML file of these settings")
+    return parser
+
+
+def parse(parser: ArgumentParser, args: list[str] | None, command: str) -> Namespace:
+    """The parsed ``args`` (default: the command line), or a ConfigError of one line."""
+    try:
+        return parser.parse_args(args)
+    except ArgumentError as error:
+        raise ConfigError(describe_parse_error(error, parser, args, command)) from error
+
+

@@ -1,0 +1,105 @@
+"""jsonargparse's complaints as one line: ``key.path: problem``, or the closest valid key to an
+unknown one. jsonargparse states its errors as text only, so the key path and the problem are
+read from that text (``condensed``); the keys a user gave are read from the flags and the
+``--config`` files (``given_keys``)."""
+
+from __future__ import annotations
+
+import difflib
+import re
+import sys
+from argparse import ArgumentError
+from collections.abc import Iterable
+from typing import Any
+
+import yaml
+from jsonargparse import ArgumentParser
+
+
+def describe_parse_error(error: ArgumentError, parser: ArgumentParser, args: list[str] | None, command: str,
+                         more_keys: Iterable[str] = (), linked: dict[str, str] | None = None) -> str:
+    """One line: a key set from another, an unknown key with the closest valid one, or
+    jsonargparse's complaint.
+
+    ``more_keys``: valid keys the parser's defaults do not list (the fields of a nested
+    dataclass whose default is None); ``linked``: {key: the key it is set from}."""
+    args = sys.argv[1:] if args is None else list(args)
+    linked = linked or {}
+    known = set(parser.get_defaults().keys()) | set(more_keys)
+    given = given_keys(args, known | set(linked))
+    problem = next((f"{key} is set from {linked[key]}: set that instead" for key in given if key in linked), None)
+    problem = problem or unknown_key(given, known) or condensed(str(error))
+    return f"{problem} (fix the YAML file or the --flag; python -m imagetx.{command} --help lists them)"
+
+
+def given_keys(args: list[str], known: set[str]) -> list[str]:
+    """The dotted keys in ``args``: its ``--flags`` and the keys of its ``--config`` files."""
+    keys, files = [], []
+    for i, arg in enumerate(args):
+        if arg == "-c" or (arg.startswith("--") and arg not in ("--help", "--print_config")):
+            key, _, value = arg.lstrip("-").partition("=")
+            if key in ("config", "c"):
+                files.append(value or (args[i + 1] if i + 1 < len(args) else ""))
+            else:
+                keys.append(key.rstrip("+"))  # --key+ VALUE appends to a list
+    for file in files:
+        try:
+            with open(file) as handle:
+                keys += flat_keys(yaml.safe_load(handle), "", groups_of(known))
+        except (OSError, yaml.YAMLError):
+            pass  # the parser's own error says what is wrong with the file
+    return keys
+
+
+def flat_keys(tree: Any, prefix: str, groups: set[str]) -> list[str]:
+    """Dotted keys of nested dicts, descending only into known groups (a dict given as the
+    value of a setting, e.g. a class_path and its init_args, is that setting's business)."""
+    if not isinstance(tree, dict) or (prefix and prefix not in groups):
+        return [prefix] if prefix else []
+    return [key for name, value in tree.items() for key in flat_keys(value, f"{prefix}.{name}".lstrip("."), groups)]
+
+
+def groups_of(known: set[str]) -> set[str]:
+    """Every prefix of a known key that has keys below it ('model', 'model.config', ...)."""
+    return {".".join(key.split(".")[:i]) for key in known for i in range(1, key.count(".") + 1)}
+
+
+def unknown_key(given: Iterable[str], known: set[str]) -> str | None:
+    """'group: unknown key 'name' (did you mean ...?)' for the first key that is not a setting."""
+    groups = groups_of(known)
+    for key in given:
+        parts = key.split(".")
+        for i in range(len(parts)):
+            prefix = ".".join(parts[: i + 1])
+            if prefix in known and prefix not in groups:
+                break  # a setting: its value is checked by the parser
+            if prefix in known or prefix in groups:
+                continue
+            parent = ".".join(parts[:i])
+            siblings = {k[len(parent) + 1 :].split(".")[0] if parent else k.split(".")[0]
+                        for k in known if not parent or k.startswith(parent + ".")}
+            close = difflib.get_close_matches(parts[i], sorted(siblings), n=1)
+            return (f"{parent}: " if parent else "") + f"unknown key '{parts[i]}'" + \
+                (f" (did you mean '{close[0]}'?)" if close else "")
+    return None
+
+
+NOISE = ("Does not validate against", "Subtypes:", "Errors:", "Given value", "Expected a <class 'NoneType'>",
+         "Problem with given class_path")
+
+
+def condensed(message: str) -> str:
+    """jsonargparse's multi-line complaint as 'key.path: problem'.
+
+    jsonargparse gives its errors as text only, nesting one 'Parser key "..."' line per
+    level (and, for an optional dataclass, a line per union member); the key path and the
+    last line that states the problem are read from that text."""
+    path = ".".join(re.findall(r'Parser key "([^"]+)"', message))
+    lines = [re.sub(r'^-?\s*Parser key "[^"]+":\s*', "", line.strip()).lstrip("- ") for line in message.splitlines()]
+    given = [line for line in lines if line.startswith("Given value:")]
+    lines = [line for line in lines if line and not line.startswith(NOISE)]
+    problem = re.sub(r"Expected a <class '([\w.]+)'>", r"expected \1", lines[-1] if lines else message.strip())
+    if given and "Got value" not in problem:
+        problem += f". {given[0].replace('Given value', 'Got value')}"
+    problem = problem.replace(". Got value:", ", got")
+    return f"{path}: {problem}" if path else problem
