@@ -5,7 +5,8 @@
 
 Each ``--variant`` is a name followed by ``key=value`` overrides of the YAML (dotted keys,
 values read as YAML). A step is what training does: forward, loss, backward, gradient
-clipping and an Adam update (a super-resolution model reads the 8×8 box mean of each image), at the preset's ``data.batch_size``, on random images (the
+clipping and the preset's optimiser update (a super-resolution model reads the 8×8 box mean
+of each image), at the preset's ``data.batch_size``, on random images (the
 cost does not depend on the pixels). Variants are timed in turns (round-robin, after a
 warm-up), so a change in the machine's speed spreads over all of them; the median is
 reported. Meant for an otherwise idle machine.
@@ -23,6 +24,7 @@ import yaml
 from experiments.json_result import emit
 from imagetx import ImageTransformer, ModelConfig
 from imagetx.model.scoring import model_inputs
+from imagetx.training.module import OPTIMIZER_SETTINGS, make_optimizer
 
 
 def set_key(tree: dict, dotted: str, value) -> None:
@@ -40,7 +42,8 @@ def build(preset: dict, overrides: list[str]):
             raise ValueError(f"override {item!r} is not key=value")
         set_key(preset, key, yaml.safe_load(value))
     model = ImageTransformer(ModelConfig.from_dict(preset["model"]["config"]))
-    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    settings = preset["model"]
+    optimizer = make_optimizer(model, **{key: settings[key] for key in OPTIMIZER_SETTINGS if key in settings})
     batch = preset["data"]["batch_size"]
     return model, optimizer, batch
 

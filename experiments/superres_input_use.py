@@ -21,7 +21,7 @@ import torch
 
 from imagetx import load_model
 from imagetx.model.config import CHANNELS
-from imagetx.io.checkpoint import CheckpointError
+from imagetx.io.errors import CheckpointError
 from imagetx.model.inputs import downsample_area
 from imagetx.data.sources import DataError, load
 

@@ -1,19 +1,21 @@
 """imagetx: the Image Transformer (Parmar et al., 2018) in PyTorch + Lightning.
 
-The public API::
+The public API (the model core: torch, einops, safetensors and huggingface_hub; importing it,
+loading, scoring and sampling never import Lightning)::
 
-    from imagetx import ModelConfig, ImageTransformer, load_model, save_pretrained
+    from imagetx import ModelConfig, ImageTransformer, load_model
     model = ImageTransformer(ModelConfig(n_layers=2, d_model=64, n_heads=2, d_filter=128))
     nats = model.nll(images)            # uint8 (B, 32, 32, 3) -> (B,) nats per image
     bpd = model.bits_per_dim(images)    # (B,) bits per sub-pixel
-    save_pretrained(model, "my-model")  # my-model/model.safetensors + config.json
-    model = load_model("my-model")      # or a training checkpoint (.ckpt)
+    model.save_pretrained("my-model")   # my-model/model.safetensors + config.json + README.md
+    model = ImageTransformer.from_pretrained("my-model")  # or a Hugging Face Hub repository id
+    model = load_model("runs/quick/checkpoints/last.ckpt")  # a training checkpoint, or a folder
 """
 
-from .io.checkpoint import CheckpointError
+from .io.errors import CheckpointError
+from .io.load import load_model
 from .model.config import ModelConfig
 from .model.transformer import ImageTransformer
-from .io.weights import from_pretrained, load_model, save_pretrained
 
-__all__ = ["CheckpointError", "ImageTransformer", "ModelConfig", "from_pretrained", "load_model", "save_pretrained"]
+__all__ = ["CheckpointError", "ImageTransformer", "ModelConfig", "load_model"]
 __version__ = "0.1.0"

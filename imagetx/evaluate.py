@@ -24,7 +24,7 @@ from jsonargparse import ArgumentParser, Namespace
 from .cli.common import check_device, parse, parser_for, run_or_exit
 from .cli.data_options import add_data_arguments, data_reader
 from .data.sources import SPLITS, check_fits, tensors
-from .io.weights import load_model
+from .io.load import load_model
 from .model.scoring import evaluate
 
 

@@ -1,9 +1,11 @@
-"""``python -m imagetx.export``: a checkpoint as a weights folder to share (weights.py).
+"""``python -m imagetx.export``: a checkpoint as a weights folder to share (io/weights.py).
 
     python -m imagetx.export --ckpt runs/quick/checkpoints/last.ckpt --out quick-weights [--dtype fp32|bf16]
 
-Writes ``OUT/model.safetensors`` (the network's tensors: opening it runs no code) and
-``OUT/config.json`` (the model configuration and the format version). imagetx.evaluate,
+Writes ``OUT/model.safetensors`` (the network's tensors: opening it runs no code),
+``OUT/config.json`` (the model configuration and the format version) and, unless the folder
+has one, ``OUT/README.md`` (a model card with the Hugging Face Hub's metadata), as
+``ImageTransformer.save_pretrained`` does. imagetx.evaluate,
 imagetx.sample (``--ckpt OUT``) and ``imagetx.load_model`` read the folder as they read the
 checkpoint. ``--dtype fp32`` keeps the weights exactly; ``bf16`` halves the file, and the model
 loads in float32 from it. The last line printed is one JSON object.
@@ -17,9 +19,10 @@ from typing import Literal
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
-from .io.atomic import check_writable
 from .cli.common import parse, parser_for, run_or_exit
-from .io.weights import CONFIG_FILE, WEIGHTS_FILE, load_model, save_pretrained
+from .io.atomic import check_writable
+from .io.load import load_model
+from .io.weights import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -28,7 +31,8 @@ def build_parser() -> ArgumentParser:
     parser = parser_for(__doc__)
     parser.add_argument("--ckpt", type=str, required=True,
                         help="checkpoint written by imagetx.train (or a weights folder)")
-    parser.add_argument("--out", type=str, required=True, help="folder to write model.safetensors and config.json into")
+    parser.add_argument("--out", type=str, required=True,
+                        help="folder to write model.safetensors, config.json and a model card into")
     parser.add_argument("--dtype", type=Literal[tuple(DTYPES)], default="fp32",
                         help="precision of the stored weights")
     return parser
@@ -37,8 +41,8 @@ def build_parser() -> ArgumentParser:
 def run(args: Namespace) -> dict:
     model = load_model(args.ckpt)  # a bad checkpoint is refused before anything is written
     out = check_writable(args.out, "--out")
-    save_pretrained(model, out, DTYPES[args.dtype])
-    files = [out / WEIGHTS_FILE, out / CONFIG_FILE]
+    model.to(DTYPES[args.dtype]).save_pretrained(out)
+    files = [out / WEIGHTS_FILE, out / CONFIG_FILE, out / CARD_FILE]
     return {"out": str(out), "files": [str(path) for path in files], "dtype": args.dtype,
             "parameters": sum(p.numel() for p in model.parameters()), "bytes": sum(p.stat().st_size for p in files),
             "ckpt": str(args.ckpt)}

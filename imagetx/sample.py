@@ -32,7 +32,7 @@ from .cli.data_options import add_data_arguments, data_reader
 from .data.sources import SPLITS, check_fits, tensors
 from .io.atomic import check_writable
 from .io.images import load_image_file, save_grid, upsample_nearest
-from .io.weights import load_model
+from .io.load import load_model
 from .model.config import ModelConfig
 from .model.heads import check_temperature
 from .model.inputs import check_labels, downsample_area
@@ -153,23 +153,11 @@ def run(args: Namespace) -> dict:
                "temperature": args.temperature if args.task != "superres" else args.temperatures,
                "seed": args.seed, "ckpt": str(args.ckpt)}
     (out / f"{args.task}.json").write_text(json.dumps(summary, indent=2))
-    log_to_wandb(grids, args.task)
     return summary
 
 
 def _to(tensor: torch.Tensor | None, device: str) -> torch.Tensor | None:
     return None if tensor is None else tensor.to(device)
-
-
-def log_to_wandb(paths: list[Path], task: str) -> None:
-    """Log grids to the active W&B run, if there is one; never fail the command over it."""
-    try:
-        import wandb
-
-        if wandb.run is not None:
-            wandb.log({f"samples/{task}": [wandb.Image(str(p)) for p in paths]})
-    except Exception as error:  # logging is a convenience, the files are already written
-        print(f"W&B logging skipped: {error}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> None:

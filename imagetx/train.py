@@ -18,7 +18,7 @@ the model's FLOP/s (imagetx/flops.py) and, on a device whose peak is known,
 Crashes: ``last.ckpt`` is rewritten (atomically) at every validation, every
 ``--checkpoint_every_n_steps`` optimiser steps and at the step where training stops, so a
 killed run loses at most that many steps; ``--resume last`` continues it exactly where the
-checkpoint was taken (data.py: the training order; lit.py: the dropout of each step).
+checkpoint was taken (data/datamodule.py: the training order; training/module.py: the dropout of each step).
 """
 
 from __future__ import annotations

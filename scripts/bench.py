@@ -27,7 +27,7 @@ training mode) is the preset's. A training step is exactly::
     optimizer.zero_grad(set_to_none=True); loss.backward(); optimizer.step()
 
 on random uint8 images (labels for class-conditional presets), with the optimiser of
-imagetx/lit.py (Adam, betas (0.9, 0.98), eps 1e-9, the preset's peak_lr; AdamW for
+training (``imagetx.training.module.make_optimizer`` with the preset's settings: fused Adam, or AdamW for
 ``adamw_cosine``). No gradient clipping, no data loading: the model's own cost.
 ``--warmup`` untimed steps, then ``--steps`` timed steps; the median is reported (fewer
 timed steps, at least 1, where they would exceed ``--max-cell-seconds``, default 40 s on
@@ -122,7 +122,7 @@ import time
 from pathlib import Path
 
 from scripts.common import (RESULT_MARKER, current_rss_bytes, fmt, machine_info, maxrss_bytes, preset_model_config,
-                            run_subprocess, sync, timed)
+                            run_subprocess, sample_uncached, sync, timed)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -201,6 +201,7 @@ def train_worker(spec: dict) -> dict:
     import torch
 
     from imagetx import ImageTransformer
+    from imagetx.training.module import OPTIMIZER_SETTINGS, make_optimizer
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
@@ -209,10 +210,7 @@ def train_worker(spec: dict) -> dict:
     hp = read_preset(spec["preset"])["model"]
     torch.manual_seed(0)
     model = ImageTransformer(cfg).to(device).train()
-    optimizer_class = torch.optim.AdamW if hp.get("optimizer") == "adamw_cosine" else torch.optim.Adam
-    optimizer = optimizer_class(model.parameters(), lr=hp.get("peak_lr", 3.5e-3),
-                                betas=tuple(hp.get("betas", (0.9, 0.98))), eps=hp.get("eps", 1e-9),
-                                weight_decay=hp.get("weight_decay", 0.0))
+    optimizer = make_optimizer(model, **{key: hp[key] for key in OPTIMIZER_SETTINGS if key in hp})
     images, labels, low_res = make_inputs(cfg, spec["batch"], device)
     bf16 = spec["precision"] == "bf16"
     losses = []
@@ -269,7 +267,7 @@ def sample_worker(spec: dict) -> dict:
     import torch
 
     from imagetx import ImageTransformer
-    from imagetx.model.sampler import first_input, sample, sample_uncached
+    from imagetx.model.sampler import first_input, sample
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])

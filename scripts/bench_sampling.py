@@ -29,8 +29,8 @@ from pathlib import Path
 import torch
 
 from imagetx import ImageTransformer
-from imagetx.model.sampler import compile_decoding, first_input, sample, sample_uncached
-from scripts.common import preset_model_config, sync, timed
+from imagetx.model.sampler import compile_decoding, first_input, sample
+from scripts.common import preset_model_config, sample_uncached, sync, timed
 
 
 @torch.no_grad()

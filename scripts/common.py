@@ -2,7 +2,8 @@
 (``run_subprocess``, the result a JSON line marked ``RESULT_MARKER``), memory read from
 the process (``current_rss_bytes``, ``maxrss_bytes``, ``reset_peak_rss``), the machine described
 (``machine_info``), timings that include the device's queued work (``timed``, ``sync``),
-a preset's model configuration (``preset_model_config``) and table cells (``fmt``).
+a preset's model configuration (``preset_model_config``), table cells (``fmt``) and the
+baseline that cached sampling is measured against (``sample_uncached``).
 
 Standard library only at import time (torch is imported inside the functions that need
 it), so that a driver process does not pay for it.
@@ -130,3 +131,28 @@ def fmt(value, spec: str, missing: str = "-") -> str:
         width = "".join(c for c in spec.split(".")[0] if c.isdigit())
         return missing.rjust(int(width)) if width else missing
     return format(value, spec)
+
+
+
+def sample_uncached(model, count: int, labels=None, low_res=None, temperature: float = 1.0,
+                    steps: int | None = None, generator=None):
+    """The original's method, for comparison: rerun the whole network at every step (in eval
+    mode; the model's own mode is restored after). ``steps`` stops early (the benchmark times
+    a few steps and extrapolates)."""
+    import torch
+
+    from imagetx.model.heads import check_temperature
+    from imagetx.model.modes import eval_mode
+    from imagetx.model.order import sequence_to_images
+    from imagetx.model.sampler import check_count
+
+    check_count(count)
+    check_temperature(temperature)
+    cfg = model.config
+    images = torch.zeros(count, cfg.image_size, cfg.image_size, 3, dtype=torch.uint8, device=model.step_rows.device)
+    sequence = model.targets(images)
+    with eval_mode(model), torch.no_grad():
+        for t in range(model.order.length if steps is None else steps):
+            params = model(sequence_to_images(sequence, model.order, cfg.head).to(torch.uint8), labels, low_res)
+            sequence[:, t] = model.head.sample(params[:, t : t + 1], temperature, generator)[:, 0]
+    return sequence_to_images(sequence, model.order, cfg.head).to(torch.uint8)

@@ -8,8 +8,11 @@ that the whole suite runs in seconds on two shared CPU cores.
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
+from einops import rearrange
 
 from imagetx import ImageTransformer, ModelConfig
 
@@ -168,3 +171,18 @@ def weights_checkpoint(model: ImageTransformer, metadata: dict | None = None) ->
 
     state = {f"model.{name}": value for name, value in model.state_dict().items()}
     return {"imagetx": metadata if metadata is not None else imagetx_metadata(model.config), "state_dict": state}
+
+
+def dense_attention(q: Tensor, k: Tensor, v: Tensor, can_attend: Tensor, bias: Tensor | None = None) -> Tensor:
+    """Reference softmax attention: q (Tq, N, e), k and v (Tk, N, e), can_attend (Tq, Tk) -> (Tq, N, e).
+
+    Written out by hand (no fused kernel) so the fast paths have something
+    independent to be compared with. A query with no allowed key gets zeros.
+    ``bias`` (h, Tq, Tk): added to the scores of head i of every image (N = batch·h).
+    """
+    scores = torch.einsum("qne,kne->nqk", q, k) / math.sqrt(q.shape[-1])
+    if bias is not None:
+        scores = (rearrange(scores, "(b h) q k -> b h q k", h=bias.shape[0]) + bias).flatten(0, 1)
+    scores = scores.masked_fill(~can_attend, float("-inf"))
+    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return torch.einsum("nqk,kne->qne", weights, v)

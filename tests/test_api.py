@@ -9,14 +9,15 @@ import torch
 
 import imagetx
 from helpers import random_images, random_labels, tiny_config, tiny_model, weights_checkpoint
-from imagetx import CheckpointError, ImageTransformer, ModelConfig, load_model, save_pretrained
+from imagetx import CheckpointError, ImageTransformer, ModelConfig, load_model
 from imagetx.io.checkpoint import imagetx_metadata
 
 
 def test_public_names():
-    for name in ("CheckpointError", "ImageTransformer", "ModelConfig", "from_pretrained", "load_model",
-                 "save_pretrained"):
+    for name in ("CheckpointError", "ImageTransformer", "ModelConfig", "load_model"):
         assert hasattr(imagetx, name) and name in imagetx.__all__
+    for method in ("save_pretrained", "from_pretrained", "push_to_hub"):  # huggingface_hub's mixin
+        assert callable(getattr(ImageTransformer, method))
 
 
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
@@ -207,7 +208,7 @@ def test_save_load_round_trip(tmp_path, overrides):
     if model.config.encoder_layers:
         kwargs["low_res"] = random_images(2, model.config.low_res_size, seed=8)
     path = tmp_path / "sub" / "model"
-    save_pretrained(model, path)
+    model.save_pretrained(path)
     loaded = load_model(path)
     assert isinstance(loaded, ImageTransformer)
     assert loaded.config == model.config
@@ -218,7 +219,7 @@ def test_save_load_round_trip(tmp_path, overrides):
     with torch.no_grad():
         assert not torch.equal(tiny_model(seed=4, **overrides).nll(images, **kwargs), model.nll(images, **kwargs))
     assert [p.name for p in path.parent.iterdir()] == ["model"]
-    assert sorted(p.name for p in path.iterdir()) == ["config.json", "model.safetensors"]  # no temporary files left
+    assert sorted(p.name for p in path.iterdir()) == ["README.md", "config.json", "model.safetensors"]  # no temporaries
 
 
 def test_load_checkpoint_file(tmp_path):

@@ -15,10 +15,11 @@ import pytest
 import torch
 from einops import rearrange
 
+from helpers import dense_attention
 from imagetx.model.attention import CrossAttention, SelfAttention, project_heads
 from imagetx.model.cross_pattern import LocalCrossAttention, cross_can_attend
 from imagetx.model.order import GenerationOrder
-from imagetx.model.patterns import FullCausal, Local1D, Local2D, dense_attention
+from imagetx.model.patterns import FullCausal, Local1D, Local2D
 
 
 def local_1d(length: int, block: int, memory: int = 1) -> Local1D:

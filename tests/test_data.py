@@ -254,7 +254,8 @@ def test_setup_says_how_many_images_each_split_has(tmp_path, monkeypatch):
     dm.setup("fit")
     dm.setup("test")
     lines = [line for line in said if line.startswith("data:")]
-    assert lines == [f"data: 5 train, 10 val images (cifar10, {tmp_path})", f"data: 5 test images (cifar10, {tmp_path})"]
+    assert lines == [f"data: 5 train, 10 val images (cifar10, {tmp_path})",
+                     f"data: 5 test images (cifar10, {tmp_path})"]
 
 
 def test_datamodule_batches_and_no_dropped_images(tmp_path):

@@ -11,7 +11,7 @@ and the validation images that rank saw.
 Checked: both ranks end with bit-identical parameters (equal to the checkpoint's), the
 two ranks validated disjoint halves that together are the whole val split, and the
 logged ``val/bpd`` is the bits/dim over ALL val images computed here with the final model
-(the MeanMetric in imagetx/lit.py sums and counts across ranks), not rank 0's half nor a
+(the MeanMetric in imagetx/training/module.py sums and counts across ranks), not rank 0's half nor a
 mean of batch means; and every rank's process ends without an exception (a rank that
 dies after training fails a torchrun or srun job even when rank 0 exits 0).
 Runs in about 15 s on an idle 2-core machine (two processes importing torch and Lightning).

@@ -18,13 +18,13 @@ import pytest
 import torch
 import torch._dynamo
 
-from helpers import random_images, random_labels, tiny_model
+from helpers import dense_attention, random_images, random_labels, tiny_model
 from imagetx.model import flex
 from imagetx.model.cross_pattern import LocalCrossAttention, cross_can_attend
 from imagetx.model.inputs import downsample_area
 from imagetx.model.flex import uses_flex
 from imagetx.model.order import GenerationOrder
-from imagetx.model.patterns import FullCausal, Local1D, Local2D, dense_attention
+from imagetx.model.patterns import FullCausal, Local1D, Local2D
 from imagetx.model.position_bias import RelativePositionBias
 from test_sampler import cached_params
 
@@ -72,7 +72,9 @@ def bias_of(kind: str, order: GenerationOrder) -> RelativePositionBias | None:
     which flex computes from the indices ("fixed")."""
     if kind == "plain":
         return None
-    return random_bias(order) if kind == "learned" else RelativePositionBias(HEADS, order.rows, order.cols, learned=False)
+    if kind == "learned":
+        return random_bias(order)
+    return RelativePositionBias(HEADS, order.rows, order.cols, learned=False)
 
 
 def dense_reference(pattern, q, k, v, bias: RelativePositionBias | None = None) -> torch.Tensor:
@@ -293,7 +295,7 @@ def test_cached_sampler_equals_the_flex_full_pass(name):
 
 
 def test_compiled_model_through_flex_equals_eager():
-    # The block masks are built outside the model's graph (``BuiltOnce.once``) and the kernel
+    # The block masks are built outside the model's graph (``BuiltOnce``) and the kernel
     # compiled as part of it.
     model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
     with torch.no_grad():
@@ -313,8 +315,8 @@ def test_compiled_model_through_flex_equals_eager():
 def test_flex_values_and_gradients_equal_dense_on_cuda(pattern, bias_kind):
     device = torch.device("cuda")
     q64, k64, v64 = (t.requires_grad_() for t in rand_qkv(pattern.length, dim=16, device=device))
-    bias64, bias32 = (None if b is None else b.to(device) for b in (bias_of(bias_kind, pattern.order) for _ in range(2)))
-    bias64 = None if bias64 is None else bias64.double()
+    bias64, bias32 = (bias_of(bias_kind, pattern.order) for _ in range(2))
+    bias64, bias32 = (None, None) if bias64 is None else (bias64.to(device).double(), bias32.to(device))
     learned = bias_kind == "learned"  # a fixed bias has no gradient to check
     projection = torch.randn(q64.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(device)
 

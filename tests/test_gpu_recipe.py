@@ -72,7 +72,7 @@ def write_override(path: Path, run_dir: Path, data_root: Path, **trainer) -> Pat
 @pytest.mark.parametrize("preset", ["cifar10_dmol_25min.yaml", "cifar10_dmol.yaml"])
 def test_bf16_mixed_recipe_clips_gradients(tmp_path, data_root, preset):
     # Lightning's mixed-precision plugin refuses to clip for a fused optimiser (it unscales
-    # fp16 gradients itself); under bf16 there is no scaler and lit.py clips them itself.
+    # fp16 gradients itself); under bf16 there is no scaler and training/module.py clips them itself.
     # Uncompiled, two steps: the refusal came at the first optimiser step, compiled or not.
     override = write_override(tmp_path / "tiny.yaml", tmp_path / "run", data_root, max_steps=2, callbacks=[])
     main(["--config", str(RECIPE.parent / preset), "--config", str(override), "--model.compile", "false",

@@ -1,4 +1,4 @@
-"""The optimiser's parameter groups (imagetx/lit.py): the parts that read the low-resolution
+"""The optimiser's parameter groups (imagetx/training/module.py): the parts that read the low-resolution
 input can learn at their own rate (``low_res_lr_scale``)."""
 
 from __future__ import annotations

@@ -9,9 +9,9 @@ import math
 import pytest
 import torch
 
-from helpers import random_images, random_labels, tiny_model
+from helpers import dense_attention, random_images, random_labels, tiny_model
 from imagetx.model.order import GenerationOrder
-from imagetx.model.patterns import FullCausal, Local1D, Local2D, dense_attention
+from imagetx.model.patterns import FullCausal, Local1D, Local2D
 from imagetx.model.position_bias import RelativePositionBias
 from test_sampler import cached_params
 

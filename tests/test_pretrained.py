@@ -17,7 +17,7 @@ from imagetx.model.inputs import downsample_area
 from imagetx.model.scoring import evaluate
 from imagetx.sample import main as sample_main
 from imagetx.model.sampler import sample
-from imagetx.io.weights import load_model
+from imagetx.io.load import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 VAL_IMAGES = Path(__file__).parent / "data" / "cifar10_val_first32.npz"

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import TINY_TRAIN_MODEL, one_error_line, tiny_model, write_npz_shard, write_train_config, weights_checkpoint
-from imagetx import save_pretrained
+from helpers import (TINY_TRAIN_MODEL, one_error_line, tiny_model, weights_checkpoint, write_npz_shard,
+                     write_train_config)
 from imagetx.io.checkpoint import imagetx_metadata
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
@@ -98,24 +98,6 @@ def test_train_with_an_unwritable_run_directory(tmp_path, capsys, data_root):
     assert str(blocker / "run") in line and "--trainer.default_root_dir" in line, line
 
 
-def test_resume_from_a_checkpoint_with_an_older_loader_state(tmp_path, capsys, data_root):
-    # The previous imagetx (imagetx/resumable.py's ResumableLoader) saved the training loader's
-    # place as {epoch, batches, batch_size, seed}; Lightning failed on it deep in the fit loop.
-    train_main(["--config", str(write_train_config(tmp_path / "c2.yaml", tmp_path / "run", data_root, 2)),
-                "--wandb", "disabled"])
-    last = tmp_path / "run" / "checkpoints" / "last.ckpt"
-    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
-    checkpoint["loops"]["fit_loop"]["state_dict"]["combined_loader"] = [
-        {"epoch": 0, "batches": 2, "batch_size": 2, "seed": 0}]
-    del checkpoint["ImageDataModule"]  # that version had no DataModule state either
-    torch.save(checkpoint, last)
-    capsys.readouterr()
-    line = train_error(tmp_path, capsys, data_root, "--resume", "last")
-    assert str(last) in line and "older imagetx" in line and "start a new run" in line, line
-    assert "imagetx.evaluate" in line  # ... and what the checkpoint is still good for
-    assert torch.load(last, map_location="cpu", weights_only=False)["global_step"] == 2  # left as it was
-
-
 def test_debug_mode_shows_the_traceback(tmp_path, data_root, monkeypatch):
     monkeypatch.setenv("IMAGETX_DEBUG", "1")
     config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, 2, model={"n_heads": 3})
@@ -171,9 +153,8 @@ def test_bad_checkpoint(tmp_path, capsys, data_root, command, kind):
 def checkpoints(tmp_path_factory):
     directory = tmp_path_factory.mktemp("ckpts")
     plain, conditional = directory / "plain", directory / "conditional"
-    save_pretrained(tiny_model(seed=1, image_size=32, head="dmol", query_block_length=64), plain)
-    save_pretrained(tiny_model(seed=2, image_size=32, head="dmol", query_block_length=64, num_classes=10),
-                    conditional)
+    (tiny_model(seed=1, image_size=32, head="dmol", query_block_length=64)).save_pretrained(plain)
+    (tiny_model(seed=2, image_size=32, head="dmol", query_block_length=64, num_classes=10)).save_pretrained(conditional)
     return {"plain": plain, "conditional": conditional}
 
 

@@ -10,7 +10,6 @@ import torch
 from PIL import ExifTags, Image
 
 from helpers import tiny_model, write_cifar_npz
-from imagetx import save_pretrained
 from imagetx.sample import main
 from imagetx.data.sources import load
 
@@ -36,7 +35,7 @@ def ckpt(tmp_path_factory):
     # 32x32 DMOL, one layer of d=16: 1024 cheap sampling steps.
     model = tiny_model(seed=21, image_size=32, head="dmol", query_block_length=64)
     path = tmp_path_factory.mktemp("ckpt") / "model"
-    save_pretrained(model, path)
+    model.save_pretrained(path)
     return path
 
 

@@ -12,7 +12,8 @@ import yaml
 from helpers import random_images, random_labels, tiny_model
 from imagetx.model.inputs import downsample_area
 from imagetx import ImageTransformer, ModelConfig
-from imagetx.model.sampler import ISOLATED, compile_decoding, first_input, sample, sample_uncached
+from imagetx.model.sampler import ISOLATED, compile_decoding, first_input, sample
+from scripts.common import sample_uncached
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -11,10 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import random_images, tiny_model, write_cifar_npz
-from imagetx import load_model, save_pretrained
+from helpers import dense_attention, random_images, tiny_model, write_cifar_npz
+from imagetx import load_model
 from imagetx.model.attention import merge_heads, project_heads
-from imagetx.model.patterns import dense_attention
 from imagetx.model.inputs import downsample_area
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
@@ -98,7 +97,7 @@ def test_local_cross_attention_reaches_exactly_the_nearby_low_res_pixels(head, r
 def test_local_cross_attention_equals_the_dense_reference(head, radius):
     # radius 0: 3 keys for every query, no mask; 1 and 2: edge cells see fewer keys (masked)
     model = superres_model(head, "local_1d", radius=radius, low_res_size=4)
-    attn, can_attend = model.layers[0].cross_attn, model.cross_can_attend
+    attn, can_attend = model.layers[0].cross_attn, model.local_cross.can_attend
     length = model.order.length
     x = torch.randn(2, length, 16, dtype=torch.float64, requires_grad=True)
     context = torch.randn(2, 48, 16, dtype=torch.float64, requires_grad=True)
@@ -138,7 +137,7 @@ def superres_ckpt(tmp_path_factory):
     # 32×32 DMOL decoder (1024 cheap steps) with a one-layer encoder over the 8×8 input.
     model = tiny_model(seed=31, image_size=32, head="dmol", query_block_length=64, encoder_layers=1, low_res_size=8)
     path = tmp_path_factory.mktemp("sr") / "sr"
-    save_pretrained(model, path)
+    model.save_pretrained(path)
     return path
 
 
@@ -180,7 +179,7 @@ def test_sample_superres_grid(tmp_path, capsys, superres_ckpt):
 
 def test_sample_superres_rejects_a_plain_model(tmp_path, capsys):
     path = tmp_path / "plain"
-    save_pretrained(tiny_model(image_size=32, head="dmol", query_block_length=64), path)
+    (tiny_model(image_size=32, head="dmol", query_block_length=64)).save_pretrained(path)
     with pytest.raises(SystemExit) as info:
         sample_main(["--ckpt", str(path), "--task", "superres", "--out", str(tmp_path / "o")])
     assert info.value.code == 2

@@ -9,8 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import TINY_TRAIN_MODEL, one_error_line, random_images, random_labels, tiny_model, write_train_config, weights_checkpoint
-from imagetx import CheckpointError, ImageTransformer, ModelConfig, from_pretrained, load_model, save_pretrained
+from helpers import (TINY_TRAIN_MODEL, one_error_line, random_images, random_labels, tiny_model, weights_checkpoint,
+                     write_train_config)
+from imagetx import CheckpointError, ImageTransformer, ModelConfig, load_model
 from imagetx.io.checkpoint import imagetx_metadata
 from imagetx.evaluate import main as evaluate_main
 from imagetx.export import main as export_main
@@ -35,7 +36,7 @@ def test_training_checkpoint_exported_in_fp32_and_bf16_scores_as_the_checkpoint(
         export_main(["--ckpt", str(last), "--out", str(tmp_path / dtype), "--dtype", dtype])
         summary = last_json(capsys)
         exported[dtype] = tmp_path / dtype
-        assert sorted(p.name for p in exported[dtype].iterdir()) == ["config.json", "model.safetensors"]
+        assert sorted(p.name for p in exported[dtype].iterdir()) == ["README.md", "config.json", "model.safetensors"]
         assert summary["dtype"] == dtype and summary["ckpt"] == str(last)
         stored = {str(t.dtype) for t in load_file(exported[dtype] / "model.safetensors").values()}
         assert stored == {"torch.float32" if dtype == "fp32" else "torch.bfloat16"}, stored
@@ -80,11 +81,13 @@ def test_save_pretrained_then_from_pretrained(tmp_path, overrides):
     if model.config.encoder_layers:
         kwargs["low_res"] = random_images(2, model.config.low_res_size, seed=8)
     images = random_images(2, model.config.image_size, seed=7)
-    save_pretrained(model, tmp_path / "weights")
-    loaded = from_pretrained(tmp_path / "weights")
+    model.save_pretrained(tmp_path / "weights")
+    loaded = ImageTransformer.from_pretrained(tmp_path / "weights")
     assert isinstance(loaded, ImageTransformer) and loaded.config == model.config and not loaded.training
     config = json.loads((tmp_path / "weights" / "config.json").read_text())
     assert config == {"format_version": 1, **model.config.to_dict()}
+    card = (tmp_path / "weights" / "README.md").read_text()  # the Hub's model card, its metadata first
+    assert card.startswith("---\n") and "library_name: imagetx" in card and "license: mit" in card
     with torch.no_grad():
         assert torch.equal(loaded.nll(images, **kwargs), model.nll(images, **kwargs))
         # a differently seeded model scores differently: the weights really came from the folder
@@ -96,7 +99,7 @@ def test_save_pretrained_then_from_pretrained(tmp_path, overrides):
 
 def damaged_folder(tmp_path, damage):
     folder = tmp_path / "weights"
-    save_pretrained(tiny_model(image_size=32, head="dmol", query_block_length=64), folder)
+    (tiny_model(image_size=32, head="dmol", query_block_length=64)).save_pretrained(folder)
     tensors = load_file(folder / "model.safetensors")
     config = json.loads((folder / "config.json").read_text())
     name = sorted(tensors)[0]
@@ -146,16 +149,44 @@ def test_a_folder_that_does_not_fit_is_named_in_one_line(tmp_path, capsys, data_
     assert not (tmp_path / "o").exists()
 
 
-def test_a_path_that_is_no_folder_is_never_downloaded(tmp_path):
-    with pytest.raises(CheckpointError, match="downloads nothing"):
-        from_pretrained("someone/imagetx-cifar10")
+def test_load_model_reads_local_paths_only(tmp_path):
+    with pytest.raises(CheckpointError, match="someone/imagetx-cifar10 does not exist"):
+        load_model("someone/imagetx-cifar10")  # not a local path: refused, never fetched
     with pytest.raises(CheckpointError, match="has no config.json"):
         load_model(tmp_path)  # an empty folder
 
 
+def test_a_hub_repository_is_fetched_by_huggingface_hub_then_read_as_a_folder(tmp_path, monkeypatch):
+    """No network in the tests: the Hub's two downloads are stood in for by a local folder, and
+    what from_pretrained does with what they return is checked (the folder's own checks apply)."""
+    folder = tmp_path / "snapshot"
+    model = tiny_model(seed=6)
+    model.save_pretrained(folder)
+    asked = []
+    monkeypatch.setattr("huggingface_hub.hub_mixin.hf_hub_download",
+                        lambda repo_id, filename, **options: asked.append((repo_id, filename)) or str(folder / filename))
+    monkeypatch.setattr("imagetx.model.hub.snapshot_download",
+                        lambda repo_id, allow_patterns, **options: asked.append((repo_id, allow_patterns)) or str(folder))
+    loaded = ImageTransformer.from_pretrained("someone/imagetx-tiny", revision="main")
+    assert asked == [("someone/imagetx-tiny", "config.json"),
+                     ("someone/imagetx-tiny", ["model.safetensors", "config.json"])]
+    images = random_images(2, 4)
+    with torch.no_grad():
+        assert torch.equal(loaded.nll(images), model.nll(images))
+    (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
+    with pytest.raises(CheckpointError, match="model.safetensors cannot be read"):
+        ImageTransformer.from_pretrained("someone/imagetx-tiny")
+
+
+def test_a_hub_repository_that_cannot_be_fetched_is_one_error(tmp_path):
+    # local_files_only: huggingface_hub looks in its cache (empty here) and never goes online
+    with pytest.raises(CheckpointError, match="is not a local folder, and fetching it from the Hugging Face Hub failed"):
+        ImageTransformer.from_pretrained("someone/imagetx-cifar10", local_files_only=True, cache_dir=tmp_path)
+
+
 def test_resume_from_a_weights_folder_is_refused(tmp_path, capsys, data_root):
     folder = tmp_path / "weights"
-    save_pretrained(tiny_model(image_size=32, head="dmol"), folder)
+    (tiny_model(image_size=32, head="dmol")).save_pretrained(folder)
     config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, 2)
     line = one_error_line(capsys, train_main, ["--config", str(config), "--wandb", "disabled",
                                                "--resume", str(folder)])

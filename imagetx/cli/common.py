@@ -18,7 +18,7 @@ import torch
 from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse.typing import register_type
 
-from ..io.checkpoint import CheckpointError
+from ..io.errors import CheckpointError
 from ..data.sources import DataError
 from .errors import describe_parse_error
 

@@ -20,10 +20,6 @@ from ..io.images import CROPS, FILTERS
 from .seeding import mix_seed, run_seed
 from .sources import DataError, Reader, check_fits, default_root, tensors
 
-# torchdata 0.11 calls torch.set_vital, which newer torch versions deprecate: harmless, and
-# otherwise said on every training run.
-warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
-
 
 class ImageDataset(Dataset):
     """In-memory images and labels; items are dicts so every consumer names what it takes
@@ -98,6 +94,13 @@ class TrainLoader(StatefulDataLoader):
     place (the next epoch, from its start) and the loader starts afresh."""
 
     sampler: TrainOrder
+
+    def __init__(self, *args, **kwargs) -> None:
+        # torchdata 0.11 calls torch.set_vital here, which newer torch versions deprecate:
+        # harmless, and otherwise said on every training run.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="'set_vital' is deprecated", category=UserWarning)
+            super().__init__(*args, **kwargs)
 
     def __iter__(self):
         iterator = super().__iter__()  # loads a pending state into the order

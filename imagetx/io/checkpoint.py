@@ -27,19 +27,16 @@ from typing import Any
 
 import torch
 
-from .atomic import atomic_write
 from ..model.config import ModelConfig
 from ..model.transformer import ImageTransformer
+from .atomic import atomic_write
+from .errors import CheckpointError
+from .weights import check_tensors
 
 FORMAT_VERSION = 1
 LIGHTNING_PREFIX = "model."  # the LightningModule keeps the network as ``self.model``
 CHECKPOINT_DIR = "checkpoints"  # under the run's directory (trainer.default_root_dir)
 LAST = "last.ckpt"
-LISTED = 3  # names of missing, extra or misshapen tensors given in one error line
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that is missing, unreadable, not imagetx's, or does not fit its config."""
 
 
 def imagetx_metadata(config: ModelConfig) -> dict[str, Any]:
@@ -135,21 +132,3 @@ def model_from_checkpoint(path: str | os.PathLike, map_location: str | torch.dev
     model.load_state_dict(state)
     return model.to(map_location).eval()
 
-
-def check_tensors(path: Path, stored: dict[str, torch.Tensor], needed: dict[str, torch.Tensor], fix: str) -> None:
-    """A CheckpointError naming the tensors of ``stored`` that are missing, extra, misshapen or not
-    floating point where the model of the stored configuration (``needed``) has floating-point
-    ones, and the ``fix``."""
-    missing = [name for name in needed if name not in stored]
-    extra = [name for name in stored if name not in needed]
-    misfits = [f"{name} is {tuple(stored[name].shape)} {str(stored[name].dtype).removeprefix('torch.')} where the "
-               f"model needs {tuple(needed[name].shape)} {str(needed[name].dtype).removeprefix('torch.')}"
-               for name in needed if name in stored and (stored[name].shape != needed[name].shape or
-                                                         stored[name].is_floating_point() !=
-                                                         needed[name].is_floating_point())]
-    problems = [f"{kind} {', '.join(names[:LISTED])}{f' and {len(names) - LISTED} more' if len(names) > LISTED else ''}"
-                for kind, names in (("missing tensor(s)", missing), ("unexpected tensor(s)", extra),
-                                    ("wrong tensor(s):", misfits)) if names]
-    if problems:
-        raise CheckpointError(f"{path}: the weights do not fit the model configuration stored with them: "
-                              f"{'; '.join(problems)}; {fix}")

@@ -1,10 +1,9 @@
-"""Weights to share: a folder holding ``model.safetensors`` and ``config.json``, and
-``load_model``, which reads such a folder or a torch checkpoint file (checkpoint.py).
+"""Weights to share: the folder format, ``model.safetensors`` and ``config.json``, written and read
+(``ImageTransformer.save_pretrained`` / ``from_pretrained``, model/hub.py, use it).
 
-The folder follows the huggingface convention (``save_pretrained`` / ``from_pretrained``):
-``model.safetensors`` holds the network's tensors and nothing else, so opening it cannot run
-code; ``config.json`` holds the ``ModelConfig`` fields and ``format_version``. A folder is read
-from a local path only: imagetx downloads nothing. The tensors are checked against the model that
+The folder follows the Hugging Face convention: ``model.safetensors`` holds the network's
+tensors and nothing else, so opening it cannot run code; ``config.json`` holds the
+``ModelConfig`` fields and ``format_version``. The tensors are checked against the model that
 config.json describes, so a missing, extra or wrongly shaped tensor is named rather than left to
 a failure deep inside the network.
 """
@@ -19,53 +18,40 @@ import torch
 from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
-from .atomic import atomic_write
-from .checkpoint import CheckpointError, check_tensors, model_from_checkpoint
 from ..model.config import ModelConfig
-from ..model.transformer import ImageTransformer
+from .atomic import atomic_write
+from .errors import CheckpointError
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
+CARD_FILE = "README.md"  # the model card save_pretrained adds (model/hub.py)
 FORMAT_KEY = "format_version"
 FORMAT_VERSION = 1
+LISTED = 3  # names of missing, extra or misshapen tensors given in one error line
 
 
-def save_pretrained(model: ImageTransformer, directory: str | os.PathLike, dtype: torch.dtype | None = None) -> Path:
-    """Write ``directory/model.safetensors`` and ``directory/config.json`` (each atomically);
-    ``dtype`` (e.g. torch.bfloat16) stores the floating-point tensors at that precision instead
-    of the model's own. Returns the folder."""
+def write_weights(directory: str | os.PathLike, state: dict[str, torch.Tensor], config: ModelConfig) -> Path:
+    """Write ``directory/model.safetensors`` (the tensors of ``state``) and ``directory/config.json``
+    (``config`` and the format version), each atomically. Returns the folder."""
     directory = Path(directory)
-    tensors = {name: value.detach().to("cpu", dtype if dtype is not None and value.is_floating_point() else None)
-               .contiguous() for name, value in model.state_dict().items()}
+    tensors = {name: value.detach().to("cpu").contiguous() for name, value in state.items()}
     # "format": "pt" is the metadata the huggingface tools read to know the tensors are torch's
     atomic_write(directory / WEIGHTS_FILE, lambda handle: handle.write(safetensors_bytes(tensors, {"format": "pt"})))
-    config = {FORMAT_KEY: FORMAT_VERSION, **model.config.to_dict()}
-    atomic_write(directory / CONFIG_FILE, lambda handle: handle.write((json.dumps(config, indent=2) + "\n").encode()))
+    values = {FORMAT_KEY: FORMAT_VERSION, **config.to_dict()}
+    atomic_write(directory / CONFIG_FILE, lambda handle: handle.write((json.dumps(values, indent=2) + "\n").encode()))
     return directory
 
 
-def from_pretrained(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> ImageTransformer:
-    """The model in a folder written by ``save_pretrained`` (or ``imagetx.export``), in float32 and
-    eval mode, whatever precision the folder stores; a CheckpointError naming what is wrong."""
+def read_weights(directory: str | os.PathLike) -> tuple[ModelConfig, dict[str, torch.Tensor]]:
+    """The configuration and the tensors of a weights folder, each checked as it is read (a
+    CheckpointError naming what is wrong); whether the tensors fit the configuration is
+    ``check_tensors``'s to say, once the model is built."""
     directory = Path(directory)
     if not directory.is_dir():
-        raise CheckpointError(f"no weights folder at {directory}: imagetx reads a local folder holding {WEIGHTS_FILE} "
-                              f"and {CONFIG_FILE} and downloads nothing (fetch a shared model first, e.g. with "
-                              "`huggingface-cli download REPO --local-dir DIR`)")
-    model = ImageTransformer(read_config(directory / CONFIG_FILE))
-    stored = read_tensors(directory / WEIGHTS_FILE)
-    check_tensors(directory / WEIGHTS_FILE, stored, model.state_dict(),
-                  "export the folder again from the checkpoint these weights came from")
-    model.load_state_dict(stored)
-    return model.to(map_location).eval()
-
-
-def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> ImageTransformer:
-    """The model stored at ``path``, in eval mode: a weights folder (``from_pretrained``) or a
-    checkpoint file written by imagetx.train. Neither runs code from the file."""
-    if Path(path).is_dir():
-        return from_pretrained(path, map_location)
-    return model_from_checkpoint(path, map_location)
+        raise CheckpointError(f"no weights folder at {directory}: pass a folder holding {WEIGHTS_FILE} and "
+                              f"{CONFIG_FILE} (imagetx.export, save_pretrained), or a Hugging Face Hub repository id "
+                              "to ImageTransformer.from_pretrained")
+    return read_config(directory / CONFIG_FILE), read_tensors(directory / WEIGHTS_FILE)
 
 
 def read_config(path: Path) -> ModelConfig:
@@ -98,3 +84,22 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
     except Exception as error:  # safetensors' own error type for a bad header, truncation, ...
         raise CheckpointError(f"{path} cannot be read ({type(error).__name__}: {error}): the file is truncated or "
                               "corrupt; export the folder again") from error
+
+
+def check_tensors(path: Path, stored: dict[str, torch.Tensor], needed: dict[str, torch.Tensor], fix: str) -> None:
+    """A CheckpointError naming the tensors of ``stored`` that are missing, extra, misshapen or not
+    floating point where the model of the stored configuration (``needed``) has floating-point
+    ones, and the ``fix``."""
+    missing = [name for name in needed if name not in stored]
+    extra = [name for name in stored if name not in needed]
+    misfits = [f"{name} is {tuple(stored[name].shape)} {str(stored[name].dtype).removeprefix('torch.')} where the "
+               f"model needs {tuple(needed[name].shape)} {str(needed[name].dtype).removeprefix('torch.')}"
+               for name in needed if name in stored and (stored[name].shape != needed[name].shape or
+                                                         stored[name].is_floating_point() !=
+                                                         needed[name].is_floating_point())]
+    problems = [f"{kind} {', '.join(names[:LISTED])}{f' and {len(names) - LISTED} more' if len(names) > LISTED else ''}"
+                for kind, names in (("missing tensor(s)", missing), ("unexpected tensor(s)", extra),
+                                    ("wrong tensor(s):", misfits)) if names]
+    if problems:
+        raise CheckpointError(f"{path}: the weights do not fit the model configuration stored with them: "
+                              f"{'; '.join(problems)}; {fix}")

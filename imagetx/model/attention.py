@@ -45,7 +45,7 @@ def merge_heads(proj: nn.Linear, out: Tensor, n_heads: int) -> Tensor:
     return proj(rearrange(out, "t (b h) e -> t b (h e)", h=n_heads)).transpose(0, 1)
 
 
-def attend_step(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+def attend_slots(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
     """One step's queries (1, N, e) over cached keys and values (N, S, e) -> (1, N, e).
     ``mask``: the slots it may read, bool (1, S) or a float mask (N, 1, S); None: all."""
     out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask)  # (N, 1, e)
@@ -122,13 +122,13 @@ class SelfAttention(nn.Module):
         cache.values.index_copy_(1, slot, v.transpose(0, 1))
         readable = index.readable(step)  # (ring,)
         if self.position_bias is None:
-            return attend_step(q, cache.keys, cache.values, readable[None])
+            return attend_slots(q, cache.keys, cache.values, readable[None])
         slots = torch.arange(index.ring, device=step.device)
         key_steps = step - (step - slots) % index.ring  # the step whose key each slot holds now
         bias = self.position_bias(self.pattern.order.relative_offsets(step.view(1), key_steps))  # (h, ring)
         mask = bias.masked_fill(~readable, float("-inf"))
         batch = q.shape[1] // self.n_heads
-        return attend_step(q, cache.keys, cache.values, mask[None].expand(batch, -1, -1).reshape(-1, 1, index.ring))
+        return attend_slots(q, cache.keys, cache.values, mask[None].expand(batch, -1, -1).reshape(-1, 1, index.ring))
 
 
 class CrossAttention(nn.Module):
@@ -156,7 +156,7 @@ class CrossAttention(nn.Module):
         if cache is not None:
             # A 1-element index, as in DecodeIndex.readable: (1, S), read on the device.
             mask = None if self.local is None else self.local.can_attend[cache.step.view(1)]
-            out = attend_step(q, cache.keys, cache.values, mask)
+            out = attend_slots(q, cache.keys, cache.values, mask)
         else:
             k, v = project_heads(self.to_kv, context, self.n_heads, 2)
             if self.local is None:

@@ -34,11 +34,11 @@ class CellAdd(nn.Module):
     """Encoder output (B, 3·h·w, d) -> (B, T, d): per step, a linear map of its low-res pixel's
     3 sub-pixel encodings."""
 
-    def __init__(self, d_model: int, cell_of_step: Tensor) -> None:
-        """``cell_of_step`` (T,): the low-res pixel (raster index) each decoder step lies in."""
+    def __init__(self, d_model: int, low_res_pixel_of_step: Tensor) -> None:
+        """``low_res_pixel_of_step`` (T,): the low-res pixel (raster index) each decoder step lies in."""
         super().__init__()
         self.proj = nn.Linear(CHANNELS * d_model, d_model)
-        self.register_buffer("cell_of_step", cell_of_step, persistent=False)
+        self.register_buffer("low_res_pixel_of_step", low_res_pixel_of_step, persistent=False)
 
     def map_cells(self, context: Tensor) -> Tensor:
         """(B, 3·h·w, d) -> (B, h·w, d). The encoder's sub-pixels are in raster order, a
@@ -51,5 +51,5 @@ class CellAdd(nn.Module):
     def forward(self, context: Tensor | None = None, cache: CellAddCache | None = None) -> Tensor:
         """Every step (B, T, d) from ``context``; with ``cache``, step ``cache.step`` (B, 1, d)."""
         if cache is None:
-            return self.map_cells(context).index_select(1, self.cell_of_step)
-        return cache.mapped.index_select(1, self.cell_of_step[cache.step.view(1)])
+            return self.map_cells(context).index_select(1, self.low_res_pixel_of_step)
+        return cache.mapped.index_select(1, self.low_res_pixel_of_step[cache.step.view(1)])

@@ -45,16 +45,17 @@ class CellRemainder(nn.Module):
     not-yet-generated values of its cell (and channel) must have, and how many they are
     (as 1 / count); ``embed`` maps them into the decoder's input."""
 
-    def __init__(self, config: ModelConfig, cell_of_step: Tensor, step_channels: Tensor) -> None:
-        """``cell_of_step`` (T,): the low-res pixel under each step, raster index (the model's
-        ``cell_of_step()``); ``step_channels``: each step's channel (used by categorical steps)."""
+    def __init__(self, config: ModelConfig, low_res_pixel_of_step: Tensor, step_channels: Tensor) -> None:
+        """``low_res_pixel_of_step`` (T,): the low-res pixel under each step, as a raster index
+        (the model's ``low_res_pixel_of_step()``); ``step_channels``: each step's channel (used
+        by categorical steps)."""
         super().__init__()
         scale = config.image_size // config.low_res_size
         self.cell_size = scale * scale  # values of one channel under one low-res pixel
         self.categorical = config.head == "categorical"
         # A group is what one low-res value summarises: a cell's sub-pixels of one channel
         # (categorical steps are sub-pixels), or a cell's pixels (DMOL steps are pixels).
-        groups = cell_of_step * CHANNELS + step_channels if self.categorical else cell_of_step
+        groups = low_res_pixel_of_step * CHANNELS + step_channels if self.categorical else low_res_pixel_of_step
         order = torch.argsort(groups, stable=True)  # each group's steps together, in generation order
         earlier = torch.empty_like(order)
         earlier[order] = torch.arange(order.numel()) % self.cell_size  # steps of its group before it

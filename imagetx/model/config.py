@@ -9,15 +9,19 @@ rebuild the model from the file alone.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-HEADS = ("categorical", "dmol")
-ATTENTIONS = ("local_1d", "local_2d", "full")
-POSITION_ENCODINGS = ("sinusoidal", "learned")
-NORMS = ("post", "pre")
-ATTENTION_KERNELS = ("auto", "flex", "sdpa")
-LOW_RES_READINGS = ("cross_attention", "cell_add")
-RELATIVE_POSITIONS = ("none", "table", "distance", "rotary", "rotary_distance")
+# The choices of each field, once: the annotations below, and the tuples the checks read.
+Head = Literal["categorical", "dmol"]
+Attention = Literal["local_1d", "local_2d", "full"]
+PositionEncodingKind = Literal["sinusoidal", "learned"]
+Norm = Literal["post", "pre"]
+AttentionKernel = Literal["auto", "flex", "sdpa"]
+LowResReading = Literal["cross_attention", "cell_add"]
+RelativePositions = Literal["none", "table", "distance", "rotary", "rotary_distance"]
+HEADS, ATTENTIONS, POSITION_ENCODINGS, NORMS, ATTENTION_KERNELS, LOW_RES_READINGS, RELATIVE_POSITIONS = (
+    get_args(choice) for choice in (Head, Attention, PositionEncodingKind, Norm, AttentionKernel, LowResReading,
+                                    RelativePositions))
 CHANNELS = 3  # RGB
 LEVELS = 256  # values of one sub-pixel
 # Half the value range, 127.5: v / HALF_RANGE - 1 maps the integers 0..255 onto [-1, 1]
@@ -28,13 +32,13 @@ HALF_RANGE = (LEVELS - 1) / 2
 @dataclass
 class ModelConfig:
     image_size: int = 32  # side of the square target image, in pixels
-    head: Literal["categorical", "dmol"] = "categorical"  # §5: one position per sub-pixel or per pixel
+    head: Head = "categorical"  # §5: one position per sub-pixel or per pixel
     n_layers: int = 12
     d_model: int = 512
     n_heads: int = 4
     d_filter: int = 2048  # hidden size of the feed-forward sublayer
     dropout: float = 0.3  # on input embeddings and residual branches (T2T: attention dropout is 0)
-    attention: Literal["local_1d", "local_2d", "full"] = "local_1d"
+    attention: Attention = "local_1d"
     # 1D local attention (§4): query blocks of this many positions, in raster order ...
     query_block_length: int = 256
     # ... each also seeing this many whole previous blocks (T2T: exactly one).
@@ -45,9 +49,9 @@ class ModelConfig:
     # to an earlier row of blocks.
     query_block_shape: tuple[int, int] = (16, 16)
     memory_flange: tuple[int, int] = (16, 32)
-    position_encoding: Literal["sinusoidal", "learned"] = "sinusoidal"
+    position_encoding: PositionEncodingKind = "sinusoidal"
     num_classes: int = 0  # 0 = unconditional; else one learned vector per class (§2)
-    norm: Literal["post", "pre"] = "post"  # post-LayerNorm is the paper's block (§3)
+    norm: Norm = "post"  # post-LayerNorm is the paper's block (§3)
     mixture_components: int = 10  # K of the DMOL head (§5); unused by the categorical head
     # Super-resolution (§6): 0 = plain decoder; >0 = encoder layers over a low-res image.
     encoder_layers: int = 0
@@ -64,7 +68,7 @@ class ModelConfig:
     # "cell_add": after self-attention, a linear map of the encoder's outputs for the low-res
     # pixel the step lies in (imagetx/cell_add.py; not in the paper), about as good as radius-0
     # cross-attention and cheaper: no query or output projection per step.
-    low_res_reading: Literal["cross_attention", "cell_add"] = "cross_attention"
+    low_res_reading: LowResReading = "cross_attention"
     # True: the maps that write the low-res input into the decoder (cross-attention's output
     # projection, the cell add, the cell remainder's) start at zero, so a new model's outputs do
     # not depend on its input until it learns to read it. Not in the paper.
@@ -75,11 +79,11 @@ class ModelConfig:
     # (imagetx/position_bias.py); "distance", that prior fixed (nothing learned; FlexAttention
     # computes it from the indices); "rotary", 2D rotary embeddings of queries and keys
     # (imagetx/rotary.py: nothing added to the scores); "rotary_distance", both of the last two.
-    relative_positions: Literal["none", "table", "distance", "rotary", "rotary_distance"] = "none"
+    relative_positions: RelativePositions = "none"
     # §4: how attention runs: "flex" = FlexAttention, block-sparse (imagetx/flex.py); "sdpa" =
     # the gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
     # elsewhere (FlexAttention has no backward on the CPU). Same numbers either way.
-    attention_kernel: Literal["auto", "flex", "sdpa"] = "auto"
+    attention_kernel: AttentionKernel = "auto"
 
     def __post_init__(self) -> None:
         # YAML and JSON hand us lists; the dataclass promises tuples.

@@ -33,7 +33,7 @@ def cross_can_attend(query_cells: tuple[Tensor, Tensor], key_cells: tuple[Tensor
     return near_row & near_col
 
 
-class LocalCrossAttention(nn.Module, BuiltOnce):
+class LocalCrossAttention(nn.Module):
     """Cross-attention limited by a fixed (Tq, Tk) ``can_attend`` (True = may attend), run
     on the keys it allows only.
 
@@ -61,7 +61,7 @@ class LocalCrossAttention(nn.Module, BuiltOnce):
         # with disallowed ones that the mask hides.
         key_index = torch.argsort((~rows).to(torch.int8), dim=1, stable=True)[:, :n_keys]
         key_allowed = torch.gather(rows, 1, key_index)
-        self.built = {}
+        self.built = BuiltOnce()  # the block mask, per device
         self.register_buffer("can_attend", can_attend, persistent=False)
         self.register_buffer("query_order", query_order, persistent=False)
         self.register_buffer("query_position", torch.argsort(query_order), persistent=False)
@@ -92,7 +92,7 @@ class LocalCrossAttention(nn.Module, BuiltOnce):
 
     def block_mask(self, device: torch.device | str) -> BlockMask:
         """FlexAttention's block mask of ``can_attend`` (built once per device)."""
-        return self.once("block_mask", device,
+        return self.built.once("block_mask", device,
                          lambda: build_block_mask(self.mask_rule(device), *self.can_attend.shape, device))
 
     def attend_flex(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:

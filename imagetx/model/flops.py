@@ -10,14 +10,9 @@ are not: they are memory-bound, and FlopCounterMode leaves them out too.
 Attention counts the query-key pairs each call computes, masked pairs included (the kernel
 computes them), never the dense T² it does not:
 
-* a local pattern with a position bias, and the 2D pattern: per block, L queries × S gathered
-  keys (``pattern.blocks``, through ``attend_in_blocks``);
-* the 1D pattern without one (``Local1D.attend``): its first m blocks in one causal call, then
-  each later block's lq queries over its window of (m+1)·lq keys;
-* full causal attention without a position bias: SDPA's causal kernels (flash, memory-efficient,
-  the CPU's) skip the tiles above the diagonal: T(T+1)/2 pairs. FlopCounterMode counts every
-  ``is_causal`` call as dense (T², its own documented upper bound); with a bias it is one
-  T×T block;
+* decoder self-attention: what each pattern's ``attend`` computes, as the pattern counts it
+  (``AttentionPattern.pairs_computed``): its gathered blocks, or the causal calls and windows of
+  its fused paths;
 * the encoder: every pair of its 3·h·w sub-pixels; cross-attention: every decoder step over
   all of them, or (``cross_attention_radius``) over its group's gathered keys. The cell add
   (``low_res_reading: cell_add``) is no attention: its map runs once per low-resolution pixel.
@@ -45,7 +40,6 @@ from torch.nn.attention.flex_attention import BlockMask
 from .config import CHANNELS
 from .flex import uses_flex
 from .transformer import ImageTransformer
-from .patterns import AttentionPattern, FullCausal, Local1D
 
 # 2 FLOPs (a multiply and an add) per multiply-add of a matrix product.
 FLOPS_PER_MAC = 2
@@ -69,21 +63,6 @@ class Flops:
         return 3 * self.projections + 2 * self.inputs + 3 * self.attention
 
 
-def self_attention_pairs(pattern: AttentionPattern, position_bias: bool) -> int:
-    """Query-key pairs one decoder self-attention layer computes, per image and head."""
-    length = pattern.length
-    if isinstance(pattern, FullCausal) and not position_bias:
-        return length * (length + 1) // 2
-    if isinstance(pattern, Local1D) and not position_bias:
-        lq, m = pattern.block_length, pattern.memory_blocks
-        n_blocks = -(-length // lq)
-        first = min(m, n_blocks)  # blocks that see every earlier step: one causal call
-        causal = first * lq
-        return causal * (causal + 1) // 2 + (n_blocks - first) * lq * (m + 1) * lq
-    n_blocks, block_len, n_keys = pattern.blocks("cpu").can_attend.shape
-    return n_blocks * block_len * n_keys
-
-
 def tile_pairs(mask: BlockMask) -> int:
     """Query-key pairs FlexAttention computes under ``mask``: every tile it does not skip, whole
     (one host read of the mask's tile counts)."""
@@ -98,7 +77,7 @@ def decoder_attention_pairs(model: ImageTransformer, device: torch.device | str 
     """Query-key pairs one decoder self-attention layer computes per image and head on ``device``."""
     if uses_flex(model.config.attention_kernel, torch.device(device)):
         return tile_pairs(model.pattern.block_mask(device))
-    return self_attention_pairs(model.pattern, model.config.position_bias is not None)
+    return model.pattern.pairs_computed(with_bias=model.config.position_bias is not None)
 
 
 def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> Flops:

@@ -6,10 +6,10 @@ size, in generation order.
 
 A self-attention pattern answers, for the steps of its ``GenerationOrder``:
 
-* ``mask_rule()``: the pattern's rule, written once, as arithmetic on query and key
-  steps (``flex.MaskRule``), so it runs on any device with nothing to look up. On index grids it gives ``can_attend()``, the dense boolean
-  (T, T) matrix (True = the query, a row, may attend to the key, a column): the reference,
-  for tests only (``dense_attention`` with it defines the right answer). As FlexAttention's
+* ``mask_rule()``: the pattern's rule, written once, as arithmetic on query and key steps
+  (``flex.MaskRule``), so that it runs on any device with nothing to look up. On index grids
+  it gives ``can_attend()``, the dense boolean (T, T) matrix (True = the query, a row, may attend to the key, a column): the reference,
+  for tests only (``dense_attention`` of tests/helpers.py with it defines the right answer). As FlexAttention's
   ``mask_mod`` it gives ``block_mask(device)``, built once per device, from which
   ``attend_flex`` runs the block-sparse kernel (docs/model.md §4; ``imagetx/flex.py``).
 * ``blocks(device)``: the pattern's sparsity, built once per device — queries in blocks of
@@ -25,7 +25,6 @@ low-resolution input, with the same two kernels, is in ``cross_pattern.py``.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
@@ -41,21 +40,6 @@ from .order import GenerationOrder
 from .position_bias import RelativePositionBias
 
 Built = TypeVar("Built")
-
-
-def dense_attention(q: Tensor, k: Tensor, v: Tensor, can_attend: Tensor, bias: Tensor | None = None) -> Tensor:
-    """Reference softmax attention: q (Tq, N, e), k and v (Tk, N, e), can_attend (Tq, Tk) -> (Tq, N, e).
-
-    Written out by hand (no fused kernel) so the fast paths have something
-    independent to be compared with. A query with no allowed key gets zeros.
-    ``bias`` (h, Tq, Tk): added to the scores of head i of every image (N = batch·h).
-    """
-    scores = torch.einsum("qne,kne->nqk", q, k) / math.sqrt(q.shape[-1])
-    if bias is not None:
-        scores = (rearrange(scores, "(b h) q k -> b h q k", h=bias.shape[0]) + bias).flatten(0, 1)
-    scores = scores.masked_fill(~can_attend, float("-inf"))
-    weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    return torch.einsum("nqk,kne->qne", weights, v)
 
 
 def fused_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
@@ -164,10 +148,15 @@ def ring_from_blocks(blocks: BlockIndex, length: int) -> DecodeIndex:
 
 
 class BuiltOnce:
-    """Keeps what a pattern builds from its geometry alone, once per device (``once``), in
-    ``self.built``, which the pattern's ``__init__`` starts empty."""
+    """What a pattern builds from its geometry alone (its blocks, block mask, decoding ring),
+    kept once per device. A pattern holds one as ``self.built``."""
 
-    built: dict[tuple[str, torch.device], object]
+    def __init__(self) -> None:
+        self.kept: dict[tuple[str, torch.device], object] = {}
+
+    def clear(self) -> None:
+        """Forget everything built (the next use builds it again)."""
+        self.kept.clear()
 
     def once(self, what: str, device: torch.device | str, build: Callable[[], Built]) -> Built:
         """``build()`` the first time ``what`` is asked for on ``device``; after that, the same object.
@@ -177,20 +166,20 @@ class BuiltOnce:
         graph break where it was first asked for; a model run once before it is compiled
         (which builds everything) compiles without one."""
         key = (what, torch.device(device))
-        if key not in self.built:
-            self.built[key] = torch.compiler.disable(build)()
-        return self.built[key]  # type: ignore[return-value]
+        if key not in self.kept:
+            self.kept[key] = torch.compiler.disable(build)()
+        return self.kept[key]  # type: ignore[return-value]
 
 
 # ----- self-attention patterns ---------------------------------------------------------------
 
-class AttentionPattern(BuiltOnce):
+class AttentionPattern:
     """Which keys each query sees, over the steps of ``order``. Subclasses define the rule
     (``mask_rule``) and their blocks (``build_blocks``); the rest derives from them."""
 
     def __init__(self, order: GenerationOrder) -> None:
         self.order = order
-        self.built = {}
+        self.built = BuiltOnce()
 
     @property
     def length(self) -> int:
@@ -209,8 +198,8 @@ class AttentionPattern(BuiltOnce):
         raise NotImplementedError
 
     def blocks(self, device: torch.device | str) -> BlockIndex:
-        cpu = self.once("blocks", "cpu", self.build_blocks)
-        return self.once("blocks", device, lambda: cpu.to(device))
+        cpu = self.built.once("blocks", "cpu", self.build_blocks)
+        return self.built.once("blocks", device, lambda: cpu.to(device))
 
     def block_bias(self, device: torch.device | str) -> BlockBias:
         def build() -> BlockBias:
@@ -220,7 +209,7 @@ class AttentionPattern(BuiltOnce):
             distinct, kinds = torch.unique(offsets, dim=0, return_inverse=True)
             return BlockBias(distinct.to(device), kinds.to(device))
 
-        return self.once("bias", device, build)
+        return self.built.once("bias", device, build)
 
     def bias_in_blocks(self, position_bias: RelativePositionBias, device: torch.device) -> Tensor:
         """(h, n, L, S): the position bias of every query-key pair of every block."""
@@ -228,14 +217,21 @@ class AttentionPattern(BuiltOnce):
         return position_bias(index.offsets).index_select(1, index.kinds)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, position_bias: RelativePositionBias | None = None) -> Tensor:
-        """(T, N, e) q, k, v -> (T, N, e), equal to ``dense_attention`` with ``can_attend()``
+        """(T, N, e) q, k, v -> (T, N, e), equal to the dense reference with ``can_attend()``
         (and, with a position bias, the bias of every query-key pair added to its score)."""
         bias = None if position_bias is None else self.bias_in_blocks(position_bias, q.device)
         return attend_in_blocks(q, k, v, self.blocks(q.device), bias)[: self.length]
 
+    def pairs_computed(self, with_bias: bool) -> int:
+        """Query-key pairs ``attend`` computes per image and head (masked pairs included: the
+        kernel computes them), ``with_bias`` or without: here L queries × S gathered keys per block
+        (docs/model.md §8, FLOPs)."""
+        n_blocks, block_len, n_keys = self.blocks("cpu").can_attend.shape
+        return n_blocks * block_len * n_keys
+
     def block_mask(self, device: torch.device | str) -> BlockMask:
         """FlexAttention's block mask of the rule, over T queries and T keys, on ``device``."""
-        return self.once("block_mask", device,
+        return self.built.once("block_mask", device,
                          lambda: build_block_mask(self.mask_rule(), self.length, self.length, device))
 
     def attend_flex(self, q: Tensor, k: Tensor, v: Tensor,
@@ -252,8 +248,8 @@ class AttentionPattern(BuiltOnce):
         return flex_attend(q, k, v, mask, score_mod, position_bias.n_heads)
 
     def decode_index(self, device: torch.device | str) -> DecodeIndex:
-        cpu = self.once("decode", "cpu", lambda: ring_from_blocks(self.blocks("cpu"), self.length))
-        return self.once("decode", device, lambda: cpu.to(device))
+        cpu = self.built.once("decode", "cpu", lambda: ring_from_blocks(self.blocks("cpu"), self.length))
+        return self.built.once("decode", device, lambda: cpu.to(device))
 
     def describe(self) -> str:
         return type(self).__name__
@@ -276,6 +272,13 @@ class FullCausal(AttentionPattern):
         if position_bias is None:
             return fused_attention(q, k, v, causal=True)
         return super().attend(q, k, v, position_bias)
+
+    def pairs_computed(self, with_bias: bool) -> int:
+        """Without a bias, SDPA's causal kernels (flash, memory-efficient, the CPU's) skip the tiles
+        above the diagonal: T(T+1)/2 pairs; with one, a T×T block."""
+        if with_bias:
+            return super().pairs_computed(with_bias)
+        return self.length * (self.length + 1) // 2
 
     def decode_index(self, device: torch.device | str) -> DecodeIndex:
         return DecodeIndex(self.length, None)  # step t reads slots 0..t: nothing to build
@@ -347,6 +350,16 @@ class Local1D(AttentionPattern):
             blocks_out[first_block : first_block + n_windows * (m + 1) : m + 1] = rearrange(
                 attended, "w n l e -> w l n e")
         return out[:length]
+
+    def pairs_computed(self, with_bias: bool) -> int:
+        """Without a bias (``attend``'s views): the first m blocks in one causal call, then each
+        later block's lq queries over its window of (m+1)·lq keys."""
+        if with_bias:
+            return super().pairs_computed(with_bias)
+        lq, m = self.block_length, self.memory_blocks
+        n_blocks = -(-self.length // lq)
+        causal = min(m, n_blocks) * lq
+        return causal * (causal + 1) // 2 + (n_blocks - min(m, n_blocks)) * lq * (m + 1) * lq
 
     def describe(self) -> str:
         return f"Local1D(lq={self.block_length}, memory_blocks={self.memory_blocks})"

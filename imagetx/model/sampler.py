@@ -156,21 +156,3 @@ def sample(
     sequence = torch.stack(values, dim=1)
     return sequence_to_images(sequence, model.order, model.config.head).to(torch.uint8)
 
-
-@torch.no_grad()
-def sample_uncached(model: ImageTransformer, count: int, labels: Tensor | None = None,
-                    low_res: Tensor | None = None, temperature: float = 1.0, steps: int | None = None,
-                    generator: torch.Generator | None = None) -> Tensor:
-    """The original's method, for comparison: rerun the whole network at every step (in eval
-    mode; the model's own mode is restored after). ``steps`` stops early (the benchmark times
-    a few steps and extrapolates)."""
-    check_count(count)
-    check_temperature(temperature)
-    cfg = model.config
-    images = torch.zeros(count, cfg.image_size, cfg.image_size, 3, dtype=torch.uint8, device=model.step_rows.device)
-    sequence = model.targets(images)
-    with eval_mode(model):
-        for t in range(model.order.length if steps is None else steps):
-            params = model(sequence_to_images(sequence, model.order, cfg.head).to(torch.uint8), labels, low_res)
-            sequence[:, t] = model.head.sample(params[:, t : t + 1], temperature, generator)[:, 0]
-    return sequence_to_images(sequence, model.order, cfg.head).to(torch.uint8)

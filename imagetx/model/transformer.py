@@ -27,6 +27,7 @@ from .config import CHANNELS, ModelConfig
 from .cross_pattern import LocalCrossAttention, cross_can_attend
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
+from .hub import HUB_METADATA, HubMixin
 from .inputs import check_image_tensor, check_labels
 from .order import GenerationOrder, images_to_sequence
 from .patterns import AttentionPattern, pattern_for
@@ -63,12 +64,12 @@ class TransformerLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, pattern: AttentionPattern | None = None, rotary: Rotary2D | None = None,
                  reads_low_res: bool = False, local_cross: LocalCrossAttention | None = None,
-                 cell_of_step: Tensor | None = None) -> None:
+                 low_res_pixel_of_step: Tensor | None = None) -> None:
         """``pattern``: a decoder layer, causal under it, with ``config.relative_positions``
         (``rotary``: the decoder's one ``Rotary2D``, which every layer shares); without, an
         encoder layer. ``reads_low_res``: a super-resolution decoder layer, reading the encoder
-        as ``config.low_res_reading`` says; the cell add needs ``cell_of_step`` (T,), the low-res
-        pixel of each step."""
+        as ``config.low_res_reading`` says; the cell add needs ``low_res_pixel_of_step`` (T,),
+        the low-res pixel of each step."""
         super().__init__()
         d = config.d_model
         self.pre_norm = config.norm == "pre"
@@ -83,7 +84,7 @@ class TransformerLayer(nn.Module):
                            if cross_attention else None)
         self.cross_norm = nn.LayerNorm(d) if cross_attention else None
         cell_add = reads_low_res and config.low_res_reading == "cell_add"
-        self.cell_add = CellAdd(d, cell_of_step) if cell_add else None
+        self.cell_add = CellAdd(d, low_res_pixel_of_step) if cell_add else None
         # Post-norm normalises after every add; pre-norm has nothing to normalise before the
         # cell add, which reads no hidden state.
         self.cell_norm = nn.LayerNorm(d) if cell_add and not self.pre_norm else None
@@ -157,12 +158,14 @@ class Encoder(nn.Module):
         return self.final_norm(x)
 
 
-class ImageTransformer(nn.Module):
-    """Decoder-only (or encoder–decoder) autoregressive model over sub-pixels or pixels."""
+class ImageTransformer(nn.Module, HubMixin, **HUB_METADATA):
+    """Decoder-only (or encoder–decoder) autoregressive model over sub-pixels or pixels.
+    ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``: model/hub.py."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config.validate()
+        self.check_values = True  # False inside ``values_verified``: the checks read no value back
         d = config.d_model
         self.pattern = pattern_for(config)
         self.order = self.pattern.order
@@ -177,15 +180,15 @@ class ImageTransformer(nn.Module):
         self.input_dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config) if config.encoder_layers else None
         self.local_cross = self.local_cross_attention()
-        cell_of_step = None if self.encoder is None else self.cell_of_step()
+        pixel_of_step = None if self.encoder is None else self.low_res_pixel_of_step()
         self.cell_remainder = None
         if config.cell_remainder_input:
-            self.cell_remainder = CellRemainder(config, cell_of_step, self.step_channels)
+            self.cell_remainder = CellRemainder(config, pixel_of_step, self.step_channels)
         # No parameters, and T × e/2 angles: one for every layer.
         rotary = Rotary2D(d // config.n_heads, self.order) if config.rotary else None
         self.layers = nn.ModuleList(
             TransformerLayer(config, self.pattern, rotary, reads_low_res=self.encoder is not None,
-                             local_cross=self.local_cross, cell_of_step=cell_of_step)
+                             local_cross=self.local_cross, low_res_pixel_of_step=pixel_of_step)
             for _ in range(config.n_layers)
         )
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
@@ -202,7 +205,8 @@ class ImageTransformer(nn.Module):
         radius = self.config.cross_attention_radius
         if self.encoder is None or radius is None:
             return None
-        return LocalCrossAttention(cross_can_attend(self.step_cells(), (self.encoder.cell_rows, self.encoder.cell_cols), radius))
+        encoder_cells = (self.encoder.cell_rows, self.encoder.cell_cols)
+        return LocalCrossAttention(cross_can_attend(self.step_cells(), encoder_cells, radius))
 
     def step_cells(self) -> tuple[Tensor, Tensor]:
         """(rows, cols), each (T,): the low-resolution pixel each decoder step lies in."""
@@ -210,7 +214,7 @@ class ImageTransformer(nn.Module):
         pixel_cols = self.step_cols // CHANNELS if self.config.head == "categorical" else self.step_cols
         return self.step_rows // scale, pixel_cols // scale
 
-    def cell_of_step(self) -> Tensor:
+    def low_res_pixel_of_step(self) -> Tensor:
         """(T,): the low-resolution pixel each decoder step lies in, as a raster index (what the
         cell add and the cell remainder read)."""
         rows, cols = self.step_cells()
@@ -221,7 +225,8 @@ class ImageTransformer(nn.Module):
         cross-attention (and its norm) or cell add (and its norm), the cell remainder input.
         Empty without an encoder."""
         readers = [part for layer in self.layers
-                   for part in (layer.cross_attn, layer.cross_norm, layer.cell_add, layer.cell_norm) if part is not None]
+                   for part in (layer.cross_attn, layer.cross_norm, layer.cell_add, layer.cell_norm)
+                   if part is not None]
         return [part for part in (self.encoder, *readers, self.cell_remainder) if part is not None]
 
     def low_res_writers(self) -> list[nn.Linear]:
@@ -231,11 +236,6 @@ class ImageTransformer(nn.Module):
         writers = [layer.cross_attn.to_out for layer in self.layers if layer.cross_attn is not None]
         writers += [layer.cell_add.proj for layer in self.layers if layer.cell_add is not None]
         return writers + ([self.cell_remainder.proj] if self.cell_remainder is not None else [])
-
-    @property
-    def cross_can_attend(self) -> Tensor | None:
-        """(T, 3·h·w) ``can_attend`` of decoder steps over encoder sub-pixels, or None (all)."""
-        return None if self.local_cross is None else self.local_cross.can_attend
 
     # ----- inputs -----------------------------------------------------------
     def targets(self, images: Tensor) -> Tensor:
@@ -368,20 +368,17 @@ class ImageTransformer(nn.Module):
         return self.step_rows < rows  # grid rows are image rows
 
     # ----- input checks -----------------------------------------------------
-    # False inside ``values_verified``: the checks read no value back from the device.
-    check_values = True
-
     @contextmanager
     def values_verified(self, verified: bool = True) -> Iterator[None]:
         """Within (when ``verified``), ``check_inputs`` checks shapes and dtypes only: for data
         whose values were checked when it was read (``ImageDataModule``: uint8 images, labels in
         range), so that a training step never waits on the device for them. Outside, and for
-        every other caller, values are checked too."""
-        self.check_values = not verified
+        every other caller, values are checked too. Nests: each exit restores what it found."""
+        previous, self.check_values = self.check_values, not verified
         try:
             yield
         finally:
-            del self.check_values  # back to the class's True
+            self.check_values = previous
 
     def check_inputs(self, images: Tensor, labels: Tensor | None, low_res: Tensor | None) -> None:
         """Clear one-line errors for inputs the model cannot take."""

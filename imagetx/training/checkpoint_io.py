@@ -7,7 +7,8 @@ from typing import Any
 
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from ..io.checkpoint import CheckpointError, atomic_torch_save
+from ..io.checkpoint import atomic_torch_save
+from ..io.errors import CheckpointError
 
 
 class AtomicCheckpointIO(TorchCheckpointIO):

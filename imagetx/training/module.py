@@ -23,7 +23,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
 from .budget import Horizon, budget_timer
-from ..io.checkpoint import imagetx_metadata, refused
+from ..io.checkpoint import imagetx_metadata, model_config_of, read_checkpoint, refused
 from ..model.config import ModelConfig
 from ..data.datamodule import ImageDataModule
 from ..model.flops import Flops, count_flops
@@ -54,13 +54,12 @@ class ImageTransformerModule(L.LightningModule):
         low_res_lr_scale: float = 1.0,
     ) -> None:
         super().__init__()
+        model_config = config or ModelConfig()
         # The hyper-parameters (read from the arguments as they are now) hold the config as a
-        # plain dict: readable in W&B and YAML, loadable with torch.load(weights_only=True), and
-        # passed back as it is by load_from_checkpoint.
-        if not isinstance(config, dict):
-            config = (config or ModelConfig()).to_dict()
+        # plain dict: readable in W&B and YAML, and loadable with torch.load(weights_only=True).
+        config = model_config.to_dict()
         self.save_hyperparameters()
-        self.model = ImageTransformer(ModelConfig.from_dict(config))
+        self.model = ImageTransformer(model_config)
         self.val_bpd = MeanMetric()
         self.nonfinite = NonFiniteSteps(max_nonfinite_skips)
         self.step_loss: torch.Tensor | None = None  # this optimiser step's loss, until its update is decided
@@ -82,6 +81,8 @@ class ImageTransformerModule(L.LightningModule):
         if kwargs.pop("weights_only", True) is not True:
             raise ValueError("ImageTransformerModule.load_from_checkpoint reads checkpoints weights-only: "
                              "drop weights_only (an imagetx checkpoint needs nothing else)")
+        if "config" not in kwargs:  # the hyper-parameters hold it as a dict; the module takes a ModelConfig
+            kwargs["config"] = model_config_of(read_checkpoint(checkpoint_path, mmap=True))
         try:
             return super().load_from_checkpoint(checkpoint_path, map_location, hparams_file, strict, weights_only=True,
                                                 **kwargs)
@@ -195,26 +196,15 @@ class ImageTransformerModule(L.LightningModule):
         return self.shared_step(batch, "val")
 
     def parameter_groups(self) -> list[dict]:
-        """The optimiser's parameter groups: the parts that read the low-resolution input at
-        ``low_res_lr_scale`` times the peak learning rate, the rest at the peak."""
-        hp = self.hparams
-        low_res = {id(p) for module in self.model.low_res_modules() for p in module.parameters()}
-        groups = [{"params": [p for p in self.parameters() if id(p) not in low_res], "lr": hp.peak_lr},
-                  {"params": [p for p in self.parameters() if id(p) in low_res], "lr": hp.peak_lr * hp.low_res_lr_scale}]
-        return [group for group in groups if group["params"]]
+        return parameter_groups(self.model, self.hparams.peak_lr, self.hparams.low_res_lr_scale)
 
     def configure_optimizers(self):
         hp = self.hparams
-        # fused: one kernel per update, no host read of the step count (the default single-tensor
-        # path reads it per parameter on the CPU), and the update skipped on the device where
-        # on_before_optimizer_step sets found_inf.
+        optimizer = make_optimizer(self.model, hp.optimizer, hp.peak_lr, hp.betas, hp.eps, hp.weight_decay,
+                                   hp.low_res_lr_scale)
         if hp.optimizer == "adam_noam":
-            optimizer = torch.optim.Adam(self.parameter_groups(), betas=hp.betas, eps=hp.eps,
-                                         weight_decay=hp.weight_decay, fused=True)
             schedule = partial(noam, warmup_steps=hp.warmup_steps)
         else:
-            optimizer = torch.optim.AdamW(self.parameter_groups(), betas=hp.betas, eps=hp.eps,
-                                          weight_decay=hp.weight_decay, fused=True)
             if self.horizon is None and (hp.lr_horizon == "steps" or budget_timer(self.trainer) is None):
                 self.horizon = Horizon(hp.warmup_steps, max(int(self.trainer.estimated_stepping_batches), 1))
             # Read at every step: a budget horizon is fixed after the first validation (BudgetHorizon).
@@ -241,3 +231,31 @@ class ImageTransformerModule(L.LightningModule):
         self.nonfinite.skipped = int(stored.get("nonfinite_skips", 0))
         horizon = stored.get("lr_horizon")
         self.horizon = None if horizon is None else Horizon(**horizon)
+
+
+# The optimiser settings of ImageTransformerModule (and of a preset's ``model`` section).
+OPTIMIZER_SETTINGS = ("optimizer", "peak_lr", "betas", "eps", "weight_decay", "low_res_lr_scale")
+
+
+def parameter_groups(model: ImageTransformer, peak_lr: float, low_res_lr_scale: float = 1.0) -> list[dict]:
+    """The optimiser's parameter groups: the parts that read the low-resolution input at
+    ``low_res_lr_scale`` times the peak learning rate, the rest at the peak."""
+    low_res = {id(p) for module in model.low_res_modules() for p in module.parameters()}
+    groups = [{"params": [p for p in model.parameters() if id(p) not in low_res], "lr": peak_lr},
+              {"params": [p for p in model.parameters() if id(p) in low_res], "lr": peak_lr * low_res_lr_scale}]
+    return [group for group in groups if group["params"]]
+
+
+def make_optimizer(model: ImageTransformer, optimizer: str = "adam_noam", peak_lr: float = 3.5e-3,
+                   betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9, weight_decay: float = 0.0,
+                   low_res_lr_scale: float = 1.0) -> torch.optim.Optimizer:
+    """Training's optimiser over ``model`` at the peak learning rate (the schedule scales it):
+    Adam for ``adam_noam``, AdamW for ``adamw_cosine``. The defaults are ImageTransformerModule's;
+    benchmarks pass a preset's (``OPTIMIZER_SETTINGS`` of its ``model`` section).
+
+    fused: one kernel per update, no host read of the step count (the default single-tensor
+    path reads it per parameter on the CPU), and the update skipped on the device where
+    ``on_before_optimizer_step`` sets ``found_inf``."""
+    kind = torch.optim.Adam if optimizer == "adam_noam" else torch.optim.AdamW
+    return kind(parameter_groups(model, peak_lr, low_res_lr_scale), betas=tuple(betas), eps=eps,
+                weight_decay=weight_decay, fused=True)

@@ -12,6 +12,8 @@ more steps were skipped than allowed. Weights that are not finite are never save
 
 from __future__ import annotations
 
+from enum import IntEnum
+
 import torch
 from torch import Tensor
 
@@ -29,14 +31,26 @@ def non_finite_tensors(state: dict[str, Tensor]) -> list[str]:
     return [name for name, ok in zip(names, finite.tolist()) if not ok]
 
 
-# What a noted step had, by kind: its loss's value, or (a finite loss) its gradients.
-WHAT = ("", "training loss is nan", "training loss is inf", "training loss is -inf", "gradients are not finite")
+class StepKind(IntEnum):
+    """What a noted step had: its loss's value, or (a finite loss) its gradients. Integers, so
+    that the device can count them; 0 is none."""
+
+    LOSS_NAN = 1
+    LOSS_INF = 2
+    LOSS_MINUS_INF = 3
+    GRADIENTS = 4
+
+    def __str__(self) -> str:
+        return {StepKind.LOSS_NAN: "training loss is nan", StepKind.LOSS_INF: "training loss is inf",
+                StepKind.LOSS_MINUS_INF: "training loss is -inf", StepKind.GRADIENTS: "gradients are not finite"}[self]
 
 
 def step_kind(loss: Tensor) -> Tensor:
-    """0-d long: the ``WHAT`` of a step with this loss, were it not finite (computed on the device)."""
+    """0-d long: the ``StepKind`` of a step with this loss, were it not finite (computed on the device)."""
     inf = float("inf")
-    return torch.where(loss.isnan(), 1, torch.where(loss == inf, 2, torch.where(loss == -inf, 3, 4)))
+    return torch.where(loss.isnan(), StepKind.LOSS_NAN,
+                       torch.where(loss == inf, StepKind.LOSS_INF,
+                                   torch.where(loss == -inf, StepKind.LOSS_MINUS_INF, StepKind.GRADIENTS)))
 
 
 class NonFiniteSteps:
@@ -75,7 +89,7 @@ class NonFiniteSteps:
                        f"{self.limit}")
             else:
                 why = "--model.max_nonfinite_skips N would skip up to N such steps"
-            raise NonFiniteLossError(f"{WHAT[over_kind]} at step {over_step}; training stopped ({why})")
+            raise NonFiniteLossError(f"{StepKind(over_kind)} at step {over_step}; training stopped ({why})")
         if not count:
             return None
         self.skipped += count
@@ -83,4 +97,4 @@ class NonFiniteSteps:
             steps = f"at step {first_step}: step skipped"
         else:
             steps = f"at step {first_step} and {count - 1} more non-finite step(s) after it: steps skipped"
-        return f"{WHAT[first_kind]} {steps} ({self.skipped} of model.max_nonfinite_skips={self.limit})"
+        return f"{StepKind(first_kind)} {steps} ({self.skipped} of model.max_nonfinite_skips={self.limit})"

@@ -9,9 +9,9 @@ run code when opened is refused before Lightning opens it (checkpoint.load_weigh
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
-from ..io.checkpoint import CHECKPOINT_DIR, LAST, CheckpointError, read_checkpoint
+from ..io.checkpoint import CHECKPOINT_DIR, LAST, read_checkpoint
+from ..io.errors import CheckpointError
 from ..model.config import ModelConfig
 
 
@@ -32,9 +32,7 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig) ->
     if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
         raise CheckpointError(f"--resume {path}: this checkpoint holds weights only (no optimiser or loop state); "
                               "resume from a checkpoint written by imagetx.train, e.g. checkpoints/last.ckpt")
-    check_loader_state(checkpoint, path)
-    # fields a checkpoint from an older version lacks have their defaults
-    stored = {**ModelConfig().to_dict(), **checkpoint["imagetx"].get("model_config", {})}
+    stored = checkpoint["imagetx"].get("model_config", {})
     wanted = config.to_dict()
     differ = [f"{key}={stored[key]!r} there, {wanted[key]!r} here" for key in wanted if stored.get(key) != wanted[key]]
     if differ:
@@ -42,20 +40,6 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig) ->
                               f"({'; '.join(differ[:3])}): resume with the configuration it was trained with, "
                               "or start a new run elsewhere")
     return str(path)
-
-
-def check_loader_state(checkpoint: dict[str, Any], path: Path) -> None:
-    """Refuse a training-loader state written by an imagetx older than the StatefulDataLoader
-    training order (data.py: TrainOrder, TrainLoader): its ``{epoch, batches, ...}`` cannot
-    place this version's order, and Lightning would fail deep inside the fit loop."""
-    loops = checkpoint.get("loops") or {}
-    states = ((loops.get("fit_loop") or {}).get("state_dict") or {}).get("combined_loader") or []
-    if any(isinstance(state, dict) and "batches" in state and "_num_yielded" not in state
-           and "_snapshot" not in state for state in states):
-        raise CheckpointError(
-            f"--resume {path}: this checkpoint's training-loader state is from an older imagetx, which this version "
-            "cannot continue: start a new run (without --resume, or in another --trainer.default_root_dir); its "
-            "weights still serve imagetx.evaluate and imagetx.sample as they are")
 
 
 def last_good_checkpoint(root: Path) -> str:

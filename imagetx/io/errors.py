@@ -1,0 +1,7 @@
+"""The one error of model files: a checkpoint or weights folder that is missing, unreadable, not
+imagetx's, or does not fit its configuration."""
+
+
+class CheckpointError(ValueError):
+    """A checkpoint or weights folder that is missing, unreadable, not imagetx's, or does not fit
+    its config. Its message is one line naming the file and the fix."""
