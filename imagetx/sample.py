@@ -31,7 +31,7 @@ from .cli.common import Number, check_device, parse, parser_for, run_or_exit
 from .cli.data_options import add_data_arguments, data_reader
 from .data.sources import SPLITS, check_fits, tensors
 from .io.atomic import check_writable
-from .io.images import load_image_file, save_grid, upsample_nearest
+from .data.images import load_image_file, save_grid, upsample_nearest
 from .io.load import load_model
 from .model.config import ModelConfig
 from .model.heads import check_temperature

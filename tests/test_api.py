@@ -320,3 +320,16 @@ def test_build_from_config_dict():
     assert len(model.layers) == 2
     with torch.no_grad():
         assert model.eval().nll(random_images(1, 4)).shape == (1,)
+
+
+def test_values_verified_nests_and_is_per_model():
+    model, other = tiny_model(), tiny_model()
+    assert model.check_values and other.check_values
+    with model.values_verified():
+        assert not model.check_values and other.check_values  # the instance's, not the class's
+        with model.values_verified(False):
+            assert model.check_values
+        with model.values_verified():
+            assert not model.check_values
+        assert not model.check_values  # each exit restores what it found
+    assert model.check_values

@@ -16,7 +16,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
-from ..io.images import CROPS, FILTERS
+from .images import CROPS, FILTERS
 from .seeding import mix_seed, run_seed
 from .sources import DataError, Reader, check_fits, default_root, tensors
 

@@ -17,7 +17,7 @@ from lightning.pytorch.utilities import rank_zero_only
 
 from ..io.checkpoint import LAST
 from ..model.inputs import downsample_area
-from ..io.images import save_grid
+from ..data.images import save_grid
 from ..model.sampler import sample
 
 

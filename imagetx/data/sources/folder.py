@@ -36,7 +36,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ...io.atomic import atomic_write, remove_stale_temporaries
-from ...io.images import CROPS, FILTERS, prepare_image
+from ..images import CROPS, FILTERS, prepare_image
 from .common import DataError, Pool, write_npz
 
 SUFFIXES = {".png", ".jpg", ".jpeg"}

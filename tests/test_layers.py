@@ -1,0 +1,142 @@
+"""The package's layers (docs/model.md, "Where in the code"): the model core (``imagetx.model``,
+``imagetx.io`` and the package's own ``__init__``) needs torch, einops, safetensors and
+huggingface_hub (and tqdm, huggingface_hub's own, for progress bars) and nothing of imagetx
+above it; the data layer builds on the core, the training stack on both, the command lines
+(``imagetx.cli`` and the ``python -m imagetx.X`` modules) on everything. No module imports one
+of a higher layer, and no two modules import each other, even through others."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "imagetx"
+REPO = PACKAGE.parent
+LAYERS = {"model": 0, "io": 0, "data": 1, "training": 2, "cli": 3}  # a top-level module: a command, 3
+CORE_THIRD_PARTY = {"torch", "einops", "safetensors", "huggingface_hub", "tqdm"}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer(module: str) -> int:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return 0  # imagetx/__init__.py: the public API, the core's
+    return LAYERS.get(parts[1], 3)
+
+
+def imports(path: Path, top_level_only: bool) -> tuple[set[str], set[str]]:
+    """(imagetx modules, other top-level packages) that the file imports, relative imports
+    resolved; with ``top_level_only``, those executed on import (not inside functions)."""
+    module = module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else list(ast.walk(tree))
+    ours, theirs = set(), set()
+    for node in nodes:
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join(base + ([node.module] if node.module else []))
+                # ``from . import x`` names modules
+                names = [f"{target}.{alias.name}" for alias in node.names] if not node.module else [target]
+            else:
+                names = [node.module]
+        else:
+            continue
+        for name in names:
+            (ours if name.split(".")[0] == "imagetx" else theirs).add(name if name.startswith("imagetx") else
+                                                                          name.split(".")[0])
+    # ``from package import name``: the module, or (a class, a function) the package's module
+    modules = {name if resolves(name) else name.rpartition(".")[0] for name in ours}
+    return modules, theirs
+
+
+def resolves(name: str) -> bool:
+    path = PACKAGE.parent.joinpath(*name.split("."))
+    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+
+
+MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+
+
+def test_no_module_imports_a_higher_layer():
+    upward = [f"{module} imports {target}" for module, path in MODULES.items()
+              for target in imports(path, top_level_only=False)[0] if layer(target) > layer(module)]
+    assert upward == []
+
+
+def test_the_core_needs_only_torch_einops_safetensors_and_huggingface_hub():
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    extra = {f"{module} imports {package}" for module, path in MODULES.items() if layer(module) == 0
+             for package in imports(path, top_level_only=False)[1] - stdlib - CORE_THIRD_PARTY}
+    assert extra == set()
+
+
+def test_no_import_cycles():
+    graph = {module: {target for target in imports(path, top_level_only=True)[0] if target in MODULES}
+             for module, path in MODULES.items()}
+    cycles = []
+
+    def visit(module: str, trail: list[str]) -> None:
+        for target in graph[module]:
+            if target in trail:
+                cycles.append(" -> ".join(trail[trail.index(target):] + [target]))
+            elif target not in done:
+                visit(target, trail + [target])
+        done.add(module)
+
+    done: set[str] = set()
+    for module in sorted(graph):
+        if module not in done:
+            visit(module, [module])
+    assert cycles == []
+
+
+def test_the_import_reading_sees_relative_absolute_and_function_level_imports():
+    # So that the checks above could fail: what they read of three known modules.
+    transformer = imports(MODULES["imagetx.model.transformer"], top_level_only=True)[0]
+    assert {"imagetx.model.config", "imagetx.model.attention", "imagetx.model.hub"} <= transformer
+    folder = imports(MODULES["imagetx.data.sources.folder"], top_level_only=True)[0]
+    assert {"imagetx.io.atomic", "imagetx.data.images", "imagetx.data.sources.common"} <= folder
+    module = imports(MODULES["imagetx.training.module"], top_level_only=False)
+    assert "imagetx.model.scoring" in module[0] and "lightning" in module[1]
+    assert layer("imagetx.training.module") > layer("imagetx.data.datamodule") > layer("imagetx.model.transformer")
+
+
+def test_loading_scoring_and_sampling_from_python_never_import_the_training_stack(tmp_path):
+    """In a fresh interpreter: import imagetx, open the shipped weights folder and a training-style
+    checkpoint, score, sample a few steps; then Lightning, jsonargparse and wandb are not loaded."""
+    script = textwrap.dedent(f"""
+        import sys
+        import torch
+        import imagetx
+        from imagetx import ImageTransformer, load_model
+        from imagetx.model.sampler import sample
+        from imagetx.model.scoring import evaluate
+
+        model = load_model({str(REPO / "pretrained" / "completion")!r})
+        ImageTransformer.from_pretrained({str(REPO / "pretrained" / "completion")!r})
+        tiny = ImageTransformer(imagetx.ModelConfig(image_size=4, n_layers=1, d_model=16, n_heads=2, d_filter=32,
+                                                    query_block_length=8))
+        checkpoint = {{"imagetx": {{"format": 1, "model_config": tiny.config.to_dict()}},
+                      "state_dict": {{"model." + k: v for k, v in tiny.state_dict().items()}}}}
+        torch.save(checkpoint, {str(tmp_path / "tiny.ckpt")!r})
+        tiny = load_model({str(tmp_path / "tiny.ckpt")!r})
+        images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
+        evaluate(model, images, None, progress=False)
+        sample(tiny, 2)
+        loaded = sorted(name for name in sys.modules if name.split(".")[0] in ("lightning", "jsonargparse", "wandb"))
+        print("LOADED", loaded)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "LOADED []" in done.stdout, done.stdout
