@@ -100,3 +100,16 @@ def test_bf16_autocast_scores_the_completion_model_close_to_float32(monkeypatch)
     assert bfloat16_head - mixed > 0.001, f"bf16 head {bfloat16_head:.4f} against {mixed:.4f} with a float32 head"
     monkeypatch.setattr("imagetx.model.embedding.full_precision_linear", autocast_linear)
     assert bpd(True) - mixed > 0.006, "bfloat16 pixel embedding and head"
+
+
+def test_each_model_card_carries_the_hubs_metadata(shipped):
+    """The card's front matter, as the Hugging Face Hub reads it: library, licence, data and the
+    val bits/dim of the card's own table."""
+    from huggingface_hub import ModelCard
+
+    name, _ = shipped
+    card = ModelCard.load(REPO / "pretrained" / name / "README.md")
+    assert card.data.library_name == "imagetx" and card.data.license == "mit" and card.data.datasets == ["cifar10"]
+    (result,) = card.data.eval_results
+    assert result.metric_type == "bits_per_dim"
+    assert f"**{result.metric_value}**" in card.text  # the figure the card's table states
