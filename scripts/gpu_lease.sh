@@ -1,30 +1,49 @@
 #!/usr/bin/env bash
 # One training run on a lent GPU machine, in steps that each fit one device call (docs/gpu.md,
 # "A lease, call by call"). Run from the repository root there:
-#   bash scripts/gpu_lease.sh setup                      # wheels, the shards carried in .stage/*/, versions
-#   bash scripts/gpu_lease.sh pilot MAX_TIME [OVERRIDES] # the preset on the shards staged so far
-#   bash scripts/gpu_lease.sh tests                      # the CUDA-only tests
+#   bash scripts/gpu_lease.sh setup                       # wheels, the shards carried in .stage/*/, versions
+#   bash scripts/gpu_lease.sh tests                       # the CUDA correctness tests; the run needs them passed
+#   bash scripts/gpu_lease.sh pilot MAX_TIME [OVERRIDES]  # the preset on the shards staged so far
 #   bash scripts/gpu_lease.sh launch MAX_TIME [OVERRIDES] # the run, detached (setsid): outlives the call
-#   bash scripts/gpu_lease.sh wait SECONDS               # progress every 30 s until the run ends or SECONDS pass
-#   bash scripts/gpu_lease.sh finish SECONDS             # weights, metrics, scores, grids into $OUT
+#   bash scripts/gpu_lease.sh wait SECONDS                # progress every 30 s until the run ends or SECONDS pass
+#   bash scripts/gpu_lease.sh finish SECONDS              # weights, metrics, log into $OUT first; then scores, grids
 # CONFIG (environment) picks the preset; MAX_TIME is Lightning's DD:HH:MM:SS.
-# The machine has torch, lightning, einops; jsonargparse, torchdata and their needs travel as
-# wheels in .whl/ (W&B stays behind: --wandb disabled, metrics go to csv/).
-set -u
-DATA=/root/data
-RUN=/root/run
-CODE=/root/code  # a copy of the package: later calls re-send the working tree under a running job
+# The machine has torch, lightning, einops; what else imagetx needs travels as wheels in .whl/
+# (W&B stays behind: --wandb disabled, metrics go to csv/).
+#
+# Every step fails loudly: any failing command ends the step with its exit code (set -euo
+# pipefail), so that a call's result says what went wrong.
+#
+# DRY_RUN=1 runs every step on this CPU, under $WORK (no wheels, no nvidia-smi, the CUDA tests
+# replaced by a check that pytest runs, evaluate and sample on the CPU): tests/test_gpu_lease.py
+# runs it end to end with a tiny preset, so that a typo here is found in CI, not on the GPU.
+set -euo pipefail
+DRY_RUN=${DRY_RUN:-0}
+WORK=${WORK:-/root}
+DATA=$WORK/data
+RUN=$WORK/run
+CODE=$WORK/code  # a copy of the package: later calls re-send the working tree under a running job
+SITE=${SITE:-/tmp/site}
+OUT=${OUT:?the device tool sets OUT, the folder whose files come back}
 CONFIG=${CONFIG:-configs/cifar10_dmol_25min.yaml}
-export PYTHONPATH=$CODE:/tmp/site PYTHONUNBUFFERED=1 WANDB_MODE=disabled
+PYTHON=${PYTHON:-python3}
+STAGE=${STAGE:-.stage}  # the shards carried, a folder each call
+DEVICE=$([ "$DRY_RUN" = 1 ] && echo cpu || echo cuda)
+GRID_SAMPLES=${GRID_SAMPLES:-64}   # the grid of 64 samples
+COMPLETIONS=${COMPLETIONS:-8}      # val images completed (top half given), 3 samples each
+VAL_SIZE=${VAL_SIZE:-5000}         # the last 5,000 training images: the val split
+EVAL_BATCH=${EVAL_BATCH:-250}      # divides the 5,000 val images: one batch shape
+export PYTHONPATH=$CODE:$SITE PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 # The lines of a training log worth a call's output (the rest is progress bars and warnings).
 LOG_LINES="data:|horizon|Time limit|Error|error"
+TESTS_PASSED=$WORK/cuda_tests_passed  # written by `tests`; `pilot` and `launch` refuse without it
 
 # The run's own process id, written at launch. (Matching command lines with `pgrep -f` also
 # matches the shell of any call whose command names the module, which then waits on itself.)
-running() { [ -f $RUN/train.pid ] && kill -0 "$(cat $RUN/train.pid)" 2>/dev/null; }
+running() { [ -f "$RUN/train.pid" ] && kill -0 "$(cat "$RUN/train.pid")" 2>/dev/null; }
 
 latest_metrics() {  # the newest value of each throughput column, and the val curve
-  python3 - "$1" <<'EOF'
+  "$PYTHON" - "$1" <<'EOF'
 import csv, glob, sys
 files = sorted(glob.glob(f"{sys.argv[1]}/csv/version_*/metrics.csv"))
 if not files:
@@ -39,65 +58,98 @@ EOF
 
 in_out() { cp "$@" "$OUT"/ && echo "in \$OUT: $*"; }  # results go back as soon as they exist
 
-case "$1" in
+needs_tests() {
+  [ -f "$TESTS_PASSED" ] || { echo "the CUDA correctness tests have not passed on this machine:" \
+      "run 'bash scripts/gpu_lease.sh tests' first" >&2; exit 1; }
+}
+
+TRAIN=("$PYTHON" -m imagetx.train --config "$CONFIG" --data.root "$DATA" --wandb disabled)  # the preset, W&B off
+
+case "${1:-}" in
 setup)
-  [ -d /tmp/site ] || python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-      --target /tmp/site .whl/*.whl || exit 1
-  mkdir -p $DATA && cp -n .stage/*/*.npz $DATA/ 2>/dev/null
-  running || { rm -rf $CODE && mkdir -p $CODE && cp -r imagetx $CODE/; }
-  ls -la $DATA; nvidia-smi -L
-  python3 -c "import torch, lightning, jsonargparse, torchdata; print(torch.__version__, lightning.__version__, torch.cuda.get_device_name())"
-  ;;
-pilot)
-  rm -rf /root/pilot
-  python3 -m imagetx.train --config $CONFIG --data.root $DATA --wandb disabled \
-      --trainer.default_root_dir /root/pilot --trainer.max_time "$2" \
-      --trainer.val_check_interval 1000 "${@:3}" 2>&1 | grep -E "$LOG_LINES" | tail -20
-  latest_metrics /root/pilot
+  if [ "$DRY_RUN" != 1 ]; then
+    [ -d "$SITE" ] || "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --target "$SITE" .whl/*.whl
+    nvidia-smi -L
+  fi
+  mkdir -p "$DATA"
+  for shard in "$STAGE"/*/*.npz; do [ -e "$shard" ] && cp -n "$shard" "$DATA"/; done
+  running || { rm -rf "$CODE" && mkdir -p "$CODE" && cp -r imagetx "$CODE"/; }
+  ls -la "$DATA"
+  "$PYTHON" -c "import torch, lightning, jsonargparse, torchdata, huggingface_hub, imagetx; print(torch.__version__, \
+lightning.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
   ;;
 tests)
-  PYTHONPATH=$PWD:/tmp/site timeout 240 python3 -m pytest -q -p no:cacheprovider \
-      tests/test_sampler.py tests/test_flex_attention.py -k cuda 2>&1 | tail -25
+  rm -f "$TESTS_PASSED"
+  if [ "$DRY_RUN" = 1 ]; then  # no CUDA here: that pytest runs from the copied code is what can be checked
+    PYTHONPATH=$PWD:$SITE timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_layers.py
+  else
+    # -k cuda: the CUDA-only tests (FlexAttention values and gradients against the dense reference,
+    # the CUDA-graph decoding step, sampling without per-step syncs); -rs lists any skip, and a
+    # skipped one fails the step: on the GPU each of them must run.
+    PYTHONPATH=$PWD:$SITE timeout 300 "$PYTHON" -m pytest -q -rs -p no:cacheprovider \
+        tests/test_sampler.py tests/test_flex_attention.py -k cuda 2>&1 | tee "$WORK/cuda_tests.log" | tail -30
+    ! grep -q "SKIPPED" "$WORK/cuda_tests.log" || { echo "CUDA tests were skipped: is the GPU visible?" >&2; exit 1; }
+  fi
+  touch "$TESTS_PASSED"
+  ;;
+pilot)
+  needs_tests
+  rm -rf "$WORK/pilot" && mkdir -p "$WORK/pilot"
+  "${TRAIN[@]}" --trainer.default_root_dir "$WORK/pilot" --trainer.max_time "$2" --trainer.val_check_interval 1000 \
+      "${@:3}" >"$WORK/pilot/train.log" 2>&1 || { tail -30 "$WORK/pilot/train.log"; exit 1; }
+  grep -E "$LOG_LINES" "$WORK/pilot/train.log" | tail -20 || true  # (grep finds nothing: no such lines)
+  latest_metrics "$WORK/pilot"
   ;;
 launch)
-  running && { echo "a run is going already (pid $(cat $RUN/train.pid))"; exit 1; }
-  rm -rf $RUN && mkdir -p $RUN
-  setsid nohup python3 -m imagetx.train --config $CONFIG --data.root $DATA --wandb disabled \
-      --trainer.default_root_dir $RUN --trainer.max_time "$2" "${@:3}" >$RUN/train.log 2>&1 </dev/null &
-  echo $! >$RUN/train.pid
-  sleep 60; grep -E "$LOG_LINES" $RUN/train.log
+  needs_tests
+  if running; then echo "a run is going already (pid $(cat "$RUN/train.pid"))" >&2; exit 1; fi
+  rm -rf "$RUN" && mkdir -p "$RUN"
+  setsid nohup "${TRAIN[@]}" --trainer.default_root_dir "$RUN" --trainer.max_time "$2" "${@:3}" \
+      >"$RUN/train.log" 2>&1 </dev/null &
+  echo $! >"$RUN/train.pid"
+  sleep "${LAUNCH_WAIT:-60}"
+  if ! running && [ ! -f "$RUN/checkpoints/last.ckpt" ]; then
+    tail -20 "$RUN/train.log"; echo "the run ended within its first minute, without a checkpoint" >&2; exit 1
+  fi
+  grep -E "$LOG_LINES" "$RUN/train.log" || true
   ;;
 wait)
   end=$((SECONDS + $2))
   while [ $SECONDS -lt $end ] && running; do
-    sleep 30
-    echo "--- $(date +%T)  $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader)"
-    latest_metrics $RUN | tail -2
+    sleep "${POLL:-30}"
+    [ "$DRY_RUN" = 1 ] || \
+      echo "--- $(date +%T)  $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader)"
+    latest_metrics "$RUN" | tail -2
   done
-  grep -E "$LOG_LINES" $RUN/train.log | tail -5
+  grep -E "$LOG_LINES" "$RUN/train.log" | tail -5 || true
   ;;
 finish)
   end=$((SECONDS + $2))
   while running; do
-    [ $SECONDS -lt $end ] || { echo "the run is still going after $2 s: stopping it (last.ckpt stays)"; kill "$(cat $RUN/train.pid)"; sleep 20; }
+    if [ $SECONDS -ge $end ]; then
+      echo "the run is still going after $2 s: stopping it (last.ckpt stays)"
+      kill "$(cat "$RUN/train.pid")" || true; sleep 20
+    fi
     sleep 5
   done
-  tail -3 $RUN/train.log
+  tail -3 "$RUN/train.log"
   # What the lease is for comes back first: the weights, the metrics, the log.
-  python3 -m imagetx.export --ckpt $RUN/checkpoints/last.ckpt --out /root/export --dtype bf16 | tail -1
-  in_out /root/export/model.safetensors /root/export/config.json $RUN/train.log
-  in_out "$(ls $RUN/csv/version_*/metrics.csv | tail -1)"
-  # The shipped (bf16) weights on all 5,000 val images, through FlexAttention (auto on CUDA).
-  timeout 120 python3 -m imagetx.evaluate --ckpt /root/export --data.root $DATA --split val --device cuda \
-      --batch_size 250 | tail -1 | tee $OUT/eval_val.json
-  timeout 90 python3 -m imagetx.sample --ckpt /root/export --task generate --count 64 --seed 0 \
-      --device cuda --out /root/grids | tail -1
-  timeout 60 python3 -m imagetx.sample --ckpt /root/export --task complete --rows 16 --count 8 --samples 3 \
-      --data.root $DATA --split val --seed 0 --device cuda --out /root/grids | tail -1
-  in_out /root/grids/*.png
-  ls -la $OUT
+  "$PYTHON" -m imagetx.export --ckpt "$RUN/checkpoints/last.ckpt" --out "$WORK/export" --dtype bf16 | tail -1
+  in_out "$WORK/export/model.safetensors" "$WORK/export/config.json" "$RUN/train.log"
+  in_out "$(ls "$RUN"/csv/version_*/metrics.csv | tail -1)"
+  # The shipped (bf16) weights on all val images, through FlexAttention (auto on CUDA).
+  VAL=(--data.root "$DATA" --split val --val_size "$VAL_SIZE")
+  timeout 180 "$PYTHON" -m imagetx.evaluate --ckpt "$WORK/export" "${VAL[@]}" --device "$DEVICE" \
+      --batch_size "$EVAL_BATCH" | tail -1 | tee "$OUT/eval_val.json"
+  timeout 120 "$PYTHON" -m imagetx.sample --ckpt "$WORK/export" --task generate --count "$GRID_SAMPLES" --seed 0 \
+      --device "$DEVICE" --out "$WORK/grids" | tail -1
+  timeout 90 "$PYTHON" -m imagetx.sample --ckpt "$WORK/export" --task complete --rows 16 --count "$COMPLETIONS" \
+      --samples 3 "${VAL[@]}" --seed 0 --device "$DEVICE" --out "$WORK/grids" | tail -1
+  in_out "$WORK"/grids/*.png
+  ls -la "$OUT"
   ;;
 *)
-  echo "usage: bash scripts/gpu_lease.sh setup|pilot|tests|launch|wait|finish ..." >&2; exit 2
+  echo "usage: bash scripts/gpu_lease.sh setup|tests|pilot|launch|wait|finish ..." >&2; exit 2
   ;;
 esac
