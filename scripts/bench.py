@@ -376,7 +376,8 @@ def find(results, **key):
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: every option of the module docstring, plus the hidden --worker."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--presets", nargs="+", default=None,
@@ -407,14 +408,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick-smoke", action="store_true",
                         help="tiny model (1 layer, d=32), sizes 16 32, 1 step: checks the script, not the model")
     parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
 
-    if args.worker:
-        spec = json.loads(args.worker)
-        result = train_worker(spec) if spec["kind"] == "train" else sample_worker(spec)
-        print(RESULT_MARKER + json.dumps(result), flush=True)
-        return 0
 
+def worker_main(spec_json: str) -> int:
+    """Measure the one configuration the driver passed with --worker; print its result for the driver."""
+    spec = json.loads(spec_json)
+    result = train_worker(spec) if spec["kind"] == "train" else sample_worker(spec)
+    print(RESULT_MARKER + json.dumps(result), flush=True)
+    return 0
+
+
+def resolve_defaults(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Fill in, on ``args``, the defaults that depend on the device and --quick-smoke; reject bad values."""
     import torch
 
     if args.device is None:
@@ -422,75 +428,93 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         parser.error("--device cuda asked for, but torch.cuda.is_available() is False")
     cuda = args.device == "cuda"
-    presets = args.presets or list(PRESETS if cuda else CPU_DEFAULT_PRESETS)
-    for name in presets:
+    args.presets = args.presets or list(PRESETS if cuda else CPU_DEFAULT_PRESETS)
+    for name in args.presets:
         preset_path(name)
     smoke = args.quick_smoke
-    sizes = args.image_sizes or ([16, 32] if smoke else [32, 64])
-    wanted_batches = args.batch or (["1"] if not cuda or smoke else ["1", "preset"])
-    for item in wanted_batches:
+    args.image_sizes = args.image_sizes or ([16, 32] if smoke else [32, 64])
+    args.batch = args.batch or (["1"] if not cuda or smoke else ["1", "preset"])
+    for item in args.batch:
         if item != "preset" and (not item.isdigit() or int(item) < 1):
             parser.error(f"--batch {item!r}: give positive integers or 'preset'")
-    warmup = args.warmup if args.warmup is not None else (1 if smoke or not cuda else 3)
-    steps = args.steps if args.steps is not None else (1 if smoke else (10 if cuda else 3))
-    sample_batch = args.sample_batch or (1 if smoke else (64 if cuda else 8))
-    sample_steps = 4 if smoke and args.sample_steps == 64 else args.sample_steps
-    uncached_steps = 1 if smoke and args.uncached_steps == 8 else args.uncached_steps
+    args.warmup = args.warmup if args.warmup is not None else (1 if smoke or not cuda else 3)
+    args.steps = args.steps if args.steps is not None else (1 if smoke else (10 if cuda else 3))
+    args.sample_batch = args.sample_batch or (1 if smoke else (64 if cuda else 8))
+    args.sample_steps = 4 if smoke and args.sample_steps == 64 else args.sample_steps
+    args.uncached_steps = 1 if smoke and args.uncached_steps == 8 else args.uncached_steps
     if args.max_cell_seconds is None:
         args.max_cell_seconds = 40.0 if not cuda else 60.0
-    if steps < 1 or warmup < 0:
+    if args.steps < 1 or args.warmup < 0:
         parser.error("--steps must be >= 1 and --warmup >= 0")
-    peak_tflops, peak_source = detect_peak_tflops(args)
-    info = {**machine_info(args.device, args.threads)}
 
+
+def print_run_header(args: argparse.Namespace, info: dict, load: tuple[float, float, float] | None) -> None:
+    """Print what runs on what, and the warnings that qualify the figures (smoke run, emulated bf16, busy CPU)."""
+    cuda = args.device == "cuda"
     print(f"imagetx benchmark on {args.device} ({info.get('cuda_device') or info.get('cpu_model', '?')}), "
           f"torch {info['torch_version']}, precision {args.precision}")
-    if smoke:
+    if args.quick_smoke:
         print("SMOKE RUN (--quick-smoke): tiny model, one step: the figures say nothing about the real models")
     if not cuda and args.precision == "bf16" and not info.get("cpu_bf16_support"):
         print("note: this CPU has no AVX512-BF16/AMX: bf16 matmuls are emulated, slower than fp32")
-    print(f"presets {' '.join(map(preset_name, presets))}; image sizes {sizes}; batch {' '.join(wanted_batches)}; "
-          f"{warmup} warm-up + {steps} timed steps (median; fewer where > {args.max_cell_seconds:g} s); "
+    print(f"presets {' '.join(map(preset_name, args.presets))}; image sizes {args.image_sizes}; "
+          f"batch {' '.join(args.batch)}; "
+          f"{args.warmup} warm-up + {args.steps} timed steps (median; fewer where > {args.max_cell_seconds:g} s); "
           f"each configuration in a fresh process")
-    load = os.getloadavg() if hasattr(os, "getloadavg") else None
     if load and not cuda and load[0] > 0.5 * (os.cpu_count() or 1):
         print(f"note: load average {load[0]:.2f} on {os.cpu_count()} CPUs: other work is running, timings are noisy")
 
-    common = dict(device=args.device, precision=args.precision, threads=args.threads, smoke=smoke)
+
+def build_plan(args: argparse.Namespace) -> list[dict]:
+    """The worker specs, in run order: per preset, every size x batch x attention, then its sampling."""
+    sizes = args.image_sizes
+    common = dict(device=args.device, precision=args.precision, threads=args.threads, smoke=args.quick_smoke)
     plan = []
-    for preset in presets:
+    for preset in args.presets:
         base_attention = read_preset(preset)["model"]["config"].get("attention", "local_1d")
         attentions = [base_attention] + ([] if args.no_full or base_attention == "full" else ["full"])
         for size in sizes:
-            for batch in batches_for(preset, wanted_batches):
+            for batch in batches_for(preset, args.batch):
                 for attention in attentions:
                     plan.append(dict(kind="train", preset=preset, image_size=size, attention=attention, batch=batch,
-                                     warmup=warmup, steps=steps, max_cell_seconds=args.max_cell_seconds, **common))
+                                     warmup=args.warmup, steps=args.steps, max_cell_seconds=args.max_cell_seconds,
+                                     **common))
         if not args.no_sampling:
             is_quick = preset_name(preset) == QUICK
             plan.append(dict(kind="sample", preset=preset, image_size=32 if 32 in sizes else sizes[0],
-                             attention=base_attention, sample_batch=sample_batch,
-                             sample_steps=0 if is_quick else sample_steps,
-                             uncached_steps=uncached_steps if is_quick else 0, **common))
+                             attention=base_attention, sample_batch=args.sample_batch,
+                             sample_steps=0 if is_quick else args.sample_steps,
+                             uncached_steps=args.uncached_steps if is_quick else 0, **common))
+    return plan
 
-    started = time.perf_counter()
+
+def run_plan(plan: list[dict]) -> list[dict]:
+    """Run every spec in its own worker process, printing a progress line as each one ends."""
     results = []
     for i, spec in enumerate(plan, 1):
         r = spawn(spec)
         results.append(r)
-        name = preset_name(r["preset"])
-        if "error" in r:
-            status = f"ERROR {r['error']}"
-        elif r["kind"] == "train":
-            status = f"{r['median_s'] * 1000:.0f} ms/step, {r['images_per_sec']:.3g} images/s, {r['peak_mib']:.0f} MiB"
-        else:
-            status = f"cached {r['cached_images_per_sec']:.3g} images/s" + (
-                f", uncached {r['uncached_images_per_sec']:.3g} images/s" if "uncached_images_per_sec" in r else "")
-        what = (f"train {r['attention']:8s} {r['image_size']}x{r['image_size']} batch {r['batch']}"
-                if spec["kind"] == "train" else f"sample batch {spec['sample_batch']}")
-        print(f"  [{i}/{len(plan)}] {name:20s} {what}: {status} ({r['worker_wall_s']:.0f} s)", flush=True)
+        print(progress_line(i, len(plan), spec, r), flush=True)
+    return results
 
-    # ----- derived figures
+
+def progress_line(i: int, total: int, spec: dict, r: dict) -> str:
+    """The line that says which configuration ``r`` is and what it measured (or its error)."""
+    name = preset_name(r["preset"])
+    if "error" in r:
+        status = f"ERROR {r['error']}"
+    elif r["kind"] == "train":
+        status = f"{r['median_s'] * 1000:.0f} ms/step, {r['images_per_sec']:.3g} images/s, {r['peak_mib']:.0f} MiB"
+    else:
+        status = f"cached {r['cached_images_per_sec']:.3g} images/s" + (
+            f", uncached {r['uncached_images_per_sec']:.3g} images/s" if "uncached_images_per_sec" in r else "")
+    what = (f"train {r['attention']:8s} {r['image_size']}x{r['image_size']} batch {r['batch']}"
+            if spec["kind"] == "train" else f"sample batch {spec['sample_batch']}")
+    return f"  [{i}/{total}] {name:20s} {what}: {status} ({r['worker_wall_s']:.0f} s)"
+
+
+def add_comparisons(results: list[dict], peak_tflops: float | None) -> None:
+    """Add MFU and the speed-up and memory ratio against full attention to each training result."""
     for r in results:
         if r.get("kind") != "train" or "error" in r:
             continue
@@ -500,8 +524,16 @@ def main(argv: list[str] | None = None) -> int:
         r["speedup_vs_full"] = full["median_s"] / r["median_s"] if full else None
         r["memory_ratio_vs_full"] = r["peak_mib"] / full["peak_mib"] if full and full["peak_mib"] > 0 else None
 
-    # ----- tables
-    train_rows = [r for r in results if r.get("kind") == "train"]
+
+def rows_of(results: list[dict], kind: str) -> list[dict]:
+    """The results of one kind of measurement ("train" or "sample"), errors included."""
+    return [r for r in results if r.get("kind") == kind]
+
+
+def print_training_table(train_rows: list[dict], args: argparse.Namespace, peak_tflops: float | None,
+                         peak_source: str) -> None:
+    """Print the training-step table and the notes on its columns."""
+    cuda = args.device == "cuda"
     header = (f"{'preset':20s} {'size':>5s} {'attention':9s} {'batch':>5s} {'positions':>9s} {'ms/step':>9s} "
               f"{'images/s':>9s} {'tokens/s':>9s} {'peak MiB':>9s} {'TFLOP/s':>8s} {'MFU':>6s} "
               f"{'vs full':>8s} {'mem/full':>8s}")
@@ -526,44 +558,61 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  peak MiB: {'torch.cuda.max_memory_allocated' if cuda else 'peak RSS growth over the steps'}"
           + ("" if cuda else "; * = lower bound"))
 
-    sample_rows = [r for r in results if r.get("kind") == "sample"]
-    if sample_rows:
-        print(f"\nSampling (model in eval mode, {args.precision})")
-        header = f"{'preset':20s} {'batch':>5s} {'steps':>6s} {'cached s':>9s} {'images/s':>9s} " \
-                 f"{'uncached s':>11s} {'images/s':>9s} {'speed-up':>9s}  how"
-        print(header)
-        print("-" * len(header))
-        for r in sample_rows:
-            if "error" in r:
-                print(f"{preset_name(r['preset']):20s} {r['sample_batch']:5d} ERROR {r['error']}")
-                continue
-            how = r["cached_how"] + ("; " + r["uncached_how"] if "uncached_how" in r else "")
-            print(f"{preset_name(r['preset']):20s} {r['sample_batch']:5d} {r['positions']:6d} "
-                  f"{r['cached_seconds']:9.2f} {r['cached_images_per_sec']:9.3g} "
-                  f"{fmt(r.get('uncached_seconds'), '11.1f')} {fmt(r.get('uncached_images_per_sec'), '9.3g')} "
-                  f"{fmt(r.get('cached_speedup'), '8.0f')}{'x' if r.get('cached_speedup') else ' '}  {how}")
 
-    # ----- targets
-    verdicts = []
+def print_sampling_table(sample_rows: list[dict], precision: str) -> None:
+    """Print the sampling table (nothing when sampling was not measured)."""
+    if not sample_rows:
+        return
+    print(f"\nSampling (model in eval mode, {precision})")
+    header = f"{'preset':20s} {'batch':>5s} {'steps':>6s} {'cached s':>9s} {'images/s':>9s} " \
+             f"{'uncached s':>11s} {'images/s':>9s} {'speed-up':>9s}  how"
+    print(header)
+    print("-" * len(header))
+    for r in sample_rows:
+        if "error" in r:
+            print(f"{preset_name(r['preset']):20s} {r['sample_batch']:5d} ERROR {r['error']}")
+            continue
+        how = r["cached_how"] + ("; " + r["uncached_how"] if "uncached_how" in r else "")
+        print(f"{preset_name(r['preset']):20s} {r['sample_batch']:5d} {r['positions']:6d} "
+              f"{r['cached_seconds']:9.2f} {r['cached_images_per_sec']:9.3g} "
+              f"{fmt(r.get('uncached_seconds'), '11.1f')} {fmt(r.get('uncached_images_per_sec'), '9.3g')} "
+              f"{fmt(r.get('cached_speedup'), '8.0f')}{'x' if r.get('cached_speedup') else ' '}  {how}")
 
-    def verdict(name: str, ok: bool | None, text: str) -> None:
-        word = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
-        verdicts.append({"target": name, "verdict": word, "detail": text})
-        print(f"{word} ({name}) {text}")
 
-    print("\nTargets" + (" (SMOKE RUN: tiny model, verdicts meaningless)" if smoke else ""))
+def verdict(name: str, ok: bool | None, text: str) -> dict:
+    """Print a target's SKIP/PASS/FAIL line (``ok`` None/True/False) and return it as a JSON record."""
+    word = "SKIP" if ok is None else ("PASS" if ok else "FAIL")
+    print(f"{word} ({name}) {text}")
+    return {"target": name, "verdict": word, "detail": text}
+
+
+def check_targets(results: list[dict], args: argparse.Namespace) -> list[dict]:
+    """Print the verdict on each target of the module docstring, (a) to (c), and return the verdicts."""
+    print("\nTargets" + (" (SMOKE RUN: tiny model, verdicts meaningless)" if args.quick_smoke else ""))
+    verdicts = [target_a(results, args.presets)]
+    verdicts += target_b(results, args.image_sizes)
+    verdicts.append(target_c(results))
+    return verdicts
+
+
+def target_a(results: list[dict], presets: list[str]) -> dict:
+    """(a): cifar10_categorical 32x32 batch 1, local_1d at least 1.5x faster than full, no more peak memory."""
     local_a = find(results, kind="train", image_size=32, batch=1, attention="local_1d",
                    preset=next((p for p in presets if preset_name(p) == PAPER_CATEGORICAL), None))
     if local_a and local_a.get("speedup_vs_full") and local_a.get("memory_ratio_vs_full") is not None:
         ok = local_a["speedup_vs_full"] >= 1.5 and local_a["memory_ratio_vs_full"] <= MEMORY_TOLERANCE
-        verdict("a", ok, f"cifar10_categorical 32x32 batch 1: local_1d step {local_a['speedup_vs_full']:.2f}x faster "
-                         f"than full (target >= 1.5x), peak memory {local_a['memory_ratio_vs_full']:.2f}x full's "
-                         f"(target <= 1, {100 * (MEMORY_TOLERANCE - 1):.0f} % tolerance)")
-    else:
-        verdict("a", None, "not measured: needs --presets cifar10_categorical --image-sizes 32 --batch 1 (and full)")
+        return verdict("a", ok, f"cifar10_categorical 32x32 batch 1: local_1d step {local_a['speedup_vs_full']:.2f}x "
+                                f"faster than full (target >= 1.5x), peak memory "
+                                f"{local_a['memory_ratio_vs_full']:.2f}x full's "
+                                f"(target <= 1, {100 * (MEMORY_TOLERANCE - 1):.0f} % tolerance)")
+    return verdict("a", None, "not measured: needs --presets cifar10_categorical --image-sizes 32 --batch 1 (and full)")
+
+
+def target_b(results: list[dict], sizes: list[int]) -> list[dict]:
+    """(b): local attention's speed-up over full grows from the smallest to the largest image size."""
     pairs = []  # (smallest size, largest size) of every preset and batch; 32 -> 64 by default
     small_size, big_size = min(sizes), max(sizes)
-    for r in train_rows:
+    for r in rows_of(results, "train"):
         if "error" in r or r["attention"] == "full" or r["image_size"] != small_size or small_size == big_size:
             continue
         big = find(results, kind="train", preset=r["preset"], batch=r["batch"], attention=r["attention"],
@@ -571,30 +620,59 @@ def main(argv: list[str] | None = None) -> int:
         if big and r.get("speedup_vs_full") and big.get("speedup_vs_full"):
             pairs.append((preset_name(r["preset"]) != PAPER_CATEGORICAL or r["batch"] != 1, r, big))
     if not pairs:
-        verdict("b", None, "not measured: needs --image-sizes 32 64 with the full-attention comparison")
-    for _, small, big in sorted(pairs, key=lambda p: p[0]):
-        verdict("b", big["speedup_vs_full"] > small["speedup_vs_full"],
-                f"{preset_name(small['preset'])} batch {small['batch']}: local vs full speed-up "
-                f"{small['speedup_vs_full']:.2f}x at {small_size}x{small_size} -> {big['speedup_vs_full']:.2f}x "
-                f"at {big_size}x{big_size} (target: it grows)")
-    quick = next((r for r in sample_rows if preset_name(r["preset"]) == QUICK and "cached_speedup" in r), None)
-    if quick:
-        verdict("c", quick["cached_speedup"] >= 100,
-                f"quick, batch {quick['sample_batch']}: cached {quick['cached_images_per_sec']:.3g} images/s vs "
-                f"uncached {quick['uncached_images_per_sec']:.3g} images/s (extrapolated from "
-                f"{quick['uncached_steps_timed']} steps) = {quick['cached_speedup']:.0f}x (target >= 100x)")
-    else:
-        verdict("c", None, "not measured: needs the quick preset with sampling")
+        return [verdict("b", None, "not measured: needs --image-sizes 32 64 with the full-attention comparison")]
+    return [verdict("b", big["speedup_vs_full"] > small["speedup_vs_full"],
+                    f"{preset_name(small['preset'])} batch {small['batch']}: local vs full speed-up "
+                    f"{small['speedup_vs_full']:.2f}x at {small_size}x{small_size} -> {big['speedup_vs_full']:.2f}x "
+                    f"at {big_size}x{big_size} (target: it grows)")
+            for _, small, big in sorted(pairs, key=lambda p: p[0])]
 
+
+def target_c(results: list[dict]) -> dict:
+    """(c): cached sampling with the quick preset at least 100x the images/s of uncached recomputation."""
+    quick = next((r for r in rows_of(results, "sample") if preset_name(r["preset"]) == QUICK
+                  and "cached_speedup" in r), None)
+    if quick:
+        return verdict("c", quick["cached_speedup"] >= 100,
+                       f"quick, batch {quick['sample_batch']}: cached {quick['cached_images_per_sec']:.3g} images/s vs "
+                       f"uncached {quick['uncached_images_per_sec']:.3g} images/s (extrapolated from "
+                       f"{quick['uncached_steps_timed']} steps) = {quick['cached_speedup']:.0f}x (target >= 100x)")
+    return verdict("c", None, "not measured: needs the quick preset with sampling")
+
+
+def settings_record(args: argparse.Namespace, peak_tflops: float | None, peak_source: str) -> dict:
+    """The resolved settings of this run, for the JSON report."""
+    return {"presets": args.presets, "image_sizes": args.image_sizes, "batches": args.batch,
+            "precision": args.precision, "device": args.device, "warmup": args.warmup, "steps": args.steps,
+            "max_cell_seconds": args.max_cell_seconds, "sample_batch": args.sample_batch,
+            "sample_steps": args.sample_steps, "uncached_steps": args.uncached_steps, "smoke": args.quick_smoke,
+            "peak_tflops": peak_tflops, "peak_source": peak_source,
+            "flops_formula": "imagetx.model.flops.count_flops(model, device).training per image (fwd+bwd)"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the benchmark (module docstring): the plan's workers, the tables, the targets, the JSON report."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.worker:
+        return worker_main(args.worker)
+    resolve_defaults(parser, args)
+    peak_tflops, peak_source = detect_peak_tflops(args)
+    info = machine_info(args.device, args.threads)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print_run_header(args, info, load)
+
+    started = time.perf_counter()
+    results = run_plan(build_plan(args))
+    add_comparisons(results, peak_tflops)
+    print_training_table(rows_of(results, "train"), args, peak_tflops, peak_source)
+    print_sampling_table(rows_of(results, "sample"), args.precision)
+    verdicts = check_targets(results, args)
     total = time.perf_counter() - started
+
     report = {
         "command": sys.argv,
-        "settings": {"presets": presets, "image_sizes": sizes, "batches": wanted_batches, "precision": args.precision,
-                     "device": args.device, "warmup": warmup, "steps": steps,
-                     "max_cell_seconds": args.max_cell_seconds, "sample_batch": sample_batch,
-                     "sample_steps": sample_steps, "uncached_steps": uncached_steps, "smoke": smoke,
-                     "peak_tflops": peak_tflops, "peak_source": peak_source,
-                     "flops_formula": "imagetx.model.flops.count_flops(model, device).training per image (fwd+bwd)"},
+        "settings": settings_record(args, peak_tflops, peak_source),
         "machine": {**info, "loadavg_start": load,
                     "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None},
         "results": results,

@@ -80,6 +80,7 @@ PASSES = ("forward", "forward_backward")
 D_MODEL, N_HEADS = 512, 4
 BLOCK_LENGTH_1D, MEMORY_BLOCKS_1D = 256, 1
 BLOCK_2D, FLANGE_2D = (16, 16), (16, 32)
+TARGET = "1D local at least 2x faster than full causal with no more peak memory (sdpa)"
 
 
 def build_pattern(variant: str, rows: int, cols: int):
@@ -207,7 +208,8 @@ def spawn_worker(args: argparse.Namespace, variant: str, kernel: str, batch: int
     return run_subprocess(cmd, {"variant": variant, "kernel": kernel, "batch": batch, "dtype": dtype}, cwd=REPO_ROOT)
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: every option of the module docstring, plus the hidden --worker."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 4])
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], choices=["float32", "bfloat16"])
@@ -228,9 +230,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's default)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    return parser
 
-    cpu_flex = args.device == "cpu" and "flex" in args.kernels
+
+def flex_on_cpu(args: argparse.Namespace) -> bool:
+    """Whether the flex kernel runs on the CPU, where torch has no FlexAttention backward."""
+    return args.device == "cpu" and "flex" in args.kernels
+
+
+def resolve_pass(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Choose the default --pass and reject a pass or warm-up that cannot run (driver and worker alike)."""
+    cpu_flex = flex_on_cpu(args)
     if args.pass_ is None:
         args.pass_ = "forward" if cpu_flex else "forward_backward"
     if cpu_flex and args.pass_ == "forward_backward":
@@ -238,11 +248,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.warmup < 1:
         parser.error("--warmup must be at least 1: the first run builds the block mask and compiles")
 
-    if args.worker:
-        result = run_worker(args)
-        print(RESULT_MARKER + json.dumps(result), flush=True)
-        return 0
 
+def check_driver_args(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Reject a CUDA run without CUDA, and fewer than one timed run."""
     import torch
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -250,16 +258,30 @@ def main(argv: list[str] | None = None) -> int:
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
 
-    rows, cols = args.seq_rows, args.seq_cols
-    length = rows * cols
+
+def block_2d_tiles(rows: int, cols: int) -> bool:
+    """Whether local_2d's query block tiles the rows x cols grid."""
+    return not (rows % BLOCK_2D[0] or cols % BLOCK_2D[1])
+
+
+def variants_to_run(args: argparse.Namespace) -> list[str]:
+    """The --variants, less local_2d where its query block does not tile the grid."""
     variants = list(args.variants)
-    print(f"Attention layer benchmark: grid {rows}x{cols} = {length} positions, d_model={D_MODEL}, "
+    if "local_2d" in variants and not block_2d_tiles(args.seq_rows, args.seq_cols):
+        variants.remove("local_2d")
+    return variants
+
+
+def print_header(args: argparse.Namespace) -> None:
+    """Print the layer, the patterns, the kernels and how each cell is measured."""
+    rows, cols = args.seq_rows, args.seq_cols
+    print(f"Attention layer benchmark: grid {rows}x{cols} = {rows * cols} positions, d_model={D_MODEL}, "
           f"heads={N_HEADS}, device={args.device}")
-    print(f"  local_1d: Local1D(GenerationOrder({rows}, {cols}), block_length={BLOCK_LENGTH_1D}, memory_blocks={MEMORY_BLOCKS_1D})")
-    if "local_2d" in variants:
-        if rows % BLOCK_2D[0] or cols % BLOCK_2D[1]:
+    print(f"  local_1d: Local1D(GenerationOrder({rows}, {cols}), block_length={BLOCK_LENGTH_1D}, "
+          f"memory_blocks={MEMORY_BLOCKS_1D})")
+    if "local_2d" in args.variants:
+        if not block_2d_tiles(rows, cols):
             print(f"  local_2d: skipped: block {BLOCK_2D} does not tile the {rows}x{cols} grid")
-            variants.remove("local_2d")
         else:
             print(f"  local_2d: Local2D(GenerationOrder({rows}, {cols}, {BLOCK_2D}), flange={FLANGE_2D}) "
                   f"(note: {BLOCK_2D[0]} divides {rows} and {BLOCK_2D[1]} divides {cols}, so the T2T default "
@@ -271,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  each cell: fresh subprocess, {args.warmup} warmup + {args.repeats} timed {args.pass_} runs, "
           "median reported" + (f" (fewer, >= 3, once they exceed {args.max_cell_seconds:g} s)"
                                if args.max_cell_seconds else ""))
-    if cpu_flex:
+    if flex_on_cpu(args):
         print("  forward only: torch 2.15 has no FlexAttention backward on the CPU")
     if args.device == "cpu":
         print("  peak MiB = peak resident-set growth over the timed runs (ru_maxrss after - RSS before), MiB")
@@ -279,11 +301,16 @@ def main(argv: list[str] | None = None) -> int:
         print("  peak MiB = torch.cuda.max_memory_allocated growth over the timed runs, MiB")
     print(flush=True)
 
-    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
-    if load_start:
-        print(f"  load average at start: {load_start[0]:.2f} on {os.cpu_count()} CPUs"
-              + ("  (other work is running: timings will be noisy)" if load_start[0] > 0.5 else ""))
-    t_start = time.perf_counter()
+
+def print_load(load: tuple[float, float, float] | None) -> None:
+    """Print the load average, warning when other work makes the timings noisy."""
+    if load:
+        print(f"  load average at start: {load[0]:.2f} on {os.cpu_count()} CPUs"
+              + ("  (other work is running: timings will be noisy)" if load[0] > 0.5 else ""))
+
+
+def run_cells(args: argparse.Namespace, variants: list[str]) -> list[dict]:
+    """Measure every (dtype, batch, variant, kernel) cell in its own worker process, printing each as it ends."""
     results = []
     for dtype in args.dtypes:
         for batch in args.batches:
@@ -294,25 +321,35 @@ def main(argv: list[str] | None = None) -> int:
                     status = r.get("error") or f"{r['median_ms']:.1f} ms, {r['peak_mib']:.1f} MiB"
                     print(f"  done {variant:9s} {kernel:4s} batch={batch} {dtype:8s}: {status} "
                           f"({r['worker_wall_s']:.1f} s)", flush=True)
+    return results
 
-    def lookup(variant, batch, dtype, kernel="sdpa"):
-        wanted = (variant, kernel, batch, dtype)
-        for r in results:
-            if "error" not in r and (r["variant"], r["kernel"], r["batch"], r["dtype"]) == wanted:
-                return r
-        return None
 
+def lookup(results: list[dict], variant: str, batch: int, dtype: str, kernel: str = "sdpa") -> dict | None:
+    """The successful result of one cell, or None."""
+    wanted = (variant, kernel, batch, dtype)
     for r in results:
-        full, same_sdpa = lookup("full", r["batch"], r["dtype"]), lookup(r["variant"], r["batch"], r["dtype"])
+        if "error" not in r and (r["variant"], r["kernel"], r["batch"], r["dtype"]) == wanted:
+            return r
+    return None
+
+
+def add_comparisons(results: list[dict]) -> None:
+    """Add each cell's speed-up and memory ratio against full causal (sdpa), and its speed-up against sdpa."""
+    for r in results:
+        full = lookup(results, "full", r["batch"], r["dtype"])
+        same_sdpa = lookup(results, r["variant"], r["batch"], r["dtype"])
         ok = "error" not in r
         r["speedup_vs_full"] = full["median_ms"] / r["median_ms"] if ok and full else None
         r["memory_ratio_vs_full"] = (r["peak_mib"] / full["peak_mib"]) if ok and full and full["peak_mib"] > 0 else None
         r["speedup_vs_sdpa"] = same_sdpa["median_ms"] / r["median_ms"] if ok and same_sdpa else None
 
+
+def print_table(results: list[dict], pass_: str) -> None:
+    """Print the table of every cell."""
     header = f"{'variant':10s} {'kernel':6s} {'batch':>5s} {'dtype':9s} {'median ms':>10s} {'min ms':>9s} " \
              f"{'runs':>4s} {'peak MiB':>9s} {'vs full sdpa':>13s} {'vs same sdpa':>13s} {'mem vs full':>12s}"
     print()
-    print(f"pass: {args.pass_}")
+    print(f"pass: {pass_}")
     print(header)
     print("-" * len(header))
     for r in results:
@@ -327,44 +364,77 @@ def main(argv: list[str] | None = None) -> int:
     if any(r.get("peak_is_lower_bound") for r in results):
         print("* ru_maxrss did not rise during the runs: the figure is a lower bound")
 
+
+def check_target(results: list[dict], args: argparse.Namespace) -> list[dict]:
+    """Print the PASS/FAIL line of the target for each batch and dtype, and return the verdicts."""
     print()
-    print("Target: 1D local at least 2x faster than full causal with no more peak memory (sdpa)")
+    print(f"Target: {TARGET}")
     verdicts = []
     for dtype in args.dtypes:
         for batch in args.batches:
-            local, full = lookup("local_1d", batch, dtype), lookup("full", batch, dtype)
-            if local is None or full is None:
-                verdict = {"batch": batch, "dtype": dtype, "pass": None, "reason": "missing measurement"}
-                print(f"  batch={batch} {dtype:8s}: N/A (missing measurement)")
-            else:
-                speedup = full["median_ms"] / local["median_ms"]
-                fast = speedup >= 2.0
-                lean = local["peak_mib"] <= full["peak_mib"]
-                verdict = {"batch": batch, "dtype": dtype, "pass": fast and lean, "speedup": speedup,
-                           "local_1d_ms": local["median_ms"], "full_ms": full["median_ms"],
-                           "local_1d_peak_mib": local["peak_mib"], "full_peak_mib": full["peak_mib"]}
-                print(f"  batch={batch} {dtype:8s}: {'PASS' if fast and lean else 'FAIL'}  "
-                      f"speed-up {speedup:.2f}x ({local['median_ms']:.1f} vs {full['median_ms']:.1f} ms; "
-                      f"{'>=' if fast else '<'} 2x), peak {local['peak_mib']:.1f} vs {full['peak_mib']:.1f} MiB "
-                      f"({'<=' if lean else '>'} full)")
-            verdicts.append(verdict)
+            verdicts.append(target_verdict(results, batch, dtype))
+    return verdicts
 
+
+def target_verdict(results: list[dict], batch: int, dtype: str) -> dict:
+    """Print and return the target's verdict for one batch and dtype (N/A without both sdpa cells)."""
+    local, full = lookup(results, "local_1d", batch, dtype), lookup(results, "full", batch, dtype)
+    if local is None or full is None:
+        print(f"  batch={batch} {dtype:8s}: N/A (missing measurement)")
+        return {"batch": batch, "dtype": dtype, "pass": None, "reason": "missing measurement"}
+    speedup = full["median_ms"] / local["median_ms"]
+    fast = speedup >= 2.0
+    lean = local["peak_mib"] <= full["peak_mib"]
+    print(f"  batch={batch} {dtype:8s}: {'PASS' if fast and lean else 'FAIL'}  "
+          f"speed-up {speedup:.2f}x ({local['median_ms']:.1f} vs {full['median_ms']:.1f} ms; "
+          f"{'>=' if fast else '<'} 2x), peak {local['peak_mib']:.1f} vs {full['peak_mib']:.1f} MiB "
+          f"({'<=' if lean else '>'} full)")
+    return {"batch": batch, "dtype": dtype, "pass": fast and lean, "speedup": speedup,
+            "local_1d_ms": local["median_ms"], "full_ms": full["median_ms"],
+            "local_1d_peak_mib": local["peak_mib"], "full_peak_mib": full["peak_mib"]}
+
+
+def config_record(args: argparse.Namespace, variants: list[str]) -> dict:
+    """The run's configuration, for the JSON report."""
+    rows, cols = args.seq_rows, args.seq_cols
+    return {"rows": rows, "cols": cols, "length": rows * cols, "d_model": D_MODEL, "n_heads": N_HEADS,
+            "batches": args.batches, "dtypes": args.dtypes, "variants": variants, "kernels": args.kernels,
+            "pass": args.pass_,
+            "repeats": args.repeats, "warmup": args.warmup, "max_cell_seconds": args.max_cell_seconds,
+            "bf16_mode": "torch.autocast(bfloat16), float32 weights and input",
+            "loss": ("random projection: y.backward(g), g ~ N(0, 1) fixed" if args.pass_ == "forward_backward"
+                     else "none: forward under torch.no_grad()"),
+            "local_1d": {"block_length": BLOCK_LENGTH_1D, "memory_blocks": MEMORY_BLOCKS_1D},
+            "local_2d": {"block": BLOCK_2D, "flange": FLANGE_2D}}
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run every cell (or, with the hidden --worker, one), print the table and the target, write the JSON."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    resolve_pass(parser, args)
+    if args.worker:
+        print(RESULT_MARKER + json.dumps(run_worker(args)), flush=True)
+        return 0
+    check_driver_args(parser, args)
+
+    variants = variants_to_run(args)
+    print_header(args)
+    load_start = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print_load(load_start)
+    t_start = time.perf_counter()
+    results = run_cells(args, variants)
+    add_comparisons(results)
+    print_table(results, args.pass_)
+    verdicts = check_target(results, args)
     total_s = time.perf_counter() - t_start
+
     report = {
-        "config": {"rows": rows, "cols": cols, "length": length, "d_model": D_MODEL, "n_heads": N_HEADS,
-                   "batches": args.batches, "dtypes": args.dtypes, "variants": variants, "kernels": args.kernels,
-                   "pass": args.pass_,
-                   "repeats": args.repeats, "warmup": args.warmup, "max_cell_seconds": args.max_cell_seconds,
-                   "bf16_mode": "torch.autocast(bfloat16), float32 weights and input",
-                   "loss": ("random projection: y.backward(g), g ~ N(0, 1) fixed" if args.pass_ == "forward_backward"
-                            else "none: forward under torch.no_grad()"),
-                   "local_1d": {"block_length": BLOCK_LENGTH_1D, "memory_blocks": MEMORY_BLOCKS_1D},
-                   "local_2d": {"block": BLOCK_2D, "flange": FLANGE_2D}},
+        "config": config_record(args, variants),
         "machine": {**machine_info(args.device, args.threads), "loadavg_start": load_start,
                     "loadavg_end": os.getloadavg() if hasattr(os, "getloadavg") else None},
         "results": results,
-        "target": {"statement": "1D local at least 2x faster than full causal with no more peak memory (sdpa)",
-                   "verdicts": verdicts},
+        "target": {"statement": TARGET, "verdicts": verdicts},
         "total_runtime_s": total_s,
     }
     Path(args.json).write_text(json.dumps(report, indent=2))
