@@ -5,14 +5,17 @@
     python -m imagetx.sample --ckpt CKPT --task superres [--temperatures 0.8 0.9 1.0]
 
 CKPT: a checkpoint written by imagetx.train, or a weights folder (imagetx.export).
-Grids (PNG, one row per input):
+Grids (PNG, one row per input, enlarged ``--scale`` times with nearest neighbours: 4 by default,
+1 for the raw pixels):
 * generate: the samples;
 * complete: given prefix (rest grey) | samples | original;
 * superres: nearest-upsampled 8×8 input | one sample per temperature | original.
+Every sample of every input is drawn in one batch (a completion's given rows in one pass).
 Inputs come from a data split (``--data.source``, ``--data.root``, ``--split``) or from image files
 of any size, prepared as the folder conversion prepares a training image (``--data.crop``,
-``--data.resize``; what was done is printed). A JSON summary (files, seconds, images/s) is
-written beside the grids and printed as the last line.
+``--data.resize``; what was done is printed; files too large, not images or damaged are refused
+with the reason, ``imagetx.data.images.read_picture``). A JSON summary (files, seconds, seconds
+of sampling, images/s) is written beside the grids and printed as the last line.
 Settings can also come from a YAML file: ``--config FILE``.
 """
 
@@ -31,7 +34,7 @@ from .cli.common import Number, check_device, parse, parser_for, run_or_exit
 from .cli.data_options import add_data_arguments, data_reader
 from .data.sources import SPLITS, check_fits, tensors
 from .io.atomic import check_writable
-from .data.images import load_image_file, save_grid, upsample_nearest
+from .data.images import GRID_SCALE, load_image_file, save_grid, upsample_nearest
 from .io.load import load_model
 from .model.config import ModelConfig
 from .model.heads import check_temperature
@@ -57,6 +60,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--temperatures", type=Number, nargs="+", default=[0.8, 0.9, 1.0], help="for superres")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=str, default="samples", help="output directory")
+    parser.add_argument("--scale", type=int, default=GRID_SCALE,
+                        help="grids enlarged this many times with nearest neighbours (1: the raw pixels)")
     parser.add_argument("--images", type=str, nargs="+", default=None,
                         help="your own image files as inputs, prepared by --data.crop and --data.resize")
     add_data_arguments(parser)
@@ -69,6 +74,8 @@ def check_request(args: Namespace, model: ImageTransformer) -> None:
     cfg = model.config
     if args.count < 1 or args.samples < 1:
         raise ValueError(f"--count {args.count} / --samples {args.samples}: both must be at least 1")
+    if args.scale < 1:
+        raise ValueError(f"--scale {args.scale} is invalid: enlarge the grids 1 (the raw pixels) or more times")
     for temperature in [args.temperature, *args.temperatures]:
         check_temperature(temperature)
     if args.task == "complete":
@@ -108,6 +115,19 @@ def labels_for(model: ImageTransformer, count: int, label: int | None, given: to
     return torch.arange(count) % classes
 
 
+def given_part(inputs: torch.Tensor, rows: int) -> torch.Tensor:
+    """What a completion is shown of ``inputs`` (N, H, W, 3): the first ``rows`` rows, the rest grey."""
+    shown = inputs.clone()
+    shown[:, rows:] = GREY
+    return shown
+
+
+def each_repeated(tensor: torch.Tensor | None, times: int) -> torch.Tensor | None:
+    """(N, ...) -> (N·times, ...), each item ``times`` times in a row: the batch of all samples of
+    all inputs, sample j of input i at i·times + j."""
+    return None if tensor is None else tensor.repeat_interleave(times, dim=0)
+
+
 def run(args: Namespace) -> dict:
     check_device(args.device)
     model = load_model(args.ckpt, map_location=args.device)
@@ -119,37 +139,40 @@ def run(args: Namespace) -> dict:
 
     if args.task == "generate":
         labels = labels_for(model, args.count, args.label, None)
+        sampling_started = time.perf_counter()
         images = sample(model, args.count, _to(labels, device), temperature=args.temperature,
                         generator=generator, progress=True)
+        sampling_seconds = time.perf_counter() - sampling_started
         produced = args.count
-        grids.append(save_grid(list(images.split(IMAGES_PER_ROW)), out / "generate.png"))
+        grids.append(save_grid(list(images.split(IMAGES_PER_ROW)), out / "generate.png", args.scale))
     else:
         inputs, given_labels = load_inputs(args, cfg)
         count = len(inputs)
         labels = labels_for(model, count, args.label, given_labels)
-        columns = []
+        sampling_started = time.perf_counter()
         if args.task == "complete":
-            shown = inputs.clone()
-            shown[:, args.rows :] = GREY
-            columns.append(shown)
-            for _ in range(args.samples):
-                columns.append(sample(model, count, _to(labels, device), temperature=args.temperature,
-                                      prefix=inputs.to(device), given_rows=args.rows,
-                                      generator=generator, progress=True).cpu())
+            per_input = args.samples
+            drawn = sample(model, count * per_input, _to(each_repeated(labels, per_input), device),
+                           temperature=args.temperature, prefix=each_repeated(inputs, per_input).to(device),
+                           given_rows=args.rows, generator=generator, progress=True).cpu()
+            first_column = given_part(inputs, args.rows)
         else:
+            per_input = len(args.temperatures)
             low_res = downsample_area(inputs, cfg.low_res_size)
-            columns.append(upsample_nearest(low_res, cfg.image_size))
-            for temperature in args.temperatures:
-                columns.append(sample(model, count, _to(labels, device), low_res.to(device), temperature,
-                                      generator=generator, progress=True).cpu())
-        produced = count * (len(columns) - 1)
-        columns.append(inputs)
-        rows = [torch.stack([column[i] for column in columns]) for i in range(count)]
-        grids.append(save_grid(rows, out / f"{args.task}.png"))
+            drawn = sample(model, count * per_input, _to(each_repeated(labels, per_input), device),
+                           each_repeated(low_res, per_input).to(device), args.temperatures * count,
+                           generator=generator, progress=True).cpu()
+            first_column = upsample_nearest(low_res, cfg.image_size)
+        sampling_seconds = time.perf_counter() - sampling_started
+        produced = count * per_input
+        drawn = drawn.view(count, per_input, *drawn.shape[1:])
+        rows = [torch.cat([first_column[i : i + 1], drawn[i], inputs[i : i + 1]]) for i in range(count)]
+        grids.append(save_grid(rows, out / f"{args.task}.png", args.scale))
 
     seconds = time.perf_counter() - started
     summary = {"task": args.task, "files": [str(p) for p in grids], "images": produced,
-               "seconds": round(seconds, 2), "images_per_sec": round(produced / seconds, 3),
+               "seconds": round(seconds, 2), "sampling_seconds": round(sampling_seconds, 2),
+               "images_per_sec": round(produced / seconds, 3),
                "temperature": args.temperature if args.task != "superres" else args.temperatures,
                "seed": args.seed, "ckpt": str(args.ckpt)}
     (out / f"{args.task}.json").write_text(json.dumps(summary, indent=2))

@@ -186,3 +186,65 @@ def dense_attention(q: Tensor, k: Tensor, v: Tensor, can_attend: Tensor, bias: T
     scores = scores.masked_fill(~can_attend, float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
     return torch.einsum("nqk,kne->qne", weights, v)
+
+
+# ----- pictures a user might give: good ones, and every kind of bad one -----------------------
+
+def header_only_png(width: int, height: int) -> bytes:
+    """A PNG of a few dozen bytes whose header claims width x height pixels (a decompression
+    bomb's claim): PIL reads the size from the header without decoding anything."""
+    import struct
+    import zlib
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB, no interlace
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(b"\0" * 64)) + chunk(b"IEND", b"")
+
+
+def write_pictures(directory, seed: int = 0) -> dict:
+    """Pictures of every kind a user may upload, written into ``directory``:
+    {name: (path, what the note or the error must say)}. ``good`` ones are read (the note says
+    what was done), ``bad`` ones refused (the error says why); see ``PICTURE_KINDS``."""
+    import numpy as np
+    from PIL import Image
+
+    directory.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    rgb = rng.integers(0, 256, (40, 50, 3), dtype=np.uint8)
+    paths = {name: directory / name for name in PICTURE_KINDS}
+    Image.fromarray(rgb).save(paths["photo.jpg"], quality=95)
+    Image.fromarray(rgb).convert("CMYK").save(paths["cmyk.jpg"])
+    Image.fromarray(rng.integers(0, 65536, (40, 50)).astype(np.uint16)).save(paths["grey16.png"])
+    Image.fromarray(rgb).convert("P").save(paths["palette.png"])
+    alpha = np.concatenate([rgb, np.full((40, 50, 1), 128, np.uint8)], axis=2)
+    Image.fromarray(alpha).save(paths["transparent.png"])
+    frames = [Image.fromarray(np.roll(rgb, shift, axis=0)).convert("P") for shift in range(3)]
+    frames[0].save(paths["animated.gif"], save_all=True, append_images=frames[1:])
+    whole = directory / "whole.jpg"
+    Image.fromarray(rgb).save(whole)
+    paths["truncated.jpg"].write_bytes(whole.read_bytes()[: whole.stat().st_size // 2])
+    whole.unlink()
+    paths["not_an_image.png"].write_text("this is text, not a PNG\n")
+    paths["bomb.png"].write_bytes(header_only_png(100_000, 100_000))  # 10^10 pixels: past PIL's own limit
+    paths["large.png"].write_bytes(header_only_png(8_000, 8_000))  # 64 MP: past imagetx's, under PIL's
+    Image.fromarray(rgb[..., 0].astype(np.float32)).save(paths["float.tiff"])
+    return {name: (paths[name], said) for name, said in PICTURE_KINDS.items()}
+
+
+# name -> what reading it must say: the note of a good picture, the error of a bad one
+PICTURE_KINDS = {
+    "photo.jpg": "photo.jpg: 50x40, centre-cropped to 40x40, resized to 32x32",
+    "cmyk.jpg": "converted from CMYK",
+    "grey16.png": "16-bit values scaled to 8 bits",
+    "palette.png": "palette colours looked up",
+    "transparent.png": "transparent parts laid on white",
+    "animated.gif": "the first of its 3 frames",
+    "truncated.jpg": "truncated or damaged",
+    "not_an_image.png": "not an image",
+    "bomb.png": "decompression bomb",
+    "large.png": "8000x8000, 64,000,000 pixels",
+    "float.tiff": "floating-point pixels",
+}
+BAD_PICTURES = ("truncated.jpg", "not_an_image.png", "bomb.png", "large.png", "float.tiff")

@@ -9,13 +9,13 @@ import pytest
 import torch
 from PIL import ExifTags, Image
 
-from helpers import tiny_model, write_cifar_npz
+from helpers import BAD_PICTURES, PICTURE_KINDS, tiny_model, write_cifar_npz, write_pictures
 from imagetx.sample import main
 from imagetx.data.sources import load
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
-PAD, SIDE, SCALE = 2, 32, 2  # make_grid padding, image side, save_grid's nearest-neighbour scale
+PAD, SIDE, SCALE = 2, 32, 4  # make_grid padding, image side, the grids' default nearest-neighbour scale
 
 
 def grid_size(rows, cols):
@@ -24,7 +24,7 @@ def grid_size(rows, cols):
 
 
 def cell(grid: np.ndarray, row: int, col: int) -> np.ndarray:
-    """The 32x32x3 image at (row, col) of a saved grid, undoing the x2 nearest upscale."""
+    """The 32x32x3 image at (row, col) of a saved grid, undoing the nearest-neighbour enlargement."""
     small = grid[::SCALE, ::SCALE]
     top, left = PAD + row * (SIDE + PAD), PAD + col * (SIDE + PAD)
     return small[top : top + SIDE, left : left + SIDE]
@@ -177,3 +177,108 @@ def test_error_output_directory_not_writable(tmp_path, capsys, ckpt):
 def test_error_missing_checkpoint(tmp_path, capsys):
     err = run_error(capsys, ["--ckpt", str(tmp_path / "none.ckpt"), "--out", str(tmp_path / "o")])
     assert "none.ckpt" in err
+
+
+# ----- every sample in one batch; grids people can see; pictures of every kind -----------------
+
+@pytest.fixture(scope="module")
+def superres_ckpt(tmp_path_factory):
+    model = tiny_model(seed=22, image_size=32, head="dmol", query_block_length=64, encoder_layers=1, low_res_size=8,
+                       cross_attention_radius=0)
+    path = tmp_path_factory.mktemp("ckpt") / "superres"
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture
+def counted_decoding(monkeypatch):
+    """Every prefill's and decode_step's batch size, as the command calls them."""
+    from imagetx import ImageTransformer
+
+    calls = {"prefill": [], "decode_step": []}
+    prefill, decode_step = ImageTransformer.prefill, ImageTransformer.decode_step
+
+    def counted_prefill(self, given, cache):
+        calls["prefill"].append(tuple(given.shape[:2]))
+        return prefill(self, given, cache)
+
+    def counted_step(self, previous, cache):
+        calls["decode_step"].append(previous.shape[0])
+        return decode_step(self, previous, cache)
+
+    monkeypatch.setattr(ImageTransformer, "prefill", counted_prefill)
+    monkeypatch.setattr(ImageTransformer, "decode_step", counted_step)
+    return calls
+
+
+def test_complete_draws_every_sample_of_every_input_in_one_batch(tmp_path, capsys, ckpt, data_root,
+                                                                counted_decoding):
+    root, train_images = data_root
+    out = tmp_path / "out"
+    summary, _ = run_ok(capsys, ["--ckpt", str(ckpt), "--task", "complete", "--count", "2", "--samples", "3",
+                                 "--rows", "16", "--data.root", str(root), "--split", "val", "--val_size", "3",
+                                 "--out", str(out), "--device", "cpu", "--seed", "4"])
+    # the given half (512 of 1024 pixels) in one pass, then the other half step by step, 6 images at once
+    assert counted_decoding == {"prefill": [(6, 512)], "decode_step": [6] * 512}
+    assert summary["images"] == 6 and 0 < summary["sampling_seconds"] <= summary["seconds"]
+    with Image.open(out / "complete.png") as image:
+        grid = np.asarray(image.convert("RGB"))
+    from imagetx import load_model
+    from imagetx.model.sampler import sample
+
+    prefix = torch.from_numpy(train_images[3:5]).repeat_interleave(3, dim=0)  # sample j of input i: row i, column j
+    expected = sample(load_model(ckpt), 6, prefix=prefix, given_rows=16, generator=torch.Generator().manual_seed(4))
+    for i in range(2):
+        for j in range(3):
+            np.testing.assert_array_equal(cell(grid, i, 1 + j), expected[3 * i + j].numpy())
+
+
+def test_superres_draws_every_temperature_in_one_batch(tmp_path, capsys, superres_ckpt, data_root,
+                                                       counted_decoding):
+    root, train_images = data_root
+    out = tmp_path / "out"
+    summary, _ = run_ok(capsys, ["--ckpt", str(superres_ckpt), "--task", "superres", "--count", "2",
+                                 "--temperatures", "0", "0.9", "1.0", "--data.root", str(root), "--val_size", "3",
+                                 "--out", str(out), "--device", "cpu"])
+    assert counted_decoding == {"prefill": [], "decode_step": [6] * 1024}
+    assert summary["images"] == 6
+    with Image.open(out / "superres.png") as image:
+        grid = np.asarray(image.convert("RGB"))
+        assert image.size == grid_size(2, 5)  # upsampled input | 3 temperatures | original
+    from imagetx import load_model
+    from imagetx.model.inputs import downsample_area
+    from imagetx.model.sampler import sample
+
+    originals = torch.from_numpy(train_images[3:5])
+    greedy = sample(load_model(superres_ckpt), 2, low_res=downsample_area(originals, 8), temperature=0.0)
+    for i in range(2):  # temperature 0 draws nothing at random: its column is the argmax image, whatever the batch
+        np.testing.assert_array_equal(cell(grid, i, 1), greedy[i].numpy())
+        np.testing.assert_array_equal(cell(grid, i, 4), originals[i].numpy())
+
+
+def test_scale_one_writes_the_raw_pixels(tmp_path, capsys, ckpt):
+    out = tmp_path / "out"
+    run_ok(capsys, ["--ckpt", str(ckpt), "--task", "generate", "--count", "2", "--scale", "1", "--out", str(out),
+                    "--device", "cpu"])
+    with Image.open(out / "generate.png") as image:
+        assert image.size == (2 * (SIDE + PAD) + PAD, SIDE + 2 * PAD)
+    err = run_error(capsys, ["--ckpt", str(ckpt), "--task", "generate", "--scale", "0", "--out", str(out)])
+    assert "--scale 0" in err
+
+
+@pytest.mark.parametrize("name", [name for name in PICTURE_KINDS if name not in BAD_PICTURES])
+def test_a_picture_of_any_kind_is_made_rgb_and_the_command_says_how(tmp_path, capsys, ckpt, name):
+    path, said = write_pictures(tmp_path / "pictures")[name]
+    out = tmp_path / "out"
+    _, err = run_ok(capsys, ["--ckpt", str(ckpt), "--task", "complete", "--samples", "1", "--images", str(path),
+                             "--out", str(out), "--device", "cpu"])
+    assert said in err
+    assert (out / "complete.png").is_file()
+
+
+@pytest.mark.parametrize("name", BAD_PICTURES)
+def test_a_bad_picture_is_refused_in_one_line(tmp_path, capsys, ckpt, name):
+    path, said = write_pictures(tmp_path / "pictures")[name]
+    err = run_error(capsys, ["--ckpt", str(ckpt), "--task", "complete", "--images", str(path),
+                             "--out", str(tmp_path / "o")])
+    assert name in err and said in err

@@ -12,7 +12,9 @@ import yaml
 from helpers import random_images, random_labels, tiny_model
 from imagetx.model.inputs import downsample_area
 from imagetx import ImageTransformer, ModelConfig
-from imagetx.model.sampler import ISOLATED, compile_decoding, first_input, sample
+from imagetx.model.order import sequence_to_images
+from imagetx.model.sampler import (ISOLATED, LOG_PROGRESS_SECONDS, compile_decoding, first_input, progress_bar, sample,
+                                   sample_progressively)
 from scripts.common import sample_uncached
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,7 +41,31 @@ def cached_params(model, images, labels=None, low_res=None, step=None):
     return torch.stack(params, dim=1)
 
 
+def prefilled_params(model, images, given, labels=None, low_res=None, step=None):
+    """Teacher-force the first ``given`` steps of ``images`` in one ``prefill``, the rest through
+    ``step`` (``model.decode_step`` by default): (B, T, P) parameters."""
+    step = step or model.decode_step
+    cache = model.start_decoding(images.shape[0], labels, low_res)
+    targets = model.targets(images)
+    params = [model.prefill(targets[:, :given], cache)]
+    assert int(cache.step) == given
+    for t in range(given, model.order.length):
+        params.append(step(targets[:, t - 1], cache)[:, None])
+    assert int(cache.step) == model.order.length
+    return torch.cat(params, dim=1)
+
+
+def prefill_lengths(model) -> list[int]:
+    """Prefills to check: one step, a completion's given rows (half the image: whole rows of 2D
+    blocks), a length that ends inside a query block and inside a ring, and every step."""
+    length = model.order.length
+    half_image = int(model.given_steps(model.config.image_size // 2).sum())
+    return [1, half_image, length // 3 + 1, length]
+
+
 def check_cached_equals_full(model, images, labels=None, low_res=None, step=None):
+    """The cached decoder, step by step and after a prefill of each of ``prefill_lengths``,
+    gives the full pass's parameters."""
     with torch.no_grad():
         full = model(images, labels, low_res)
         cached = cached_params(model, images, labels, low_res, step)
@@ -48,6 +74,9 @@ def check_cached_equals_full(model, images, labels=None, low_res=None, step=None
         torch.testing.assert_close(cached, full, rtol=1e-9, atol=1e-9)
         torch.testing.assert_close(model.head.log_prob(cached, targets), model.log_prob(images, labels, low_res),
                                    rtol=1e-6, atol=1e-6)
+        for given in prefill_lengths(model):
+            prefilled = prefilled_params(model, images, given, labels, low_res, step)
+            torch.testing.assert_close(prefilled, full, rtol=1e-9, atol=1e-9, msg=lambda m: f"prefill {given}: {m}")
 
 
 @pytest.mark.parametrize("num_classes", [0, 10])
@@ -391,3 +420,109 @@ def test_samplers_run_in_eval_mode_and_restore_the_callers_mode(sampler):
     got = sampler(model, 2, generator=torch.Generator().manual_seed(4))
     assert model.training
     assert torch.equal(got, expected)
+
+
+# ----- completion in one pass, temperatures per image, progress ----------------------------------
+
+def stepped_completion(model, prefix, rows, generator):
+    """The completion loop before prefill: every step, the given ones too, through decode_step."""
+    count = prefix.shape[0]
+    given = model.given_steps(rows).tolist()
+    forced = model.targets(prefix)
+    cache = model.start_decoding(count)
+    values, value = [], first_input(model, count)
+    with torch.no_grad():
+        for t in range(model.order.length):
+            params = model.decode_step(value, cache)
+            value = forced[:, t] if given[t] else model.head.sample(params[:, None], 1.0, generator)[:, 0]
+            values.append(value)
+    return sequence_to_images(torch.stack(values, dim=1), model.order, model.config.head).to(torch.uint8)
+
+
+@pytest.mark.parametrize("head,attention,rows", [("categorical", "local_1d", 3), ("dmol", "local_2d", 4),
+                                                 ("dmol", "full", 5)])
+def test_prefilled_completion_gives_the_images_of_stepping_through_the_given_rows(head, attention, rows):
+    model = tiny_model(seed=30, dtype=torch.float64, head=head, attention=attention, query_block_shape=block_shape(head),
+                       **SMALL_BLOCKS)
+    prefix = random_images(3, 8, seed=31)
+    stepped = stepped_completion(model, prefix, rows, torch.Generator().manual_seed(9))
+    prefilled = sample(model, 3, prefix=prefix, given_rows=rows, generator=torch.Generator().manual_seed(9))
+    assert torch.equal(prefilled, stepped)
+    assert torch.equal(prefilled[:, :rows], prefix[:, :rows])
+
+
+def test_completion_prefills_the_given_rows_and_steps_only_through_the_rest(monkeypatch):
+    model = tiny_model(seed=32, head="dmol", attention="local_1d", **SMALL_BLOCKS)
+    calls = {"prefill": [], "decode_step": 0}
+    prefill, decode_step = model.prefill, model.decode_step
+
+    def counted_prefill(given, cache):
+        calls["prefill"].append(tuple(given.shape))
+        return prefill(given, cache)
+
+    def counted_step(previous, cache):
+        calls["decode_step"] += 1
+        return decode_step(previous, cache)
+
+    monkeypatch.setattr(model, "prefill", counted_prefill)
+    monkeypatch.setattr(model, "decode_step", counted_step)
+    sample(model, 4, prefix=random_images(4, 8, seed=33), given_rows=6)
+    assert calls == {"prefill": [(4, 48, 3)], "decode_step": 64 - 48}  # 6 of 8 rows of 8 pixels given
+
+
+def test_prefill_refuses_a_cache_that_has_started_and_a_bad_length():
+    model = tiny_model(seed=34)
+    cache = model.start_decoding(1)
+    model.decode_step(first_input(model, 1), cache)
+    targets = model.targets(random_images(1, 4, seed=35))
+    with pytest.raises(ValueError, match="fresh cache"):
+        model.prefill(targets[:, :4], cache)
+    with pytest.raises(ValueError, match="1..48 steps"):
+        model.prefill(targets[:, :0], model.start_decoding(1))
+
+
+def test_each_image_can_have_its_own_temperature():
+    model = tiny_model(seed=36, head="dmol", dtype=torch.float64)
+    greedy = sample(model, 1, temperature=0.0)
+    mixed = sample(model, 3, temperature=[0.0, 1.0, 0.0], generator=torch.Generator().manual_seed(2))
+    assert torch.equal(mixed[0], greedy[0]) and torch.equal(mixed[2], greedy[0])  # temperature 0: the argmax
+    assert not torch.equal(mixed[1], greedy[0])
+    # one temperature for all, given once or per image, draws the same images
+    same = [sample(model, 2, temperature=t, generator=torch.Generator().manual_seed(4)) for t in (0.9, [0.9, 0.9])]
+    assert torch.equal(*same)
+    with pytest.raises(ValueError, match="2 temperatures for 3 images"):
+        sample(model, 3, temperature=[1.0, 1.0])
+    with pytest.raises(ValueError, match="temperature"):
+        sample(model, 2, temperature=[1.0, -1.0])
+
+
+def test_sampling_progressively_yields_the_images_as_they_grow():
+    model = tiny_model(seed=37, head="dmol", image_size=8)
+    prefix = random_images(2, 8, seed=38)
+    row = model.order.length // 8  # steps of one image row (raster order)
+    states = list(sample_progressively(model, 2, prefix=prefix, given_rows=3, every=row,
+                                       generator=torch.Generator().manual_seed(5)))
+    final = sample(model, 2, prefix=prefix, given_rows=3, generator=torch.Generator().manual_seed(5))
+    assert [state.steps for state in states] == [3 * row, 4 * row, 5 * row, 6 * row, 7 * row, 8 * row]
+    assert [state.done for state in states] == [False] * 5 + [True]
+    assert torch.equal(states[-1].images, final)
+    for state in states:  # each shows the rows decoded so far, the rest still 0
+        rows = state.steps // row
+        assert torch.equal(state.images[:, :rows], final[:, :rows])
+        assert not state.images[:, rows:].any()
+    with pytest.raises(ValueError, match="every"):
+        next(sample_progressively(model, 1, every=0))
+
+
+def test_the_progress_bar_updates_sparingly_when_its_output_is_not_a_terminal(monkeypatch, capsys):
+    # A log file gets a line per update: there at most one every LOG_PROGRESS_SECONDS.
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
+    assert progress_bar(range(3, 10), 10, True).mininterval == LOG_PROGRESS_SECONDS
+    monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
+    terminal = progress_bar(range(3, 10), 10, True)
+    assert terminal.mininterval < LOG_PROGRESS_SECONDS and terminal.n == 3 and terminal.total == 10
+    monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
+    capsys.readouterr()
+    sample(tiny_model(seed=39, image_size=8), 1, progress=True)  # 192 steps
+    updates = capsys.readouterr().err.count("sampling")
+    assert 1 <= updates <= 3, updates  # the first draw, perhaps one more, and the last

@@ -9,11 +9,21 @@ up (``area`` by default: each output pixel the mean of the area it covers, as T2
 by area). So a photo is sampled from exactly as the folder a model was trained on would
 have stored it.
 
-Out: grids are what people look at (docs/model.md §6: completion and super-resolution grids).
+A file from a user (``imagetx.sample --images``, an upload to ``imagetx.demo``) is read by
+``read_picture`` first: refused before its pixels are decoded when the file is larger than
+``MAX_FILE_BYTES`` or claims more than ``MAX_PIXELS`` pixels (a decompression bomb: a small file
+that would decode to gigabytes), refused with the reason when it is not an image PIL can read
+or is truncated, and made RGB by stated rules (``to_rgb``): an animated image's first frame,
+CMYK converted, 16-bit values scaled to 8 bits, palette colours looked up, transparency laid on
+white. What was done is said in one note.
+
+Out: grids are what people look at (docs/model.md §6: completion and super-resolution grids),
+enlarged ``GRID_SCALE`` times with nearest neighbours by default.
 """
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +42,20 @@ CELEBA_CROP = 138
 FILTERS = {"area": None, "bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
            "lanczos": Image.Resampling.LANCZOS}
 UPRIGHT = 1  # the EXIF orientation of a picture stored the right way up
+# A user's file is refused above these, before its pixels are decoded. 20 MB holds any
+# ordinary photo (a 48-megapixel phone JPEG is about 10-15 MB); 50 megapixels is above the
+# largest common camera outputs (48 MP) and keeps one decoded RGB image under 150 MB, where a
+# few-kilobyte PNG can claim billions of pixels.
+MAX_FILE_BYTES = 20 * 1000 * 1000
+MAX_PIXELS = 50_000_000
+BACKGROUND = (255, 255, 255)  # what transparent parts of a picture are laid on: white, as a page shows them
+SIXTEEN_BIT_MAX = 65535  # 16-bit pixel values run 0..65535; scaled so that 65535 becomes 255
+EIGHT_BIT_MAX = 255
+SIXTEEN_BIT_MODES = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # "I": how older Pillows open 16-bit greys
+ALPHA_MODES = ("RGBA", "LA", "PA", "RGBa", "La")  # modes with an alpha channel
+# Grids are enlarged this many times (nearest neighbours): a 32-pixel image at 4x is 128 pixels,
+# big enough to see on a screen without zooming.
+GRID_SCALE = 4
 
 
 # ----- in: image files ---------------------------------------------------------------------
@@ -81,35 +105,121 @@ def area_weights(side: int, size: int) -> np.ndarray:
     return covered / covered.sum(axis=1, keepdims=True)
 
 
-def load_image_file(path: str | Path, image_size: int, crop: str = "center",
-                    resize: str = "area") -> tuple[torch.Tensor, str]:
-    """A user's image file -> ((image_size, image_size, 3) uint8 prepared as ``prepare_image``
-    prepares it, a note of what was done to it); one clear error for a file that is missing
-    or not an image."""
+class PictureError(ValueError):
+    """A user's file that cannot be read as a picture: the message says why and what to give."""
+
+
+def megabytes(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
+def read_picture(path: str | Path, name: str | None = None, max_bytes: int = MAX_FILE_BYTES,
+                 max_pixels: int = MAX_PIXELS) -> tuple[Image.Image, list[str]]:
+    """A user's image file -> (the picture, upright and RGB, decoded; notes of what was done to
+    make it so). A ``PictureError`` naming the file (as ``name``, by default the file's name)
+    for one that is too large (in bytes, checked before it is opened, or in pixels, before they
+    are decoded), not an image, truncated, or of a kind ``to_rgb`` refuses."""
     path = Path(path)
+    name = name or path.name
     if not path.is_file():
         raise FileNotFoundError(f"image file {path} does not exist")
-    try:
-        with Image.open(path) as opened:
+    size = path.stat().st_size
+    if size > max_bytes:
+        raise PictureError(f"{name} is {megabytes(size)}: files over {megabytes(max_bytes)} are refused; "
+                           "give a smaller picture")
+    with warnings.catch_warnings():
+        # PIL warns (between its own limit and twice it) rather than refusing: a refusal here
+        warnings.simplefilter("error", Image.DecompressionBombWarning)
+        try:
+            opened = Image.open(path)  # reads the header only
+        except (Image.DecompressionBombError, Image.DecompressionBombWarning):
+            raise PictureError(f"{name} claims more than {max_pixels:,} pixels (a decompression bomb?): "
+                               "refused before decoding; give a smaller picture") from None
+        except (UnidentifiedImageError, OSError, ValueError) as error:
+            raise PictureError(f"{name} is not an image PIL can read ({type(error).__name__}); "
+                               "give a PNG or JPEG file") from None
+    with opened:
+        width, height = opened.size
+        if width * height > max_pixels:
+            raise PictureError(f"{name} is {width}x{height}, {width * height:,} pixels: pictures over "
+                               f"{max_pixels:,} pixels are refused before decoding (a decompression bomb "
+                               "would be one); give a smaller picture")
+        notes = []
+        frames = getattr(opened, "n_frames", 1)
+        if frames > 1:
+            notes.append(f"the first of its {frames} frames")
+        try:
+            opened.seek(0)
+            opened.load()
             orientation = opened.getexif().get(ExifTags.Base.Orientation, UPRIGHT)
-            image = upright(opened)
-    except (UnidentifiedImageError, OSError) as error:
-        raise ValueError(f"{path} is not an image PIL can read ({type(error).__name__}); "
-                         "give a PNG or JPEG file") from error
+            picture = ImageOps.exif_transpose(opened)
+        except (OSError, ValueError, SyntaxError, EOFError) as error:  # what PIL's decoders raise for damaged data
+            raise PictureError(f"{name} is truncated or damaged: its pixels cannot be decoded ({error}); "
+                               "give the whole file") from None
+        try:
+            picture = to_rgb(picture, notes)
+        except PictureError as error:
+            raise PictureError(f"{name}: {error}") from None
+    if orientation != UPRIGHT:
+        notes.insert(0, f"turned upright (EXIF orientation {orientation})")
+    return picture, notes
+
+
+def to_rgb(image: Image.Image, notes: list[str]) -> Image.Image:
+    """A decoded picture of any mode -> RGB, by these rules (each noted in ``notes`` where the
+    values change): grey and bilevel spread to three channels; CMYK, YCbCr, LAB and HSV converted
+    (CMYK without its colour profile); 16-bit values scaled to 8 bits (65535 -> 255); palette
+    colours looked up; transparency laid on white; floating-point pixels, and modes PIL cannot
+    convert, refused."""
+    mode = image.mode
+    if mode == "F":
+        raise PictureError("floating-point pixels (PIL mode F) have no agreed range: give an 8- or 16-bit picture")
+    if mode in SIXTEEN_BIT_MODES:
+        values = np.asarray(image, dtype=np.float64)
+        scaled = np.floor(np.clip(values, 0, SIXTEEN_BIT_MAX) * EIGHT_BIT_MAX / SIXTEEN_BIT_MAX + 0.5)
+        notes.append("16-bit values scaled to 8 bits")
+        return Image.fromarray(scaled.astype(np.uint8)).convert("RGB")
+    try:
+        if mode == "P":
+            notes.append("palette colours looked up")
+            image = image.convert("RGBA" if "transparency" in image.info else "RGB")
+        if image.mode in ALPHA_MODES:
+            rgba = image.convert("RGBA")
+            if rgba.getextrema()[3][0] < EIGHT_BIT_MAX:  # some pixel is not opaque
+                notes.append("transparent parts laid on white")
+            background = Image.new("RGBA", rgba.size, BACKGROUND + (EIGHT_BIT_MAX,))
+            return Image.alpha_composite(background, rgba).convert("RGB")
+        if image.mode in ("CMYK", "YCbCr", "LAB", "HSV"):
+            profile = " (without its colour profile)" if image.mode == "CMYK" else ""
+            notes.append(f"converted from {image.mode}{profile}")
+        return image if image.mode == "RGB" else image.convert("RGB")
+    except ValueError as error:  # PIL: "conversion from X to Y not supported"
+        raise PictureError(f"pictures of PIL mode {mode} cannot be made RGB ({error}): give a PNG or JPEG") from None
+
+
+def load_image_file(path: str | Path, image_size: int, crop: str = "center", resize: str = "area",
+                    name: str | None = None) -> tuple[torch.Tensor, str]:
+    """A user's image file -> ((image_size, image_size, 3) uint8 prepared as ``prepare_image``
+    prepares it, a note of what was done to it); one clear error for a file that is missing,
+    too large or not an image (``read_picture``). ``name``: the file as the note calls it (by
+    default its file name)."""
+    path = Path(path)
+    name = name or path.name
+    image, conversions = read_picture(path, name)
     try:
         pixels = square(image, image_size, crop, resize)
     except ValueError as error:  # smaller than the celeba crop
-        raise ValueError(f"{path}: {error}; give a larger image or --data.crop center") from None
+        raise PictureError(f"{name}: {error}; give a larger image or --data.crop center") from None
     width, height = image.size
     side = crop_side(width, height, crop)
-    note = f"{path.name}: "
-    if orientation != UPRIGHT:
-        note += f"turned upright (EXIF orientation {orientation}) to "
-    note += f"{width}x{height}"
+    steps = [f"{width}x{height}"]
+    if conversions and conversions[0].startswith("turned upright"):
+        steps = [f"{conversions.pop(0)} to {width}x{height}"]
     if (side, side) != (width, height):
-        note += f", centre-cropped to {side}x{side}"
+        steps.append(f"centre-cropped to {side}x{side}")
     if side != image_size:
-        note += f", resized to {image_size}x{image_size} ({resize} filter)"
+        steps.append(f"resized to {image_size}x{image_size} ({resize} filter)")
+    note = f"{name}: " + ", ".join(steps) + ("; " + ", ".join(conversions) if conversions else "")
     return torch.from_numpy(pixels.copy()), note
 
 
@@ -122,12 +232,20 @@ def grid_image(rows: list[torch.Tensor], padding: int = 2) -> Image.Image:
     return Image.fromarray(grid.permute(1, 2, 0).numpy())
 
 
-def save_grid(rows: list[torch.Tensor], path: str | Path, scale: int = 2) -> Path:
+def enlarged(image: Image.Image, scale: int) -> Image.Image:
+    """``image`` ``scale`` times larger, each pixel a scale×scale square (nearest neighbours:
+    the pixels as the model sees them, not smoothed); scale 1: as it is."""
+    if scale < 1:
+        raise ValueError(f"scale {scale} is invalid: enlarge 1 (the raw pixels) or more times")
+    if scale == 1:
+        return image
+    return image.resize((image.width * scale, image.height * scale), Image.NEAREST)
+
+
+def save_grid(rows: list[torch.Tensor], path: str | Path, scale: int = GRID_SCALE) -> Path:
     """Write a PNG grid; ``scale`` enlarges 32-pixel images with nearest neighbours so they can be seen."""
     path = Path(path)
-    image = grid_image(rows)
-    if scale > 1:
-        image = image.resize((image.width * scale, image.height * scale), Image.NEAREST)
+    image = enlarged(grid_image(rows), scale)
     path.parent.mkdir(parents=True, exist_ok=True)
     image.save(path)
     return path

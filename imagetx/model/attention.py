@@ -11,7 +11,9 @@ Decoding one step at a time, the same ``forward`` takes a cache (``start_decodin
 self-attention layer writes the step's key and value into a ring buffer laid out by its
 pattern's ``decode_index`` and reads the slots the step may see; cross-attention reads the
 context's keys and values, projected once. Every cache shares the decoder's one step counter,
-which the model alone advances.
+which the model alone advances. Given more than one step, a fresh cache is prefilled: the first
+t steps (the given rows of a completion) run at once, as the full pass runs them, and leave the
+ring as t single steps would.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from torch import Tensor, nn
 
 from .cross_pattern import LocalCrossAttention
 from .flex import uses_flex
-from .patterns import AttentionPattern, DecodeIndex, fused_attention
+from .patterns import AttentionPattern, BlockIndex, DecodeIndex, attend_in_blocks, fused_attention
 from .position_bias import RelativePositionBias
 from .rotary import Rotary2D
 
@@ -46,10 +48,39 @@ def merge_heads(proj: nn.Linear, out: Tensor, n_heads: int) -> Tensor:
 
 
 def attend_slots(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
-    """One step's queries (1, N, e) over cached keys and values (N, S, e) -> (1, N, e).
-    ``mask``: the slots it may read, bool (1, S) or a float mask (N, 1, S); None: all."""
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask)  # (N, 1, e)
+    """The queries of t steps (t, N, e) over cached keys and values (N, S, e) -> (t, N, e).
+    ``mask``: the slots each may read, bool (t, S) or a float mask (N, t, S); None: all."""
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask)  # (N, t, e)
     return out.transpose(0, 1)
+
+
+def cached_steps(step: Tensor, count: int) -> Tensor | slice:
+    """The steps a call with a decoding cache runs: one decoding step, ``step`` (the cache's 0-d
+    counter) as a 1-element index (a 0-d one would be read back to the host: ``DecodeIndex.readable``),
+    or a prefill's first ``count`` steps."""
+    return step.view(1) if count == 1 else slice(0, count)
+
+
+def attend_prefix(pattern: AttentionPattern, q: Tensor, k: Tensor, v: Tensor,
+                  position_bias: RelativePositionBias | None = None) -> Tensor:
+    """The first t steps' attention under ``pattern`` (t, N, e) -> (t, N, e), from their own
+    queries, keys and values: the full pass's attention of those steps, which by causality
+    reads nothing later.
+
+    The pattern's first ceil(t / L) query blocks, through ``attend_in_blocks`` as the training
+    pass runs them, the last block's queries past t padded with zeros (their outputs dropped).
+    Key steps from t on read the zero key: no real query may see them (each sees only keys up
+    to itself), so the result is exact, at a cost of those blocks only, never the whole image."""
+    length = q.shape[0]
+    blocks = pattern.blocks(q.device)
+    block_len = blocks.can_attend.shape[1]
+    used = -(-length // block_len)
+    # attend_in_blocks appends the zero key at index len(k) = t: later steps (and step T, its
+    # marker for "no key") all point there
+    prefix_blocks = BlockIndex(blocks.key_steps[:used].clamp(max=length), blocks.can_attend[:used])
+    bias = None if position_bias is None else pattern.bias_in_blocks(position_bias, q.device)[:, :used]
+    padded = F.pad(q, (0, 0, 0, 0, 0, used * block_len - length))
+    return attend_in_blocks(padded, k, v, prefix_blocks, bias)[:length]
 
 
 @dataclass
@@ -98,13 +129,14 @@ class SelfAttention(nn.Module):
         return SelfAttentionCache(index, keys, torch.zeros_like(keys), step)
 
     def forward(self, x: Tensor, cache: SelfAttentionCache | None = None) -> Tensor:
-        """(B, T, d) -> (B, T, d); with ``cache``, one step (B, 1, d): step ``cache.step``."""
+        """(B, T, d) -> (B, T, d); with ``cache``, one step (B, 1, d), step ``cache.step``, or
+        the first t steps (B, t, d) into a fresh cache (a prefill)."""
         q, k, v = project_heads(self.to_qkv, x, self.n_heads, 3)
         if self.rotary is not None:  # cached keys are kept turned: each by its own step
-            steps = slice(None) if cache is None else cache.step.view(1)
+            steps = slice(None) if cache is None else cached_steps(cache.step, x.shape[1])
             q, k = self.rotary(q, steps), self.rotary(k, steps)
         if cache is not None:
-            out = self.attend_step(q, k, v, cache)
+            out = self.attend_step(q, k, v, cache) if x.shape[1] == 1 else self.prefill(q, k, v, cache)
         elif self.pattern is None:
             out = fused_attention(q, k, v)
         elif uses_flex(self.kernel, q.device):
@@ -112,6 +144,16 @@ class SelfAttention(nn.Module):
         else:
             out = self.pattern.attend(q, k, v, self.position_bias)
         return merge_heads(self.to_out, out, self.n_heads)
+
+    def prefill(self, q: Tensor, k: Tensor, v: Tensor, cache: SelfAttentionCache) -> Tensor:
+        """The first t steps (t, N, e) at once: their keys and values written into the ring as t
+        single steps would leave it (the last ``ring`` of them: each earlier one was overwritten
+        by the step ``ring`` after it), their attention as the full pass computes it."""
+        ring, length = cache.index.ring, q.shape[0]
+        kept = torch.arange(max(0, length - ring), length, device=q.device)
+        cache.keys.index_copy_(1, kept % ring, k.index_select(0, kept).transpose(0, 1))
+        cache.values.index_copy_(1, kept % ring, v.index_select(0, kept).transpose(0, 1))
+        return attend_prefix(self.pattern, q, k, v, self.position_bias)
 
     def attend_step(self, q: Tensor, k: Tensor, v: Tensor, cache: SelfAttentionCache) -> Tensor:
         """Write the step's key and value (1, N, e) into its ring slot, attend over the slots the
@@ -150,12 +192,12 @@ class CrossAttention(nn.Module):
         return CrossAttentionCache(keys, values, step)
 
     def forward(self, x: Tensor, context: Tensor | None = None, cache: CrossAttentionCache | None = None) -> Tensor:
-        """x (B, T, d), context (B, S, d) -> (B, T, d); with ``cache``, one step (B, 1, d) and no
-        ``context`` (the cache holds it)."""
+        """x (B, T, d), context (B, S, d) -> (B, T, d); with ``cache``, one step (B, 1, d) or a
+        prefill's first t steps (B, t, d), and no ``context`` (the cache holds it)."""
         (q,) = project_heads(self.to_q, x, self.n_heads, 1)
         if cache is not None:
-            # A 1-element index, as in DecodeIndex.readable: (1, S), read on the device.
-            mask = None if self.local is None else self.local.can_attend[cache.step.view(1)]
+            # (t, S), read on the device: a 1-element index for a step, as in DecodeIndex.readable
+            mask = None if self.local is None else self.local.can_attend[cached_steps(cache.step, x.shape[1])]
             out = attend_slots(q, cache.keys, cache.values, mask)
         else:
             k, v = project_heads(self.to_kv, context, self.n_heads, 2)

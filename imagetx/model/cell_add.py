@@ -8,7 +8,8 @@ per low-resolution pixel (64 of them for 8×8) and is gathered for the steps, wh
 cross-attention projects a query and an output for every step.
 
 Decoding one step at a time, ``start_decoding`` maps every low-resolution pixel once and each
-step gathers its own; the step comes from the decoder's one step counter.
+step gathers its own (a prefill, the first t steps at once, gathers theirs); the step comes from
+the decoder's one step counter.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from einops import rearrange
 from torch import Tensor, nn
 
+from .attention import cached_steps
 from .config import CHANNELS
 
 
@@ -48,8 +50,9 @@ class CellAdd(nn.Module):
     def start_decoding(self, context: Tensor, step: Tensor) -> CellAddCache:
         return CellAddCache(self.map_cells(context), step)
 
-    def forward(self, context: Tensor | None = None, cache: CellAddCache | None = None) -> Tensor:
-        """Every step (B, T, d) from ``context``; with ``cache``, step ``cache.step`` (B, 1, d)."""
+    def forward(self, context: Tensor | None = None, cache: CellAddCache | None = None, steps: int = 1) -> Tensor:
+        """Every step (B, T, d) from ``context``; with ``cache``, step ``cache.step`` (B, 1, d), or
+        with ``steps`` = t > 1 a prefill's first t steps (B, t, d)."""
         if cache is None:
             return self.map_cells(context).index_select(1, self.low_res_pixel_of_step)
-        return cache.mapped.index_select(1, self.low_res_pixel_of_step[cache.step.view(1)])
+        return cache.mapped.index_select(1, self.low_res_pixel_of_step[cached_steps(cache.step, steps)])

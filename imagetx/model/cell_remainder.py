@@ -14,7 +14,8 @@ A decoder could learn to add up a cell's earlier pixels through attention; given
 number it need not. It reads only values generated before step t, so the model stays
 autoregressive (tests perturb later steps and check earlier outputs do not move).
 Decoding one step at a time, the same ``forward`` keeps each group's running sum in a
-``RemainderCache`` instead of summing the whole sequence.
+``RemainderCache`` instead of summing the whole sequence; a prefill (the first t steps at once)
+starts the sums where t single steps would leave them.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
@@ -106,21 +108,41 @@ class CellRemainder(nn.Module):
         sums = low_values.new_zeros(low_values.shape[0], self.n_groups, low_values.shape[-1])
         return RemainderCache(low_values, sums, step)
 
+    def earlier_sums(self, values: Tensor) -> Tensor:
+        """(B, T, c) values of every step -> (B, T, c): per step, the sum of its group's values at
+        earlier steps."""
+        grouped = rearrange(values[:, self.order], "b (g n) c -> b g n c", n=self.cell_size)
+        earlier = grouped.cumsum(dim=2) - grouped  # exclusive: the group's earlier steps only
+        return rearrange(earlier, "b g n c -> b (g n) c")[:, self.inverse]
+
     def forward(self, targets: Tensor, low_res: Tensor | None = None, cache: RemainderCache | None = None) -> Tensor:
         """Targets (B, T[, 3]) in generation order and the low-res image -> (B, T, c + 1) features.
 
         With ``cache``, one step, t = ``cache.step``: targets (B, 1[, 3]) is step t−1's value
         (ignored at t = 0), added to its group's running sum; the low-res values come from the
         cache (``low_res`` is not needed) -> (B, 1, c + 1) for step t. The sums are updated in place.
+        With targets (B, t[, 3]), t > 1, a prefill of steps 0..t−1 into a fresh cache: targets
+        holds each step's value before it, as for one step -> (B, t, c + 1).
         """
         if cache is None:
-            values = self.step_values(targets)[:, self.order]
-            grouped = rearrange(values, "b (g n) c -> b g n c", n=self.cell_size)
-            earlier = grouped.cumsum(dim=2) - grouped  # exclusive: the group's earlier steps only
-            earlier = rearrange(earlier, "b g n c -> b (g n) c")[:, self.inverse]
+            earlier = self.earlier_sums(self.step_values(targets))
             return self.features(earlier, self.low_res_values(low_res), self.still_to_come)
+        if targets.shape[1] > 1:
+            return self.prefill(targets, cache)
         t = cache.step.view(1)
         previous_group = self.groups[(t - 1) % self.groups.numel()]  # at t = 0 a value of 0 is added
         cache.sums.index_add_(1, previous_group, self.step_values(targets) * (t > 0))
         earlier = cache.sums.index_select(1, self.groups[t])  # (B, 1, c)
         return self.features(earlier, cache.low_values.index_select(1, t), self.still_to_come[t])
+
+    def prefill(self, previous: Tensor, cache: RemainderCache) -> Tensor:
+        """Steps 0..t−1 at once: ``previous`` (B, t[, 3]) the value before each (step 0's ignored)
+        -> (B, t, c + 1). The sums then hold steps 0..t−2, as t single steps leave them: the next
+        step adds step t−1's value."""
+        length = previous.shape[1]
+        values = self.step_values(previous[:, 1:])  # steps 0..t−2
+        cache.sums.index_add_(1, self.groups[: length - 1], values)
+        # Zeros for the steps from t−1 on: a step's features read only its group's earlier steps.
+        padded = F.pad(values, (0, 0, 0, self.groups.numel() - values.shape[1]))
+        earlier = self.earlier_sums(padded)[:, :length]
+        return self.features(earlier, cache.low_values[:, :length], self.still_to_come[:length])

@@ -6,7 +6,11 @@ ring buffer of keys and values just long enough for the oldest key any later que
 see (for 1D local attention with one memory block: 2·lq positions, not the whole image), the
 slots each step reads taken from its pattern's blocks; cross-attention keys and values over
 the encoder output are computed once. ``sample`` is the loop around it; tests check that
-teacher-forced decoding equals the full pass.
+teacher-forced decoding equals the full pass. A completion's given rows are not stepped
+through: one teacher-forced pass (``ImageTransformer.prefill``) fills every cache with them, and
+the loop starts at the first step to draw. Every image of a call is one batch, whatever its
+temperature (``temperature`` may give one per image). ``sample_progressively`` yields the images
+as they grow, for a page that shows them.
 
 The step can run compiled (``compile_decoding``; ``sample(..., compiled=True)``): the same
 ``decode_step``, traced whole into one graph with static shapes. That works because every
@@ -22,8 +26,9 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import Tensor
@@ -108,13 +113,134 @@ def compile_decoding(model: ImageTransformer, mode: str = "default") -> DecodeSt
     return CompiledDecoding(model, modes[mode])
 
 
+# A progress bar whose output is not a terminal (a log file, a CI job) cannot redraw in place:
+# each update is a line. There it updates at most once every this many seconds.
+LOG_PROGRESS_SECONDS = 30.0
+
+
+def progress_bar(steps: range, total: int, enabled: bool) -> Iterator[int]:
+    """``steps`` under a tqdm bar over ``total`` steps (the given ones counted as done), redrawn
+    freely on a terminal and sparingly anywhere else."""
+    interval = {} if sys.stderr.isatty() else {"mininterval": LOG_PROGRESS_SECONDS}
+    return tqdm(steps, desc="sampling", unit="step", total=total, initial=steps.start, disable=not enabled,
+                leave=False, **interval)
+
+
+def image_temperatures(temperature: float | Sequence[float], count: int) -> list[float]:
+    """One temperature for every image, checked: ``temperature`` for all, or one each."""
+    temperatures = [temperature] * count if isinstance(temperature, (int, float)) else list(temperature)
+    if len(temperatures) != count:
+        raise ValueError(f"{len(temperatures)} temperatures for {count} images: give one, or one per image")
+    for value in temperatures:
+        check_temperature(value)
+    return temperatures
+
+
+class Drawer:
+    """Draws each step's values from the head's parameters at each image's temperature: one
+    draw for the batch where they share one, else one per temperature (its images gathered)."""
+
+    def __init__(self, model: ImageTransformer, temperatures: list[float], generator: torch.Generator | None,
+                 device: torch.device) -> None:
+        self.head, self.generator = model.head, generator
+        distinct = sorted(set(temperatures))
+        self.groups = [(value, torch.tensor([i for i, t in enumerate(temperatures) if t == value], device=device))
+                       for value in distinct]
+        order = torch.cat([rows for _, rows in self.groups])
+        self.inverse = torch.argsort(order)  # concatenated groups -> image order
+
+    def __call__(self, params: Tensor) -> Tensor:
+        """(B, P) one step's parameters -> (B,) or (B, 3) values."""
+        if len(self.groups) == 1:
+            return self.head.sample(params[:, None], self.groups[0][0], self.generator)[:, 0]
+        drawn = [self.head.sample(params[rows, None], value, self.generator)[:, 0] for value, rows in self.groups]
+        return torch.cat(drawn).index_select(0, self.inverse)
+
+
+@dataclasses.dataclass(frozen=True)
+class Progress:
+    """What ``sample_progressively`` yields: ``steps`` decoded so far (given ones included) of
+    ``total``, and ``images`` (count, H, W, 3) uint8, the cells not yet decoded 0."""
+
+    steps: int
+    total: int
+    images: Tensor
+
+    @property
+    def done(self) -> bool:
+        return self.steps == self.total
+
+
+def partial_images(model: ImageTransformer, values: list[Tensor]) -> Tensor:
+    """The values of the steps decoded so far -> (count, H, W, 3) uint8, later cells 0."""
+    sequence = torch.stack(values, dim=1)
+    missing = model.order.length - sequence.shape[1]
+    if missing:
+        sequence = torch.cat([sequence, sequence.new_zeros(sequence.shape[0], missing, *sequence.shape[2:])], dim=1)
+    return sequence_to_images(sequence, model.order, model.config.head).to(torch.uint8)
+
+
 @torch.no_grad()
+def sample_progressively(
+    model: ImageTransformer,
+    count: int,
+    labels: Tensor | None = None,
+    low_res: Tensor | None = None,
+    temperature: float | Sequence[float] = 1.0,
+    prefix: Tensor | None = None,
+    given_rows: int = 0,
+    generator: torch.Generator | None = None,
+    progress: bool = False,
+    compiled: bool | str = False,
+    every: int | None = None,
+) -> Iterator[Progress]:
+    """``sample``, showing its work: with ``every`` = n, yields the images so far after the given
+    rows and after every n steps (a page that draws the samples as they grow), and always, last,
+    the finished images. Reads the device only for what it yields."""
+    check_count(count)
+    temperatures = image_temperatures(temperature, count)
+    given = model.given_steps(given_rows).tolist()  # on the host, once: no device sync per step
+    if given_rows and (prefix is None or prefix.shape[0] != count):
+        raise ValueError(f"completion needs prefix images of shape ({count}, H, W, 3) for given_rows={given_rows}")
+    if every is not None and every < 1:
+        raise ValueError(f"every={every} is invalid: yield every 1 or more steps")
+    device = model.step_rows.device
+    given_count = sum(given)
+    if not all(given[:given_count]):  # model.given_steps puts them first (whole rows of 2D blocks)
+        raise ValueError(f"given_rows={given_rows}: the given steps do not come first in generation order")
+    forced = model.targets(prefix.to(device)) if given_rows else None
+    step = model.decode_step
+    if compiled:
+        step = compile_decoding(model, "default" if compiled is True else compiled)
+    draw = Drawer(model, temperatures, generator, device)
+    total = model.order.length
+    values, value = [], first_input(model, count)
+    finite = torch.ones((), dtype=torch.bool, device=device)
+    with eval_mode(model):
+        cache = model.start_decoding(count, labels, low_res)
+        if given_count:  # one teacher-forced pass over the given rows fills every cache
+            finite &= model.prefill(forced[:, :given_count], cache).isfinite().all()
+            values, value = list(forced[:, :given_count].unbind(1)), forced[:, given_count - 1]
+            if every is not None:
+                yield Progress(given_count, total, partial_images(model, values))
+        for t in progress_bar(range(given_count, total), total, progress):
+            params = step(value, cache)
+            finite &= params.isfinite().all()  # read once, after the loop
+            value = draw(params)
+            values.append(value)
+            if every is not None and (t + 1) % every == 0 and t + 1 < total:
+                yield Progress(t + 1, total, partial_images(model, values))
+    if not finite:
+        raise FloatingPointError("the model's outputs are not finite (NaN or infinite weights?): no images sampled")
+    yield Progress(total, total, partial_images(model, values))
+
+
 def sample(
     model: ImageTransformer,
     count: int,
     labels: Tensor | None = None,
     low_res: Tensor | None = None,
-    temperature: float = 1.0,
+    temperature: float | Sequence[float] = 1.0,
     prefix: Tensor | None = None,
     given_rows: int = 0,
     generator: torch.Generator | None = None,
@@ -124,35 +250,15 @@ def sample(
     """Generate ``count`` images (count, H, W, 3) uint8 with the cache, in eval mode (the
     model's own mode is restored after).
 
-    With ``prefix`` images and ``given_rows`` = k, every step in the first k image rows
-    (``model.given_steps``) is teacher-forced to the prefix's value (image completion,
-    docs/model.md §6); the rest is sampled. ``compiled``: each step through
-    ``compile_decoding`` (True: torch.compile's default mode; a string: that mode, e.g.
-    "reduce-overhead"), the same images as the eager step gives, up to rounding.
+    ``temperature``: one for every image, or a sequence of one per image (images that share one
+    are drawn together). With ``prefix`` images and ``given_rows`` = k, every step in the first k
+    image rows (``model.given_steps``) is teacher-forced to the prefix's value (image completion,
+    docs/model.md §6), in one pass (``model.prefill``); the rest is sampled. ``compiled``: each
+    step through ``compile_decoding`` (True: torch.compile's default mode; a string: that mode,
+    e.g. "reduce-overhead"), the same images as the eager step gives, up to rounding.
     """
-    check_count(count)
-    check_temperature(temperature)
-    given = model.given_steps(given_rows).tolist()  # on the host, once: no device sync per step
-    if given_rows and (prefix is None or prefix.shape[0] != count):
-        raise ValueError(f"completion needs prefix images of shape ({count}, H, W, 3) for given_rows={given_rows}")
-    forced = model.targets(prefix.to(model.step_rows.device)) if given_rows else None
-    step = model.decode_step
-    if compiled:
-        step = compile_decoding(model, "default" if compiled is True else compiled)
-    values, value = [], first_input(model, count)
-    finite = torch.ones((), dtype=torch.bool, device=value.device)
-    with eval_mode(model):
-        cache = model.start_decoding(count, labels, low_res)
-        for t in tqdm(range(model.order.length), desc="sampling", unit="step", disable=not progress, leave=False):
-            params = step(value, cache)
-            finite &= params.isfinite().all()  # read once, after the loop
-            if given[t]:
-                value = forced[:, t]
-            else:
-                value = model.head.sample(params[:, None], temperature, generator)[:, 0]
-            values.append(value)
-    if not finite:
-        raise FloatingPointError("the model's outputs are not finite (NaN or infinite weights?): no images sampled")
-    sequence = torch.stack(values, dim=1)
-    return sequence_to_images(sequence, model.order, model.config.head).to(torch.uint8)
-
+    for state in sample_progressively(model, count, labels, low_res, temperature, prefix, given_rows, generator,
+                                      progress, compiled):
+        if state.done:
+            return state.images
+    raise AssertionError("sample_progressively ends with the finished images")  # unreachable

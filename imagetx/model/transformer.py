@@ -7,7 +7,8 @@ attention stack and returns the head's distribution parameters.
 
 Decoding one step at a time (the sampler) runs the same layers: ``start_decoding`` makes a
 ``DecodingCache``, and each ``decode_step`` embeds the value generated last, advances every
-cache under one step counter and returns the head's parameters for the next step.
+cache under one step counter and returns the head's parameters for the next step. ``prefill``
+runs the first steps of a fresh cache at once (a completion's given rows), as the full pass does.
 """
 
 from __future__ import annotations
@@ -105,13 +106,14 @@ class TransformerLayer(nn.Module):
         return LayerCache(self.self_attn.start_decoding(batch, step), low_res)
 
     def forward(self, x: Tensor, context: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
-        """(B, T, d) -> (B, T, d); with ``cache``, one step (B, 1, d) and no ``context``."""
+        """(B, T, d) -> (B, T, d); with ``cache`` and no ``context``, one step (B, 1, d) or a
+        prefill's first t steps (B, t, d)."""
         self_cache, low_res_cache = (None, None) if cache is None else (cache.self_attn, cache.low_res)
         x = self.add_and_norm(x, lambda h: self.self_attn(h, self_cache), self.self_norm)
         if self.cross_attn is not None:
             x = self.add_and_norm(x, lambda h: self.cross_attn(h, context, low_res_cache), self.cross_norm)
         if self.cell_add is not None:
-            x = x + self.dropout(self.cell_add(context, low_res_cache))
+            x = x + self.dropout(self.cell_add(context, low_res_cache, x.shape[1]))
             if self.cell_norm is not None:
                 x = self.cell_norm(x)
         return self.add_and_norm(x, self.ffn, self.ffn_norm)
@@ -329,6 +331,31 @@ class ImageTransformer(nn.Module, HubMixin, **HUB_METADATA):
             x = layer(x, cache=layer_cache)  # (B, 1, d)
         cache.step += 1
         return self.head(self.final_norm(x))[:, 0]
+
+    def prefill(self, given: Tensor, cache: DecodingCache) -> Tensor:
+        """The first P steps at once into a fresh cache (from ``start_decoding``): ``given``
+        (B, P) sub-pixels or (B, P, 3) pixels, their values in generation order -> (B, P, params),
+        equal to ``forward``'s first P steps; every cache is left as P ``decode_step`` calls
+        would leave it, at step P (tests). As in ``forward``, the last value is not read: it is
+        the ``previous`` of the next ``decode_step``.
+
+        One teacher-forced pass of the layers over the P steps (each self-attention layer over
+        its pattern's first query blocks only), where P steps would each run every layer: for a
+        completion, its given rows."""
+        length = given.shape[1]
+        if not 0 < length <= self.order.length:
+            raise ValueError(f"prefill takes 1..{self.order.length} steps, not {length}")
+        if int(cache.step):  # read once per prefill: the layers attend from step 0
+            raise ValueError(f"prefill fills a fresh cache (from start_decoding), not one at step {int(cache.step)}")
+        # Each step's input is the value before it: step 0's is zeros, counting for nothing.
+        previous = torch.cat([torch.zeros_like(given[:, :1]), given[:, :-1]], dim=1)
+        shifted = self.shift_right(self.embed_values(given, self.step_channels[:length]))
+        remainder = None if self.cell_remainder is None else self.cell_remainder(previous, None, cache.remainder)
+        x = self.decoder_inputs(shifted, slice(0, length), cache.condition, remainder)
+        for layer, layer_cache in zip(self.layers, cache.layers):
+            x = layer(x, cache=layer_cache)  # (B, P, d)
+        cache.step += length
+        return self.head(self.final_norm(x))
 
     # ----- likelihoods ------------------------------------------------------
     def log_prob(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
