@@ -4,9 +4,11 @@ and compiled, and uncached full recomputation.
     .venv/bin/python -m scripts.bench_sampling [--config configs/quick.yaml] [--batch 16]
                                                [--compile-mode default] [--uncached-steps 8]
                                                [--threads N] [--json bench_sampling.json]
+                                               [--completion-ckpt pretrained/completion]
+                                               [--data-root ../shared/cifar10]
 
 The cached sampler runs every generation step once, through all layers, reading
-keys/values from per-layer ring buffers (imagetx/sampler.py loops over the model's
+keys/values from per-layer ring buffers (imagetx/model/sampler.py loops over the model's
 ``decode_step``). It is timed twice: with the eager step, and with the same step compiled
 (``imagetx.model.sampler.compile_decoding``; ``--compile-mode reduce-overhead`` on CUDA also
 captures it as a CUDA graph). Each is warmed up first on a throw-away cache (the compiled
@@ -16,6 +18,11 @@ image at every step. Timing all 1024 or 3072 uncached steps would take hours on 
 times ``--uncached-steps`` steps and extrapolates linearly (every uncached step costs the
 same full forward pass); the script says so in its output (0 skips it).
 Weights are random: speed does not depend on them.
+
+Last, what a user of ``imagetx.demo`` waits for: the shipped completion model completing one
+val image (the first of ``--data-root``'s val split) 4 times from its top 16 rows, the demo's
+defaults: the seconds of that one ``sample(..., prefix=, given_rows=16)`` call, after a
+warm-up step (``--completion-ckpt ''`` skips it).
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from pathlib import Path
 
 import torch
 
-from imagetx import ImageTransformer
+from imagetx import ImageTransformer, load_model
+from imagetx.data.sources import Reader, tensors
 from imagetx.model.sampler import compile_decoding, first_input, sample
 from scripts.common import preset_model_config, sample_uncached, sync, timed
 
@@ -43,6 +51,22 @@ def warm_up(model: ImageTransformer, step, batch: int, labels, low_res, device) 
     return time.perf_counter() - start
 
 
+COMPLETION_SAMPLES = 4  # the demo's default: samples of one photo
+COMPLETION_ROWS = 16  # the demo's default: the top half kept
+
+
+def completion_seconds(ckpt: str, data_root: str, device: str, dtype: torch.dtype) -> float:
+    """Seconds of sampling COMPLETION_SAMPLES completions of the first val image from its top
+    COMPLETION_ROWS rows with the model at ``ckpt``, in one batch (warmed up first)."""
+    model = load_model(ckpt, map_location=device).to(dtype)
+    image = tensors(Reader("cifar10", data_root, download=False).split("val").part(0, 1))[0]
+    prefix = image.repeat(COMPLETION_SAMPLES, 1, 1, 1).to(device)
+    warm_up(model, model.decode_step, COMPLETION_SAMPLES, None, None, device)
+    generator = torch.Generator(device=device).manual_seed(0)
+    return timed(lambda: sample(model, COMPLETION_SAMPLES, prefix=prefix, given_rows=COMPLETION_ROWS,
+                                generator=generator), device)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/quick.yaml", help="preset whose model to build")
@@ -53,6 +77,9 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     parser.add_argument("--json", default="bench_sampling.json")
+    parser.add_argument("--completion-ckpt", default="pretrained/completion",
+                        help="model of the completion figure ('' skips it)")
+    parser.add_argument("--data-root", default="../shared/cifar10", help="CIFAR-10 npz shards: the val image")
     args = parser.parse_args()
 
     if args.threads:
@@ -109,6 +136,12 @@ def main() -> None:
               f"{uncached_seconds:.0f} s -> {result['uncached_images_per_sec']:.5f} images/s")
         print(f"speed-up of cached (eager step) sampling: {result['speedup']:.0f}x (target >= 100x: "
               f"{'PASS' if result['speedup'] >= 100 else 'FAIL'})")
+    if args.completion_ckpt:
+        seconds = completion_seconds(args.completion_ckpt, args.data_root, args.device, getattr(torch, args.dtype))
+        result.update(completion_ckpt=args.completion_ckpt, completion_samples=COMPLETION_SAMPLES,
+                      completion_rows=COMPLETION_ROWS, completion_seconds=seconds)
+        print(f"completion ({args.completion_ckpt}, 1 val image x {COMPLETION_SAMPLES} samples, top "
+              f"{COMPLETION_ROWS} rows kept): {seconds:8.2f} s of sampling")
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.json}")
 

@@ -1,0 +1,92 @@
+"""``python -m imagetx.demo``: the web page of the shipped models on this machine (Gradio).
+
+    python -m imagetx.demo [--host 127.0.0.1] [--port 7860] [--ckpt DIR_OR_CKPT] [--superres-ckpt DIR_OR_CKPT]
+
+Open http://127.0.0.1:7860 in a browser. --ckpt: the model of the complete and generate tabs
+(default: pretrained/completion), --superres-ckpt: the super-resolution model (default:
+pretrained/superres); each a weights folder (imagetx.export) or a checkpoint written by
+imagetx.train. Only this machine can open the page unless --host says otherwise (0.0.0.0: every
+network it is on). Needs Gradio: pip install 'imagetx[demo]'.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..cli.common import parse, parser_for, run_or_exit
+from ..data.images import MAX_FILE_BYTES
+from ..io.load import load_model
+from .tasks import Models, bits_per_dim
+
+PRETRAINED = Path(__file__).resolve().parents[2] / "pretrained"  # the repository's shipped models
+DEFAULT_PORT = 7860  # Gradio's own default, so its documentation's address works
+HIGHEST_PORT = 65535
+NEEDS_GRADIO = "the demo needs gradio: pip install 'imagetx[demo]'"
+
+
+def build_parser():
+    parser = parser_for(__doc__)
+    parser.add_argument("--host", type=str, default="127.0.0.1", help="address to listen on (this machine only)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--ckpt", type=str, default=str(PRETRAINED / "completion"),
+                        help="completion / generation model: a weights folder or a training checkpoint")
+    parser.add_argument("--superres-ckpt", type=str, default=str(PRETRAINED / "superres"),
+                        help="super-resolution model: a weights folder or a training checkpoint")
+    return parser
+
+
+def load_models(args) -> Models:
+    """The two models, each checked to be of its kind; a ValueError of one line otherwise."""
+    if not 1 <= args.port <= HIGHEST_PORT:
+        raise ValueError(f"--port {args.port} is outside 1..{HIGHEST_PORT}: give a free port, e.g. {DEFAULT_PORT}")
+    for option, path in (("--ckpt", args.ckpt), ("--superres-ckpt", args.superres_ckpt)):
+        if not Path(path).exists():
+            raise ValueError(f"{option} {path} does not exist: give a weights folder (imagetx.export) or a "
+                             "checkpoint written by imagetx.train")
+    completion = load_model(args.ckpt, map_location="cpu")
+    superres = load_model(args.superres_ckpt, map_location="cpu")
+    if completion.config.encoder_layers:
+        raise ValueError(f"--ckpt {args.ckpt} is a super-resolution model: give it as --superres-ckpt, "
+                         "and a model without an encoder as --ckpt")
+    if not superres.config.encoder_layers:
+        raise ValueError(f"--superres-ckpt {args.superres_ckpt} is not a super-resolution model (no encoder): "
+                         "give one trained with encoder_layers > 0, e.g. pretrained/superres")
+    return Models(completion, superres, shown_path(args.ckpt), shown_path(args.superres_ckpt),
+                  bits_per_dim(args.ckpt), bits_per_dim(args.superres_ckpt))
+
+
+def shown_path(path: str) -> str:
+    """The path as the page names it: relative to the working directory when inside it
+    (pretrained/completion, not the whole absolute path of the default)."""
+    try:
+        return str(Path(path).resolve().relative_to(Path.cwd()))
+    except ValueError:
+        return path
+
+
+def require_gradio() -> None:
+    """Gradio importable, or a ValueError saying how to install it."""
+    try:
+        import gradio  # noqa: F401
+    except ModuleNotFoundError as error:
+        if error.name != "gradio":
+            raise
+        raise ValueError(NEEDS_GRADIO) from None
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = run_or_exit(lambda: parse(build_parser(), argv, "demo"))
+    run_or_exit(require_gradio)  # an optional extra: checked before the models are loaded
+    from .page import build
+
+    models = run_or_exit(lambda: load_models(args))
+    page = build(models)
+    # one sampling job at a time (the CPU is shared); the queue shows the others their place.
+    # max_file_size: Gradio refuses a larger upload before it is stored, as read_picture would
+    run_or_exit(lambda: page.queue(default_concurrency_limit=1).launch(
+        server_name=args.host, server_port=args.port, max_file_size=MAX_FILE_BYTES, ssr_mode=False,
+        show_error=True))
+
+
+if __name__ == "__main__":
+    main()

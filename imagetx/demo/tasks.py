@@ -1,0 +1,220 @@
+"""What the demo page runs, without Gradio: the three tasks as generators that yield what the
+page shows as sampling goes on (so the samples grow row by row), and never raise for a bad
+upload or request: the last thing yielded then says what is wrong, and the page keeps serving.
+
+Each task yields tuples in the order of the page's outputs (``page.py``); images are PIL images
+enlarged ``SCALE`` times with nearest neighbours (each model pixel a square, not smoothed).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import yaml
+from PIL import Image
+
+from ..data.images import enlarged, load_image_file, upsample_nearest
+from ..model.inputs import downsample_area
+from ..model.sampler import Progress, sample_progressively
+from ..model.transformer import ImageTransformer
+from ..sample import given_part
+
+# 8x: a 32-pixel image becomes 256 pixels, each model pixel an 8x8 square that can be told
+# apart by eye, and four samples in a row still fit a laptop screen.
+SCALE = 8
+# as imagetx.sample's --task superres: below 1 sharper and plainer, 1 the model's own distribution
+SUPERRES_TEMPERATURES = (0.8, 0.9, 1.0)
+# four CIFAR-10 val images (training images 45,000+, never trained on), named by their index
+EXAMPLES = Path(__file__).with_name("examples")
+NOT_MEASURED = "not measured"
+
+
+def bits_per_dim(path: str | Path) -> str:
+    """The val bits/dim in a weights folder's model card (README.md's Hub front matter:
+    model-index -> results -> metrics, type bits_per_dim), as text; "not measured" for a
+    checkpoint file, a folder without a card, or a card without the figure."""
+    card = Path(path) / "README.md"
+    try:
+        text = card.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError):  # a checkpoint file (card is not a file), or no card
+        return NOT_MEASURED
+    parts = text.split("\n---", 1) if text.startswith("---") else []
+    try:
+        front = yaml.safe_load(parts[0][3:]) if len(parts) == 2 else None
+    except yaml.YAMLError:
+        return NOT_MEASURED
+    entries = front.get("model-index") if isinstance(front, dict) else None
+    for entry in entries if isinstance(entries, list) else []:
+        for result in (entry.get("results") or []) if isinstance(entry, dict) else []:
+            for metric in (result.get("metrics") or []) if isinstance(result, dict) else []:
+                if isinstance(metric, dict) and metric.get("type") == "bits_per_dim" and "value" in metric:
+                    return str(metric["value"])
+    return NOT_MEASURED
+
+
+def examples() -> list[str]:
+    """The bundled example pictures (small CIFAR-10 val images), for the page's example lists."""
+    return sorted(str(path) for path in EXAMPLES.glob("*.png"))
+
+
+def shown(image: torch.Tensor) -> Image.Image:
+    """(H, W, 3) uint8 -> the PIL image the page shows: ``SCALE`` times larger."""
+    return enlarged(Image.fromarray(image.cpu().numpy()), SCALE)
+
+
+def labels_for(model: ImageTransformer, count: int, label: int | None) -> torch.Tensor | None:
+    """The class of every image for a class-conditional model (the dropdown's, else 0); None otherwise."""
+    if not model.config.num_classes:
+        return None
+    return torch.full((count,), int(label or 0), dtype=torch.long)
+
+
+def seconds(value: float) -> str:
+    return f"{value:.1f} s"
+
+
+@dataclass
+class Models:
+    """The two models the page serves, with where they came from and their val bits/dim."""
+
+    completion: ImageTransformer
+    superres: ImageTransformer
+    completion_path: str
+    superres_path: str
+    completion_bpd: str = NOT_MEASURED
+    superres_bpd: str = NOT_MEASURED
+    # samples offered for download are written here, one folder per request (Gradio copies them
+    # into its own cache); removed when the process ends
+    downloads: tempfile.TemporaryDirectory = field(
+        default_factory=lambda: tempfile.TemporaryDirectory(prefix="imagetx-demo-"))
+
+    # ----- the tasks: generators of the page's outputs -----------------------------------
+
+    def complete(self, upload: str | None, rows: int, count: int, temperature: float, seed: int | None,
+                 label: int | None = None) -> Iterator[tuple]:
+        """Outputs (original, kept part, samples [(image, caption)], PNG files, status)."""
+        model = self.completion
+        empty = (None, None, [], None)
+        try:
+            picture, note = self.picture(upload, model)
+            rows, count = int(rows), int(count)
+            prefix = picture[None].repeat(count, 1, 1, 1)
+            states = sample_progressively(model, count, labels_for(model, count, label), temperature=temperature,
+                                          prefix=prefix, given_rows=rows, generator=seeded(seed),
+                                          every=steps_per_row(model))
+            original, kept = shown(picture), shown(given_part(picture[None], rows)[0])
+            for state, elapsed in timed(states):
+                samples = [(shown(image), f"sample {i + 1}") for i, image in enumerate(state.images)]
+                if not state.done:
+                    yield original, kept, samples, None, growing(state, elapsed)
+            files = self.saved(samples, Path(upload).stem, "completion")
+            yield (original, kept, samples, files,
+                   f"**{count} sample(s)** from the top {rows} rows in {seconds(elapsed)} of sampling. "
+                   f"{note}. {self.card('completion')}")
+        except (ValueError, OSError, FloatingPointError) as error:  # PictureError is a ValueError
+            yield *empty, refused(error)
+
+    def upsample(self, upload: str | None, seed: int | None, label: int | None = None) -> Iterator[tuple]:
+        """Outputs (the 8x8 input, samples [(image, temperature)], original or None, PNG files, status)."""
+        model, temperatures = self.superres, list(SUPERRES_TEMPERATURES)
+        empty = (None, [], None, None)
+        try:
+            picture, note = self.picture(upload, model)
+            low_res = downsample_area(picture[None], model.config.low_res_size)
+            count = len(temperatures)
+            states = sample_progressively(model, count, labels_for(model, count, label),
+                                          low_res=low_res.repeat(count, 1, 1, 1), temperature=temperatures,
+                                          generator=seeded(seed), every=steps_per_row(model))
+            small = shown(upsample_nearest(low_res, model.config.image_size)[0])
+            # the prepared picture is the truth the 8x8 averages only if it was not enlarged from a smaller one
+            with Image.open(upload) as opened:
+                original = shown(picture) if min(opened.size) >= model.config.image_size else None
+            for state, elapsed in timed(states):
+                samples = [(shown(image), f"temperature {t}") for image, t in zip(state.images, temperatures)]
+                if not state.done:
+                    yield small, samples, original, None, growing(state, elapsed)
+            files = self.saved(samples, Path(upload).stem, "superres")
+            yield (small, samples, original, files,
+                   f"**{count} samples** at temperatures {', '.join(map(str, temperatures))} from the "
+                   f"{low_res.shape[1]}x{low_res.shape[2]} average in {seconds(elapsed)} of sampling. "
+                   f"{note}. {self.card('superres')}")
+        except (ValueError, OSError, FloatingPointError) as error:
+            yield *empty, refused(error)
+
+    def generate(self, count: int, temperature: float, seed: int | None, label: int | None = None) -> Iterator[tuple]:
+        """Outputs (samples [(image, caption)], PNG files, status)."""
+        model = self.completion
+        try:
+            count = int(count)
+            states = sample_progressively(model, count, labels_for(model, count, label), temperature=temperature,
+                                          generator=seeded(seed), every=steps_per_row(model))
+            for state, elapsed in timed(states):
+                samples = [(shown(image), f"sample {i + 1}") for i, image in enumerate(state.images)]
+                if not state.done:
+                    yield samples, None, growing(state, elapsed)
+            of_class = f" of class {int(label or 0)}" if model.config.num_classes else ""
+            yield (samples, self.saved(samples, "generated", "sample"),
+                   f"**{count} sample(s)**{of_class} in {seconds(elapsed)} of sampling. {self.card('completion')}")
+        except (ValueError, FloatingPointError) as error:
+            yield [], None, refused(error)
+
+    # ----- helpers ------------------------------------------------------------------------
+
+    def picture(self, upload: str | None, model: ImageTransformer) -> tuple[torch.Tensor, str]:
+        """The upload prepared as the model's training images were (centre crop, area resize), and
+        the note of what was done; a ValueError saying what to do when there is none."""
+        if not upload:
+            raise ValueError("no picture: upload one or pick an example")
+        return load_image_file(upload, model.config.image_size, crop="center", resize="area", name=Path(upload).name)
+
+    def card(self, which: str) -> str:
+        """Which model answered, and its val bits/dim: ``which`` is "completion" or "superres"."""
+        path, bpd = {"completion": (self.completion_path, self.completion_bpd),
+                     "superres": (self.superres_path, self.superres_bpd)}[which]
+        return f"Model `{path}`: val bits/dim {bpd}."
+
+    def saved(self, samples: list[tuple[Image.Image, str]], stem: str, kind: str) -> list[str]:
+        """The shown samples as PNG files in a new folder of their own, for the page's downloads."""
+        folder = Path(tempfile.mkdtemp(dir=self.downloads.name))
+        paths = []
+        for i, (image, _) in enumerate(samples):
+            path = folder / f"{stem}-{kind}-{i + 1}.png"
+            image.save(path, format="PNG")
+            paths.append(str(path))
+        return paths
+
+
+def seeded(seed: int | None) -> torch.Generator:
+    return torch.Generator().manual_seed(int(seed or 0))  # an emptied seed box: seed 0
+
+
+def steps_per_row(model: ImageTransformer) -> int:
+    """Generation steps per image row (32 for DMOL, 96 for categorical 32x32): the page updates once a row."""
+    return model.order.length // model.config.image_size
+
+
+def timed(states: Iterator[Progress]) -> Iterator[tuple[Progress, float]]:
+    """(state, seconds spent sampling so far) for each state: the time inside the sampler only,
+    not the page's drawing between updates."""
+    elapsed = 0.0
+    while True:
+        started = time.perf_counter()
+        state = next(states, None)
+        elapsed += time.perf_counter() - started
+        if state is None:
+            return
+        yield state, elapsed
+
+
+def growing(state: Progress, elapsed: float) -> str:
+    return f"sampling: {state.steps} of {state.total} steps, {seconds(elapsed)} so far"
+
+
+def refused(error: Exception) -> str:
+    """The status for a picture or request that cannot be served: the one-line reason."""
+    return "**Cannot do that**: " + " ".join(str(error).split())
