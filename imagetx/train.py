@@ -12,8 +12,8 @@ Every run writes, under ``trainer.default_root_dir``:
 Throughput comes from Lightning's ThroughputMonitor: ``train/device/samples_per_sec``
 is images/s per device (``train/samples_per_sec``, all devices, with more than one),
 ``train/time`` the seconds spent training, validations left out, ``train/device/flops_per_sec``
-the model's FLOP/s (imagetx/flops.py) and, on a device whose peak is known,
-``train/device/mfu`` (imagetx/throughput.py).
+the model's FLOP/s (imagetx/model/flops.py) and, on a device whose peak is known,
+``train/device/mfu`` (imagetx/training/throughput.py).
 
 Crashes: ``last.ckpt`` is rewritten (atomically) at every validation, every
 ``--checkpoint_every_n_steps`` optimiser steps and at the step where training stops, so a

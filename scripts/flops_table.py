@@ -1,4 +1,4 @@
-"""FLOPs per image of every preset in configs/ (imagetx/flops.py), as a table and JSON.
+"""FLOPs per image of every preset in configs/ (imagetx/model/flops.py), as a table and JSON.
 
     .venv/bin/python -m scripts.flops_table [--kernel flex] [--json flops.json]
 

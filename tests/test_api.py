@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +12,8 @@ import imagetx
 from helpers import random_images, random_labels, tiny_config, tiny_model, weights_checkpoint
 from imagetx import CheckpointError, ImageTransformer, ModelConfig, load_model
 from imagetx.io.checkpoint import imagetx_metadata
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_public_names():
@@ -333,3 +336,21 @@ def test_values_verified_nests_and_is_per_model():
             assert not model.check_values
         assert not model.check_values  # each exit restores what it found
     assert model.check_values
+
+
+@pytest.mark.slow
+def test_the_readmes_python_api_runs_as_written(tmp_path, monkeypatch):
+    # The README's "Python API" block, run as a user would from a checkout (the shipped model
+    # under pretrained/), in a fresh folder: every line of it works and means what it says.
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("## Python API\n", 1)[1]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    (tmp_path / "pretrained").symlink_to(REPO / "pretrained")
+    monkeypatch.chdir(tmp_path)
+    names: dict = {}
+    exec(compile(code, "README.md (Python API)", "exec"), names)
+    assert names["half"].shape == (4, 32, 32, 3) and names["new"].shape == (4, 32, 32, 3)
+    assert torch.equal(names["half"][:, :16], names["images"][:, :16])  # the given rows kept
+    assert sorted(p.name for p in (tmp_path / "my-model").iterdir()) == ["README.md", "config.json",
+                                                                         "model.safetensors"]
+    assert names["model"].config.num_classes == 10  # load_model read back the model it saved

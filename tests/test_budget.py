@@ -1,4 +1,4 @@
-"""The learning-rate horizon of a run with a time budget (imagetx/budget.py, docs/model.md §8):
+"""The learning-rate horizon of a run with a time budget (imagetx/training/budget.py, docs/model.md §8):
 the arithmetic that fits it, the schedule it shapes, when a run fixes it, and that a resumed run
 keeps it and ends bitwise as the uninterrupted run does.
 

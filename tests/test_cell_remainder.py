@@ -1,4 +1,4 @@
-"""The cell remainder input (imagetx/cell_remainder.py, docs/model.md §6): what it computes, written
+"""The cell remainder input (imagetx/model/cell_remainder.py, docs/model.md §6): what it computes, written
 out by brute force; that it reads no value at or after its step (perturbation, in the real
 generation order); that the cached sampler reproduces it."""
 

@@ -1,4 +1,4 @@
-"""FlexAttention (imagetx/flex.py, ``ModelConfig.attention_kernel``) against the dense
+"""FlexAttention (imagetx/model/flex.py, ``ModelConfig.attention_kernel``) against the dense
 reference (docs/model.md §4).
 
 torch 2.15 runs FlexAttention's compiled forward on the CPU but has no backward there, so on

@@ -42,7 +42,7 @@ def test_recipe_sizing_matches_its_arithmetic():
     values = recipe()
     config = ModelConfig.from_dict({**values["model"]["config"], "attention_kernel": "flex"})  # as on CUDA
     flops = count_flops(ImageTransformer(config))
-    assert round(flops.training / 1e9, 1) == 62.2 and round(flops.forward / 1e9, 1) == 20.7
+    assert round(flops.training / 1e9, 1) == 55.8 and round(flops.forward / 1e9, 1) == 18.6
     # every batch of one shape: the compiled model never recompiles for a short last batch
     data = values["data"]
     assert TRAIN_IMAGES % data["batch_size"] == 0 and VAL_IMAGES % data["eval_batch_size"] == 0

@@ -80,7 +80,7 @@ def test_try_it_commands_run_on_your_own_image(tmp_path, capsys, task):
 
 def test_bf16_autocast_scores_the_completion_model_close_to_float32(monkeypatch):
     """Under bf16-mixed the head and the layers that read raw pixel values run in float32
-    (imagetx/precision.py). The shipped completion model's bits/dim under CPU bf16 autocast, on
+    (imagetx/model/precision.py). The shipped completion model's bits/dim under CPU bf16 autocast, on
     the 32 fixed val images: 0.0023 above float32 when this was written (the issue's target was
     0.002: the rest is bfloat16 hidden states, which carry intensities linearly). Negative
     controls: the head's projection left to autocast (bfloat16) adds 0.0016; the pixel embedding

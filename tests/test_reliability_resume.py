@@ -2,7 +2,7 @@
 exactly the state of a run that was never interrupted (bitwise, on CPU).
 
 What makes it exact: the training order and its flips are drawn from (seed, epoch) and
-resumed mid-epoch from the checkpoint's loader state (imagetx/data.py), and every training
+resumed mid-epoch from the checkpoint's loader state (imagetx/data/datamodule.py), and every training
 step seeds torch's RNG from (seed, epoch, batch) (imagetx/training/module.py), so dropout and random
 flips do not depend on what ran before (a sanity check, validations, the killed process). The runs below use
 dropout 0.1 and random flips, and cross epoch boundaries (5 batches per epoch, 12 steps).

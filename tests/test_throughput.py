@@ -1,5 +1,5 @@
-"""FLOP/s and MFU in the run's metrics: the module's FLOPs per batch (imagetx/flops.py) through
-Lightning's ThroughputMonitor, and the device peaks of imagetx/throughput.py where Lightning has
+"""FLOP/s and MFU in the run's metrics: the module's FLOPs per batch (imagetx/model/flops.py) through
+Lightning's ThroughputMonitor, and the device peaks of imagetx/training/throughput.py where Lightning has
 none (the H200)."""
 
 from __future__ import annotations

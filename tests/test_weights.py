@@ -1,4 +1,4 @@
-"""The weights folder (imagetx/weights.py: model.safetensors + config.json) and imagetx.export:
+"""The weights folder (imagetx/io/weights.py: model.safetensors + config.json) and imagetx.export:
 round trips from a training checkpoint, and folders that do not fit the model they describe."""
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Heads are folded into the batch axis: a (B, T, d) input becomes q, k, v of shape
 the layout of ``patterns.py``. Self-attention projects q, k and v with one fused linear map
 (as nanoGPT and timm); cross-attention projects q from the decoder and k, v (fused) from the
 context. ``kernel`` (``ModelConfig.attention_kernel``) chooses how a pattern's attention runs:
-its gathered blocks through SDPA, or FlexAttention (``imagetx/flex.py``).
+its gathered blocks through SDPA, or FlexAttention (``imagetx/model/flex.py``).
 
 Decoding one step at a time, the same ``forward`` takes a cache (``start_decoding``): a
 self-attention layer writes the step's key and value into a ring buffer laid out by its

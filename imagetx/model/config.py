@@ -62,11 +62,11 @@ class ModelConfig:
     cross_attention_radius: int | None = None
     # True: each decoder step also gets the mean that the not-yet-generated values of
     # its low-res cell must have for the cell to box-average to the input (exact for
-    # the box-mean inputs of §6; imagetx/cell_remainder.py). Not in the paper.
+    # the box-mean inputs of §6; imagetx/model/cell_remainder.py). Not in the paper.
     cell_remainder_input: bool = False
     # How each decoder layer reads the encoder (§6): "cross_attention" (the paper's), or
     # "cell_add": after self-attention, a linear map of the encoder's outputs for the low-res
-    # pixel the step lies in (imagetx/cell_add.py; not in the paper), about as good as radius-0
+    # pixel the step lies in (imagetx/model/cell_add.py; not in the paper), about as good as radius-0
     # cross-attention and cheaper: no query or output projection per step.
     low_res_reading: LowResReading = "cross_attention"
     # True: the maps that write the low-res input into the decoder (cross-attention's output
@@ -76,11 +76,11 @@ class ModelConfig:
     # How decoder self-attention sees where each key lies relative to its query (§4; not in the
     # paper, whose inputs carry absolute positions only): "none"; "table", a learned bias per
     # head and (row, column) offset added to the scores, starting from a distance prior
-    # (imagetx/position_bias.py); "distance", that prior fixed (nothing learned; FlexAttention
+    # (imagetx/model/position_bias.py); "distance", that prior fixed (nothing learned; FlexAttention
     # computes it from the indices); "rotary", 2D rotary embeddings of queries and keys
-    # (imagetx/rotary.py: nothing added to the scores); "rotary_distance", both of the last two.
+    # (imagetx/model/rotary.py: nothing added to the scores); "rotary_distance", both of the last two.
     relative_positions: RelativePositions = "none"
-    # §4: how attention runs: "flex" = FlexAttention, block-sparse (imagetx/flex.py); "sdpa" =
+    # §4: how attention runs: "flex" = FlexAttention, block-sparse (imagetx/model/flex.py); "sdpa" =
     # the gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
     # elsewhere (FlexAttention has no backward on the CPU). Same numbers either way.
     attention_kernel: AttentionKernel = "auto"

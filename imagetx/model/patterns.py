@@ -8,10 +8,11 @@ A self-attention pattern answers, for the steps of its ``GenerationOrder``:
 
 * ``mask_rule()``: the pattern's rule, written once, as arithmetic on query and key steps
   (``flex.MaskRule``), so that it runs on any device with nothing to look up. On index grids
-  it gives ``can_attend()``, the dense boolean (T, T) matrix (True = the query, a row, may attend to the key, a column): the reference,
-  for tests only (``dense_attention`` of tests/helpers.py with it defines the right answer). As FlexAttention's
-  ``mask_mod`` it gives ``block_mask(device)``, built once per device, from which
-  ``attend_flex`` runs the block-sparse kernel (docs/model.md §4; ``imagetx/flex.py``).
+  it gives ``can_attend()``, the dense boolean (T, T) matrix (True = the query, a row, may
+  attend to the key, a column): the reference, for tests only (``dense_attention`` of
+  tests/helpers.py with it defines the right answer). As FlexAttention's ``mask_mod`` it gives
+  ``block_mask(device)``, built once per device, from which ``attend_flex`` runs the
+  block-sparse kernel (docs/model.md §4; ``imagetx/model/flex.py``).
 * ``blocks(device)``: the pattern's sparsity, built once per device — queries in blocks of
   consecutive steps, each block with the steps of its keys and which of them each query may
   see. The training pass (``attend``), the relative position bias of each query-key pair

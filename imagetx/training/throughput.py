@@ -1,7 +1,7 @@
 """Throughput, FLOP/s and MFU of a training run (docs/model.md §8, "FLOPs and MFU").
 
 Lightning's ThroughputMonitor logs them (``train/device/flops_per_sec``, ``train/device/mfu``)
-from the module's ``flops_per_batch`` (``ImageTransformerModule``, counted by ``imagetx/flops.py``)
+from the module's ``flops_per_batch`` (``ImageTransformerModule``, counted by ``imagetx/model/flops.py``)
 and the device's peak FLOP/s, which it looks up by the name torch gives the device
 (``lightning.fabric.utilities.throughput.get_available_flops``). Its table misses some devices:
 an H200 is "NVIDIA H200" to torch, which its table does not parse (it warns "FLOPs not found"),
