@@ -3,6 +3,7 @@ step; sampling behaviour (docs/model.md §6, §7)."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -515,13 +516,16 @@ def test_sampling_progressively_yields_the_images_as_they_grow():
 
 
 def test_the_progress_bar_updates_sparingly_when_its_output_is_not_a_terminal(monkeypatch, capsys):
-    # A log file gets a line per update: there at most one every LOG_PROGRESS_SECONDS.
-    monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
-    assert progress_bar(range(3, 10), 10, True).mininterval == LOG_PROGRESS_SECONDS
-    monkeypatch.setattr("sys.stderr.isatty", lambda: True, raising=False)
-    terminal = progress_bar(range(3, 10), 10, True)
-    assert terminal.mininterval < LOG_PROGRESS_SECONDS and terminal.n == 3 and terminal.total == 10
-    monkeypatch.setattr("sys.stderr.isatty", lambda: False, raising=False)
+    # A log file gets a line per update: there at most one every LOG_PROGRESS_SECONDS. The bars
+    # are closed here (a bar left open writes to this test's captured stream after it is closed).
+    stream = sys.stderr  # capsys's, for this test
+    monkeypatch.setattr(stream, "isatty", lambda: False, raising=False)
+    with progress_bar(range(3, 10), 10, True) as logged:
+        assert logged.mininterval == LOG_PROGRESS_SECONDS
+    monkeypatch.setattr(stream, "isatty", lambda: True, raising=False)
+    with progress_bar(range(3, 10), 10, True) as terminal:
+        assert terminal.mininterval < LOG_PROGRESS_SECONDS and terminal.n == 3 and terminal.total == 10
+    monkeypatch.setattr(stream, "isatty", lambda: False, raising=False)
     capsys.readouterr()
     sample(tiny_model(seed=39, image_size=8), 1, progress=True)  # 192 steps
     updates = capsys.readouterr().err.count("sampling")

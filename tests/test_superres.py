@@ -15,6 +15,7 @@ from helpers import dense_attention, random_images, tiny_model, write_cifar_npz
 from imagetx import load_model
 from imagetx.model.attention import merge_heads, project_heads
 from imagetx.model.inputs import downsample_area
+from imagetx.data.images import GRID_SCALE
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
 
@@ -162,7 +163,7 @@ def test_sample_superres_grid(tmp_path, capsys, superres_ckpt):
                  "--data.root", str(root), "--split", "val", "--val_size", "2", "--out", str(out)])
     summary = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert summary["images"] == 4  # 2 inputs x 2 temperatures
-    grid = np.asarray(Image.open(out / "superres.png").convert("RGB"))[::2, ::2]  # undo the x2 display scale
+    grid = np.asarray(Image.open(out / "superres.png").convert("RGB"))[::GRID_SCALE, ::GRID_SCALE]  # undo the display scale
     pad, side = 2, 32
 
     def cell(row, col):
