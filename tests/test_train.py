@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 
 import pytest
 import torch
@@ -198,3 +199,20 @@ def test_limit_val_batches_one_in_a_config_means_one_batch(tmp_path, data_root):
                     "--data.val_size", "6"])  # 3 validation batches of 2
     cli.trainer.fit(cli.model, cli.datamodule)
     assert cli.trainer.num_val_batches == [1], cli.trainer.num_val_batches
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_progress_bar_is_tqdms_and_redraws_sparingly_in_a_log(tmp_path, data_root, monkeypatch, terminal):
+    # Lightning would pick Rich's bar where Rich is installed (Gradio brings it), which writes
+    # nothing to a log file until the end; imagetx's Trainer gives tqdm's, redrawn every batch on
+    # a terminal and every LOG_REFRESH_BATCHES in a log. A bar turned off stays off.
+    from lightning.pytorch.callbacks import TQDMProgressBar
+
+    from imagetx.training.trainer import LOG_REFRESH_BATCHES
+
+    monkeypatch.setattr(sys.stdout, "isatty", lambda: terminal, raising=False)
+    config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, enable_progress_bar=True)
+    bar = make_cli(["--config", str(config), "--wandb", "disabled"]).trainer.progress_bar_callback
+    assert type(bar) is TQDMProgressBar and bar.refresh_rate == (1 if terminal else LOG_REFRESH_BATCHES)
+    config = write_train_config(tmp_path / "off.yaml", tmp_path / "run", data_root)  # enable_progress_bar: False
+    assert make_cli(["--config", str(config), "--wandb", "disabled"]).trainer.progress_bar_callback is None
