@@ -16,6 +16,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from huggingface_hub import ModelCard
 from PIL import Image
 
 from ..data.images import enlarged, load_image_file, upsample_nearest
@@ -35,26 +36,19 @@ NOT_MEASURED = "not measured"
 
 
 def bits_per_dim(path: str | Path) -> str:
-    """The val bits/dim in a weights folder's model card (README.md's Hub front matter:
-    model-index -> results -> metrics, type bits_per_dim), as text; "not measured" for a
-    checkpoint file, a folder without a card, or a card without the figure."""
+    """The val bits/dim in a weights folder's model card (README.md's Hub front matter, read by
+    huggingface_hub's ``ModelCard`` as the Hub reads it: an eval result of type bits_per_dim), as
+    text; "not measured" for a checkpoint file, a folder without a card, a card without the
+    figure, or one whose front matter cannot be read."""
     card = Path(path) / "README.md"
-    try:
-        text = card.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):  # a checkpoint file (card is not a file), or no card
+    if not card.is_file():  # a checkpoint file, or no card (and never a Hub id to download)
         return NOT_MEASURED
-    parts = text.split("\n---", 1) if text.startswith("---") else []
     try:
-        front = yaml.safe_load(parts[0][3:]) if len(parts) == 2 else None
-    except yaml.YAMLError:
+        results = ModelCard.load(card).data.eval_results or []
+    except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError, yaml.YAMLError):  # unreadable front matter
         return NOT_MEASURED
-    entries = front.get("model-index") if isinstance(front, dict) else None
-    for entry in entries if isinstance(entries, list) else []:
-        for result in (entry.get("results") or []) if isinstance(entry, dict) else []:
-            for metric in (result.get("metrics") or []) if isinstance(result, dict) else []:
-                if isinstance(metric, dict) and metric.get("type") == "bits_per_dim" and "value" in metric:
-                    return str(metric["value"])
-    return NOT_MEASURED
+    figures = [str(result.metric_value) for result in results if result.metric_type == "bits_per_dim"]
+    return figures[0] if figures else NOT_MEASURED
 
 
 def examples() -> list[str]:
