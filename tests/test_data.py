@@ -242,6 +242,55 @@ def test_downsample_area_batch_and_32_to_8():
         downsample_area(images, 5)
 
 
+def tied_picture(side: int, size: int, seed: int) -> np.ndarray:
+    """A random (side, side, 3) picture whose every (side/size)² block averages to exactly k + ½:
+    the ties that decide between rounding exactly and rounding a float that lands just below."""
+    factor = side // size
+    area = factor * factor
+    rng = np.random.default_rng(seed)
+    blocks = rng.integers(64, 192, (size, factor, size, factor, 3))  # room for the change below
+    sums = blocks.sum(axis=(1, 3))
+    blocks[:, 0, :, 0] += (sums // area) * area + area // 2 - sums  # one pixel moved by at most area/2
+    return blocks.reshape(side, side, 3).astype(np.uint8)
+
+
+@pytest.mark.parametrize("factor", [6, 10])  # 1/6 and 1/10 are not exact in binary floating point
+def test_area_resize_of_a_picture_rounds_ties_as_downsample_area(factor):
+    """A picture's area resize (imagetx.data.images, every photo and folder image) is exact: where
+    the side is a multiple of the output it equals the integer box mean of downsample_area,
+    ties k + ½ rounded up, not to the float below them."""
+    from PIL import Image
+
+    from imagetx.data.images import square
+
+    picture = tied_picture(32 * factor, 32, seed=factor)
+    exact = downsample_area(torch.from_numpy(picture)[None], 32)[0].numpy()
+    means = picture.astype(np.int64).reshape(32, factor, 32, factor, 3).sum(axis=(1, 3))
+    assert (2 * means % (2 * factor**2) == factor**2).all()  # every block is a tie: mean k + ½
+    np.testing.assert_array_equal(square(Image.fromarray(picture), 32, "center", "area"), exact)
+
+
+def test_area_resize_equals_rational_arithmetic_at_fractional_scales():
+    """Sides that are not a multiple of the output (partly covered pixels), enlarging too: the
+    mean of the covered area, weighted, computed with Fractions and rounded half up."""
+    from fractions import Fraction
+    from math import floor
+
+    from imagetx.data.images import resize_area
+
+    rng = np.random.default_rng(1)
+    for side, size in [(45, 6), (13, 5), (3, 7)]:
+        picture = rng.integers(0, 256, (side, side, 3), dtype=np.uint8)
+        picture[: side // 2] = 128  # flat regions: many means exactly k + ½ or whole
+        weights = [[max(Fraction(0), min(Fraction((i + 1) * side, size), p + 1) - max(Fraction(i * side, size), p))
+                    for p in range(side)] for i in range(size)]
+        expected = np.array([[[floor(sum(weights[i][p] * weights[j][q] * int(picture[p, q, c])
+                                         for p in range(side) for q in range(side) if weights[i][p] and weights[j][q])
+                                     / Fraction(side * side, size * size) + Fraction(1, 2))
+                               for c in range(3)] for j in range(size)] for i in range(size)])
+        np.testing.assert_array_equal(resize_area(picture, size), expected)
+
+
 # ----- the DataModule ----------------------------------------------------------------------
 
 def test_setup_says_how_many_images_each_split_has(tmp_path, monkeypatch):

@@ -5,7 +5,9 @@ argument errors are one line. tests/test_demo_browser.py drives the real page.""
 
 from __future__ import annotations
 
+import re
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -176,3 +178,20 @@ def test_argument_errors_are_one_line(capsys, tmp_path):
     assert "is a super-resolution model: give it as --superres-ckpt" in line, line
     line = one_error_line(capsys, main, ["--port", "70000"])
     assert "--port 70000 is outside 1..65535" in line, line
+
+
+def test_the_time_said_includes_preparing_the_picture(tiny, pictures, monkeypatch):
+    """A large photo's preparation is part of what the user waited for: the status counts it
+    (here made to take 0.3 s) in the total, beside the seconds of sampling."""
+    prepare = tasks.load_image_file
+
+    def slow_prepare(*args, **kwargs):
+        time.sleep(0.3)
+        return prepare(*args, **kwargs)
+
+    monkeypatch.setattr(tasks, "load_image_file", slow_prepare)
+    path = str(pictures["photo.jpg"][0])
+    for status in (list(tiny.complete(path, 31, 1, 1.0, 0))[-1][-1], list(tiny.upsample(path, 0))[-1][-1]):
+        total, preparing, sampling = map(float, re.search(
+            r"in (\d+\.\d) s \((\d+\.\d) s preparing the picture, (\d+\.\d) s of sampling\)", status).groups())
+        assert preparing >= 0.3 and abs(total - preparing - sampling) <= 0.1, status

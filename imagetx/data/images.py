@@ -4,10 +4,10 @@ In: every image file a model reads, a training image of a folder (``sources/fold
 or a photo given to ``imagetx.sample --images``, is prepared by ``prepare_image``: turned
 upright (EXIF), made RGB, cropped to a square (``center``: the largest centred square;
 ``celeba``: the centred 138×138 face crop of CelebA's aligned 178×218 images) and resized
-to the model's side with the ``resize`` filter, computed in floating point and rounded half
-up (``area`` by default: each output pixel the mean of the area it covers, as T2T's resize
-by area). So a photo is sampled from exactly as the folder a model was trained on would
-have stored it.
+to the model's side with the ``resize`` filter, rounded half up (``area`` by default: each
+output pixel the mean of the area it covers, as T2T's resize by area, computed exactly and in
+one pass over the picture, ``resize_area``; the others in floating point). So a photo is
+sampled from exactly as the folder a model was trained on would have stored it.
 
 A file from a user (``imagetx.sample --images``, an upload to ``imagetx.demo``) is read by
 ``read_picture`` first: refused before its pixels are decoded when the file is larger than
@@ -88,21 +88,43 @@ def square(image: Image.Image, image_size: int, crop: str, resize: str) -> np.nd
     if side == image_size:
         return np.asarray(image, dtype=np.uint8)
     if resize == "area":
-        weights = area_weights(side, image_size)
-        resized = np.einsum("ah,bw,hwc->abc", weights, weights, np.asarray(image, dtype=np.float64))
-    else:  # each channel in float, rounded once below (PIL's 8-bit resize rounds between its two passes)
-        resized = np.stack([np.asarray(band.convert("F").resize((image_size, image_size), FILTERS[resize]))
-                            for band in image.split()], axis=-1)
+        return resize_area(np.asarray(image, dtype=np.uint8), image_size)
+    # each channel in float, rounded once below (PIL's 8-bit resize rounds between its two passes)
+    resized = np.stack([np.asarray(band.convert("F").resize((image_size, image_size), FILTERS[resize]))
+                        for band in image.split()], axis=-1)
     return np.clip(np.floor(resized + 0.5), 0, 255).astype(np.uint8)  # rounded half up
 
 
-def area_weights(side: int, size: int) -> np.ndarray:
-    """(size, side): how much of each input pixel each output pixel covers, rows summing to 1."""
-    edges = np.arange(size + 1) * (side / size)
-    starts, stops = edges[:-1, None], edges[1:, None]
-    pixels = np.arange(side)[None, :]
-    covered = np.clip(np.minimum(stops, pixels + 1) - np.maximum(starts, pixels), 0, None)
-    return covered / covered.sum(axis=1, keepdims=True)
+def area_coverage(side: int, size: int) -> np.ndarray:
+    """(size, side) int64: how much of each of ``side`` input pixels each of ``size`` output pixels
+    covers, in units of 1/size of a pixel, so whole numbers (each row sums to ``side``). Output
+    pixel i covers [i·side, (i+1)·side) of these units, input pixel p covers [p·size, (p+1)·size)."""
+    starts = np.arange(size, dtype=np.int64)[:, None] * side
+    pixels = np.arange(side, dtype=np.int64)[None, :] * size
+    return np.clip(np.minimum(starts + side, pixels + size) - np.maximum(starts, pixels), 0, None)
+
+
+def resize_area(pixels: np.ndarray, size: int) -> np.ndarray:
+    """(side, side, C) uint8 -> (size, size, C) uint8, each output pixel the mean of the area it
+    covers (partly covered pixels weighted by the part covered), rounded half up exactly.
+
+    Separable, in whole numbers: rows first, each output row from the band of about side/size
+    input rows it covers (so the cost is one pass over the picture, not the side² × size² of
+    the dense two-sided product), then columns. Every sum is a whole number below 2^24 (rows:
+    at most side·255, float32 exact for sides up to 65,793) or 2^53 (columns: side²·255,
+    float64), so the float arithmetic is exact and the rounding of the mean is decided in
+    integers: the same answer as exact rational arithmetic, at any side."""
+    side = pixels.shape[0]
+    coverage = area_coverage(side, size)
+    row_type = np.float32 if side * 255 < 2**24 else np.float64  # exact while the sums stay below 2^24
+    rows = np.empty((size, side * pixels.shape[2]), dtype=np.float64)
+    flat = pixels.reshape(side, -1)
+    for i, weights in enumerate(coverage):
+        first, stop = (i * side) // size, -(-(i + 1) * side // size)  # the input rows output row i covers
+        rows[i] = weights[first:stop].astype(row_type) @ flat[first:stop].astype(row_type)
+    sums = np.matmul(coverage.astype(np.float64), rows.reshape(size, side, -1))  # (size, size, C), exact
+    area = side * side  # the mean is sums / area; floor(mean + 1/2) in integers:
+    return ((2 * sums.astype(np.int64) + area) // (2 * area)).astype(np.uint8)
 
 
 class PictureError(ValueError):

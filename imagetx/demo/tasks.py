@@ -95,7 +95,7 @@ class Models:
         model = self.completion
         empty = (None, None, [], None)
         try:
-            picture, note = self.picture(upload, model)
+            picture, note, preparing = self.picture(upload, model)
             rows, count = int(rows), int(count)
             prefix = picture[None].repeat(count, 1, 1, 1)
             states = sample_progressively(model, count, labels_for(model, count, label), temperature=temperature,
@@ -108,7 +108,7 @@ class Models:
                     yield original, kept, samples, None, growing(state, elapsed)
             files = self.saved(samples, Path(upload).stem, "completion")
             yield (original, kept, samples, files,
-                   f"**{count} sample(s)** from the top {rows} rows in {seconds(elapsed)} of sampling. "
+                   f"**{count} sample(s)** from the top {rows} rows in {took(preparing, elapsed)}. "
                    f"{note}. {self.card('completion')}")
         except (ValueError, OSError, FloatingPointError) as error:  # PictureError is a ValueError
             yield *empty, refused(error)
@@ -118,7 +118,7 @@ class Models:
         model, temperatures = self.superres, list(SUPERRES_TEMPERATURES)
         empty = (None, [], None, None)
         try:
-            picture, note = self.picture(upload, model)
+            picture, note, preparing = self.picture(upload, model)
             low_res = downsample_area(picture[None], model.config.low_res_size)
             count = len(temperatures)
             states = sample_progressively(model, count, labels_for(model, count, label),
@@ -135,7 +135,7 @@ class Models:
             files = self.saved(samples, Path(upload).stem, "superres")
             yield (small, samples, original, files,
                    f"**{count} samples** at temperatures {', '.join(map(str, temperatures))} from the "
-                   f"{low_res.shape[1]}x{low_res.shape[2]} average in {seconds(elapsed)} of sampling. "
+                   f"{low_res.shape[1]}x{low_res.shape[2]} average in {took(preparing, elapsed)}. "
                    f"{note}. {self.card('superres')}")
         except (ValueError, OSError, FloatingPointError) as error:
             yield *empty, refused(error)
@@ -159,12 +159,16 @@ class Models:
 
     # ----- helpers ------------------------------------------------------------------------
 
-    def picture(self, upload: str | None, model: ImageTransformer) -> tuple[torch.Tensor, str]:
-        """The upload prepared as the model's training images were (centre crop, area resize), and
-        the note of what was done; a ValueError saying what to do when there is none."""
+    def picture(self, upload: str | None, model: ImageTransformer) -> tuple[torch.Tensor, str, float]:
+        """The upload prepared as the model's training images were (centre crop, area resize), the
+        note of what was done and the seconds it took (the user waited for them too); a ValueError
+        saying what to do when there is none."""
         if not upload:
             raise ValueError("no picture: upload one or pick an example")
-        return load_image_file(upload, model.config.image_size, crop="center", resize="area", name=Path(upload).name)
+        started = time.perf_counter()
+        picture, note = load_image_file(upload, model.config.image_size, crop="center", resize="area",
+                                        name=Path(upload).name)
+        return picture, note, time.perf_counter() - started
 
     def card(self, which: str) -> str:
         """Which model answered, and its val bits/dim: ``which`` is "completion" or "superres"."""
@@ -203,6 +207,11 @@ def timed(states: Iterator[Progress]) -> Iterator[tuple[Progress, float]]:
         if state is None:
             return
         yield state, elapsed
+
+
+def took(preparing: float, sampling: float) -> str:
+    """The time a request took, reading and preparing the picture included, and its parts."""
+    return f"{seconds(preparing + sampling)} ({seconds(preparing)} preparing the picture, {seconds(sampling)} of sampling)"
 
 
 def growing(state: Progress, elapsed: float) -> str:
