@@ -157,7 +157,8 @@ def fake_run(max_steps: int):
     timer.time_remaining = lambda: 100.0
     trainer = SimpleNamespace(callbacks=[timer], global_step=0, max_steps=max_steps, sanity_checking=False,
                               strategy=SimpleNamespace(broadcast=lambda value, src: value))
-    module = SimpleNamespace(horizon=None, hparams=SimpleNamespace(warmup_steps=2), print=lambda *a: None)
+    module = SimpleNamespace(horizon=None, hparams=SimpleNamespace(warmup_steps=2), print=lambda *a: None,
+                             first_step=0, decay_fraction=None)
     return trainer, module
 
 

@@ -1,14 +1,15 @@
 """A learning-rate schedule that ends when the time budget does (``trainer.max_time``), on any
 machine.
 
-A cosine fitted to a step count only ends well on a machine of the speed it was fitted on:
+A decay fitted to a step count only ends well on a machine of the speed it was fitted on:
 slower, the run stops with the learning rate still high; faster, it finishes early and leaves
-minutes unused. With a time budget, the cosine's horizon is measured instead: training runs
-at the peak learning rate (after warm-up) until the first validation has ended; by then the
-steps, one validation and whatever else the run does between them (sample grids, checkpoint
-writes) have been timed, and the step at which the budget runs out is fixed. The cosine then
-runs from that step to that horizon. The horizon is stored in every checkpoint and a resumed
-run uses it, so that it ends exactly as an uninterrupted run with that horizon would.
+minutes unused. With a time budget, the horizon is measured instead: training runs at the peak
+learning rate (after warm-up) until the first validation has ended; by then the steps, one
+validation and whatever else the run does between them (sample grids, checkpoint writes) have
+been timed, and the step at which the budget runs out is fixed. The decay then ends at that
+step (the cosine starts at once; warmup–stable–decay keeps the peak until the budget's last
+fraction). The horizon is stored in every checkpoint and a run resumed with the same budget
+uses it, so that it ends exactly as an uninterrupted run would (resume.py: another budget).
 """
 
 from __future__ import annotations
@@ -23,14 +24,26 @@ from lightning.pytorch.callbacks import Callback, Timer
 
 @dataclass(frozen=True)
 class Horizon:
-    """The cosine of a ``warmup_cosine`` schedule: from ``decay_start`` (the multiplier still 1)
-    to ``end`` (the multiplier 0), in optimiser steps."""
+    """The decay of a ``warmup_then_decay`` schedule (schedule.py): from ``decay_start`` (the
+    multiplier still 1) to ``end`` (the multiplier 0), in optimiser steps."""
 
     decay_start: int
     end: int
 
     def to_dict(self) -> dict[str, int]:
         return {"decay_start": self.decay_start, "end": self.end}
+
+
+def place_decay(end: int, earliest: int, warmup_steps: int, first_step: int = 0,
+                decay_fraction: float | None = None) -> Horizon:
+    """A horizon ending at ``end``. Without ``decay_fraction`` (the cosine) the decay starts as
+    early as it may: at ``earliest``, never before warm-up has ended. With it (warmup–stable–decay)
+    it takes the last ``decay_fraction`` of this run's steps, those from ``first_step`` (0, or the
+    step a continued run started from) to ``end``, and never starts before ``earliest``."""
+    decay_start = max(earliest, warmup_steps)
+    if decay_fraction is not None:
+        decay_start = max(decay_start, end - round(decay_fraction * (end - first_step)))
+    return Horizon(decay_start, max(end, decay_start + 1))
 
 
 def budget_timer(trainer: L.Trainer | None) -> Timer | None:
@@ -40,19 +53,27 @@ def budget_timer(trainer: L.Trainer | None) -> Timer | None:
     return next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
 
 
+def run_budget(trainer: L.Trainer) -> dict[str, int | None]:
+    """What ends a run: its ``max_steps`` and its ``max_time`` in seconds (None: no time budget).
+    Stored in checkpoints: a run resumed with another budget needs another horizon (resume.py)."""
+    timer = budget_timer(trainer)
+    seconds = None if timer is None else round(timer.time_remaining() + timer.time_elapsed())
+    return {"max_steps": trainer.max_steps, "max_time": seconds}
+
+
 def fit_horizon(step: int, remaining_seconds: float, seconds_per_step: float, overhead_per_step: float,
-                warmup_steps: int, max_steps: int) -> Horizon:
-    """The horizon that ends the cosine when ``remaining_seconds`` run out, ``step`` updates
+                warmup_steps: int, max_steps: int, first_step: int = 0,
+                decay_fraction: float | None = None) -> Horizon:
+    """The horizon that ends the decay when ``remaining_seconds`` run out, ``step`` updates
     into the run: each later step costs ``seconds_per_step`` plus ``overhead_per_step``, the
     share of the periodic work (validations, sample grids, checkpoints) that falls to one step.
-    Never past ``max_steps`` (when > 0). The cosine starts at update step + 1, whose rate the
-    scheduler has already set (to the peak), and never before warm-up has ended."""
+    Never past ``max_steps`` (when > 0). The decay starts at update step + 1 at the earliest,
+    whose rate the scheduler has already set (to the peak); where, ``place_decay`` says."""
     steps_left = max(int(remaining_seconds / (seconds_per_step + overhead_per_step)), 0)
     end = step + steps_left
     if max_steps > 0:
         end = min(end, max_steps)
-    decay_start = max(step + 1, warmup_steps)
-    return Horizon(decay_start, max(end, decay_start + 1))
+    return place_decay(end, step + 1, warmup_steps, first_step, decay_fraction)
 
 
 class BudgetHorizon(Callback):
@@ -101,10 +122,11 @@ class BudgetHorizon(Callback):
         overhead = max(now - self.starts[0] - seconds_per_step * len(self.starts), 0.0) / len(self.starts)
         remaining = timer.time_remaining()
         horizon = fit_horizon(trainer.global_step, remaining, seconds_per_step, overhead,
-                              pl_module.hparams.warmup_steps, trainer.max_steps)
+                              pl_module.hparams.warmup_steps, trainer.max_steps, pl_module.first_step,
+                              pl_module.decay_fraction)
         # Every process must use the same horizon: rank 0's measurement decides.
         pl_module.horizon = trainer.strategy.broadcast(horizon, src=0)
         self.starts.clear()
-        pl_module.print(f"learning-rate horizon fixed at step {trainer.global_step}: the cosine ends at step "
-                        f"{pl_module.horizon.end} ({seconds_per_step:.3f} s per step + {overhead:.3f} s of "
+        pl_module.print(f"learning-rate horizon fixed at step {trainer.global_step}: the decay runs from step "
+                        f"{pl_module.horizon.decay_start} to {pl_module.horizon.end} ({seconds_per_step:.3f} s per step + {overhead:.3f} s of "
                         f"validations and the rest per step, {remaining:.0f} s of the budget left)")

@@ -22,7 +22,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
-from .budget import Horizon, budget_timer
+from .budget import Horizon, budget_timer, place_decay, run_budget
+from .continuation import TIMER_STATE, continued_moments
 from ..io.checkpoint import imagetx_metadata, model_config_of, read_checkpoint, refused
 from ..model.config import ModelConfig
 from ..data.datamodule import ImageDataModule
@@ -30,7 +31,7 @@ from ..model.flops import Flops, count_flops
 from ..model.scoring import batch_bits_per_dim
 from ..model.transformer import ImageTransformer
 from .nonfinite import NonFiniteLossError, NonFiniteSteps, non_finite_tensors, step_kind
-from .schedule import noam, warmup_cosine
+from .schedule import noam, warmup_then_decay
 from ..data.seeding import mix_seed, run_seed
 
 
@@ -38,7 +39,7 @@ class ImageTransformerModule(L.LightningModule):
     def __init__(
         self,
         config: ModelConfig | None = None,
-        optimizer: Literal["adam_noam", "adamw_cosine"] = "adam_noam",
+        optimizer: Literal["adam_noam", "adamw_cosine", "adamw_wsd"] = "adam_noam",
         peak_lr: float = 3.5e-3,  # T2T's CIFAR-10 categorical peak; see schedule.py
         warmup_steps: int = 4000,
         betas: tuple[float, float] = (0.9, 0.98),
@@ -46,9 +47,13 @@ class ImageTransformerModule(L.LightningModule):
         weight_decay: float = 0.0,  # the paper uses none
         max_nonfinite_skips: int = 0,  # 0 = stop at the first NaN/inf loss or gradient
         compile: bool = False,  # torch.compile the network (opt-in: start-up cost, helps on GPUs)
-        # adamw_cosine: where the cosine ends. budget: when trainer.max_time runs out (measured
-        # on this machine, budget.py), or at max_steps if that comes first; steps: at max_steps.
+        # adamw_cosine / adamw_wsd: where the decay ends. budget: when trainer.max_time runs out
+        # (measured on this machine, budget.py), or at max_steps if that comes first; steps: at max_steps.
         lr_horizon: Literal["budget", "steps"] = "budget",
+        # adamw_wsd (warmup–stable–decay, schedule.py): the share of the run's steps the decay takes.
+        # 0.2: within 0.02 bits/dim of the cosine on the CPU (docs/results.md, "A schedule that
+        # can be continued"); the stable phase before it can be continued (continuation.py).
+        decay_fraction: float = 0.2,
         # The learning rate of the parts that read the low-resolution input (encoder,
         # cross-attention, cell remainder input), as a fraction of peak_lr's.
         low_res_lr_scale: float = 1.0,
@@ -66,7 +71,12 @@ class ImageTransformerModule(L.LightningModule):
         self.data_checked = False  # the data's values were checked as it was read (setup)
         self.flops: Flops | None = None  # of one image, on the run's device (on_fit_start)
         self.batch_images = 0  # images in the last batch
-        self.horizon: Horizon | None = None  # the cosine's; None until fixed (budget.py), then in every checkpoint
+        self.horizon: Horizon | None = None  # the decay's; None until fixed (budget.py), then in every checkpoint
+        self.first_step = 0  # the step this run's schedule counts from: 0, or where a continuation started
+        self.rewarmup: tuple[int, int] | None = None  # (from step, length): continued without optimiser moments
+        self.images_seen = 0  # training images of every run in this model's lineage
+        self.writing_continuation = False  # set by ContinuationCheckpoint while it saves
+        self.stored_budget: dict | None = None  # the budget of the run a resumed checkpoint came from
         if compile:
             # In place, so parameter names (and checkpoints) stay those of the plain model.
             self.model.compile()
@@ -93,6 +103,11 @@ class ImageTransformerModule(L.LightningModule):
     def config(self) -> ModelConfig:
         return self.model.config
 
+    @property
+    def decay_fraction(self) -> float | None:
+        """Where the decay starts (budget.place_decay): None for the cosine, as early as it may."""
+        return self.hparams.decay_fraction if self.hparams.optimizer == "adamw_wsd" else None
+
     def bits_per_dim(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """(B,) bits/dim of every image in the batch."""
         return batch_bits_per_dim(self.model, batch)
@@ -104,6 +119,16 @@ class ImageTransformerModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self.flops = count_flops(self.model, self.device)
+
+    def on_train_start(self) -> None:
+        """The next update's learning rate from this run's schedule. A resumed optimiser holds the
+        rate its checkpoint's schedule set for that update, which a continuation (or a new budget)
+        replaces; resuming the same run sets the same value again."""
+        scheduler = self.lr_schedulers()
+        if scheduler is None:
+            return
+        for group, base in zip(scheduler.optimizer.param_groups, scheduler.base_lrs):
+            group["lr"] = base * self.lr_multiplier(self.global_step)
 
     @property
     def flops_per_batch(self) -> int | None:
@@ -137,6 +162,7 @@ class ImageTransformerModule(L.LightningModule):
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self.shared_step(batch, "train")
+        self.images_seen += self.batch_images * self.trainer.world_size
         # Kept for on_before_optimizer_step: the first non-finite loss of the step's batches, or the last.
         step_loss = loss.detach()
         if self.step_loss is not None:
@@ -205,13 +231,20 @@ class ImageTransformerModule(L.LightningModule):
         if hp.optimizer == "adam_noam":
             schedule = partial(noam, warmup_steps=hp.warmup_steps)
         else:
+            if self.stored_budget not in (None, run_budget(self.trainer)):  # resumed with a new budget
+                self.horizon = None
             if self.horizon is None and (hp.lr_horizon == "steps" or budget_timer(self.trainer) is None):
-                self.horizon = Horizon(hp.warmup_steps, max(int(self.trainer.estimated_stepping_batches), 1))
+                end = max(int(self.trainer.estimated_stepping_batches), self.first_step + 1)
+                self.horizon = place_decay(end, self.first_step + 1, hp.warmup_steps, self.first_step,
+                                           self.decay_fraction)
+            decay = "cosine" if hp.optimizer == "adamw_cosine" else "wsd"
             # Read at every step: a budget horizon is fixed after the first validation (BudgetHorizon).
-            schedule = lambda step: warmup_cosine(step, hp.warmup_steps, self.horizon)  # noqa: E731
+            schedule = lambda step: warmup_then_decay(step, hp.warmup_steps, self.horizon, decay,  # noqa: E731
+                                                      self.rewarmup)
         # LambdaLR calls the schedule with the number of steps taken so far; +1 so the
         # first update uses step 1 of the schedule.
-        scheduler = LambdaLR(optimizer, lambda step: schedule(step + 1))
+        self.lr_multiplier = lambda step: schedule(step + 1)  # noqa: E731
+        scheduler = LambdaLR(optimizer, self.lr_multiplier)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
@@ -225,12 +258,29 @@ class ImageTransformerModule(L.LightningModule):
         checkpoint["imagetx"] = imagetx_metadata(self.config)
         checkpoint["imagetx"]["nonfinite_skips"] = self.nonfinite.skipped
         checkpoint["imagetx"]["lr_horizon"] = None if self.horizon is None else self.horizon.to_dict()
+        checkpoint["imagetx"]["first_step"] = self.first_step
+        checkpoint["imagetx"]["images_seen"] = self.images_seen
+        checkpoint["imagetx"]["budget"] = run_budget(self.trainer)
+        checkpoint["imagetx"]["continuation"] = self.writing_continuation
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """The run goes on where the checkpoint stood. A continuation checkpoint (written just
+        before a warmup–stable–decay run's decay, continuation.py) starts a new run at the peak:
+        its own schedule over its own budget, the time budget counted afresh. A checkpoint taken
+        before the decay, resumed with another budget (resume.py refuses one taken later), gets a
+        horizon fitted to the new budget."""
         stored = checkpoint.get("imagetx", {})
         self.nonfinite.skipped = int(stored.get("nonfinite_skips", 0))
+        self.images_seen = int(stored.get("images_seen", 0))
+        self.first_step = int(stored.get("first_step", 0))
         horizon = stored.get("lr_horizon")
         self.horizon = None if horizon is None else Horizon(**horizon)
+        if stored.get("continuation"):
+            self.horizon, self.first_step = None, int(checkpoint["global_step"])
+            checkpoint.get("callbacks", {}).pop(TIMER_STATE, None)  # max_time is this run's own
+            if not continued_moments(checkpoint):  # Adam starts afresh: warm up again
+                self.rewarmup = (self.first_step, self.hparams.warmup_steps)
+        self.stored_budget = None if stored.get("continuation") else stored.get("budget")
 
 
 # The optimiser settings of ImageTransformerModule (and of a preset's ``model`` section).

@@ -4,6 +4,12 @@ after a run stopped on a non-finite loss.
 ``checkpoint_to_resume`` checks the checkpoint before training starts, so that a wrong one
 is refused with one line instead of failing deep inside Lightning's fit loop, and one that would
 run code when opened is refused before Lightning opens it (checkpoint.load_weights_only).
+
+A run resumed with its own budget goes on exactly; with another budget (``max_steps`` or
+``max_time``) it gets a schedule fitted to the new budget if its learning rate had not begun to
+decay, and is refused if it had: a decay cannot be undone, and training on from a decayed (or
+fully decayed: learning rate 0) state would waste the new budget. The state to extend a run from
+is its continuation checkpoint, written just before the decay (continuation.py).
 """
 
 from __future__ import annotations
@@ -13,15 +19,22 @@ from pathlib import Path
 from ..io.checkpoint import CHECKPOINT_DIR, LAST, read_checkpoint
 from ..io.errors import CheckpointError
 from ..model.config import ModelConfig
+from .continuation import CONTINUE, is_packed, unpack
+
+JOINED = "continued-from.ckpt"  # a packed continuation, joined, under the new run's checkpoints/
 
 
-def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig) -> str | None:
-    """The checkpoint ``--resume`` names ('last': ``root/checkpoints/last.ckpt``), checked: it
-    exists, is readable, is imagetx's, holds the training state and the same model
-    configuration as this run."""
+def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
+                         budget: dict | None = None) -> str | None:
+    """The checkpoint ``--resume`` names ('last': ``root/checkpoints/last.ckpt``; a packed
+    continuation folder: its parts joined), checked: it exists, is readable, is imagetx's, holds
+    the training state and the same model configuration as this run, and, with another ``budget``
+    than its run's (budget.run_budget), its learning rate has not begun to decay."""
     if resume is None:
         return None
     path = root / CHECKPOINT_DIR / LAST if resume == "last" else Path(resume)
+    if is_packed(path):
+        path = unpack(path, root / CHECKPOINT_DIR / JOINED)
     if path.is_dir():
         raise CheckpointError(f"--resume {resume}: {path} is a folder (weights to share hold no optimiser or loop "
                               "state); resume from a checkpoint written by imagetx.train, e.g. checkpoints/last.ckpt")
@@ -39,7 +52,24 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig) ->
         raise CheckpointError(f"--resume {path}: the checkpoint's model differs from this run's "
                               f"({'; '.join(differ[:3])}): resume with the configuration it was trained with, "
                               "or start a new run elsewhere")
+    check_budget(path, checkpoint, budget)
     return str(path)
+
+
+def check_budget(path: Path, checkpoint: dict, budget: dict | None) -> None:
+    """Refuse to resume a run whose decay had begun (see the module's docstring) with another budget."""
+    stored = checkpoint["imagetx"]
+    horizon, step = stored.get("lr_horizon"), checkpoint.get("global_step", 0)
+    if budget is None or stored.get("continuation") or horizon is None or stored.get("budget") in (None, budget):
+        return
+    if step > horizon["decay_start"]:
+        was = stored["budget"]
+        raise CheckpointError(
+            f"--resume {path}: that run's learning rate was decaying since step {horizon['decay_start']} (to 0 at "
+            f"step {horizon['end']}, under max_steps {was['max_steps']}, max_time {was['max_time']} s) and this "
+            f"run's budget differs (max_steps {budget['max_steps']}, max_time {budget['max_time']} s): to train "
+            f"on, resume from the run's {CONTINUE} (written before the decay by --model.optimizer adamw_wsd), "
+            "or resume with the run's own budget")
 
 
 def last_good_checkpoint(root: Path) -> str:

@@ -1,0 +1,169 @@
+"""Continuation checkpoints: the state of a warmup–stable–decay run (schedule.py) just before its
+decay, from which a later run goes on at the peak learning rate, with a decay of its own.
+
+A run with ``model.optimizer: adamw_wsd`` writes ``checkpoints/continue.ckpt`` after its last
+update at the peak; its decayed weights at the end are the model to use. Continuing:
+
+    python -m imagetx.train --config ... --resume runs/x/checkpoints/continue.ckpt \\
+        --trainer.max_time 00:00:20:00 --trainer.default_root_dir runs/x2
+
+goes on from that step, data position and optimiser state, and fits a new schedule (stable,
+then the decay) to the new budget: ``max_time`` is the new run's own time; ``max_steps`` counts,
+as Lightning's, from the first run's start.
+
+For GPU leases (docs/gpu.md) a continuation travels and is kept as a **folder**: the checkpoint
+with the optimiser's moments slimmed (``MOMENTS``), split into parts of at most ``PART_BYTES``,
+and ``continuation.json`` (step, images seen, the whole file's size and SHA-256). ``--resume``
+takes the folder too: the parts are joined and checked first (``unpack``).
+
+    python -m imagetx.training.continuation pack CKPT FOLDER [--moments second]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import io
+import json
+from pathlib import Path
+
+import torch
+from lightning.pytorch.callbacks import Checkpoint
+
+from ..io.atomic import atomic_write
+from ..io.checkpoint import load_weights_only
+from ..io.errors import CheckpointError
+
+CONTINUE = "continue.ckpt"
+MANIFEST = "continuation.json"
+# Lightning's Timer keeps the time a run has trained under this key of checkpoint["callbacks"];
+# a continuation drops it, so that its max_time is its own.
+TIMER_STATE = "Timer"
+# The device tool brings back files of at most 16 MiB; parts of 15 MiB leave room to spare.
+PART_BYTES = 15 * 2**20
+# How a packed continuation keeps Adam's moments (measured in docs/results.md, "A schedule that
+# can be continued"): fp32 as trained (12 bytes a parameter with the weights), bf16 both,
+# second: only the second moment, in bf16 (6 bytes a parameter: the first moment restarts from
+# zero and is back within ~1/(1-beta1) = 10 steps, damping those steps, while the second keeps
+# every step's size), none: Adam starts afresh with a re-warm-up of model.warmup_steps (4 bytes).
+MOMENTS = ("fp32", "bf16", "second", "none")
+
+
+class ContinuationCheckpoint(Checkpoint):
+    """Writes ``<dirpath>/continue.ckpt`` after the last update at the peak learning rate of a
+    warmup–stable–decay run (``horizon.decay_start``): the one place a new budget can take over
+    from this run without repeating or undoing a decay. A ``Checkpoint``: Lightning runs it after
+    the other callbacks, BudgetHorizon (which fixes the horizon) among them."""
+
+    def __init__(self, dirpath: str | Path) -> None:
+        self.path = Path(dirpath) / CONTINUE
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        horizon = pl_module.horizon
+        if pl_module.decay_fraction is None or horizon is None or trainer.global_step != horizon.decay_start:
+            return
+        pl_module.writing_continuation = True
+        try:
+            trainer.save_checkpoint(self.path, weights_only=False)  # Lightning's option: all the state
+        finally:
+            pl_module.writing_continuation = False
+        pl_module.print(f"continuation checkpoint {self.path} (step {trainer.global_step}, the last at the peak "
+                        f"learning rate): train on from it with --resume {self.path} --trainer.max_time ...")
+
+
+def slim_moments(checkpoint: dict, moments: str) -> None:
+    """Keep Adam's moments in ``checkpoint`` as ``moments`` says (``MOMENTS``), in place."""
+    if moments not in MOMENTS:
+        raise ValueError(f"--moments {moments}: choose one of {', '.join(MOMENTS)}")
+    for optimizer in checkpoint["optimizer_states"]:
+        if moments == "none":
+            optimizer["state"] = {}
+            continue
+        for state in optimizer["state"].values():
+            if moments == "second":
+                state.pop("exp_avg")
+            for key in ("exp_avg", "exp_avg_sq"):
+                if key in state and moments != "fp32":
+                    state[key] = state[key].to(torch.bfloat16)
+    checkpoint["imagetx"]["continuation_moments"] = moments
+
+
+def continued_moments(checkpoint: dict) -> bool:
+    """Adam's moments as training needs them (float32, a zero first moment where it was not
+    kept), in place, when resuming from a packed continuation; False when none were kept."""
+    for optimizer in checkpoint.get("optimizer_states", []):
+        for state in optimizer["state"].values():
+            if "exp_avg_sq" in state:
+                state["exp_avg_sq"] = state["exp_avg_sq"].float()
+                state["exp_avg"] = state["exp_avg"].float() if "exp_avg" in state else torch.zeros_like(
+                    state["exp_avg_sq"])
+    return checkpoint["imagetx"].get("continuation_moments", "fp32") != "none"
+
+
+def pack(checkpoint_path: str | Path, folder: str | Path, moments: str = "second") -> dict:
+    """Write the continuation checkpoint at ``checkpoint_path`` into ``folder`` in the lease
+    format (parts + ``continuation.json``); returns the manifest."""
+    checkpoint = load_weights_only(checkpoint_path)
+    if not checkpoint.get("imagetx", {}).get("continuation"):
+        raise CheckpointError(f"{checkpoint_path} is not a continuation checkpoint: pack the {CONTINUE} that a "
+                              "run with --model.optimizer adamw_wsd writes before its decay")
+    slim_moments(checkpoint, moments)
+    buffer = io.BytesIO()
+    torch.save(checkpoint, buffer)
+    data = buffer.getvalue()
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    parts = []
+    for index, start in enumerate(range(0, len(data), PART_BYTES)):
+        name = f"{CONTINUE}.part{index:02d}"
+        atomic_write(folder / name, lambda handle, chunk=data[start:start + PART_BYTES]: handle.write(chunk))
+        parts.append(name)
+    meta = checkpoint["imagetx"]
+    manifest = {"step": checkpoint["global_step"], "images_seen": meta.get("images_seen"), "moments": moments,
+                "model_config": meta["model_config"], "bytes": len(data),
+                "sha256": hashlib.sha256(data).hexdigest(), "parts": parts}
+    atomic_write(folder / MANIFEST, lambda handle: handle.write(json.dumps(manifest, indent=1).encode()))
+    return manifest
+
+
+def is_packed(path: Path) -> bool:
+    return path.is_dir() and (path / MANIFEST).is_file()
+
+
+def unpack(folder: str | Path, to: str | Path) -> Path:
+    """Join a packed continuation's parts into the checkpoint file ``to``, refusing (one
+    CheckpointError line) a folder whose parts are missing, cut short or changed."""
+    folder, to = Path(folder), Path(to)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        data = b"".join((folder / name).read_bytes() for name in manifest["parts"])
+        expected_bytes, expected_sha = int(manifest["bytes"]), manifest["sha256"]
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise CheckpointError(f"--resume {folder}: the packed continuation cannot be read ({error}); "
+                              "bring its continuation.json and every part back together") from error
+    if len(data) != expected_bytes or hashlib.sha256(data).hexdigest() != expected_sha:
+        raise CheckpointError(f"--resume {folder}: its parts do not add up to the file continuation.json "
+                              f"describes ({len(data)} of {expected_bytes} bytes, or another SHA-256): "
+                              "a part is missing, cut short or changed")
+    to.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(to, lambda handle: handle.write(data))
+    return to
+
+
+def main(args: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m imagetx.training.continuation",
+                                     description="Pack a continuation checkpoint into the lease format.")
+    parser.add_argument("verb", choices=["pack"])
+    parser.add_argument("checkpoint", help=f"the {CONTINUE} a run wrote")
+    parser.add_argument("folder", help="where the parts and continuation.json go")
+    parser.add_argument("--moments", choices=MOMENTS, default="second", help="how Adam's moments are kept")
+    options = parser.parse_args(args)
+    try:
+        manifest = pack(options.checkpoint, options.folder, options.moments)
+    except CheckpointError as error:
+        raise SystemExit(f"error: {error}") from None
+    print(json.dumps({key: manifest[key] for key in ("step", "images_seen", "moments", "bytes", "parts")}))
+
+
+if __name__ == "__main__":
+    main()
