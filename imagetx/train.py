@@ -37,9 +37,10 @@ from .data.datamodule import ImageDataModule
 from .io.atomic import check_writable, remove_stale_temporaries
 from .io.checkpoint import CHECKPOINT_DIR, LAST
 from .model.config import ModelConfig
-from .training.budget import BudgetHorizon
+from .training.budget import BudgetHorizon, run_budget
 from .training.callbacks import LastCheckpoint, count_images
 from .training.checkpoint_io import AtomicCheckpointIO
+from .training.continuation import ContinuationCheckpoint
 from .training.module import ImageTransformerModule
 from .training.nonfinite import NonFiniteLossError
 from .training.resume import checkpoint_to_resume, last_good_checkpoint
@@ -57,7 +58,8 @@ class ImagetxCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--resume", type=str | None, default=None, help="continue a run: 'last' "
-                            "(<default_root_dir>/checkpoints/last.ckpt) or a checkpoint path")
+                            "(<default_root_dir>/checkpoints/last.ckpt), a checkpoint path, or a continuation "
+                            "(checkpoints/continue.ckpt, or its packed folder) to train on with a new budget")
         parser.add_argument("--wandb", type=str, default="auto",
                             help=f"W&B mode, one of {', '.join(WANDB_MODES)}; auto = online with a key, else offline")
         parser.add_argument("--wandb_project", type=str, default="imagetx", help="W&B project name")
@@ -98,6 +100,7 @@ class ImagetxCLI(LightningCLI):
             ModelCheckpoint(dirpath=root / CHECKPOINT_DIR, filename="best-{step}", monitor="val/bpd", save_top_k=1,
                             auto_insert_metric_name=False, enable_version_counter=False),
             LastCheckpoint(root / CHECKPOINT_DIR, self.config.checkpoint_every_n_steps),
+            ContinuationCheckpoint(root / CHECKPOINT_DIR),
             LearningRateMonitor(logging_interval="step"),
             BudgetHorizon(),
             ThroughputWithPeak(batch_size_fn=count_images, window_size=10),
@@ -118,7 +121,7 @@ def make_cli(args: list[str] | None = None) -> ImagetxCLI:
 def train(args: list[str] | None = None) -> None:
     cli = make_cli(args)
     root = Path(cli.trainer.default_root_dir)
-    ckpt_path = checkpoint_to_resume(cli.config.resume, root, cli.model.config)
+    ckpt_path = checkpoint_to_resume(cli.config.resume, root, cli.model.config, run_budget(cli.trainer))
     try:
         # checkpoint_to_resume has read the file weights-only; Lightning must read it no other way
         cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
