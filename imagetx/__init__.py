@@ -1,21 +1,24 @@
 """imagetx: the Image Transformer (Parmar et al., 2018) in PyTorch + Lightning.
 
-The public API (the model core: torch, einops, safetensors and huggingface_hub; importing it,
-loading, scoring and sampling never import Lightning)::
+The public API (the network, ``imagetx.model``, and its files, ``imagetx.io``: torch, einops,
+safetensors and huggingface_hub; importing it, loading, scoring and sampling never import
+Lightning)::
 
-    from imagetx import ModelConfig, ImageTransformer, load_model
+    from imagetx import ModelConfig, ImageTransformer, from_pretrained, load_model, save_pretrained
     model = ImageTransformer(ModelConfig(n_layers=2, d_model=64, n_heads=2, d_filter=128))
     nats = model.nll(images)            # uint8 (B, 32, 32, 3) -> (B,) nats per image
     bpd = model.bits_per_dim(images)    # (B,) bits per sub-pixel
-    model.save_pretrained("my-model")   # my-model/model.safetensors + config.json + README.md
-    model = ImageTransformer.from_pretrained("my-model")  # or a Hugging Face Hub repository id
+    save_pretrained(model, "my-model")  # my-model/model.safetensors + config.json + README.md
+    model = from_pretrained("my-model")  # or a Hugging Face Hub repository id
     model = load_model("runs/quick/checkpoints/last.ckpt")  # a training checkpoint, or a folder
 """
 
 from .io.errors import CheckpointError
+from .io.hub import from_pretrained, push_to_hub, save_pretrained
 from .io.load import load_model
 from .model.config import ModelConfig
 from .model.transformer import ImageTransformer
 
-__all__ = ["CheckpointError", "ImageTransformer", "ModelConfig", "load_model"]
+__all__ = ["CheckpointError", "ImageTransformer", "ModelConfig", "from_pretrained", "load_model", "push_to_hub",
+           "save_pretrained"]
 __version__ = "0.1.0"

@@ -5,7 +5,7 @@
 Writes ``OUT/model.safetensors`` (the network's tensors: opening it runs no code),
 ``OUT/config.json`` (the model configuration and the format version) and, unless the folder
 has one, ``OUT/README.md`` (a model card with the Hugging Face Hub's metadata), as
-``ImageTransformer.save_pretrained`` does. imagetx.evaluate,
+``imagetx.save_pretrained`` does. imagetx.evaluate,
 imagetx.sample (``--ckpt OUT``) and ``imagetx.load_model`` read the folder as they read the
 checkpoint. ``--dtype fp32`` keeps the weights exactly; ``bf16`` halves the file, and the model
 loads in float32 from it. The last line printed is one JSON object.
@@ -21,6 +21,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import parse, parser_for, run_or_exit
 from .io.atomic import check_writable
+from .io.hub import save_pretrained
 from .io.load import load_model
 from .io.weights import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 
@@ -41,7 +42,7 @@ def build_parser() -> ArgumentParser:
 def run(args: Namespace) -> dict:
     model = load_model(args.ckpt)  # a bad checkpoint is refused before anything is written
     out = check_writable(args.out, "--out")
-    model.to(DTYPES[args.dtype]).save_pretrained(out)
+    save_pretrained(model.to(DTYPES[args.dtype]), out)
     files = [out / WEIGHTS_FILE, out / CONFIG_FILE, out / CARD_FILE]
     return {"out": str(out), "files": [str(path) for path in files], "dtype": args.dtype,
             "parameters": sum(p.numel() for p in model.parameters()), "bytes": sum(p.stat().st_size for p in files),

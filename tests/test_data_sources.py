@@ -25,7 +25,7 @@ from PIL import Image
 
 import imagetx.data.sources.folder as folder
 from helpers import one_error_line, tiny_model, write_train_config
-from imagetx import load_model
+from imagetx import load_model, save_pretrained
 from imagetx.data.datamodule import ImageDataModule
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
@@ -392,7 +392,7 @@ def flat_root(tmp_path):
 @pytest.fixture
 def superres_ckpt(tmp_path):
     path = tmp_path / "superres"
-    (tiny_model(seed=4, head="dmol", encoder_layers=1, low_res_size=2, **TINY)).save_pretrained(path)
+    save_pretrained(tiny_model(seed=4, head="dmol", encoder_layers=1, low_res_size=2, **TINY), path)
     return path
 
 
@@ -444,7 +444,7 @@ def test_model_that_does_not_fit_the_data_is_refused(tmp_path, capsys, imagenet_
     assert not (tmp_path / "a" / "checkpoints").exists()
     # evaluate and sample: the checkpoint's model is 16x16, the data 8x8
     ckpt = tmp_path / "sixteen"
-    (tiny_model(head="dmol", image_size=16, query_block_length=16)).save_pretrained(ckpt)
+    save_pretrained(tiny_model(head="dmol", image_size=16, query_block_length=16), ckpt)
     data = ["--data.source", "imagenet", "--data.root", str(imagenet_root)]
     line = one_error_line(capsys, evaluate_main, ["--ckpt", str(ckpt), "--split", "val", *data])
     assert "holds 8x8 images but the checkpoint's model is 16x16" in line, line
@@ -473,7 +473,7 @@ def test_bad_data_through_the_commands(tmp_path, capsys, case):
     if case == "folder test split":
         write_folder(root)
         ckpt = tmp_path / "m"
-        (tiny_model(head="dmol", **TINY)).save_pretrained(ckpt)
+        save_pretrained(tiny_model(head="dmol", **TINY), ckpt)
         line = one_error_line(capsys, evaluate_main, ["--ckpt", str(ckpt), "--data.source", "folder",
                                                       "--data.root", str(root)])
         assert "no test split" in line and "val" in line, line

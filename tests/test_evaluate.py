@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from helpers import random_images, tiny_model, write_cifar_npz
+from imagetx import save_pretrained
 from imagetx.evaluate import main
 from imagetx.model.scoring import evaluate
 
@@ -26,7 +27,7 @@ def run_evaluate(capsys, args):
 def setup_model_and_data(tmp_path, **overrides):
     model = tiny_model(seed=3, image_size=32, **overrides)
     ckpt = tmp_path / "model"
-    model.save_pretrained(ckpt)
+    save_pretrained(model, ckpt)
     root = tmp_path / "data"
     _, _, test_images, test_labels = write_cifar_npz(root, train_sizes=(3,), test_size=N_IMAGES)
     images = torch.from_numpy(test_images)

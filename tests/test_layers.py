@@ -1,9 +1,9 @@
-"""The package's layers (docs/model.md, "Where in the code"): the model core (``imagetx.model``,
-``imagetx.io`` and the package's own ``__init__``) needs torch, einops, safetensors and
-huggingface_hub (and tqdm, huggingface_hub's own, for progress bars) and nothing of imagetx
-above it; the data layer builds on the core, the training stack on both, the command lines
-(``imagetx.cli`` and the ``python -m imagetx.X`` modules) on everything. No module imports one
-of a higher layer, and no two modules import each other, even through others."""
+"""The package's layers (docs/model.md, "Where in the code"): the model (``imagetx.model``) is a
+leaf: torch and einops (and tqdm for its progress bars), nothing else of imagetx; the files
+(``imagetx.io`` and the package's own ``__init__``: loading, saving, Hub sharing) add safetensors
+and huggingface_hub; the data layer builds on those, the training stack on the data, the
+command lines (``imagetx.cli`` and the ``python -m imagetx.X`` modules) on everything. No module
+imports one of a higher layer, and no two modules import each other, even through others."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "imagetx"
 REPO = PACKAGE.parent
-LAYERS = {"model": 0, "io": 0, "data": 1, "training": 2, "cli": 3}  # a top-level module: a command, 3
-CORE_THIRD_PARTY = {"torch", "einops", "safetensors", "huggingface_hub", "tqdm"}
+LAYERS = {"model": 0, "io": 1, "data": 2, "training": 3, "cli": 4}  # a top-level module: a command, 4
+THIRD_PARTY = {0: {"torch", "einops", "tqdm"},  # what each of the two lowest layers may import
+               1: {"torch", "einops", "tqdm", "safetensors", "huggingface_hub"}}
 
 
 def module_name(path: Path) -> str:
@@ -27,8 +28,8 @@ def module_name(path: Path) -> str:
 def layer(module: str) -> int:
     parts = module.split(".")
     if len(parts) == 1:
-        return 0  # imagetx/__init__.py: the public API, the core's
-    return LAYERS.get(parts[1], 3)
+        return LAYERS["io"]  # imagetx/__init__.py: the public API, the model and its files
+    return LAYERS.get(parts[1], LAYERS["cli"])
 
 
 def imports(path: Path, top_level_only: bool) -> tuple[set[str], set[str]]:
@@ -74,11 +75,17 @@ def test_no_module_imports_a_higher_layer():
     assert upward == []
 
 
-def test_the_core_needs_only_torch_einops_safetensors_and_huggingface_hub():
+def test_the_model_needs_only_torch_and_einops_and_its_files_safetensors_and_huggingface_hub():
     stdlib = set(sys.stdlib_module_names) | {"__future__"}
-    extra = {f"{module} imports {package}" for module, path in MODULES.items() if layer(module) == 0
-             for package in imports(path, top_level_only=False)[1] - stdlib - CORE_THIRD_PARTY}
+    extra = {f"{module} imports {package}" for module, path in MODULES.items() if layer(module) in THIRD_PARTY
+             for package in imports(path, top_level_only=False)[1] - stdlib - THIRD_PARTY[layer(module)]}
     assert extra == set()
+
+
+def test_the_model_imports_nothing_of_imagetx_outside_it():
+    outside = {f"{module} imports {target}" for module, path in MODULES.items() if layer(module) == 0
+               for target in imports(path, top_level_only=False)[0] if not target.startswith("imagetx.model")}
+    assert outside == set()
 
 
 def test_no_import_cycles():
@@ -104,7 +111,10 @@ def test_no_import_cycles():
 def test_the_import_reading_sees_relative_absolute_and_function_level_imports():
     # So that the checks above could fail: what they read of three known modules.
     transformer = imports(MODULES["imagetx.model.transformer"], top_level_only=True)[0]
-    assert {"imagetx.model.config", "imagetx.model.attention", "imagetx.model.hub"} <= transformer
+    assert {"imagetx.model.config", "imagetx.model.attention"} <= transformer
+    hub = imports(MODULES["imagetx.io.hub"], top_level_only=True)
+    assert "imagetx.model.transformer" in hub[0] and "huggingface_hub" in hub[1]
+    assert layer("imagetx.io.hub") > layer("imagetx.model.transformer")
     folder = imports(MODULES["imagetx.data.sources.folder"], top_level_only=True)[0]
     assert {"imagetx.io.atomic", "imagetx.data.images", "imagetx.data.sources.common"} <= folder
     module = imports(MODULES["imagetx.training.module"], top_level_only=False)
@@ -119,12 +129,12 @@ def test_loading_scoring_and_sampling_from_python_never_import_the_training_stac
         import sys
         import torch
         import imagetx
-        from imagetx import ImageTransformer, load_model
+        from imagetx import ImageTransformer, from_pretrained, load_model
         from imagetx.model.sampler import sample
         from imagetx.model.scoring import evaluate
 
         model = load_model({str(REPO / "pretrained" / "completion")!r})
-        ImageTransformer.from_pretrained({str(REPO / "pretrained" / "completion")!r})
+        from_pretrained({str(REPO / "pretrained" / "completion")!r})
         tiny = ImageTransformer(imagetx.ModelConfig(image_size=4, n_layers=1, d_model=16, n_heads=2, d_filter=32,
                                                     query_block_length=8))
         checkpoint = {{"imagetx": {{"format": 1, "model_config": tiny.config.to_dict()}},
@@ -137,6 +147,16 @@ def test_loading_scoring_and_sampling_from_python_never_import_the_training_stac
         loaded = sorted(name for name in sys.modules if name.split(".")[0] in ("lightning", "jsonargparse", "wandb"))
         print("LOADED", loaded)
     """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "LOADED []" in done.stdout, done.stdout
+
+
+def test_the_sampling_scoring_and_export_commands_never_import_lightning_or_torchdata():
+    # Their --data.* options are a plain dataclass (data/options.py), not the DataModule's signature.
+    script = ("import sys, imagetx.sample, imagetx.evaluate, imagetx.export\n"
+              "print('LOADED', sorted({name.split('.')[0] for name in sys.modules} & {'lightning', 'torchdata', "
+              "'lightning_fabric', 'pytorch_lightning', 'torchmetrics', 'wandb'}))")
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "LOADED []" in done.stdout, done.stdout

@@ -10,6 +10,7 @@ import pytest
 from PIL import Image
 
 from helpers import tiny_model, train_metrics, write_cifar_npz, write_train_config
+from imagetx import save_pretrained
 from imagetx.sample import main as sample_main
 from imagetx.train import main as train_main
 
@@ -43,7 +44,7 @@ def sample_grid(tmp_path, capsys, ckpt, seed, name):
 
 def test_same_seed_same_samples(tmp_path, capsys):
     ckpt = tmp_path / "model"
-    (tiny_model(seed=5, image_size=8, head="dmol", query_block_length=16)).save_pretrained(ckpt)  # 64 steps per image
+    save_pretrained(tiny_model(seed=5, image_size=8, head="dmol", query_block_length=16), ckpt)  # 64 steps per image
     first = sample_grid(tmp_path, capsys, ckpt, 7, "a")
     assert np.array_equal(first, sample_grid(tmp_path, capsys, ckpt, 7, "b"))
     assert not np.array_equal(first, sample_grid(tmp_path, capsys, ckpt, 8, "c"))

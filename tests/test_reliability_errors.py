@@ -14,6 +14,7 @@ import torch
 
 from helpers import (TINY_TRAIN_MODEL, one_error_line, tiny_model, weights_checkpoint, write_npz_shard,
                      write_train_config)
+from imagetx import save_pretrained
 from imagetx.io.checkpoint import imagetx_metadata
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
@@ -153,8 +154,8 @@ def test_bad_checkpoint(tmp_path, capsys, data_root, command, kind):
 def checkpoints(tmp_path_factory):
     directory = tmp_path_factory.mktemp("ckpts")
     plain, conditional = directory / "plain", directory / "conditional"
-    (tiny_model(seed=1, image_size=32, head="dmol", query_block_length=64)).save_pretrained(plain)
-    (tiny_model(seed=2, image_size=32, head="dmol", query_block_length=64, num_classes=10)).save_pretrained(conditional)
+    save_pretrained(tiny_model(seed=1, image_size=32, head="dmol", query_block_length=64), plain)
+    save_pretrained(tiny_model(seed=2, image_size=32, head="dmol", query_block_length=64, num_classes=10), conditional)
     return {"plain": plain, "conditional": conditional}
 
 

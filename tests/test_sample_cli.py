@@ -10,6 +10,7 @@ import torch
 from PIL import ExifTags, Image
 
 from helpers import BAD_PICTURES, PICTURE_KINDS, tiny_model, write_cifar_npz, write_pictures
+from imagetx import save_pretrained
 from imagetx.sample import main
 from imagetx.data.sources import load
 
@@ -35,7 +36,7 @@ def ckpt(tmp_path_factory):
     # 32x32 DMOL, one layer of d=16: 1024 cheap sampling steps.
     model = tiny_model(seed=21, image_size=32, head="dmol", query_block_length=64)
     path = tmp_path_factory.mktemp("ckpt") / "model"
-    model.save_pretrained(path)
+    save_pretrained(model, path)
     return path
 
 
@@ -186,7 +187,7 @@ def superres_ckpt(tmp_path_factory):
     model = tiny_model(seed=22, image_size=32, head="dmol", query_block_length=64, encoder_layers=1, low_res_size=8,
                        cross_attention_radius=0)
     path = tmp_path_factory.mktemp("ckpt") / "superres"
-    model.save_pretrained(path)
+    save_pretrained(model, path)
     return path
 
 

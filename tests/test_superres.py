@@ -12,7 +12,7 @@ import torch
 from PIL import Image
 
 from helpers import dense_attention, random_images, tiny_model, write_cifar_npz
-from imagetx import load_model
+from imagetx import load_model, save_pretrained
 from imagetx.model.attention import merge_heads, project_heads
 from imagetx.model.inputs import downsample_area
 from imagetx.data.images import GRID_SCALE
@@ -138,7 +138,7 @@ def superres_ckpt(tmp_path_factory):
     # 32×32 DMOL decoder (1024 cheap steps) with a one-layer encoder over the 8×8 input.
     model = tiny_model(seed=31, image_size=32, head="dmol", query_block_length=64, encoder_layers=1, low_res_size=8)
     path = tmp_path_factory.mktemp("sr") / "sr"
-    model.save_pretrained(path)
+    save_pretrained(model, path)
     return path
 
 
@@ -180,7 +180,7 @@ def test_sample_superres_grid(tmp_path, capsys, superres_ckpt):
 
 def test_sample_superres_rejects_a_plain_model(tmp_path, capsys):
     path = tmp_path / "plain"
-    (tiny_model(image_size=32, head="dmol", query_block_length=64)).save_pretrained(path)
+    save_pretrained(tiny_model(image_size=32, head="dmol", query_block_length=64), path)
     with pytest.raises(SystemExit) as info:
         sample_main(["--ckpt", str(path), "--task", "superres", "--out", str(tmp_path / "o")])
     assert info.value.code == 2

@@ -4,6 +4,7 @@ round trips from a training checkpoint, and folders that do not fit the model th
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,7 +12,8 @@ from safetensors.torch import load_file, save_file
 
 from helpers import (TINY_TRAIN_MODEL, one_error_line, random_images, random_labels, tiny_model, weights_checkpoint,
                      write_train_config)
-from imagetx import CheckpointError, ImageTransformer, ModelConfig, load_model
+from imagetx import (CheckpointError, ImageTransformer, ModelConfig, from_pretrained, load_model, push_to_hub,
+                     save_pretrained)
 from imagetx.io.checkpoint import imagetx_metadata
 from imagetx.evaluate import main as evaluate_main
 from imagetx.export import main as export_main
@@ -81,8 +83,8 @@ def test_save_pretrained_then_from_pretrained(tmp_path, overrides):
     if model.config.encoder_layers:
         kwargs["low_res"] = random_images(2, model.config.low_res_size, seed=8)
     images = random_images(2, model.config.image_size, seed=7)
-    model.save_pretrained(tmp_path / "weights")
-    loaded = ImageTransformer.from_pretrained(tmp_path / "weights")
+    save_pretrained(model, tmp_path / "weights")
+    loaded = from_pretrained(tmp_path / "weights")
     assert isinstance(loaded, ImageTransformer) and loaded.config == model.config and not loaded.training
     config = json.loads((tmp_path / "weights" / "config.json").read_text())
     assert config == {"format_version": 1, **model.config.to_dict()}
@@ -99,7 +101,7 @@ def test_save_pretrained_then_from_pretrained(tmp_path, overrides):
 
 def damaged_folder(tmp_path, damage):
     folder = tmp_path / "weights"
-    (tiny_model(image_size=32, head="dmol", query_block_length=64)).save_pretrained(folder)
+    save_pretrained(tiny_model(image_size=32, head="dmol", query_block_length=64), folder)
     tensors = load_file(folder / "model.safetensors")
     config = json.loads((folder / "config.json").read_text())
     name = sorted(tensors)[0]
@@ -161,32 +163,56 @@ def test_a_hub_repository_is_fetched_by_huggingface_hub_then_read_as_a_folder(tm
     what from_pretrained does with what they return is checked (the folder's own checks apply)."""
     folder = tmp_path / "snapshot"
     model = tiny_model(seed=6)
-    model.save_pretrained(folder)
+    save_pretrained(model, folder)
     asked = []
-    monkeypatch.setattr("huggingface_hub.hub_mixin.hf_hub_download",
-                        lambda repo_id, filename, **options: asked.append((repo_id, filename)) or str(folder / filename))
-    monkeypatch.setattr("imagetx.model.hub.snapshot_download",
-                        lambda repo_id, allow_patterns, **options: asked.append((repo_id, allow_patterns)) or str(folder))
-    loaded = ImageTransformer.from_pretrained("someone/imagetx-tiny", revision="main")
-    assert asked == [("someone/imagetx-tiny", "config.json"),
-                     ("someone/imagetx-tiny", ["model.safetensors", "config.json"])]
+    monkeypatch.setattr("imagetx.io.hub.snapshot_download",
+                        lambda repo_id, allow_patterns, **options: asked.append((repo_id, allow_patterns, options))
+                        or str(folder))
+    loaded = from_pretrained("someone/imagetx-tiny", revision="main")
+    assert asked == [("someone/imagetx-tiny", ["model.safetensors", "config.json"], {"revision": "main"})]
     images = random_images(2, 4)
     with torch.no_grad():
         assert torch.equal(loaded.nll(images), model.nll(images))
     (folder / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json")
     with pytest.raises(CheckpointError, match="model.safetensors cannot be read"):
-        ImageTransformer.from_pretrained("someone/imagetx-tiny")
+        from_pretrained("someone/imagetx-tiny")
+
+
+def test_push_to_hub_uploads_the_saved_folder_in_one_commit(monkeypatch):
+    """No network: huggingface_hub's HfApi is stood in for, and what it is asked to upload is read
+    back as a folder."""
+    model, calls = tiny_model(seed=7), []
+
+    class FakeApi:
+        def __init__(self, token=None):
+            calls.append(("token", token))
+
+        def create_repo(self, repo_id, private, exist_ok):
+            calls.append(("create", repo_id, private, exist_ok))
+            return type("Repo", (), {"repo_id": repo_id})
+
+        def upload_folder(self, repo_id, folder_path, commit_message, revision, create_pr):
+            calls.append(("upload", repo_id, sorted(p.name for p in Path(folder_path).iterdir()), revision))
+            uploaded = load_model(folder_path)
+            assert uploaded.config == model.config
+            assert all(torch.equal(a, b) for a, b in zip(uploaded.state_dict().values(), model.state_dict().values()))
+            return "https://huggingface.co/you/m/commit/1"
+
+    monkeypatch.setattr("imagetx.io.hub.HfApi", FakeApi)
+    assert push_to_hub(model, "you/m", token="t", branch="dev") == "https://huggingface.co/you/m/commit/1"
+    assert calls == [("token", "t"), ("create", "you/m", None, True),
+                     ("upload", "you/m", ["README.md", "config.json", "model.safetensors"], "dev")]
 
 
 def test_a_hub_repository_that_cannot_be_fetched_is_one_error(tmp_path):
     # local_files_only: huggingface_hub looks in its cache (empty here) and never goes online
     with pytest.raises(CheckpointError, match="is not a local folder, and fetching it from the Hugging Face Hub failed"):
-        ImageTransformer.from_pretrained("someone/imagetx-cifar10", local_files_only=True, cache_dir=tmp_path)
+        from_pretrained("someone/imagetx-cifar10", local_files_only=True, cache_dir=tmp_path)
 
 
 def test_resume_from_a_weights_folder_is_refused(tmp_path, capsys, data_root):
     folder = tmp_path / "weights"
-    (tiny_model(image_size=32, head="dmol")).save_pretrained(folder)
+    save_pretrained(tiny_model(image_size=32, head="dmol"), folder)
     config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, 2)
     line = one_error_line(capsys, train_main, ["--config", str(config), "--wandb", "disabled",
                                                "--resume", str(folder)])

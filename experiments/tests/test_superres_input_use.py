@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from experiments.tests.conftest import REPO_ROOT, tiny_model, write_cifar_npz
-from imagetx import load_model
+from imagetx import load_model, save_pretrained
 from imagetx.model.inputs import downsample_area
 from imagetx.data.sources import load
 
@@ -27,7 +27,7 @@ def superres_ckpt(tmp_path_factory):
     # 32×32 DMOL decoder (1024 cheap steps) with a one-layer encoder over the 8×8 input.
     model = tiny_model(seed=31, image_size=32, head="dmol", query_block_length=64, encoder_layers=1, low_res_size=8)
     path = tmp_path_factory.mktemp("sr") / "sr"
-    model.save_pretrained(path)
+    save_pretrained(model, path)
     return path
 
 
@@ -54,8 +54,8 @@ def test_input_use_script_class_conditional_and_bad_checkpoint(tmp_path):
     root = tmp_path / "data"
     write_cifar_npz(root, train_sizes=(6,))
     ckpt = tmp_path / "cond"
-    (tiny_model(image_size=32, head="dmol", query_block_length=64, encoder_layers=1, low_res_size=8,
-                               num_classes=10)).save_pretrained(ckpt)
+    save_pretrained(tiny_model(image_size=32, head="dmol", query_block_length=64, encoder_layers=1, low_res_size=8,
+                               num_classes=10), ckpt)
     common = ["--data.root", str(root), "--split", "val", "--val_size", "4", "--count", "2"]
     done = run_script(str(ckpt), *common)
     assert done.returncode == 0, done.stderr  # labels are passed to a class-conditional model
@@ -70,7 +70,7 @@ def test_input_use_script_compares_with_a_baseline_position_by_position(tmp_path
     root = tmp_path / "data"
     write_cifar_npz(root, train_sizes=(6,))
     baseline = tmp_path / "plain"
-    (tiny_model(seed=5, image_size=32, head="dmol", query_block_length=64)).save_pretrained(baseline)
+    save_pretrained(tiny_model(seed=5, image_size=32, head="dmol", query_block_length=64), baseline)
     common = ["--data.root", str(root), "--split", "val", "--val_size", "4", "--count", "3"]
     done = run_script(str(superres_ckpt), *common, "--baseline", str(baseline))
     assert done.returncode == 0, done.stderr

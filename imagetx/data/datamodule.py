@@ -1,7 +1,7 @@
-"""Training data (docs/model.md §6 tasks): the DataModule, the training order that a resumed run
-continues mid-epoch, and the box downsampling of super-resolution inputs.
+"""Training data: the DataModule and the training order that a resumed run continues mid-epoch.
 
-The images come from ``imagetx/sources/`` (``--data.source cifar10|imagenet|folder``).
+The images come from ``imagetx/data/sources/`` (``--data.source cifar10|imagenet|folder``); the
+options naming them are ``options.DataOptions``'s.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from .images import CROPS, FILTERS
+from .options import DataOptions
 from .seeding import mix_seed, run_seed
 from .sources import DataError, Reader, check_fits, default_root, tensors
 
@@ -127,8 +128,8 @@ class ImageDataModule(L.LightningDataModule):
 
     def __init__(
         self,
-        root: str | None = None,
-        source: Literal["cifar10", "imagenet", "folder"] = "cifar10",
+        root: str | None = DataOptions.root,
+        source: Literal["cifar10", "imagenet", "folder"] = DataOptions.source,
         batch_size: int = 16,
         eval_batch_size: int | None = None,
         val_size: int | None = None,
@@ -137,10 +138,10 @@ class ImageDataModule(L.LightningDataModule):
         download: bool = True,
         image_size: int | None = None,
         num_classes: int | None = None,
-        crop: Literal[CROPS] = "center",
-        resize: Literal[tuple(FILTERS)] = "area",
-        cache: str | None = None,
-        rebuild: bool = False,
+        crop: Literal[CROPS] = DataOptions.crop,
+        resize: Literal[tuple(FILTERS)] = DataOptions.resize,
+        cache: str | None = DataOptions.cache,
+        rebuild: bool = DataOptions.rebuild,
     ) -> None:
         """
         Args:

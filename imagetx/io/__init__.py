@@ -1,3 +1,4 @@
-"""Files: the shareable weights folder (safetensors + config.json), training checkpoints read
-as data only, atomic writes, and images read from and written to disk. Below the training
-stack: opening a model needs torch, safetensors and huggingface_hub, never Lightning."""
+"""The model's files, one layer above the network (``imagetx.model``): the shareable weights folder
+(safetensors + config.json), Hugging Face Hub sharing (``hub.py``), training checkpoints read as
+data only, and files written whole or not at all. Opening a model needs torch, safetensors and
+huggingface_hub, never Lightning."""

@@ -31,7 +31,7 @@ from ..model.config import ModelConfig
 from ..model.transformer import ImageTransformer
 from .atomic import atomic_write
 from .errors import CheckpointError
-from .weights import check_tensors
+from .weights import checked_model
 
 FORMAT_VERSION = 1
 LIGHTNING_PREFIX = "model."  # the LightningModule keeps the network as ``self.model``
@@ -126,9 +126,6 @@ def model_from_checkpoint(path: str | os.PathLike, map_location: str | torch.dev
         config = model_config_of(checkpoint)
     except CheckpointError as error:
         raise CheckpointError(f"{path}: {error}; use a checkpoint written by imagetx.train") from error
-    model = ImageTransformer(config)
-    state = model_state_dict(checkpoint)
-    check_tensors(Path(path), state, model.state_dict(), "use a checkpoint written by imagetx.train")
-    model.load_state_dict(state)
-    return model.to(map_location).eval()
+    return checked_model(config, model_state_dict(checkpoint), Path(path), "use a checkpoint written by imagetx.train",
+                         map_location)
 

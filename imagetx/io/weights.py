@@ -1,5 +1,5 @@
 """Weights to share: the folder format, ``model.safetensors`` and ``config.json``, written and read
-(``ImageTransformer.save_pretrained`` / ``from_pretrained``, model/hub.py, use it).
+(``io/hub.py``'s ``save_pretrained`` / ``from_pretrained`` and ``load_model`` use it).
 
 The folder follows the Hugging Face convention: ``model.safetensors`` holds the network's
 tensors and nothing else, so opening it cannot run code; ``config.json`` holds the
@@ -19,12 +19,13 @@ from safetensors.torch import load_file
 from safetensors.torch import save as safetensors_bytes
 
 from ..model.config import ModelConfig
+from ..model.transformer import ImageTransformer
 from .atomic import atomic_write
 from .errors import CheckpointError
 
 WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
-CARD_FILE = "README.md"  # the model card save_pretrained adds (model/hub.py)
+CARD_FILE = "README.md"  # the model card save_pretrained adds (io/hub.py)
 FORMAT_KEY = "format_version"
 FORMAT_VERSION = 1
 LISTED = 3  # names of missing, extra or misshapen tensors given in one error line
@@ -50,8 +51,26 @@ def read_weights(directory: str | os.PathLike) -> tuple[ModelConfig, dict[str, t
     if not directory.is_dir():
         raise CheckpointError(f"no weights folder at {directory}: pass a folder holding {WEIGHTS_FILE} and "
                               f"{CONFIG_FILE} (imagetx.export, save_pretrained), or a Hugging Face Hub repository id "
-                              "to ImageTransformer.from_pretrained")
+                              "to imagetx.from_pretrained")
     return read_config(directory / CONFIG_FILE), read_tensors(directory / WEIGHTS_FILE)
+
+
+def model_from_folder(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> ImageTransformer:
+    """The model in a local weights folder, in eval mode on ``map_location``, in float32 whatever
+    precision the folder stores: the configuration checked, then every tensor against it."""
+    config, stored = read_weights(directory)
+    return checked_model(config, stored, Path(directory) / WEIGHTS_FILE,
+                         "export the folder again from the checkpoint these weights came from", map_location)
+
+
+def checked_model(config: ModelConfig, state: dict[str, torch.Tensor], source: Path, fix: str,
+                  map_location: str | torch.device) -> ImageTransformer:
+    """The model of ``config`` holding the tensors ``state`` read from ``source``, in eval mode; a
+    CheckpointError naming any tensor that does not fit, and the ``fix``."""
+    model = ImageTransformer(config)
+    check_tensors(source, state, model.state_dict(), fix)
+    model.load_state_dict(state)
+    return model.to(map_location).eval()
 
 
 def read_config(path: Path) -> ModelConfig:

@@ -1,6 +1,6 @@
-"""The model core: the network, its attention patterns and heads, likelihoods, sampling and FLOP
-counts. It needs torch and einops only; nothing here imports the training stack
-(``imagetx.training``), the data pipeline or the command lines."""
+"""The network: its attention patterns and heads, likelihoods, sampling and FLOP counts. A leaf
+of the package: it imports torch and einops (and tqdm for progress bars), nothing else of
+imagetx; loading, saving and sharing a model are ``imagetx.io``'s."""
 
 from .config import ModelConfig
 from .transformer import ImageTransformer

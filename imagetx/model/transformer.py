@@ -28,7 +28,6 @@ from .config import CHANNELS, ModelConfig
 from .cross_pattern import LocalCrossAttention, cross_can_attend
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
-from .hub import HUB_METADATA, HubMixin
 from .inputs import check_image_tensor, check_labels
 from .order import GenerationOrder, images_to_sequence
 from .patterns import AttentionPattern, pattern_for
@@ -160,9 +159,10 @@ class Encoder(nn.Module):
         return self.final_norm(x)
 
 
-class ImageTransformer(nn.Module, HubMixin, **HUB_METADATA):
+class ImageTransformer(nn.Module):
     """Decoder-only (or encoder–decoder) autoregressive model over sub-pixels or pixels.
-    ``save_pretrained`` / ``from_pretrained`` / ``push_to_hub``: model/hub.py."""
+    Saving, loading and sharing it: ``imagetx.io`` (``save_pretrained``, ``from_pretrained``,
+    ``push_to_hub``, ``load_model``)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()

@@ -1,7 +1,7 @@
 """Where images come from (``--data.source``): CIFAR-10, downsampled ImageNet, or a folder
 of images. Each gives uint8 images (N, S, S, 3), RGB, and labels where it has them.
 
-    from imagetx.sources import load
+    from imagetx.data.sources import load
     images, labels = load("imagenet", "data/imagenet32", "train")   # labels: None when unlabelled
 
 Splits: ``train``, less the last ``val_size`` images; ``val``, those (ImageNet with
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
+from ..options import FOLDER_ONLY, DataOptions
 from . import cifar10, folder, imagenet
 from .common import DataError, Pool, check_fits
 
 SOURCES = {"cifar10": cifar10, "imagenet": imagenet, "folder": folder}
 SPLITS = ("train", "val", "test")
-FOLDER_DEFAULTS = {"crop": "center", "resize": "area", "cache": None, "rebuild": False}
 
 __all__ = ["DataError", "Pool", "Reader", "SOURCES", "SPLITS", "check_fits", "default_root", "load"]
 
@@ -41,14 +41,15 @@ class Reader:
     ``folder`` options (``crop``, ``resize``, ``cache``, ``rebuild``) are refused with
     another source."""
 
-    def __init__(self, source: str = "cifar10", root: str | os.PathLike | None = None, val_size: int | None = None,
-                 image_size: int | None = None, download: bool = True, crop: str = "center", resize: str = "area",
-                 cache: str | None = None, rebuild: bool = False) -> None:
+    def __init__(self, source: str = DataOptions.source, root: str | os.PathLike | None = None,
+                 val_size: int | None = None, image_size: int | None = None, download: bool = True,
+                 crop: str = DataOptions.crop, resize: str = DataOptions.resize, cache: str | None = DataOptions.cache,
+                 rebuild: bool = DataOptions.rebuild) -> None:
         if source not in SOURCES:
             raise DataError(f"--data.source {source!r} is unknown: choose one of {', '.join(SOURCES)}")
         options = {"crop": crop, "resize": resize, "cache": cache, "rebuild": rebuild}
         if source != "folder":
-            given = [f"--data.{key}" for key, value in options.items() if value != FOLDER_DEFAULTS[key]]
+            given = [f"--data.{key}" for key in FOLDER_ONLY if options[key] != getattr(DataOptions, key)]
             if given:
                 raise DataError(f"{', '.join(given)} applies to --data.source folder only, not {source}: drop it")
         self.source, self.module = source, SOURCES[source]

@@ -1,0 +1,86 @@
+"""Sharing as the Hugging Face Hub does, kept out of the network (as timm's ``_hub.py`` is):
+``save_pretrained`` writes a model into imagetx's weights folder (``weights.py``:
+``model.safetensors`` + ``config.json``) with a model card, ``from_pretrained`` reads a local
+folder or a Hub repository, ``push_to_hub`` uploads the folder::
+
+    from imagetx import from_pretrained, push_to_hub, save_pretrained
+    model = from_pretrained("pretrained/completion")   # a folder, or a Hub repository id
+    save_pretrained(model, "my-model")                 # my-model/: model.safetensors, config.json, README.md
+    push_to_hub(model, "you/my-model")                 # the same folder, to the Hub
+
+A local folder is read as it is (nothing is downloaded); of a Hub repository only the two files
+are downloaded, into huggingface_hub's cache, then read as a folder, with the same checks.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+import torch
+from huggingface_hub import HfApi, ModelCard, ModelCardData, snapshot_download
+
+from ..model.transformer import ImageTransformer
+from .errors import CheckpointError
+from .weights import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, model_from_folder, write_weights
+
+# The model card save_pretrained writes (jinja2, filled in by huggingface_hub).
+MODEL_CARD = """---
+{{ card_data }}
+---
+
+An Image Transformer (Parmar et al., 2018) saved by imagetx:
+`model.safetensors` (the weights) and `config.json` (its `ModelConfig`).
+
+```python
+from imagetx import from_pretrained
+model = from_pretrained("THIS_FOLDER_OR_REPO")
+```
+"""
+
+# The Hub's metadata of every card: how the Hub lists and filters the model.
+HUB_METADATA = dict(library_name="imagetx", license="mit", pipeline_tag="unconditional-image-generation",
+                    tags=["image-transformer", "autoregressive", "pixel-model"])
+
+
+def save_pretrained(model: ImageTransformer, directory: str | os.PathLike) -> Path:
+    """Write ``model`` into the weights folder ``directory`` (created if missing): its tensors, its
+    configuration and, unless the folder has one, a model card. Returns the folder."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    write_weights(directory, model.state_dict(), model.config)
+    if not (directory / CARD_FILE).exists():  # a card the user wrote is theirs
+        card = ModelCard.from_template(ModelCardData(**HUB_METADATA), template_str=MODEL_CARD)
+        card.save(directory / CARD_FILE)
+    return directory
+
+
+def from_pretrained(name_or_path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                    **hub_options) -> ImageTransformer:
+    """The model in a local folder (``save_pretrained``, ``imagetx.export``), or in a Hub
+    repository (``push_to_hub``; ``hub_options``: huggingface_hub's ``revision``, ``token``,
+    ``cache_dir``, ``force_download``, ``local_files_only``), in eval mode on ``map_location``,
+    in float32 whatever precision the folder stores. Any failure is one CheckpointError."""
+    if Path(name_or_path).is_dir():
+        return model_from_folder(name_or_path, map_location)
+    try:
+        folder = snapshot_download(str(name_or_path), allow_patterns=[WEIGHTS_FILE, CONFIG_FILE], **hub_options)
+    except Exception as error:  # huggingface_hub's: no network, no such repository, a bad id, ...
+        raise CheckpointError(f"{name_or_path} is not a local folder, and fetching it from the Hugging Face Hub "
+                              f"failed ({type(error).__name__}: {str(error).splitlines()[0]}); pass a folder "
+                              "written by save_pretrained or imagetx.export") from error
+    return model_from_folder(folder, map_location)
+
+
+def push_to_hub(model: ImageTransformer, repo_id: str, *, token: str | None = None, private: bool | None = None,
+                commit_message: str = "Upload an imagetx model", branch: str | None = None,
+                create_pr: bool | None = None) -> str:
+    """Upload ``model``'s weights folder (``save_pretrained``) to the Hub repository ``repo_id``,
+    created if missing, in one commit. Returns the commit's URL."""
+    api = HfApi(token=token)
+    repo_id = api.create_repo(repo_id=repo_id, private=private, exist_ok=True).repo_id
+    with tempfile.TemporaryDirectory() as folder:
+        save_pretrained(model, folder)
+        return str(api.upload_folder(repo_id=repo_id, folder_path=folder, commit_message=commit_message,
+                                     revision=branch, create_pr=create_pr))
