@@ -530,3 +530,35 @@ def test_the_progress_bar_updates_sparingly_when_its_output_is_not_a_terminal(mo
     sample(tiny_model(seed=39, image_size=8), 1, progress=True)  # 192 steps
     updates = capsys.readouterr().err.count("sampling")
     assert 1 <= updates <= 3, updates  # the first draw, perhaps one more, and the last
+
+
+def test_decoding_on_a_cpu_uses_one_thread_and_gives_the_callers_back(monkeypatch):
+    """Small decoding steps on several threads wait for each other, 15-35x slower on a busy
+    machine (docs/results.md): the steps run on DECODING_THREADS, the caller's count comes back
+    between yields and after, and an OMP_NUM_THREADS the user set is obeyed."""
+    from imagetx.model import sampler
+
+    model = tiny_model(seed=39, head="dmol", image_size=8)
+    seen = []
+    decode_step = model.decode_step
+
+    def recorded_step(previous, cache):
+        seen.append(torch.get_num_threads())
+        return decode_step(previous, cache)
+
+    monkeypatch.setattr(model, "decode_step", recorded_step)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        for name in sampler.THREADS_ASKED_BY:
+            monkeypatch.delenv(name, raising=False)
+        for state in sample_progressively(model, 2, every=8):
+            assert torch.get_num_threads() == 2  # the caller's, while it holds a state
+        sample(model, 2)
+        assert set(seen) == {sampler.DECODING_THREADS} and torch.get_num_threads() == 2
+        seen.clear()
+        monkeypatch.setenv("OMP_NUM_THREADS", "2")  # asked for: left as it is
+        sample(model, 2)
+        assert set(seen) == {2}
+    finally:
+        torch.set_num_threads(before)

@@ -10,7 +10,8 @@ teacher-forced decoding equals the full pass. A completion's given rows are not 
 through: one teacher-forced pass (``ImageTransformer.prefill``) fills every cache with them, and
 the loop starts at the first step to draw. Every image of a call is one batch, whatever its
 temperature (``temperature`` may give one per image). ``sample_progressively`` yields the images
-as they grow, for a page that shows them.
+as they grow, for a page that shows them. On a CPU the steps run on ``DECODING_THREADS`` (one) of
+torch's threads: measured best on a busy machine and close to best on an idle one.
 
 The step can run compiled (``compile_decoding``; ``sample(..., compiled=True)``): the same
 ``decode_step``, traced whole into one graph with static shapes. That works because every
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import os
 import sys
 import weakref
 from collections.abc import Callable, Iterator, Sequence
@@ -111,6 +113,41 @@ def compile_decoding(model: ImageTransformer, mode: str = "default") -> DecodeSt
     if mode not in modes:
         modes[mode] = torch.compile(type(model).decode_step, fullgraph=True, dynamic=False, mode=mode, **ISOLATED)
     return CompiledDecoding(model, modes[mode])
+
+
+# Threads for decoding on a CPU. One step is small (a batch of a few images at one position):
+# spread over more threads, its work is shorter than the time the threads take to meet, and on a
+# machine that is running anything else a thread that waits for a core makes every step wait.
+# Measured on a 2-core CPU (docs/results.md, "Threads for decoding"; scripts/bench_threads.py):
+# idle, 2 threads sample 0-20% faster than 1; with two 1-thread jobs beside them, 15-35× slower.
+# So one thread, unless the user said otherwise (OMP_NUM_THREADS): what is lost idle is small,
+# what is won busy is large.
+DECODING_THREADS = 1
+THREADS_ASKED_BY = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+class DecodingThreads:
+    """torch's intra-op threads set to ``DECODING_THREADS`` for decoding on a CPU, and given back
+    (``restore``) before control returns to the caller, e.g. between the yields of
+    ``sample_progressively``: a caller's own work keeps its own threads. Left alone on other
+    devices and where the environment says how many threads to use."""
+
+    def __init__(self, device: torch.device) -> None:
+        asked = any(os.environ.get(name) for name in THREADS_ASKED_BY)
+        self.active = device.type == "cpu" and not asked
+        self.previous: int | None = None
+
+    def limit(self) -> None:
+        if self.active and self.previous is None:
+            self.previous = torch.get_num_threads()
+            if self.previous > DECODING_THREADS:
+                torch.set_num_threads(DECODING_THREADS)
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            if self.previous != torch.get_num_threads():
+                torch.set_num_threads(self.previous)
+            self.previous = None
 
 
 # A progress bar whose output is not a terminal (a log file, a CI job) cannot redraw in place:
@@ -216,20 +253,29 @@ def sample_progressively(
     total = model.order.length
     values, value = [], first_input(model, count)
     finite = torch.ones((), dtype=torch.bool, device=device)
+    threads = DecodingThreads(torch.device(device))
     with eval_mode(model):
-        cache = model.start_decoding(count, labels, low_res)
-        if given_count:  # one teacher-forced pass over the given rows fills every cache
-            finite &= model.prefill(forced[:, :given_count], cache).isfinite().all()
-            values, value = list(forced[:, :given_count].unbind(1)), forced[:, given_count - 1]
-            if every is not None:
-                yield Progress(given_count, total, partial_images(model, values))
-        for t in progress_bar(range(given_count, total), total, progress):
-            params = step(value, cache)
-            finite &= params.isfinite().all()  # read once, after the loop
-            value = draw(params)
-            values.append(value)
-            if every is not None and (t + 1) % every == 0 and t + 1 < total:
-                yield Progress(t + 1, total, partial_images(model, values))
+        threads.limit()
+        try:
+            cache = model.start_decoding(count, labels, low_res)
+            if given_count:  # one teacher-forced pass over the given rows fills every cache
+                finite &= model.prefill(forced[:, :given_count], cache).isfinite().all()
+                values, value = list(forced[:, :given_count].unbind(1)), forced[:, given_count - 1]
+                if every is not None:
+                    threads.restore()
+                    yield Progress(given_count, total, partial_images(model, values))
+                    threads.limit()
+            for t in progress_bar(range(given_count, total), total, progress):
+                params = step(value, cache)
+                finite &= params.isfinite().all()  # read once, after the loop
+                value = draw(params)
+                values.append(value)
+                if every is not None and (t + 1) % every == 0 and t + 1 < total:
+                    threads.restore()
+                    yield Progress(t + 1, total, partial_images(model, values))
+                    threads.limit()
+        finally:
+            threads.restore()
     if not finite:
         raise FloatingPointError("the model's outputs are not finite (NaN or infinite weights?): no images sampled")
     yield Progress(total, total, partial_images(model, values))
