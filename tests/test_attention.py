@@ -228,12 +228,11 @@ def test_self_attention_matches_dense_per_head():
 
 def decode_step_by_step(attn, x, context=None):
     """Run x (B, T, d) through ``attn`` one step at a time with a cache: (B, T, d)."""
-    step = torch.zeros((), dtype=torch.long)
-    cache = attn.start_decoding(x.shape[0], step) if context is None else attn.start_decoding(context, step)
+    cache = attn.start_decoding(x.shape[0]) if context is None else attn.start_decoding(context)
     outputs = []
     for t in range(x.shape[1]):
-        outputs.append(attn(x[:, t : t + 1], cache=cache) if context is None else attn(x[:, t : t + 1], None, cache))
-        step += 1  # the decoder's one counter, shared by the cache
+        step = torch.tensor([t])  # the model's decoding cache owns the counter; a layer is handed its step
+        outputs.append(attn(x[:, t : t + 1], step, cache) if context is None else attn(x[:, t : t + 1], None, cache, step))
     return torch.cat(outputs, dim=1)
 
 
@@ -246,7 +245,7 @@ def test_cached_self_attention_equals_the_full_pass(pattern):
     with torch.no_grad():
         full = attn(x)
         cached = decode_step_by_step(attn, x)
-        cache = attn.start_decoding(3, torch.zeros((), dtype=torch.long))
+        cache = attn.start_decoding(3)
     torch.testing.assert_close(cached, full, atol=1e-12, rtol=0)
     # the ring holds fewer keys than the sequence wherever the pattern is local
     assert (cache.index.ring < pattern.length) == (not isinstance(pattern, FullCausal))

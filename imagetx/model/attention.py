@@ -7,13 +7,13 @@ the layout of ``patterns.py``. Self-attention projects q, k and v with one fused
 context. ``kernel`` (``ModelConfig.attention_kernel``) chooses how a pattern's attention runs:
 its gathered blocks through SDPA, or FlexAttention (``imagetx/model/flex.py``).
 
-Decoding one step at a time, the same ``forward`` takes a cache (``start_decoding``): a
-self-attention layer writes the step's key and value into a ring buffer laid out by its
-pattern's ``decode_index`` and reads the slots the step may see; cross-attention reads the
-context's keys and values, projected once. Every cache shares the decoder's one step counter,
-which the model alone advances. Given more than one step, a fresh cache is prefilled: the first
-t steps (the given rows of a completion) run at once, as the full pass runs them, and leave the
-ring as t single steps would.
+Decoding one step at a time, the same ``forward`` takes a cache (``start_decoding``) and the
+``steps`` it runs (the model's decoding cache owns the step counter): a self-attention layer
+writes the step's key and value into a ring buffer laid out by its pattern's ``decode_index``
+and reads the slots the step may see; cross-attention reads the context's keys and values,
+projected once. Given more than one step, a fresh cache is prefilled: the first t steps (the
+given rows of a completion) run at once, as the full pass runs them, and leave the ring as t
+single steps would.
 """
 
 from __future__ import annotations
@@ -54,13 +54,6 @@ def attend_slots(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -
     return out.transpose(0, 1)
 
 
-def cached_steps(step: Tensor, count: int) -> Tensor | slice:
-    """The steps a call with a decoding cache runs: one decoding step, ``step`` (the cache's 0-d
-    counter) as a 1-element index (a 0-d one would be read back to the host: ``DecodeIndex.readable``),
-    or a prefill's first ``count`` steps."""
-    return step.view(1) if count == 1 else slice(0, count)
-
-
 def attend_prefix(pattern: AttentionPattern, q: Tensor, k: Tensor, v: Tensor,
                   position_bias: RelativePositionBias | None = None) -> Tensor:
     """The first t steps' attention under ``pattern`` (t, N, e) -> (t, N, e), from their own
@@ -86,21 +79,19 @@ def attend_prefix(pattern: AttentionPattern, q: Tensor, k: Tensor, v: Tensor,
 @dataclass
 class SelfAttentionCache:
     """One self-attention layer's decoding state: keys and values (N, ring, e) in the ring
-    slots of ``index``; ``step`` (0-d long): the decoder's step counter, shared by every cache."""
+    slots of ``index``."""
 
     index: DecodeIndex
     keys: Tensor
     values: Tensor
-    step: Tensor
 
 
 @dataclass
 class CrossAttentionCache:
-    """The context's keys and values (N, S, e), projected once; ``step`` as in SelfAttentionCache."""
+    """The context's keys and values (N, S, e), projected once."""
 
     keys: Tensor
     values: Tensor
-    step: Tensor
 
 
 class SelfAttention(nn.Module):
@@ -118,7 +109,7 @@ class SelfAttention(nn.Module):
         self.to_qkv = nn.Linear(d_model, 3 * d_model, bias=False)
         self.to_out = nn.Linear(d_model, d_model, bias=False)
 
-    def start_decoding(self, batch: int, step: Tensor) -> SelfAttentionCache:
+    def start_decoding(self, batch: int) -> SelfAttentionCache:
         """Empty rings for ``forward(..., cache=)``, laid out by the pattern's decode index."""
         if self.pattern is None:
             raise ValueError("unmasked self-attention (no pattern) is not causal: it cannot decode step by step")
@@ -126,17 +117,16 @@ class SelfAttention(nn.Module):
         index = self.pattern.decode_index(weight.device)
         shape = (batch * self.n_heads, index.ring, self.to_out.weight.shape[0] // self.n_heads)
         keys = torch.zeros(shape, device=weight.device, dtype=weight.dtype)
-        return SelfAttentionCache(index, keys, torch.zeros_like(keys), step)
+        return SelfAttentionCache(index, keys, torch.zeros_like(keys))
 
-    def forward(self, x: Tensor, cache: SelfAttentionCache | None = None) -> Tensor:
-        """(B, T, d) -> (B, T, d); with ``cache``, one step (B, 1, d), step ``cache.step``, or
-        the first t steps (B, t, d) into a fresh cache (a prefill)."""
+    def forward(self, x: Tensor, steps: Tensor | slice = slice(None), cache: SelfAttentionCache | None = None) -> Tensor:
+        """(B, t, d) of ``steps`` -> (B, t, d): every step (no cache), or with ``cache`` one
+        decoding step (``steps`` a (1,) index) or the first t steps into a fresh cache (a prefill)."""
         q, k, v = project_heads(self.to_qkv, x, self.n_heads, 3)
         if self.rotary is not None:  # cached keys are kept turned: each by its own step
-            steps = slice(None) if cache is None else cached_steps(cache.step, x.shape[1])
             q, k = self.rotary(q, steps), self.rotary(k, steps)
         if cache is not None:
-            out = self.attend_step(q, k, v, cache) if x.shape[1] == 1 else self.prefill(q, k, v, cache)
+            out = self.attend_step(q, k, v, cache, steps) if x.shape[1] == 1 else self.prefill(q, k, v, cache)
         elif self.pattern is None:
             out = fused_attention(q, k, v)
         elif uses_flex(self.kernel, q.device):
@@ -155,11 +145,11 @@ class SelfAttention(nn.Module):
         cache.values.index_copy_(1, kept % ring, v.index_select(0, kept).transpose(0, 1))
         return attend_prefix(self.pattern, q, k, v, self.position_bias)
 
-    def attend_step(self, q: Tensor, k: Tensor, v: Tensor, cache: SelfAttentionCache) -> Tensor:
-        """Write the step's key and value (1, N, e) into its ring slot, attend over the slots the
-        step may read (with their position biases)."""
-        step, index = cache.step, cache.index
-        slot = (step % index.ring).view(1)
+    def attend_step(self, q: Tensor, k: Tensor, v: Tensor, cache: SelfAttentionCache, step: Tensor) -> Tensor:
+        """Write the key and value (1, N, e) of ``step`` (a (1,) index) into its ring slot, attend
+        over the slots the step may read (with their position biases)."""
+        index = cache.index
+        slot = step % index.ring
         cache.keys.index_copy_(1, slot, k.transpose(0, 1))
         cache.values.index_copy_(1, slot, v.transpose(0, 1))
         readable = index.readable(step)  # (ring,)
@@ -167,7 +157,7 @@ class SelfAttention(nn.Module):
             return attend_slots(q, cache.keys, cache.values, readable[None])
         slots = torch.arange(index.ring, device=step.device)
         key_steps = step - (step - slots) % index.ring  # the step whose key each slot holds now
-        bias = self.position_bias(self.pattern.order.relative_offsets(step.view(1), key_steps))  # (h, ring)
+        bias = self.position_bias(self.pattern.order.relative_offsets(step, key_steps))  # (h, ring)
         mask = bias.masked_fill(~readable, float("-inf"))
         batch = q.shape[1] // self.n_heads
         return attend_slots(q, cache.keys, cache.values, mask[None].expand(batch, -1, -1).reshape(-1, 1, index.ring))
@@ -185,19 +175,20 @@ class CrossAttention(nn.Module):
         self.to_kv = nn.Linear(d_model, 2 * d_model, bias=False)
         self.to_out = nn.Linear(d_model, d_model, bias=False)
 
-    def start_decoding(self, context: Tensor, step: Tensor) -> CrossAttentionCache:
+    def start_decoding(self, context: Tensor) -> CrossAttentionCache:
         """The context's keys and values (N, S, e), projected here once."""
         keys, values = (rearrange(t, "s n e -> n s e").contiguous()
                         for t in project_heads(self.to_kv, context, self.n_heads, 2))
-        return CrossAttentionCache(keys, values, step)
+        return CrossAttentionCache(keys, values)
 
-    def forward(self, x: Tensor, context: Tensor | None = None, cache: CrossAttentionCache | None = None) -> Tensor:
-        """x (B, T, d), context (B, S, d) -> (B, T, d); with ``cache``, one step (B, 1, d) or a
-        prefill's first t steps (B, t, d), and no ``context`` (the cache holds it)."""
+    def forward(self, x: Tensor, context: Tensor | None = None, cache: CrossAttentionCache | None = None,
+                steps: Tensor | slice = slice(None)) -> Tensor:
+        """x (B, t, d) of ``steps``, context (B, S, d) -> (B, t, d); with ``cache``, no ``context``
+        (the cache holds it)."""
         (q,) = project_heads(self.to_q, x, self.n_heads, 1)
         if cache is not None:
-            # (t, S), read on the device: a 1-element index for a step, as in DecodeIndex.readable
-            mask = None if self.local is None else self.local.can_attend[cached_steps(cache.step, x.shape[1])]
+            # (t, S), read on the device: a decoding step's index is a (1,) tensor, as in DecodeIndex.readable
+            mask = None if self.local is None else self.local.can_attend[steps]
             out = attend_slots(q, cache.keys, cache.values, mask)
         else:
             k, v = project_heads(self.to_kv, context, self.n_heads, 2)

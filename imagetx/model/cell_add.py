@@ -8,8 +8,7 @@ per low-resolution pixel (64 of them for 8×8) and is gathered for the steps, wh
 cross-attention projects a query and an output for every step.
 
 Decoding one step at a time, ``start_decoding`` maps every low-resolution pixel once and each
-step gathers its own (a prefill, the first t steps at once, gathers theirs); the step comes from
-the decoder's one step counter.
+step gathers its own (a prefill, the first t steps at once, gathers theirs).
 """
 
 from __future__ import annotations
@@ -19,17 +18,14 @@ from dataclasses import dataclass
 from einops import rearrange
 from torch import Tensor, nn
 
-from .attention import cached_steps
 from .config import CHANNELS
 
 
 @dataclass
 class CellAddCache:
-    """(B, h·w, d) every low-resolution pixel's mapped encoding; ``step`` (0-d long): the
-    decoder's step counter, shared by every cache."""
+    """(B, h·w, d) every low-resolution pixel's mapped encoding."""
 
     mapped: Tensor
-    step: Tensor
 
 
 class CellAdd(nn.Module):
@@ -47,12 +43,12 @@ class CellAdd(nn.Module):
         pixel's 3 channels adjacent (``Encoder.order``): one row of 3·d per low-res pixel."""
         return self.proj(rearrange(context, "b (p c) d -> b p (c d)", c=CHANNELS))
 
-    def start_decoding(self, context: Tensor, step: Tensor) -> CellAddCache:
-        return CellAddCache(self.map_cells(context), step)
+    def start_decoding(self, context: Tensor) -> CellAddCache:
+        return CellAddCache(self.map_cells(context))
 
-    def forward(self, context: Tensor | None = None, cache: CellAddCache | None = None, steps: int = 1) -> Tensor:
-        """Every step (B, T, d) from ``context``; with ``cache``, step ``cache.step`` (B, 1, d), or
-        with ``steps`` = t > 1 a prefill's first t steps (B, t, d)."""
-        if cache is None:
-            return self.map_cells(context).index_select(1, self.low_res_pixel_of_step)
-        return cache.mapped.index_select(1, self.low_res_pixel_of_step[cached_steps(cache.step, steps)])
+    def forward(self, context: Tensor | None = None, cache: CellAddCache | None = None,
+                steps: Tensor | slice = slice(None)) -> Tensor:
+        """(B, t, d): each of ``steps`` (every step by default) its low-res pixel's mapped encoding,
+        from ``context`` or, decoding, from ``cache``."""
+        mapped = self.map_cells(context) if cache is None else cache.mapped
+        return mapped.index_select(1, self.low_res_pixel_of_step[steps])

@@ -15,7 +15,8 @@ number it need not. It reads only values generated before step t, so the model s
 autoregressive (tests perturb later steps and check earlier outputs do not move).
 Decoding one step at a time, the same ``forward`` keeps each group's running sum in a
 ``RemainderCache`` instead of summing the whole sequence; a prefill (the first t steps at once)
-starts the sums where t single steps would leave them.
+starts the sums where t single steps would leave them. The step comes from the model's decoding
+cache, which owns the counter.
 """
 
 from __future__ import annotations
@@ -33,13 +34,11 @@ from .precision import full_precision_linear, scoring_dtype
 
 @dataclass
 class RemainderCache:
-    """Decoding state: (B, T, c) the low-res value(s) of each step's group, (B, groups, c)
-    sums of each group's values generated so far, and ``step`` (0-d long), the decoder's step
-    counter (shared with every other cache; the model advances it)."""
+    """Decoding state: (B, T, c) the low-res value(s) of each step's group, and (B, groups, c)
+    sums of each group's values generated so far."""
 
     low_values: Tensor
     sums: Tensor
-    step: Tensor
 
 
 class CellRemainder(nn.Module):
@@ -102,11 +101,11 @@ class CellRemainder(nn.Module):
         mixed precision, as it reads raw values (precision.py)."""
         return full_precision_linear(self.proj, features)
 
-    def start_decoding(self, low_res: Tensor, step: Tensor) -> RemainderCache:
+    def start_decoding(self, low_res: Tensor) -> RemainderCache:
         """An empty cache for decoding the images of ``low_res`` (B, h, w, 3) one step at a time."""
         low_values = self.low_res_values(low_res)
         sums = low_values.new_zeros(low_values.shape[0], self.n_groups, low_values.shape[-1])
-        return RemainderCache(low_values, sums, step)
+        return RemainderCache(low_values, sums)
 
     def earlier_sums(self, values: Tensor) -> Tensor:
         """(B, T, c) values of every step -> (B, T, c): per step, the sum of its group's values at
@@ -115,21 +114,22 @@ class CellRemainder(nn.Module):
         earlier = grouped.cumsum(dim=2) - grouped  # exclusive: the group's earlier steps only
         return rearrange(earlier, "b g n c -> b (g n) c")[:, self.inverse]
 
-    def forward(self, targets: Tensor, low_res: Tensor | None = None, cache: RemainderCache | None = None) -> Tensor:
+    def forward(self, targets: Tensor, low_res: Tensor | None = None, cache: RemainderCache | None = None,
+                steps: Tensor | None = None) -> Tensor:
         """Targets (B, T[, 3]) in generation order and the low-res image -> (B, T, c + 1) features.
 
-        With ``cache``, one step, t = ``cache.step``: targets (B, 1[, 3]) is step t−1's value
-        (ignored at t = 0), added to its group's running sum; the low-res values come from the
-        cache (``low_res`` is not needed) -> (B, 1, c + 1) for step t. The sums are updated in place.
-        With targets (B, t[, 3]), t > 1, a prefill of steps 0..t−1 into a fresh cache: targets
-        holds each step's value before it, as for one step -> (B, t, c + 1).
+        With ``cache``, one step t (``steps``, a (1,) index): targets (B, 1[, 3]) is step t−1's
+        value (ignored at t = 0), added to its group's running sum; the low-res values come from
+        the cache (``low_res`` is not needed) -> (B, 1, c + 1) for step t. The sums are updated in
+        place. With targets (B, t[, 3]), t > 1, a prefill of steps 0..t−1 into a fresh cache:
+        targets holds each step's value before it, as for one step -> (B, t, c + 1).
         """
         if cache is None:
             earlier = self.earlier_sums(self.step_values(targets))
             return self.features(earlier, self.low_res_values(low_res), self.still_to_come)
         if targets.shape[1] > 1:
             return self.prefill(targets, cache)
-        t = cache.step.view(1)
+        t = steps
         previous_group = self.groups[(t - 1) % self.groups.numel()]  # at t = 0 a value of 0 is added
         cache.sums.index_add_(1, previous_group, self.step_values(targets) * (t > 0))
         earlier = cache.sums.index_select(1, self.groups[t])  # (B, 1, c)

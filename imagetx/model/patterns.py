@@ -93,12 +93,12 @@ class DecodeIndex:
     can_read: Tensor | None
 
     def readable(self, step: Tensor) -> Tensor:
-        """(ring,) bool: the slots decoding step ``step`` (a 0-d tensor) may read."""
+        """(ring,) bool: the slots decoding step ``step`` (a (1,) tensor) may read."""
         if self.can_read is None:
             return torch.arange(self.ring, device=step.device) <= step
         # Indexed by a 1-element tensor: a 0-d index is read back to the host as a Python int
         # (under torch.compile, a .item() in the graph and a guard on its value).
-        return self.can_read[step.view(1)][0]
+        return self.can_read[step][0]
 
     def to(self, device: torch.device) -> "DecodeIndex":
         return DecodeIndex(self.ring, None if self.can_read is None else self.can_read.to(device))

@@ -15,8 +15,8 @@ torch's threads: measured best on a busy machine and close to best on an idle on
 
 The step can run compiled (``compile_decoding``; ``sample(..., compiled=True)``): the same
 ``decode_step``, traced whole into one graph with static shapes. That works because every
-cache is allocated when decoding starts and written in place, the step index is a 0-d tensor
-that every cache shares, and no branch of the step depends on which step it is. On CUDA
+cache is allocated when decoding starts and written in place, the step index is one 0-d tensor
+(the decoding cache's, handed to each layer), and no branch of the step depends on which step it is. On CUDA
 ``compiled="reduce-overhead"`` also captures the step as a CUDA graph: one launch per step
 instead of one per kernel. The loop reads nothing back from the device per step (the given
 rows are known on the host, the heads draw without ``torch.multinomial``'s checks): it

@@ -5,10 +5,11 @@ reading the low-res input), the super-resolution encoder, then the decoder that 
 images in generation order, shifts them right by one step, runs the local
 attention stack and returns the head's distribution parameters.
 
-Decoding one step at a time (the sampler) runs the same layers: ``start_decoding`` makes a
-``DecodingCache``, and each ``decode_step`` embeds the value generated last, advances every
-cache under one step counter and returns the head's parameters for the next step. ``prefill``
-runs the first steps of a fresh cache at once (a completion's given rows), as the full pass does.
+One decoder pass (``run_decoder``) over a slice of steps serves everything: the teacher-forced
+pass over every step (``forward``), and, through a ``DecodingCache`` (``start_decoding``, which
+owns the step counter), ``decode_steps``: one step of the sampler (``decode_step``: the value
+generated last in, the head's parameters for the next step out) or the first steps of a fresh
+cache at once (``prefill``: a completion's given rows).
 """
 
 from __future__ import annotations
@@ -46,11 +47,11 @@ class LayerCache:
 
 @dataclass
 class DecodingCache:
-    """Everything ``ImageTransformer.decode_step`` keeps between steps, updated in place.
+    """Everything ``ImageTransformer.decode_steps`` keeps between steps, updated in place.
 
-    ``step`` (0-d long, on the model's device): the step decoded next, the one counter that
-    every layer's and the remainder's cache read; ``condition``: the class vector (B, 1, d) or
-    None."""
+    ``step`` (0-d long, on the model's device): the step decoded next, the decoder's one step
+    counter (the layers' caches hold none: each call hands them its steps); ``condition``: the
+    class vector (B, 1, d) or None."""
 
     step: Tensor
     condition: Tensor | None
@@ -98,21 +99,22 @@ class TransformerLayer(nn.Module):
             return x + self.dropout(branch(norm(x)))
         return norm(x + self.dropout(branch(x)))
 
-    def start_decoding(self, batch: int, step: Tensor, context: Tensor | None = None) -> LayerCache:
+    def start_decoding(self, batch: int, context: Tensor | None = None) -> LayerCache:
         """This layer's empty decoding cache (the low-res reading's: over ``context``, once)."""
         reader = self.cross_attn if self.cross_attn is not None else self.cell_add
-        low_res = None if reader is None else reader.start_decoding(context, step)
-        return LayerCache(self.self_attn.start_decoding(batch, step), low_res)
+        low_res = None if reader is None else reader.start_decoding(context)
+        return LayerCache(self.self_attn.start_decoding(batch), low_res)
 
-    def forward(self, x: Tensor, context: Tensor | None = None, cache: LayerCache | None = None) -> Tensor:
-        """(B, T, d) -> (B, T, d); with ``cache`` and no ``context``, one step (B, 1, d) or a
-        prefill's first t steps (B, t, d)."""
+    def forward(self, x: Tensor, context: Tensor | None = None, cache: LayerCache | None = None,
+                steps: Tensor | slice = slice(None)) -> Tensor:
+        """(B, t, d) of ``steps`` -> (B, t, d): every step, or with ``cache`` (and no ``context``:
+        the cache holds it) one decoding step or a prefill's first t steps."""
         self_cache, low_res_cache = (None, None) if cache is None else (cache.self_attn, cache.low_res)
-        x = self.add_and_norm(x, lambda h: self.self_attn(h, self_cache), self.self_norm)
+        x = self.add_and_norm(x, lambda h: self.self_attn(h, steps, self_cache), self.self_norm)
         if self.cross_attn is not None:
-            x = self.add_and_norm(x, lambda h: self.cross_attn(h, context, low_res_cache), self.cross_norm)
+            x = self.add_and_norm(x, lambda h: self.cross_attn(h, context, low_res_cache, steps), self.cross_norm)
         if self.cell_add is not None:
-            x = x + self.dropout(self.cell_add(context, low_res_cache, x.shape[1]))
+            x = x + self.dropout(self.cell_add(context, low_res_cache, steps))
             if self.cell_norm is not None:
                 x = self.cell_norm(x)
         return self.add_and_norm(x, self.ffn, self.ffn_norm)
@@ -280,6 +282,16 @@ class ImageTransformer(nn.Module):
             x = x + self.cell_remainder.embed(remainder)  # already causal: built from values before each step only
         return self.input_dropout(x)
 
+    def run_decoder(self, x: Tensor, steps: Tensor | slice, context: Tensor | None = None,
+                    cache: DecodingCache | None = None) -> Tensor:
+        """The one decoder pass: inputs (B, t, d) of ``steps`` (``decoder_inputs``) through every
+        layer and the head -> (B, t, P). Every step teacher-forced at once, or with ``cache`` the
+        steps ``decode_steps`` runs."""
+        caches = [None] * len(self.layers) if cache is None else cache.layers
+        for layer, layer_cache in zip(self.layers, caches):
+            x = layer(x, context, layer_cache, steps)  # (B, t, d)
+        return self.head(self.final_norm(x))  # (B, t, P)
+
     def decode(self, value_embeddings: Tensor, labels: Tensor | None = None, context: Tensor | None = None,
                remainder: Tensor | None = None) -> Tensor:
         """(B, T, d) unshifted value embeddings -> (B, T, P) distribution parameters, every
@@ -290,9 +302,7 @@ class ImageTransformer(nn.Module):
         ``self.cell_remainder(targets, low_res)``: it is built from raw values, not embeddings.
         """
         x = self.decoder_inputs(self.shift_right(value_embeddings), slice(None), self.condition(labels), remainder)
-        for layer in self.layers:
-            x = layer(x, context)  # (B, T, d)
-        return self.head(self.final_norm(x))
+        return self.run_decoder(x, slice(None), context)
 
     def forward(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
         """uint8 images (B, H, W, 3) -> (B, T, P) distribution parameters in generation order."""
@@ -309,28 +319,36 @@ class ImageTransformer(nn.Module):
         self.check_conditioning(batch, labels, low_res)
         step = torch.zeros((), dtype=torch.long, device=self.step_rows.device)
         context = self.encode(low_res)
-        layers = [layer.start_decoding(batch, step, context) for layer in self.layers]
-        remainder = None if self.cell_remainder is None else self.cell_remainder.start_decoding(low_res, step)
+        layers = [layer.start_decoding(batch, context) for layer in self.layers]
+        remainder = None if self.cell_remainder is None else self.cell_remainder.start_decoding(low_res)
         return DecodingCache(step, self.condition(labels), layers, remainder)
+
+    def decode_steps(self, previous: Tensor, cache: DecodingCache) -> Tensor:
+        """The next t steps from ``cache.step`` through ``run_decoder``: ``previous`` (B, t[, 3]),
+        the value before each step -> (B, t, P). One step (t = 1), or, on a fresh cache, the first
+        t at once (``prefill``). The cache's counter moves on by t.
+
+        A step's input is the value before it, embedded with that value's channel; step 0's is
+        multiplied by 0, as ``shift_right`` gives step 0 zeros. No branch depends on the step's
+        value, so every decoding step runs one graph (``sampler.compile_decoding``)."""
+        count = previous.shape[1]
+        # a (1,) index for one step: a 0-d one would be read back to the host (DecodeIndex.readable)
+        steps = cache.step.view(1) if count == 1 else torch.arange(count, device=cache.step.device)
+        channels = self.step_channels[(steps - 1) % self.order.length]  # the channel of each step's input
+        shifted = self.embed_values(previous, channels) * (steps > 0)[:, None]
+        remainder = None
+        if self.cell_remainder is not None:
+            remainder = self.cell_remainder(previous, None, cache.remainder, steps)
+        params = self.run_decoder(self.decoder_inputs(shifted, steps, cache.condition, remainder), steps, cache=cache)
+        cache.step += count  # after the pass: ``steps`` of one step is a view of the counter
+        return params
 
     def decode_step(self, previous: Tensor, cache: DecodingCache) -> Tensor:
         """The value generated at step t−1 ((B,) sub-pixels or (B, 3) pixels) -> (B, P): the
-        head's parameters for step t = ``cache.step``. Every cache moves on to t + 1. Equal to
-        ``forward``'s step t given the same earlier values (tests).
-
-        At t = 0 ``previous`` is read but counts for nothing (its embedding is multiplied by 0,
-        as ``shift_right`` gives step 0 zeros): pass zeros (``sampler.first_input``). No branch
-        depends on t, so every step runs one graph (``sampler.compile_decoding``)."""
-        step = cache.step.view(1)
-        previous = previous[:, None]  # (B, 1[, 3])
-        channel = self.step_channels[(step - 1) % self.order.length]  # the channel of step t−1
-        shifted = self.embed_values(previous, channel) * (step > 0)
-        remainder = None if self.cell_remainder is None else self.cell_remainder(previous, None, cache.remainder)
-        x = self.decoder_inputs(shifted, step, cache.condition, remainder)
-        for layer, layer_cache in zip(self.layers, cache.layers):
-            x = layer(x, cache=layer_cache)  # (B, 1, d)
-        cache.step += 1
-        return self.head(self.final_norm(x))[:, 0]
+        head's parameters for step t = ``cache.step``. Equal to ``forward``'s step t given the
+        same earlier values (tests). At t = 0 ``previous`` counts for nothing: pass zeros
+        (``sampler.first_input``)."""
+        return self.decode_steps(previous[:, None], cache)[:, 0]
 
     def prefill(self, given: Tensor, cache: DecodingCache) -> Tensor:
         """The first P steps at once into a fresh cache (from ``start_decoding``): ``given``
@@ -348,14 +366,7 @@ class ImageTransformer(nn.Module):
         if int(cache.step):  # read once per prefill: the layers attend from step 0
             raise ValueError(f"prefill fills a fresh cache (from start_decoding), not one at step {int(cache.step)}")
         # Each step's input is the value before it: step 0's is zeros, counting for nothing.
-        previous = torch.cat([torch.zeros_like(given[:, :1]), given[:, :-1]], dim=1)
-        shifted = self.shift_right(self.embed_values(given, self.step_channels[:length]))
-        remainder = None if self.cell_remainder is None else self.cell_remainder(previous, None, cache.remainder)
-        x = self.decoder_inputs(shifted, slice(0, length), cache.condition, remainder)
-        for layer, layer_cache in zip(self.layers, cache.layers):
-            x = layer(x, cache=layer_cache)  # (B, P, d)
-        cache.step += length
-        return self.head(self.final_norm(x))
+        return self.decode_steps(torch.cat([torch.zeros_like(given[:, :1]), given[:, :-1]], dim=1), cache)
 
     # ----- likelihoods ------------------------------------------------------
     def log_prob(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
