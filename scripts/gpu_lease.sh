@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # One training run on a lent GPU machine, in steps that each fit one device call (docs/gpu.md,
 # "A lease, call by call"). Run from the repository root there:
-#   bash scripts/gpu_lease.sh setup                       # wheels, the shards carried in .stage/*/, versions
+#   bash scripts/gpu_lease.sh setup                       # wheels, the shards and continuation carried in .stage/*/
 #   bash scripts/gpu_lease.sh tests                       # the CUDA correctness tests; the run needs them passed
 #   bash scripts/gpu_lease.sh pilot MAX_TIME [OVERRIDES]  # the preset on the shards staged so far
 #   bash scripts/gpu_lease.sh launch MAX_TIME [OVERRIDES] # the run, detached (setsid): outlives the call
 #   bash scripts/gpu_lease.sh wait SECONDS                # progress every 30 s until the run ends or SECONDS pass
-#   bash scripts/gpu_lease.sh finish SECONDS              # weights, metrics, log into $OUT first; then scores, grids
-# CONFIG (environment) picks the preset; MAX_TIME is Lightning's DD:HH:MM:SS.
+#   bash scripts/gpu_lease.sh finish SECONDS              # the model and continuation into $OUT first; then scores
+# CONFIG (environment) picks the preset; MAX_TIME is Lightning's DD:HH:MM:SS, this run's own training time.
+# Every lease adds to one model: where a packed continuation was staged (.stage/*/continuation/, from
+# the repository's pretrained/cifar10_gpu/continuation by scripts/lease_files.sh prepare), the run goes
+# on from it (--resume) with a schedule of its own; else it starts the recipe. Either way the run's
+# schedule is warmup-stable-decay, so it writes checkpoints/continue.ckpt before its decay, and
+# `finish` brings back the decayed model (model.safetensors, bf16), that continuation packed
+# (continue.ckpt.partNN) and results.tar (continuation.json, config.json, lease.json, metrics.csv,
+# train.log, eval_val.json, the grids): at most 8 files of at most 16 MiB.
 # The machine has torch, lightning, einops; what else imagetx needs travels as wheels in .whl/
 # (W&B stays behind: --wandb disabled, metrics go to csv/).
 #
@@ -35,8 +42,10 @@ VAL_SIZE=${VAL_SIZE:-5000}         # the last 5,000 training images: the val spl
 EVAL_BATCH=${EVAL_BATCH:-250}      # divides the 5,000 val images: one batch shape
 export PYTHONPATH=$CODE:$SITE PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 # The lines of a training log worth a call's output (the rest is progress bars and warnings).
-LOG_LINES="data:|horizon|Time limit|Error|error"
+LOG_LINES="data:|horizon|continuation|Time limit|Error|error"
 TESTS_PASSED=$WORK/cuda_tests_passed  # written by `tests`; `pilot` and `launch` refuse without it
+CONTINUATION=$WORK/continuation      # a packed continuation, staged by `setup` when one was carried
+MOMENTS=${MOMENTS:-second}           # how the packed continuation keeps Adam's moments (continuation.py)
 
 # The run's own process id, written at launch. (Matching command lines with `pgrep -f` also
 # matches the shell of any call whose command names the module, which then waits on itself.)
@@ -58,6 +67,14 @@ EOF
 
 in_out() { cp "$@" "$OUT"/ && echo "in \$OUT: $*"; }  # results go back as soon as they exist
 
+results_tar() {  # the small results in one file (the 8-file limit), remade as more of them exist
+  local files=() name
+  for name in continuation.json config.json lease.json metrics.csv train.log eval_val.json grids; do
+    [ -e "$WORK/results/$name" ] && files+=("$name")
+  done
+  tar -C "$WORK/results" -cf "$OUT/results.tar" "${files[@]}" && echo "in \$OUT: results.tar (${files[*]})"
+}
+
 needs_tests() {
   [ -f "$TESTS_PASSED" ] || { echo "the CUDA correctness tests have not passed on this machine:" \
       "run 'bash scripts/gpu_lease.sh tests' first" >&2; exit 1; }
@@ -74,6 +91,11 @@ setup)
   fi
   mkdir -p "$DATA"
   for shard in "$STAGE"/*/*.npz; do [ -e "$shard" ] && cp -n "$shard" "$DATA"/; done
+  for packed in "$STAGE"/*/continuation; do
+    [ -e "$packed/continuation.json" ] && rm -rf "$CONTINUATION" && cp -r "$packed" "$CONTINUATION"
+  done
+  [ -e "$CONTINUATION/continuation.json" ] && echo "continuation staged: $(cat "$CONTINUATION/continuation.json" \
+      | "$PYTHON" -c 'import json, sys; m = json.load(sys.stdin); print("step", m["step"], "images", m["images_seen"])')"
   running || { rm -rf "$CODE" && mkdir -p "$CODE" && cp -r imagetx "$CODE"/; }
   ls -la "$DATA"
   "$PYTHON" -c "import torch, lightning, jsonargparse, torchdata, huggingface_hub, imagetx; print(torch.__version__, \
@@ -105,8 +127,10 @@ launch)
   needs_tests
   if running; then echo "a run is going already (pid $(cat "$RUN/train.pid"))" >&2; exit 1; fi
   rm -rf "$RUN" && mkdir -p "$RUN"
-  setsid nohup "${TRAIN[@]}" --trainer.default_root_dir "$RUN" --trainer.max_time "$2" "${@:3}" \
-      >"$RUN/train.log" 2>&1 </dev/null &
+  RESUME=()
+  [ -e "$CONTINUATION/continuation.json" ] && RESUME=(--resume "$CONTINUATION")  # else the recipe from step 0
+  setsid nohup "${TRAIN[@]}" --trainer.default_root_dir "$RUN" --trainer.max_time "$2" "${RESUME[@]}" \
+      "${@:3}" >"$RUN/train.log" 2>&1 </dev/null &
   echo $! >"$RUN/train.pid"
   sleep "${LAUNCH_WAIT:-60}"
   if ! running && [ ! -f "$RUN/checkpoints/last.ckpt" ]; then
@@ -134,19 +158,32 @@ finish)
     sleep 5
   done
   tail -3 "$RUN/train.log"
-  # What the lease is for comes back first: the weights, the metrics, the log.
+  # What the lease is for comes back first: the decayed model, the continuation, metrics and log.
+  rm -rf "$WORK/results" "$WORK/packed" && mkdir -p "$WORK/results"
   "$PYTHON" -m imagetx.export --ckpt "$RUN/checkpoints/last.ckpt" --out "$WORK/export" --dtype bf16 | tail -1
-  in_out "$WORK/export/model.safetensors" "$WORK/export/config.json" "$RUN/train.log"
-  in_out "$(ls "$RUN"/csv/version_*/metrics.csv | tail -1)"
+  in_out "$WORK/export/model.safetensors"
+  if [ -e "$RUN/checkpoints/continue.ckpt" ]; then
+    "$PYTHON" -m imagetx.training.continuation pack "$RUN/checkpoints/continue.ckpt" "$WORK/packed" \
+        --moments "$MOMENTS"
+    in_out "$WORK"/packed/continue.ckpt.part*
+    cp "$WORK/packed/continuation.json" "$WORK/results/"
+  else
+    echo "no continue.ckpt: the run ended before its decay began; the next lease starts where the last began" >&2
+  fi
+  "$PYTHON" scripts/lease_record.py summary "$RUN" "$WORK/results/lease.json" --device "$DEVICE"
+  cp "$WORK/export/config.json" "$RUN/train.log" "$WORK/results/"
+  cp "$(ls "$RUN"/csv/version_*/metrics.csv | tail -1)" "$WORK/results/"
+  results_tar
   # The shipped (bf16) weights on all val images, through FlexAttention (auto on CUDA).
   VAL=(--data.root "$DATA" --split val --val_size "$VAL_SIZE")
   timeout 180 "$PYTHON" -m imagetx.evaluate --ckpt "$WORK/export" "${VAL[@]}" --device "$DEVICE" \
-      --batch_size "$EVAL_BATCH" | tail -1 | tee "$OUT/eval_val.json"
+      --batch_size "$EVAL_BATCH" | tail -1 | tee "$WORK/results/eval_val.json"
+  results_tar
   timeout 120 "$PYTHON" -m imagetx.sample --ckpt "$WORK/export" --task generate --count "$GRID_SAMPLES" --seed 0 \
-      --device "$DEVICE" --out "$WORK/grids" | tail -1
+      --device "$DEVICE" --out "$WORK/results/grids" | tail -1
   timeout 90 "$PYTHON" -m imagetx.sample --ckpt "$WORK/export" --task complete --rows 16 --count "$COMPLETIONS" \
-      --samples 3 "${VAL[@]}" --seed 0 --device "$DEVICE" --out "$WORK/grids" | tail -1
-  in_out "$WORK"/grids/*.png
+      --samples 3 "${VAL[@]}" --seed 0 --device "$DEVICE" --out "$WORK/results/grids" | tail -1
+  results_tar
   ls -la "$OUT"
   ;;
 *)

@@ -1,21 +1,29 @@
 """scripts/gpu_lease.sh end to end on the CPU (``DRY_RUN=1``), with a tiny preset, as a lent GPU
-machine's calls run it (docs/gpu.md): setup, tests, launch, wait, finish. So that a typo or a
-step that hides its failure is found here, not in the 30 minutes of a lease."""
+machine's calls run it (docs/gpu.md): setup, tests, launch, wait, finish; then two leases in a row,
+the second going on from the continuation the first brought home (scripts/lease_record.py), as the
+repository keeps it. So that a typo or a step that hides its failure is found here, not in the 30
+minutes of a lease."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
+import torch
+import yaml
 
-from helpers import write_cifar_npz, write_train_config
+from helpers import train_metrics, write_cifar_npz, write_train_config
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_lease.sh"
+PEAK = 0.003
+MiB = 2**20
 
 
 def lease(step: list[str], env: dict) -> subprocess.CompletedProcess:
@@ -30,7 +38,10 @@ def dry_env(tmp_path):
     (stage / "b").mkdir()
     (stage / "a" / "train-0.npz").rename(stage / "b" / "train-1.npz")  # ... and train-1.npz by another
     write_cifar_npz(stage / "a", train_sizes=(6,))
-    config = write_train_config(tmp_path / "tiny.yaml", tmp_path / "unused", tmp_path / "unused", 3)
+    config = write_train_config(tmp_path / "tiny.yaml", tmp_path / "unused", tmp_path / "unused", 10)
+    values = yaml.safe_load(config.read_text())  # the recipe's schedule: warmup-stable-decay at the budget
+    values["model"].update(optimizer="adamw_wsd", peak_lr=PEAK, warmup_steps=2, decay_fraction=0.2)
+    config.write_text(yaml.safe_dump(values))
     out = tmp_path / "out"
     out.mkdir()
     return dict(os.environ, DRY_RUN="1", WORK=str(tmp_path / "work"), STAGE=str(stage), OUT=str(out),
@@ -38,24 +49,67 @@ def dry_env(tmp_path):
                 GRID_SAMPLES="2", COMPLETIONS="2", EVAL_BATCH="2", VAL_SIZE="2", WANDB_MODE="disabled")
 
 
+def run_lease(env: dict, *launch: str) -> None:
+    for step in (["tests"], ["launch", "00:00:02:00", "--data.val_size", "2", *launch], ["wait", "120"],
+                 ["finish", "60"]):
+        done = lease(step, env)
+        assert done.returncode == 0, f"{step}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+
+
+def bring_home(out: Path, into: Path) -> list[dict]:
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "lease_record.py"), "home", str(out), "--into",
+                           str(into)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads((into / "lineage.json").read_text())
+
+
 @pytest.mark.slow
-def test_a_lease_runs_every_step_and_brings_the_results_back(dry_env):
-    out = Path(dry_env["OUT"])
+def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
+    out, work = Path(dry_env["OUT"]), Path(dry_env["WORK"])
     done = lease(["setup"], dry_env)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert sorted(p.name for p in (Path(dry_env["WORK"]) / "data").iterdir()) == ["train-0.npz", "train-1.npz"]
+    assert sorted(p.name for p in (work / "data").iterdir()) == ["train-0.npz", "train-1.npz"]
+    assert "continuation staged" not in done.stdout  # nothing to go on from: the recipe starts
 
     refused = lease(["launch", "00:00:02:00"], dry_env)  # the tests have not passed yet
     assert refused.returncode == 1 and "CUDA correctness tests have not passed" in refused.stderr
 
-    for step in (["tests"], ["launch", "00:00:02:00", "--data.val_size", "2"], ["wait", "120"], ["finish", "60"]):
-        done = lease(step, dry_env)
-        assert done.returncode == 0, f"{step}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
-    names = sorted(p.name for p in out.iterdir())
-    assert {"model.safetensors", "config.json", "train.log", "metrics.csv", "eval_val.json"} <= set(names), names
+    run_lease(dry_env)  # 10 steps; the horizon fixed after step 4: the decay from step 8
+    files = sorted(out.iterdir())
+    assert {"model.safetensors", "results.tar", "continue.ckpt.part00"} <= {p.name for p in files}, files
+    assert len(files) <= 8 and all(p.stat().st_size <= 16 * MiB for p in files)  # what a call brings back
+    with tarfile.open(out / "results.tar") as tar:
+        names = set(tar.getnames())
+    assert {"continuation.json", "config.json", "lease.json", "metrics.csv", "train.log", "eval_val.json"} <= names
     assert sum(name.endswith(".png") for name in names) == 2, names  # the sample grid and the completion grid
-    scored = json.loads((out / "eval_val.json").read_text())
-    assert scored["images"] == 2 and scored["bpd"] > 0
+    model = tmp_path / "pretrained" / "cifar10_gpu"
+    first = bring_home(out, model)[0]
+    assert first["first_step"] == 0 and first["last_step"] == 10 and first["continuation_step"] == 8
+    assert first["val_bpd"] > 0 and first["images_seen"] == 20
+
+    # The next lease: a fresh machine, the shards and the repository's continuation carried in.
+    stage = Path(dry_env["STAGE"])
+    shutil.copytree(model / "continuation", stage / "cont" / "continuation")
+    for produced in out.iterdir():
+        produced.unlink()
+    second_env = dict(dry_env, WORK=str(tmp_path / "work2"), SITE=str(tmp_path / "site2"))
+    done = lease(["setup"], second_env)
+    assert done.returncode == 0 and "continuation staged: step 8 images 16" in done.stdout, done.stdout + done.stderr
+    run_lease(second_env, "--trainer.max_steps", "16")  # on from step 8 to 16: the decay over its last 20 %
+    lineage = bring_home(out, model)
+    second = lineage[1]
+    assert [entry["lease"] for entry in lineage] == [1, 2]
+    assert second["first_step"] == 8 and second["last_step"] == 16 and second["images_seen"] == 32
+    assert second["continuation_step"] == 14  # 16 - round(0.2 x 8)
+    run = tmp_path / "work2" / "run"
+    rates = train_metrics(run, "lr-AdamW")
+    assert min(rates) == 8 and rates[8] == PEAK, rates  # the first update after the cut: at the peak
+    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    # the data order went on: 32 of the 10 training images' epochs = epoch 3, 2 images in
+    assert last["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["_sampler_iter_state"]["sampler_state"] \
+        == {"epoch": 3, "samples": 2}
+    card = (model / "README.md").read_text()
+    assert "| 2 |" in card and f"value: {second['val_bpd']:.3f}" in card
 
 
 def test_a_failing_step_fails_the_call(dry_env):

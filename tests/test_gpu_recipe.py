@@ -3,7 +3,7 @@ it, so that a lent GPU meets as few code paths as possible for the first time.
 
 The smoke test trains the preset itself, overridden to a tiny model and a few steps on the CPU,
 with the recipe's options: ``model.compile`` (torch.compile of the model, forward and backward),
-bf16-mixed (autocast), the budget-aware cosine under ``max_time``, the sample grids; then scores
+bf16-mixed (autocast), the budget-aware warmup–stable–decay under ``max_time``, the sample grids; then scores
 the checkpoint through FlexAttention (compiled, under bf16 autocast, as a GPU's validation runs
 it) and samples with the compiled decoding step. What the CPU cannot run: docs/gpu.md.
 """
