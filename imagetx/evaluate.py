@@ -1,7 +1,7 @@
 """``python -m imagetx.evaluate``: bits/dim of a checkpoint on a data split (docs/model.md §5, §6).
 
     python -m imagetx.evaluate --ckpt runs/quick/checkpoints/last.ckpt|WEIGHTS_DIR [--data.root DIR]
-                               [--data.source cifar10|imagenet|folder] [--split test|val|train]
+                               [--data.source cifar10|imagenet|folder] [--split val|test|train]
                                [--task likelihood|complete --rows K] [--limit N] [--batch_size N] [--config FILE]
 
 Bits/dim is the total negative log-likelihood over every image of the split (no
@@ -22,8 +22,8 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import check_device, parse, parser_for, run_or_exit
-from .cli.data_options import add_data_arguments, data_reader
-from .data.sources import SPLITS, check_fits, tensors
+from .cli.data_options import add_data_arguments, add_split_argument, data_reader
+from .data.sources import check_fits, tensors
 from .io.load import load_model
 from .model.scoring import evaluate
 
@@ -33,8 +33,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--ckpt", type=str, required=True,
                         help="checkpoint written by imagetx.train, or a weights folder (imagetx.export)")
     add_data_arguments(parser)
-    parser.add_argument("--split", type=Literal[SPLITS], default="test",
-                        help="test: the official held-out images (ImageNet: its validation set); a folder has none")
+    add_split_argument(parser)
     parser.add_argument("--task", type=Literal["likelihood", "complete"], default="likelihood")
     parser.add_argument("--rows", type=int, default=16, help="with --task complete: rows given")
     parser.add_argument("--batch_size", type=int, default=32)

@@ -31,8 +31,8 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import Number, check_device, parse, parser_for, run_or_exit
-from .cli.data_options import add_data_arguments, data_reader
-from .data.sources import SPLITS, check_fits, tensors
+from .cli.data_options import add_data_arguments, add_split_argument, data_reader
+from .data.sources import check_fits, tensors
 from .io.atomic import check_writable
 from .data.images import GRID_SCALE, load_image_file, save_grid, upsample_nearest
 from .io.load import load_model
@@ -65,7 +65,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--images", type=str, nargs="+", default=None,
                         help="your own image files as inputs, prepared by --data.crop and --data.resize")
     add_data_arguments(parser)
-    parser.add_argument("--split", type=Literal[SPLITS], default="val")
+    add_split_argument(parser)
     parser.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu")
     return parser
 

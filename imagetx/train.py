@@ -26,6 +26,7 @@ from __future__ import annotations
 from argparse import ArgumentError
 from dataclasses import fields
 from operator import attrgetter
+import shlex
 from pathlib import Path
 
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
@@ -34,6 +35,7 @@ from lightning.pytorch.cli import LightningCLI
 from .cli.common import ConfigError, HelpFormatter, run_or_exit
 from .cli.errors import describe_parse_error
 from .data.datamodule import ImageDataModule
+from .data.options import DataOptions
 from .io.atomic import check_writable, remove_stale_temporaries
 from .io.checkpoint import CHECKPOINT_DIR, LAST
 from .model.config import ModelConfig
@@ -129,7 +131,20 @@ def train(args: list[str] | None = None) -> None:
         raise NonFiniteLossError(f"{error}; {last_good_checkpoint(root)}") from error
     if cli.trainer.is_global_zero:
         last = root / CHECKPOINT_DIR / LAST
-        print(f"checkpoints in {last.parent}; evaluate with: python -m imagetx.evaluate --ckpt {last}")
+        print(f"checkpoints in {last.parent}; evaluate with: {evaluate_command(last, cli.config.data)}")
+
+
+def evaluate_command(ckpt: Path, data) -> str:
+    """The command that scores ``ckpt`` on the images this run validated on: its data options
+    (those that differ from the defaults) and val split, so that it runs as printed."""
+    words = ["python", "-m", "imagetx.evaluate", "--ckpt", str(ckpt)]
+    for name in ("source", "root", "crop", "resize", "cache"):
+        value = data.get(name)
+        if value is not None and value != getattr(DataOptions, name):
+            words += [f"--data.{name}", str(value)]
+    if data.get("val_size") is not None:
+        words += ["--val_size", str(data.val_size)]
+    return shlex.join([*words, "--split", "val"])
 
 
 def main(args: list[str] | None = None) -> None:

@@ -10,7 +10,7 @@ import torch
 
 from helpers import random_images, tiny_model, write_cifar_npz
 from imagetx import save_pretrained
-from imagetx.evaluate import main
+from imagetx.evaluate import build_parser, main
 from imagetx.model.scoring import evaluate
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -95,3 +95,11 @@ def test_missing_checkpoint_exits_2(tmp_path, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "nope.ckpt" in err
+
+
+def test_evaluate_and_sample_read_the_same_split_by_default():
+    """val: the split every source that trains has (the shared CIFAR-10 shards and a folder have no
+    test split), so both commands run on the data training ran on without --split."""
+    from imagetx import sample
+
+    assert build_parser().get_defaults().split == sample.build_parser().get_defaults().split == "val"

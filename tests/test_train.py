@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import math
+import shlex
 import sys
 
 import pytest
@@ -105,6 +107,25 @@ def test_resume_last_continues_the_global_step(tmp_path, data_root):
     adam = second["optimizer_states"][0]["state"]
     assert {int(s["step"]) for s in adam.values()} == {4}
     assert any(not torch.equal(first["state_dict"][k], second["state_dict"][k]) for k in first["state_dict"])
+
+
+def test_the_evaluate_command_printed_at_the_end_runs_as_printed(tmp_path, data_root, capsys, monkeypatch):
+    """The hint names the data and the split the run validated on: run from another folder, with no
+    $IMAGETX_DATA, it scores the checkpoint on the run's val images."""
+    from imagetx import evaluate
+
+    run_dir = tmp_path / "run"
+    main(["--config", str(write_config(tmp_path, run_dir, data_root, max_steps=2)), "--wandb", "disabled"])
+    hint = capsys.readouterr().out.split("evaluate with: ")[-1].strip()
+    words = shlex.split(hint)
+    assert words[:3] == ["python", "-m", "imagetx.evaluate"], hint
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    monkeypatch.delenv("IMAGETX_DATA", raising=False)
+    evaluate.main(words[3:])
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["split"] == "val" and result["images"] == 2 and math.isfinite(result["bpd"]), result
 
 
 def test_resume_last_without_checkpoint_exits_2(tmp_path, data_root, capsys):
