@@ -14,10 +14,10 @@ import yaml
 from helpers import one_error_line, train_metrics, write_train_config
 from imagetx.io.errors import CheckpointError
 from imagetx.train import main
-from imagetx.training.budget import Horizon, place_decay
+from imagetx.training.budget import BudgetHorizon, Horizon, place_decay
 from imagetx.training.continuation import CONTINUE, MANIFEST, continued_moments, pack, slim_moments, unpack
 from imagetx.training.schedule import warmup_then_decay
-from test_budget import CopyLastCheckpoint
+from test_budget import CopyLastCheckpoint, fake_run, train_steps
 from test_reliability_resume import assert_identical
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -175,3 +175,17 @@ def test_resuming_before_the_decay_with_a_new_budget_fits_the_schedule_to_it(tmp
     assert longer["global_step"] == 20 and longer["imagetx"]["lr_horizon"] == {"decay_start": 16, "end": 20}
     rates = train_metrics(tmp_path / "longer", "lr-AdamW")
     assert rates[4] == rates[15] == PEAK and rates[19] < PEAK
+
+
+def test_a_continued_run_fixes_its_horizon_from_its_own_steps_not_its_first():
+    # A continuation from step 1,000 with a time budget: its first step compiles the model (slow)
+    # and must not be timed, and fix_by counts the run's own steps, not the lineage's.
+    trainer, module = fake_run(max_steps=-1)
+    module.first_step = trainer.global_step = 1000
+    callback = BudgetHorizon(fix_by_step=5)
+    train_steps(callback, trainer, module, [1000], seconds=0.3)  # compilation
+    train_steps(callback, trainer, module, range(1001, 1006))
+    assert module.horizon is None, "fixed before the run's own fix_by_step"
+    train_steps(callback, trainer, module, [1006])
+    # 100 s left at ~0.01 s a step: thousands of steps, not the ~600 a timed compilation would leave
+    assert module.horizon.end - 1006 > 3000, module.horizon

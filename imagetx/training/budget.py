@@ -80,8 +80,9 @@ class BudgetHorizon(Callback):
     """Fixes ``ImageTransformerModule.horizon`` from timings, in a run with a time budget
     (docs/model.md §8): at the end of the first validation, or, if none has come by then, after
     ``fix_by_step`` steps or a tenth of ``max_steps``, whichever is less (``fix_by``; then only
-    the steps themselves are timed, and a validation due at that step still counts). Steps from step 1
-    on are timed (step 0 includes one-off start-up work): the median time from one step's start
+    the steps themselves are timed, and a validation due at that step still counts). Steps are
+    counted from the run's first (``first_step``: 0, or where a continuation started), and timed
+    from the second on (the first includes one-off start-up work, compilation among it): the median time from one step's start
     to the next is the cost of a step; the rest of the time since then (the validation, grids,
     checkpoints) is spread over the steps as overhead. Both moments fall at the same step in
     every process, so that all can take rank 0's measurement."""
@@ -91,20 +92,21 @@ class BudgetHorizon(Callback):
         self.starts: list[float] = []  # monotonic time at the start of each timed step
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
-        if pl_module.horizon is None and trainer.global_step >= 1:
+        if pl_module.horizon is None and trainer.global_step >= pl_module.first_step + 1:
             self.starts.append(time.monotonic())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         # Strictly after: a validation due at step fix_by_step runs after this hook, and its
         # cost belongs in the measurement (the quick presets validate every 200 steps).
-        if trainer.global_step > self.fix_by(trainer.max_steps):
+        steps = trainer.max_steps - pl_module.first_step if trainer.max_steps > 0 else -1
+        if trainer.global_step - pl_module.first_step > self.fix_by(steps):
             self.fix(trainer, pl_module)
 
     def fix_by(self, max_steps: int) -> int:
-        """The step after which the horizon is fixed without waiting for a validation: at most a
-        tenth of a run's ``max_steps``, so that a short run (``--trainer.max_steps 200``) still
-        anneals instead of running at the peak until its end, which would come first. Never
-        before step 4: ``fix`` needs 3 timed steps (steps 1 to 3)."""
+        """The step of the run after which the horizon is fixed without waiting for a validation:
+        at most a tenth of the run's ``max_steps`` (-1: none), so that a short run
+        (``--trainer.max_steps 200``) still anneals instead of running at the peak until its end,
+        which would come first. Never before step 4: ``fix`` needs 3 timed steps (steps 1 to 3)."""
         return self.fix_by_step if max_steps <= 0 else min(self.fix_by_step, max(max_steps // 10, 4))
 
     def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
