@@ -217,3 +217,24 @@ def test_config_written_for_the_tiny_model_is_itself_valid():
     from imagetx.model.config import ModelConfig
 
     ModelConfig(**TINY_TRAIN_MODEL).validate()
+
+
+CONFIG_FILES = {  # content -> what the one line must say besides the file's name
+    "model:\n  config:\n    d_model: [1, 2\n  x: y\n": ["is not valid YAML", "line 4, column 4"],
+    "trainer:\n\tmax_steps: 3\n": ["is not valid YAML", "line 2, column 1"],  # a tab
+    "- a\n- b\n": ["holds a YAML list, not settings"],
+}
+
+
+@pytest.mark.parametrize("content", sorted(CONFIG_FILES))
+@pytest.mark.parametrize("command", ["train", "evaluate", "sample"])
+def test_a_broken_config_file_is_named_with_what_is_wrong(tmp_path, capsys, command, content):
+    path = tmp_path / "corrupt.yaml"
+    path.write_text(content)
+    main = {"train": train_main, "evaluate": evaluate_main, "sample": sample_main}[command]
+    line = one_error_line(capsys, main, ["--config", str(path)] + ([] if command == "train" else ["--ckpt", "x"]))
+    assert f"--config {path}" in line and all(needle in line for needle in CONFIG_FILES[content]), line
+    assert "<unicode string>" not in line
+    missing = tmp_path / "missing.yaml"
+    line = one_error_line(capsys, main, [f"--config={missing}"])
+    assert f"--config {missing} does not exist" in line, line

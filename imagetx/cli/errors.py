@@ -27,20 +27,54 @@ def describe_parse_error(error: ArgumentError, parser: ArgumentParser, args: lis
     linked = linked or {}
     known = set(parser.get_defaults().keys()) | set(more_keys)
     given = given_keys(args, known | set(linked))
-    problem = next((f"{key} is set from {linked[key]}: set that instead" for key in given if key in linked), None)
+    problem = config_file_problem(args)
+    problem = problem or next((f"{key} is set from {linked[key]}: set that instead" for key in given if key in linked),
+                              None)
     problem = problem or unknown_key(given, known) or condensed(str(error))
     return f"{problem} (fix the YAML file or the --flag; python -m imagetx.{command} --help lists them)"
 
 
+def config_files(args: list[str]) -> list[str]:
+    """The files that ``args`` give to ``--config`` (or ``-c``), in order."""
+    files = []
+    for i, arg in enumerate(args):
+        key, equals, value = arg.partition("=")
+        if key in ("--config", "-c"):
+            files.append(value if equals else (args[i + 1] if i + 1 < len(args) else ""))
+    return files
+
+
+def config_file_problem(args: list[str]) -> str | None:
+    """What is wrong with the first ``--config`` file that is not a YAML mapping of settings, naming
+    the file: missing, unreadable, not YAML (where and why, as the YAML reader says) or not
+    ``key: value`` lines. jsonargparse's own message names a text, "<unicode string>", not the file."""
+    for file in config_files(args):
+        try:
+            with open(file, encoding="utf-8") as handle:
+                tree = yaml.safe_load(handle)
+        except FileNotFoundError:
+            return f"--config {file} does not exist: give the path of a YAML file of settings"
+        except (OSError, UnicodeDecodeError) as error:
+            return f"--config {file} cannot be read as text ({error}); give a YAML file of settings"
+        except yaml.YAMLError as error:
+            mark = getattr(error, "problem_mark", None)
+            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+            context = getattr(error, "context", None)
+            why = getattr(error, "problem", None) or str(error)
+            return f"--config {file} is not valid YAML: {why}{where}" + (f" ({context})" if context else "")
+        if tree is not None and not isinstance(tree, dict):
+            return (f"--config {file} holds a YAML {type(tree).__name__}, not settings: write 'key: value' lines, "
+                    "e.g. 'trainer:' with its settings indented below")
+    return None
+
+
 def given_keys(args: list[str], known: set[str]) -> list[str]:
     """The dotted keys in ``args``: its ``--flags`` and the keys of its ``--config`` files."""
-    keys, files = [], []
-    for i, arg in enumerate(args):
-        if arg == "-c" or (arg.startswith("--") and arg not in ("--help", "--print_config")):
-            key, _, value = arg.lstrip("-").partition("=")
-            if key in ("config", "c"):
-                files.append(value or (args[i + 1] if i + 1 < len(args) else ""))
-            else:
+    keys, files = [], config_files(args)
+    for arg in args:
+        if arg.startswith("--") and arg not in ("--help", "--print_config"):
+            key = arg.lstrip("-").partition("=")[0]
+            if key != "config":
                 keys.append(key.rstrip("+"))  # --key+ VALUE appends to a list
     for file in files:
         try:
