@@ -55,6 +55,26 @@ from .training.trainer import Trainer
 LINKED = {f"data.{key}": f"--model.config.{key}" for key in ImageDataModule.FROM_MODEL}
 
 
+def refuse_to_overwrite(root: Path, resume: str | None) -> None:
+    """A new run (no ``--resume``) in a folder that holds one would overwrite its ``last.ckpt`` and mix
+    its best checkpoints and logs with the new run's: refused, before anything is written, with
+    the two ways on. (One folder per run keeps ``--resume last`` and the paths in the docs simple.)"""
+    if resume is None and (root / CHECKPOINT_DIR / LAST).exists():
+        raise ConfigError(f"{root} already holds a run ({root / CHECKPOINT_DIR / LAST}): continue it with --resume last, "
+                          f"or start a new run in a new folder with --trainer.default_root_dir NEW")
+
+
+def check_data_first(cli: LightningCLI) -> None:
+    """Read (a folder: convert) and check the training and val images before the loggers start, so
+    that a run whose data is missing or wrong leaves no CSV version folder or W&B run behind. One
+    process only: with several, Lightning's ``prepare_data`` decides which process converts."""
+    if cli.trainer.world_size == 1:
+        cli.datamodule.prepare_data()
+        cli.datamodule.rebuild = False  # rebuilt now: Lightning's own prepare_data reads the conversion
+        for split in ("train", "val"):
+            cli.datamodule.dataset(split)
+
+
 class ImagetxCLI(LightningCLI):
     """LightningCLI with imagetx's own options, one-line parse errors and what every run has."""
 
@@ -90,6 +110,7 @@ class ImagetxCLI(LightningCLI):
         if every < 0:
             raise ValueError(f"--checkpoint_every_n_steps {every} is invalid: give N >= 1, or 0 for validations only")
         root = check_writable(self.config.trainer.default_root_dir, "--trainer.default_root_dir")
+        refuse_to_overwrite(root, self.config.resume)
         remove_stale_temporaries(root / CHECKPOINT_DIR)  # from a run killed mid-write
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
@@ -124,6 +145,7 @@ def train(args: list[str] | None = None) -> None:
     cli = make_cli(args)
     root = Path(cli.trainer.default_root_dir)
     ckpt_path = checkpoint_to_resume(cli.config.resume, root, cli.model.config, run_budget(cli.trainer))
+    check_data_first(cli)
     try:
         # checkpoint_to_resume has read the file weights-only; Lightning must read it no other way
         cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt_path, weights_only=True)

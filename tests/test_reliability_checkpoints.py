@@ -142,11 +142,12 @@ def test_remove_stale_temporaries_only_touches_temporaries(tmp_path):
     assert new.exists()
 
 
-def test_new_run_in_an_old_directory_overwrites_last_ckpt(tmp_path, data_root):
-    """No last-v1.ckpt: --resume last must find the newest state."""
+def test_a_continued_run_rewrites_last_ckpt_in_place(tmp_path, data_root):
+    """No last-v1.ckpt: --resume last must find the newest state. (A new run in the folder, without
+    --resume, is refused: tests/test_train.py.)"""
     run_dir = tmp_path / "run"
     train(tmp_path, run_dir, data_root, 2)
-    train(tmp_path, run_dir, data_root, 3, top={"checkpoint_every_n_steps": 1})
+    train(tmp_path, run_dir, data_root, 3, "--resume", "last", top={"checkpoint_every_n_steps": 1})
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert "last-v1.ckpt" not in names and "last.ckpt" in names
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 3

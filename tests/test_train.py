@@ -237,3 +237,29 @@ def test_the_progress_bar_is_tqdms_and_redraws_sparingly_in_a_log(tmp_path, data
     assert type(bar) is TQDMProgressBar and bar.refresh_rate == (1 if terminal else LOG_REFRESH_BATCHES)
     config = write_train_config(tmp_path / "off.yaml", tmp_path / "run", data_root)  # enable_progress_bar: False
     assert make_cli(["--config", str(config), "--wandb", "disabled"]).trainer.progress_bar_callback is None
+
+
+def test_a_new_run_in_a_folder_that_holds_one_is_refused(tmp_path, data_root, capsys):
+    """Without --resume, a second run in the same folder would overwrite the first's last.ckpt and
+    mix their best checkpoints: refused before anything is written, naming both ways on."""
+    run_dir = tmp_path / "run"
+    config = str(write_config(tmp_path, run_dir, data_root, max_steps=2))
+    main(["--config", config, "--wandb", "disabled"])
+    capsys.readouterr()
+    last = run_dir / "checkpoints" / "last.ckpt"
+    before = last.read_bytes()
+    files = sorted(run_dir.rglob("*"))
+    line = one_error_line(capsys, main, ["--config", config, "--wandb", "disabled", "--trainer.max_steps", "1"])
+    assert str(last) in line and "--resume last" in line and "--trainer.default_root_dir NEW" in line, line
+    assert last.read_bytes() == before and sorted(run_dir.rglob("*")) == files  # nothing written
+    main(["--config", config, "--wandb", "disabled", "--trainer.max_steps", "3", "--resume", "last"])  # the way on
+
+
+def test_a_run_whose_data_fails_leaves_nothing_behind(tmp_path, capsys):
+    """Missing data stops the run before its loggers start: no csv/version_N, no W&B run."""
+    run_dir = tmp_path / "run"
+    config = str(write_config(tmp_path, run_dir, tmp_path / "no-data"))
+    line = one_error_line(capsys, main, ["--config", config, "--wandb", "offline"])
+    assert "no CIFAR-10 train images" in line, line
+    assert not [path for path in run_dir.rglob("*") if path.is_file()], sorted(run_dir.rglob("*"))
+    assert not (run_dir / "csv").exists() and not (run_dir / "wandb").exists()
