@@ -1,0 +1,140 @@
+"""``compress`` and ``decompress``: images <-> one file's bytes with a model (docs/compress.md).
+
+    data = compress(model, images)            # (N, H, W, 3) uint8, H = W = the model's size
+    assert (decompress(model, data) == images).all()
+
+The images are coded in groups of ``batch`` (one decoding pass each, every image of a group
+stepped together; the last group takes what is left), all into one range-coded stream. The
+header records the groups' size and the torch threads, which the decoder uses again.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import constriction
+import numpy as np
+import torch
+
+from ..model.order import sequence_to_images
+from ..model.transformer import ImageTransformer
+from .coder import decode_values, encode_values, progress_bar, torch_threads
+from .container import (MAX_BATCH, MAX_IMAGES, MAX_THREADS, CodecError, Header, model_fingerprint, pack,
+                        pixel_digest, unpack)
+from .distributions import PRECISION
+
+# Images coded together in one pass by default: 100 steps a batch of 100 images as fast per
+# image as larger batches on a 2-core CPU (docs/results.md, "Compression"), and keeps a pass's
+# memory small.
+DEFAULT_BATCH = 100
+# One torch thread by default, as sampling on a CPU (model/sampler.py's DECODING_THREADS): the
+# file records it, and the decoder must use the same.
+DEFAULT_THREADS = 1
+
+
+@dataclass(frozen=True)
+class CompressionStats:
+    """What ``compress_with_stats`` measured: the file's bytes, and the ideal cost of the
+    quantised distributions in bits (a perfect entropy coder's, no header)."""
+
+    images: int
+    file_bytes: int
+    ideal_bits: float
+    dims: int
+
+    @property
+    def bits_per_dim(self) -> float:
+        return 8 * self.file_bytes / self.dims
+
+
+def check_model(model: ImageTransformer) -> None:
+    """A model the codec can drive: unconditional, without a low-resolution input, on the CPU."""
+    cfg = model.config
+    if cfg.num_classes or cfg.encoder_layers:
+        raise CodecError("compression needs an unconditional model (no classes, no low-resolution encoder): "
+                         "this one would need the labels or the 8x8 images coded too")
+    device = next(model.parameters()).device
+    if device.type != "cpu":
+        raise CodecError(f"the codec runs on the CPU (bit-exact on one machine); the model is on {device}")
+
+
+def check_images(model: ImageTransformer, images: np.ndarray | torch.Tensor) -> np.ndarray:
+    """(N, S, S, 3) uint8 pixels for a model of side S, as a numpy array, or a CodecError."""
+    array = images.numpy() if isinstance(images, torch.Tensor) else np.asarray(images)
+    size = model.config.image_size
+    if array.ndim != 4 or array.shape[-1] != 3:
+        raise CodecError(f"images must be (N, H, W, 3) RGB, not of shape {tuple(array.shape)}")
+    if array.dtype != np.uint8:
+        raise CodecError(f"images must be uint8 pixels, not {array.dtype}")
+    if array.shape[1:3] != (size, size):
+        raise CodecError(f"images are {array.shape[2]}x{array.shape[1]}; this model codes {size}x{size} images "
+                         "exactly, and compression is lossless: nothing is resized (crop or resize them first)")
+    if not 1 <= array.shape[0] <= MAX_IMAGES:
+        raise CodecError(f"{array.shape[0]} images: a file holds 1..{MAX_IMAGES:,}")
+    return np.ascontiguousarray(array)
+
+
+def groups(count: int, batch: int) -> list[slice]:
+    return [slice(start, min(start + batch, count)) for start in range(0, count, batch)]
+
+
+def compress_with_stats(model: ImageTransformer, images: np.ndarray | torch.Tensor, batch: int = DEFAULT_BATCH,
+                        threads: int = DEFAULT_THREADS, progress: bool = False) -> tuple[bytes, CompressionStats]:
+    """``compress``, and what it measured."""
+    check_model(model)
+    pixels = check_images(model, images)
+    if not 1 <= batch <= MAX_BATCH or not 1 <= threads <= MAX_THREADS:
+        raise CodecError(f"batch {batch} and threads {threads}: give 1..{MAX_BATCH} and 1..{MAX_THREADS}")
+    count, size = pixels.shape[0], model.config.image_size
+    encoder = constriction.stream.queue.RangeEncoder()
+    ideal = 0.0
+    parts = groups(count, batch)
+    with torch_threads(threads), progress_bar(len(parts) * model.order.length, "compressing", progress) as bar:
+        for part in parts:
+            targets = model.targets(torch.from_numpy(pixels[part]))
+            ideal += encode_values(model, targets, encoder, bar)
+    payload = encoder.get_compressed().astype("<u4").tobytes()
+    header = Header(PRECISION, threads, model.config.head, count, size, size, min(batch, count),
+                    model_fingerprint(model), pixel_digest(pixels))
+    data = pack(header, payload)
+    return data, CompressionStats(count, len(data), ideal, count * model.config.dims_per_image)
+
+
+def compress(model: ImageTransformer, images: np.ndarray | torch.Tensor, batch: int = DEFAULT_BATCH,
+             threads: int = DEFAULT_THREADS, progress: bool = False) -> bytes:
+    """(N, S, S, 3) uint8 images -> the compressed file's bytes, for a model of side S."""
+    return compress_with_stats(model, images, batch, threads, progress)[0]
+
+
+def read_header(data: bytes) -> Header:
+    """The header of a compressed file, checked (``container.unpack``)."""
+    return unpack(data)[0]
+
+
+def decompress(model: ImageTransformer, data: bytes, progress: bool = False) -> np.ndarray:
+    """A compressed file's bytes -> its (N, S, S, 3) uint8 images, exactly; a CodecError (one
+    line) for a file that is not one, is truncated or damaged, was written with another model,
+    or whose decoding does not reproduce the pixels it was made from."""
+    header, payload = unpack(bytes(data))
+    size = model.config.image_size
+    if header.fingerprint != model_fingerprint(model):
+        raise CodecError("the file was compressed with another model (its model fingerprint "
+                         f"{header.fingerprint.hex()} is not this model's {model_fingerprint(model).hex()}): "
+                         "decompress with the model that compressed it")
+    if header.head != model.config.head or (header.height, header.width) != (size, size) \
+            or header.precision != PRECISION:
+        raise CodecError("the file's header does not fit this model (head, image size or precision)")
+    decoder = constriction.stream.queue.RangeDecoder(np.frombuffer(payload, dtype="<u4").astype(np.uint32))
+    images = []
+    parts = groups(header.count, header.batch)
+    with torch_threads(header.threads), progress_bar(len(parts) * model.order.length, "decompressing",
+                                                     progress) as bar:
+        for part in parts:
+            values = decode_values(model, part.stop - part.start, decoder, bar)
+            images.append(sequence_to_images(values, model.order, model.config.head).to(torch.uint8).numpy())
+    pixels = np.concatenate(images)
+    if pixel_digest(pixels) != header.digest:
+        raise CodecError("the decoded pixels do not match the file's checksum: the file was written where "
+                         "floating point differs (another machine or torch build) or was crafted; "
+                         "decompress where it was compressed")
+    return pixels

@@ -1,0 +1,124 @@
+"""The compressed file: a header that says what it holds and with which model, the range
+coder's words, and a checksum (docs/compress.md, "The file").
+
+    offset  bytes  field (little-endian)
+    0       4      magic b"ITXC"
+    4       1      format version (FORMAT_VERSION)
+    5       1      probability precision in bits (distributions.PRECISION)
+    6       1      torch threads the decoding ran on
+    7       1      head: 0 categorical, 1 DMOL
+    8       4      image count N
+    12      2      image height
+    14      2      image width
+    16      2      batch: images coded together in one decoding pass (the last pass takes the rest)
+    18      16     model fingerprint: SHA-256 of the config and every weight, first 16 bytes
+    34      8      pixel digest: SHA-256 of the N·H·W·3 uint8 pixels, first 8 bytes
+    42      4      payload length in bytes
+    46      ...    payload: the range coder's 32-bit words
+    end-4   4      CRC-32 of everything before it
+
+A truncated, extended or damaged file fails the length or the CRC before anything is decoded;
+a file for another model fails the fingerprint; a decoding that went wrong anyway (a file
+written where floating point differs) fails the pixel digest. Each is a ``CodecError`` with one
+line saying which.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..model.transformer import ImageTransformer
+
+MAGIC = b"ITXC"
+FORMAT_VERSION = 1
+HEADER = struct.Struct("<4sBBBBIHHH16s8sI")
+TRAILER = struct.Struct("<I")
+HEADS = ("categorical", "dmol")
+# 16 bytes (128 bits) of SHA-256 name a model: two different models share a fingerprint with
+# chance 2**-128. 8 bytes of the pixels' SHA-256: a wrong decoding passes with chance 2**-64.
+FINGERPRINT_BYTES = 16
+DIGEST_BYTES = 8
+# Limits a file's header may claim, so that a crafted header cannot ask for unbounded memory:
+# 100,000 images of 32×32 are 300 MB of pixels; 1,024 images in one pass keep the decoding
+# caches of the shipped model (2 layers, a 64-slot ring of d=128 keys and values) near 130 MB.
+MAX_IMAGES = 100_000
+MAX_BATCH = 1024
+MAX_THREADS = 64
+
+
+class CodecError(ValueError):
+    """A file that cannot be decoded (or images that cannot be coded): the message says why."""
+
+
+@dataclass(frozen=True)
+class Header:
+    precision: int
+    threads: int
+    head: str
+    count: int
+    height: int
+    width: int
+    batch: int
+    fingerprint: bytes
+    digest: bytes
+
+
+def model_fingerprint(model: ImageTransformer) -> bytes:
+    """SHA-256 of the model's config (its fields as sorted JSON) and of every tensor of its
+    state (name, dtype, shape and bytes, in name order), first ``FINGERPRINT_BYTES`` bytes."""
+    sha = hashlib.sha256()
+    sha.update(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
+    for name, tensor in sorted(model.state_dict().items()):
+        tensor = tensor.detach().cpu().contiguous()
+        sha.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
+        sha.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    return sha.digest()[:FINGERPRINT_BYTES]
+
+
+def pixel_digest(images: np.ndarray) -> bytes:
+    """First ``DIGEST_BYTES`` bytes of the SHA-256 of (N, H, W, 3) uint8 pixels, C order."""
+    return hashlib.sha256(np.ascontiguousarray(images, dtype=np.uint8).tobytes()).digest()[:DIGEST_BYTES]
+
+
+def pack(header: Header, payload: bytes) -> bytes:
+    """The whole file: header, payload, CRC-32."""
+    head = HEADER.pack(MAGIC, FORMAT_VERSION, header.precision, header.threads, HEADS.index(header.head),
+                       header.count, header.height, header.width, header.batch, header.fingerprint,
+                       header.digest, len(payload))
+    body = head + payload
+    return body + TRAILER.pack(zlib.crc32(body))
+
+
+def unpack(data: bytes) -> tuple[Header, bytes]:
+    """A file's bytes -> (its header, its payload), or a ``CodecError`` saying what is wrong."""
+    if len(data) < len(MAGIC) or data[:len(MAGIC)] != MAGIC:
+        raise CodecError("not an imagetx compressed file (it does not start with ITXC)")
+    if len(data) < HEADER.size + TRAILER.size:
+        raise CodecError(f"the file is truncated: {len(data)} bytes, shorter than the "
+                         f"{HEADER.size + TRAILER.size}-byte header and checksum")
+    (_, version, precision, threads, head, count, height, width, batch, fingerprint, digest,
+     length) = HEADER.unpack_from(data)
+    if version != FORMAT_VERSION:
+        raise CodecError(f"the file is in format version {version}; this imagetx reads version {FORMAT_VERSION}")
+    expected = HEADER.size + length + TRAILER.size
+    if len(data) != expected:
+        state = "truncated" if len(data) < expected else "longer than its header says"
+        raise CodecError(f"the file is {state}: {len(data)} bytes, its header says {expected}")
+    body = data[:-TRAILER.size]
+    (crc,) = TRAILER.unpack_from(data, len(body))
+    if zlib.crc32(body) != crc:
+        raise CodecError("the file is damaged: its CRC-32 does not match its contents")
+    # The CRC holds, so these are what the writer wrote; still checked, against a crafted file.
+    if head >= len(HEADS) or not 1 <= count <= MAX_IMAGES or not 1 <= batch <= MAX_BATCH \
+            or not 1 <= threads <= MAX_THREADS or not height or not width or length % 4:
+        raise CodecError("the file's header is invalid (head, image count, batch, threads or payload length "
+                         "out of range)")
+    header = Header(precision, threads, HEADS[head], count, height, width, batch, fingerprint, digest)
+    return header, body[HEADER.size:]

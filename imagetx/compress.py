@@ -1,0 +1,60 @@
+"""``python -m imagetx.compress``: images into one losslessly compressed file, coded with a
+model (docs/compress.md); ``python -m imagetx.decompress`` gives them back exactly.
+
+    python -m imagetx.compress --ckpt pretrained/completion --out images.itx INPUT [INPUT ...]
+                               [--batch 100] [--threads 1] [--force]
+
+INPUT: pictures (PNG, a JPEG's decoded pixels, ...) or npz files with an array ``images``
+(N, H, W, 3) uint8, each exactly the model's size (nothing is resized). Every image goes into
+one file, coded in decoding passes of ``--batch`` images on ``--threads`` torch threads (both
+recorded in the file, which the decoder uses again). The last line printed is one JSON object:
+the images, the file's bytes and bits/dim.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from jsonargparse import ArgumentParser, Namespace
+
+from .cli.common import parse, parser_for, run_or_exit
+from .codec.api import DEFAULT_BATCH, DEFAULT_THREADS, check_model, compress_with_stats
+from .codec.files import check_output, read_images
+from .io.atomic import atomic_write
+from .io.load import load_model
+
+
+def build_parser() -> ArgumentParser:
+    parser = parser_for(__doc__)
+    parser.add_argument("inputs", nargs="+", help="pictures or npz files (array 'images') of the model's size")
+    parser.add_argument("--ckpt", type=str, required=True, help="the model: a weights folder or a checkpoint")
+    parser.add_argument("--out", type=str, required=True, help="the compressed file to write")
+    parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="images coded together in one pass")
+    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch threads while coding")
+    parser.add_argument("--force", type=bool, default=False, help="replace --out if it exists")
+    parser.add_argument("--progress", type=bool, default=True, help="a progress bar on stderr")
+    return parser
+
+
+def run(args: Namespace) -> dict:
+    out = check_output(args.out, args.force)
+    model = load_model(args.ckpt)
+    check_model(model)
+    images = read_images(args.inputs, model.config.image_size)
+    started = time.perf_counter()
+    data, stats = compress_with_stats(model, images, args.batch, args.threads, args.progress)
+    seconds = time.perf_counter() - started
+    atomic_write(out, lambda handle: handle.write(data))
+    return {"out": str(out), "images": stats.images, "bytes": stats.file_bytes,
+            "bits_per_dim": round(stats.bits_per_dim, 4), "seconds": round(seconds, 2),
+            "images_per_second": round(stats.images / seconds, 3), "ckpt": str(args.ckpt)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    result = run_or_exit(lambda: run(parse(build_parser(), argv, "compress")))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,55 @@
+"""``python -m imagetx.decompress``: a file written by ``imagetx.compress`` back to its images,
+exactly (docs/compress.md).
+
+    python -m imagetx.decompress FILE --ckpt pretrained/completion --out DIR|IMAGES.npz [--force]
+
+``--out`` ending in .npz: one npz with the array ``images`` (N, H, W, 3) uint8; otherwise a
+folder of PNGs 00000.png, 00001.png, ... in the order the images were compressed. A file that is
+not one, is truncated or damaged, or was compressed with another model is refused with one
+``error:`` line (exit code 2) before anything is written; so is a decoding whose pixels do not
+match the file's checksum. The last line printed is one JSON object.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from jsonargparse import ArgumentParser, Namespace
+
+from .cli.common import parse, parser_for, run_or_exit
+from .codec.api import decompress, read_header
+from .codec.files import check_output, read_compressed, write_images
+from .io.load import load_model
+
+
+def build_parser() -> ArgumentParser:
+    parser = parser_for(__doc__)
+    parser.add_argument("file", help="a file written by imagetx.compress")
+    parser.add_argument("--ckpt", type=str, required=True, help="the model it was compressed with")
+    parser.add_argument("--out", type=str, required=True, help="an .npz file, or a folder for PNGs")
+    parser.add_argument("--force", type=bool, default=False, help="replace --out if it exists")
+    parser.add_argument("--progress", type=bool, default=True, help="a progress bar on stderr")
+    return parser
+
+
+def run(args: Namespace) -> dict:
+    out = check_output(args.out, args.force)
+    data = read_compressed(args.file)
+    header = read_header(data)  # a file that is not one is refused before the model is loaded
+    model = load_model(args.ckpt)
+    started = time.perf_counter()
+    images = decompress(model, data, args.progress)
+    seconds = time.perf_counter() - started
+    written = write_images(images, out)
+    return {"out": str(out), "images": header.count, "files": len(written), "seconds": round(seconds, 2),
+            "images_per_second": round(header.count / seconds, 3), "ckpt": str(args.ckpt)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    result = run_or_exit(lambda: run(parse(build_parser(), argv, "decompress")))
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,204 @@
+"""The codec (imagetx.codec, docs/compress.md): exact round trips with both heads and odd
+content, the quantised distributions, and every kind of bad file refused with a CodecError."""
+
+from __future__ import annotations
+
+import math
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from helpers import random_images, tiny_model
+from imagetx.codec import CodecError, compress, compress_with_stats, decompress, model_fingerprint, read_header
+from imagetx.codec.container import HEADER, MAX_IMAGES, TRAILER
+from imagetx.codec.distributions import TOTAL, PixelDistributions, categorical_probs, quantise
+from imagetx.io.load import load_model
+
+SHIPPED = Path(__file__).resolve().parents[1] / "pretrained" / "completion"
+
+
+def odd_images(size: int, seed: int = 0) -> np.ndarray:
+    """Flat, saturated, noise, a gradient, a checkerboard, edge values only: (6, size, size, 3)."""
+    rng = np.random.default_rng(seed)
+    flat = np.full((size, size, 3), 77, np.uint8)
+    saturated = np.zeros((size, size, 3), np.uint8)
+    saturated[..., 0] = 255
+    saturated[size // 2:] = 255
+    noise = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+    ramp = np.linspace(0, 255, size * size * 3).round().astype(np.uint8).reshape(size, size, 3)
+    checker = ((np.indices((size, size)).sum(0) % 2) * 255).astype(np.uint8)[..., None].repeat(3, -1)
+    edges = rng.choice(np.array([0, 1, 254, 255], np.uint8), (size, size, 3))
+    return np.stack([flat, saturated, noise, ramp, checker, edges])
+
+
+def fix_crc(data: bytes) -> bytes:
+    """A crafted file: ``data`` with its CRC recomputed, so that only the later checks stand."""
+    body = data[:-TRAILER.size]
+    return body + TRAILER.pack(zlib.crc32(body))
+
+
+@pytest.mark.parametrize("head", ["categorical", "dmol"])
+@pytest.mark.parametrize("attention", ["local_1d", "local_2d"])
+def test_round_trip_is_exact_for_odd_content(head, attention):
+    model = tiny_model(seed=3, head=head, attention=attention, n_layers=2)  # randomly initialised
+    images = np.concatenate([odd_images(4), random_images(5, 4, seed=1).numpy()])
+    data = compress(model, images, batch=4)  # passes of 4, 4 and 3 images
+    out = decompress(model, data)
+    assert out.dtype == np.uint8 and out.shape == images.shape
+    assert np.array_equal(out, images)
+    header = read_header(data)
+    assert (header.count, header.batch, header.threads, header.head) == (11, 4, 1, head)
+
+
+@pytest.mark.parametrize("head", ["categorical", "dmol"])
+def test_file_costs_the_models_bits(head):
+    """The ideal cost of the quantised distributions is the model's NLL (to 1e-3 bits per
+    image), and the file is that plus the header and a few bytes of the coder."""
+    model = tiny_model(seed=1, head=head)
+    images = random_images(6, 4, seed=2)
+    data, stats = compress_with_stats(model, images.numpy(), batch=6)
+    with torch.no_grad():
+        model_bits = float(model.nll(images).sum()) / math.log(2)
+    assert stats.ideal_bits == pytest.approx(model_bits, abs=6e-3)
+    overhead = len(data) - stats.ideal_bits / 8
+    assert HEADER.size + TRAILER.size <= overhead <= HEADER.size + TRAILER.size + 8
+
+
+def test_shipped_dmol_model_round_trip_and_size():
+    """The shipped DMOL model: CIFAR-like content and odd content, one file, exact; the file
+    within 1% (+ 60 bytes) of the model's own bits. The coder may spend less than the model: a
+    value the model gives almost no mass (noise, edge values) costs it at most 24 bits."""
+    model = load_model(SHIPPED)
+    rng = np.random.default_rng(0)
+    smooth = np.cumsum(rng.integers(0, 3, (2, 32, 32, 3)), axis=2).clip(0, 255).astype(np.uint8)
+    images = np.concatenate([odd_images(32)[[0, 1, 2, 5]], smooth])
+    data, stats = compress_with_stats(model, images, batch=6)
+    assert np.array_equal(decompress(model, data), images)
+    with torch.no_grad():
+        model_bits = float(model.nll(torch.from_numpy(images)).sum()) / math.log(2)
+    assert stats.ideal_bits <= model_bits * (1 + 1e-4)
+    assert len(data) * 8 <= model_bits * 1.01 + 60 * 8
+
+
+def test_quantise_keeps_every_value_and_sums_exactly():
+    rng = np.random.default_rng(0)
+    logits = torch.from_numpy(rng.normal(0, 30, (64, 256)))  # very peaked rows: most values near 0 mass
+    logits[0] = 0.0  # uniform
+    logits[1, 17] = 1e4  # all mass on one value
+    freq = quantise(categorical_probs(logits))
+    assert freq.dtype == torch.int64
+    assert (freq >= 1).all()
+    assert (freq.sum(-1) == TOTAL).all()
+    assert (freq[0] == TOTAL // 256).all()
+    assert freq[1, 17] == TOTAL - 255
+    with pytest.raises(FloatingPointError):
+        quantise(torch.full((1, 256), float("nan"), dtype=torch.float64))
+
+
+def test_dmol_channels_multiply_to_the_heads_likelihood():
+    """R, then G given R, then B given R and G: their product over a pixel is the head's
+    log_prob of the pixel (edge levels included)."""
+    model = tiny_model(seed=5, head="dmol", mixture_components=3)
+    params = torch.randn(8, model.head.proj.out_features, dtype=torch.float64) * 3
+    pixels = torch.tensor([[0, 0, 0], [255, 255, 255], [0, 255, 128], [17, 200, 3]] * 2)
+    dist = PixelDistributions(model.head, params)
+    total = torch.zeros(8, dtype=torch.float64)
+    for channel in range(3):
+        probs = dist.channel(channel)
+        assert torch.allclose(probs.sum(-1), torch.ones(8, dtype=torch.float64))
+        total += probs.gather(1, pixels[:, channel:channel + 1])[:, 0].log()
+        dist.observe(channel, pixels[:, channel])
+    expected = model.head.log_prob(params[:, None], pixels[:, None])[:, 0]
+    assert torch.allclose(total, expected, atol=1e-9)
+
+
+def test_another_model_is_refused_by_its_fingerprint():
+    model = tiny_model(seed=0, head="dmol")
+    data = compress(model, random_images(2, 4).numpy())
+    other = tiny_model(seed=0, head="dmol")
+    with torch.no_grad():
+        other.head.proj.bias[0] += 1e-6  # one weight, barely changed
+    assert model_fingerprint(other) != model_fingerprint(model)
+    with pytest.raises(CodecError, match="another model"):
+        decompress(other, data)
+    same_weights_other_config = tiny_model(seed=0, head="dmol", dropout=0.1)
+    with pytest.raises(CodecError, match="another model"):
+        decompress(same_weights_other_config, data)
+    assert model_fingerprint(tiny_model(seed=0, head="dmol")) == model_fingerprint(model)  # deterministic
+
+
+@pytest.fixture(scope="module")
+def coded():
+    model = tiny_model(seed=2, head="dmol")
+    images = random_images(3, 4, seed=4).numpy()
+    return model, images, compress(model, images)
+
+
+def test_not_a_file_of_ours(coded):
+    model, _, data = coded
+    for junk in (b"", b"IT", b"PK\x03\x04 a zip, not ours", data[4:]):
+        with pytest.raises(CodecError, match="not an imagetx compressed file"):
+            decompress(model, junk)
+
+
+def test_truncated_or_extended_file(coded):
+    model, _, data = coded
+    for length in (5, HEADER.size - 1, HEADER.size + 3, len(data) - 1):
+        with pytest.raises(CodecError, match="truncated"):
+            decompress(model, data[:length])
+    with pytest.raises(CodecError, match="longer than its header says"):
+        decompress(model, data + b"\0")
+
+
+def test_every_damaged_byte_is_caught(coded):
+    model, images, data = coded
+    for offset in range(len(data)):
+        damaged = bytearray(data)
+        damaged[offset] ^= 0x10
+        with pytest.raises(CodecError):
+            decompress(model, bytes(damaged))
+
+
+def test_crafted_files_never_decode_to_a_wrong_image(coded):
+    """With the CRC recomputed (a crafted file): a changed payload word or pixel digest gives a
+    CodecError, never other pixels; absurd header fields are refused before decoding."""
+    model, images, data = coded
+    header = read_header(data)
+    for offset in range(HEADER.size, len(data) - TRAILER.size, 3):
+        crafted = bytearray(data)
+        crafted[offset] ^= 0x01
+        try:
+            out = decompress(model, fix_crc(bytes(crafted)))
+        except CodecError:
+            continue
+        assert np.array_equal(out, images)  # a change the range coder never reads back
+    digest_at = HEADER.size - 12  # the 8-byte pixel digest, then the 4-byte payload length
+    crafted = bytearray(data)
+    crafted[digest_at] ^= 0xFF
+    with pytest.raises(CodecError, match="do not match the file's checksum"):
+        decompress(model, fix_crc(bytes(crafted)))
+    count_at = 8
+    for count in (0, MAX_IMAGES + 1):
+        crafted = bytearray(data)
+        struct.pack_into("<I", crafted, count_at, count)
+        with pytest.raises(CodecError, match="header is invalid"):
+            decompress(model, fix_crc(bytes(crafted)))
+    version = bytearray(data)
+    version[4] = 9
+    with pytest.raises(CodecError, match="format version 9"):
+        decompress(model, fix_crc(bytes(version)))
+    assert header.count == 3
+
+
+def test_images_the_codec_cannot_take():
+    model = tiny_model(head="dmol")
+    with pytest.raises(CodecError, match="resizes nothing|nothing is resized"):
+        compress(model, np.zeros((1, 8, 8, 3), np.uint8))
+    with pytest.raises(CodecError, match="uint8"):
+        compress(model, np.zeros((1, 4, 4, 3), np.float32))
+    with pytest.raises(CodecError, match="unconditional"):
+        compress(tiny_model(num_classes=10), np.zeros((1, 4, 4, 3), np.uint8))
