@@ -475,7 +475,7 @@ def test_bad_data_through_the_commands(tmp_path, capsys, case):
         ckpt = tmp_path / "m"
         save_pretrained(tiny_model(head="dmol", **TINY), ckpt)
         line = one_error_line(capsys, evaluate_main, ["--ckpt", str(ckpt), "--data.source", "folder",
-                                                      "--data.root", str(root)])
+                                                      "--data.root", str(root), "--split", "test"])
         assert "no test split" in line and "val" in line, line
         return
     config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", root, 2, model=TINY, data={"source": source})

@@ -108,21 +108,25 @@ def resize_area(pixels: np.ndarray, size: int) -> np.ndarray:
     """(side, side, C) uint8 -> (size, size, C) uint8, each output pixel the mean of the area it
     covers (partly covered pixels weighted by the part covered), rounded half up exactly.
 
-    Separable, in whole numbers: rows first, each output row from the band of about side/size
-    input rows it covers (so the cost is one pass over the picture, not the side² × size² of
-    the dense two-sided product), then columns. Every sum is a whole number below 2^24 (rows:
-    at most side·255, float32 exact for sides up to 65,793) or 2^53 (columns: side²·255,
-    float64), so the float arithmetic is exact and the rounding of the mean is decided in
-    integers: the same answer as exact rational arithmetic, at any side."""
+    Separable and in whole numbers (``area_coverage``'s units): rows first, each output row the sum
+    of the input rows it covers whole (times ``size``, their coverage) plus its at most two partly
+    covered rows, so the picture is read once, as uint8, with no float copy of it (the dense
+    two-sided product costs side² × size² instead); then columns, on the small (size, side, C)
+    result, in float64, exact below 2^53 (the sums stay below 255·side²). The mean's rounding is
+    decided in integers: the answer of exact rational arithmetic, at any side."""
     side = pixels.shape[0]
     coverage = area_coverage(side, size)
-    row_type = np.float32 if side * 255 < 2**24 else np.float64  # exact while the sums stay below 2^24
-    rows = np.empty((size, side * pixels.shape[2]), dtype=np.float64)
     flat = pixels.reshape(side, -1)
-    for i, weights in enumerate(coverage):
-        first, stop = (i * side) // size, -(-(i + 1) * side // size)  # the input rows output row i covers
-        rows[i] = weights[first:stop].astype(row_type) @ flat[first:stop].astype(row_type)
-    sums = np.matmul(coverage.astype(np.float64), rows.reshape(size, side, -1))  # (size, size, C), exact
+    rows = np.zeros((size, flat.shape[1]), dtype=np.int64)
+    for i in range(size):
+        start, stop = i * side, (i + 1) * side  # output row i, in 1/size of a pixel
+        whole_from, whole_to = -(-start // size), stop // size  # the input rows it covers whole
+        if whole_to > whole_from:
+            rows[i] = flat[whole_from:whole_to].sum(axis=0, dtype=np.int64) * size
+        for row in {start // size, min(stop // size, side - 1)}:  # the partly covered ones
+            if not whole_from <= row < whole_to and coverage[i, row]:
+                rows[i] += coverage[i, row] * flat[row].astype(np.int64)
+    sums = np.matmul(coverage.astype(np.float64), rows.reshape(size, side, -1).astype(np.float64))
     area = side * side  # the mean is sums / area; floor(mean + 1/2) in integers:
     return ((2 * sums.astype(np.int64) + area) // (2 * area)).astype(np.uint8)
 
