@@ -30,6 +30,7 @@ from typing import Literal
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
+from .cli.shipped import resolve
 from .cli.common import Number, check_device, parse, parser_for, run_or_exit
 from .cli.data_options import add_data_arguments, add_split_argument, data_reader
 from .data.sources import check_fits, tensors
@@ -130,7 +131,7 @@ def each_repeated(tensor: torch.Tensor | None, times: int) -> torch.Tensor | Non
 
 def run(args: Namespace) -> dict:
     check_device(args.device)
-    model = load_model(args.ckpt, map_location=args.device)
+    model = load_model(resolve(args.ckpt), map_location=args.device)  # pretrained/...: also from an installed wheel
     check_request(args, model)
     out = check_writable(args.out, "--out")
     cfg, device = model.config, args.device

@@ -27,6 +27,7 @@ from argparse import ArgumentError
 from dataclasses import fields
 from operator import attrgetter
 import shlex
+import sys
 from pathlib import Path
 
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
@@ -34,6 +35,7 @@ from lightning.pytorch.cli import LightningCLI
 
 from .cli.common import ConfigError, HelpFormatter, run_or_exit
 from .cli.errors import describe_parse_error
+from .cli.shipped import resolve_config_args
 from .data.datamodule import ImageDataModule
 from .data.options import DataOptions
 from .io.atomic import check_writable, remove_stale_temporaries
@@ -170,6 +172,12 @@ def evaluate_command(ckpt: Path, data) -> str:
 
 
 def main(args: list[str] | None = None) -> None:
+    given = sys.argv[1:] if args is None else args
+    resolved = resolve_config_args(given)  # configs/quick.yaml: also from an installed wheel, from any folder
+    if resolved != given and args is None:
+        sys.argv[1:] = resolved  # (LightningCLI warns when given args while sys.argv has some)
+    elif resolved != given:
+        args = resolved
     run_or_exit(lambda: train(args))
 
 

@@ -14,11 +14,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..cli.common import parse, parser_for, run_or_exit
+from ..cli.shipped import resolve, shipped_folder
 from ..data.images import MAX_FILE_BYTES
 from ..io.load import load_model
 from .tasks import Models, bits_per_dim
 
-PRETRAINED = Path(__file__).resolve().parents[2] / "pretrained"  # the repository's shipped models
+PRETRAINED = shipped_folder("pretrained")  # the shipped models: the repository's, or the installed package's
 DEFAULT_PORT = 7860  # Gradio's own default, so its documentation's address works
 HIGHEST_PORT = 65535
 NEEDS_GRADIO = "the demo needs gradio: pip install 'imagetx[demo]'"
@@ -39,6 +40,7 @@ def load_models(args) -> Models:
     """The two models, each checked to be of its kind; a ValueError of one line otherwise."""
     if not 1 <= args.port <= HIGHEST_PORT:
         raise ValueError(f"--port {args.port} is outside 1..{HIGHEST_PORT}: give a free port, e.g. {DEFAULT_PORT}")
+    args.ckpt, args.superres_ckpt = resolve(args.ckpt), resolve(args.superres_ckpt)
     for option, path in (("--ckpt", args.ckpt), ("--superres-ckpt", args.superres_ckpt)):
         if not Path(path).exists():
             raise ValueError(f"{option} {path} does not exist: give a weights folder (imagetx.export) or a "
