@@ -21,6 +21,7 @@ from typing import Literal
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
+from .cli.shipped import resolve
 from .cli.common import check_device, parse, parser_for, run_or_exit
 from .cli.data_options import add_data_arguments, add_split_argument, data_reader
 from .data.sources import check_fits, tensors
@@ -46,7 +47,7 @@ def run(args: Namespace) -> dict:
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
         raise ValueError("--batch_size and --limit must be positive")
     check_device(args.device)
-    model = load_model(args.ckpt, map_location=args.device)
+    model = load_model(resolve(args.ckpt), map_location=args.device)  # pretrained/...: also from an installed wheel
     cfg = model.config
     rows = args.rows if args.task == "complete" else 0
     if not 0 <= rows < cfg.image_size:  # all rows given would leave nothing to score
