@@ -24,6 +24,7 @@ from jsonargparse import ArgumentParser, Namespace
 from .cli.shipped import resolve
 from .cli.common import check_device, parse, parser_for, run_or_exit
 from .cli.data_options import add_data_arguments, add_split_argument, data_reader
+from .codec.bits_map import MAP_IMAGES, write_bits_maps
 from .data.sources import check_fits, tensors
 from .io.load import load_model
 from .model.scoring import evaluate
@@ -39,6 +40,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--rows", type=int, default=16, help="with --task complete: rows given")
     parser.add_argument("--batch_size", type=int, default=32)
     parser.add_argument("--limit", type=int | None, default=None, help="only the first N images of the split")
+    parser.add_argument("--bits_map", type=str | None, default=None,
+                        help=f"a folder: the first {MAP_IMAGES} images beside the bits each pixel costs (PNGs)")
     parser.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu")
     return parser
 
@@ -60,6 +63,10 @@ def run(args: Namespace) -> dict:
     result = evaluate(model, images, labels, args.batch_size, rows)
     result.update(split=args.split, task=args.task, rows=rows, ckpt=str(args.ckpt),
                   seconds=round(time.perf_counter() - started, 2))
+    if args.bits_map:  # every pixel's bits, whatever --task scored (docs/compress.md)
+        maps = write_bits_maps(model, images[:MAP_IMAGES], None if labels is None else labels[:MAP_IMAGES],
+                               args.bits_map)
+        result["bits_maps"] = [str(path) for path in maps]
     return result
 
 

@@ -9,13 +9,17 @@ before it in generation order): what the codec spends on it, up to the 2**-24 qu
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import torch
 from einops import reduce
+from PIL import Image
 
+from ..io.atomic import atomic_write
 from ..model.config import CHANNELS, LEVELS
 from ..model.modes import eval_mode
+from ..model.scoring import model_inputs
 from ..model.transformer import ImageTransformer
 
 # The colour scale runs from 0 to 24 bits per pixel: 24 = 3 · log2(256) is what a pixel costs
@@ -27,13 +31,18 @@ SCALE_BITS = CHANNELS * math.log2(LEVELS)
 RAMP = np.array([[0, 0, 4], [87, 16, 110], [188, 55, 84], [249, 142, 9], [252, 255, 164]], dtype=np.float64)
 # Maps are shown enlarged this many times with nearest neighbours: 32 pixels -> 256 on a screen.
 MAP_SCALE = 8
+# imagetx.evaluate --bits_map draws the first this many images: a few to look at, not a data set.
+MAP_IMAGES = 8
 
 
 @torch.no_grad()
-def bits_per_pixel(model: ImageTransformer, images: torch.Tensor) -> np.ndarray:
-    """(N, H, W, 3) uint8 -> (N, H, W) float64 bits each pixel costs under the model."""
+def bits_per_pixel(model: ImageTransformer, images: torch.Tensor, labels: torch.Tensor | None = None) -> np.ndarray:
+    """(N, H, W, 3) uint8 -> (N, H, W) float64 bits each pixel costs under the model (given the
+    labels, for a class-conditional model; given its 8×8 version, for super-resolution)."""
+    device = model.step_rows.device
+    batch = {"images": images.to(device)} | ({} if labels is None else {"labels": labels.to(device)})
     with eval_mode(model):
-        nats = -model.log_prob(images.to(model.step_rows.device))  # (N, T): a sub-pixel or a pixel each
+        nats = -model.log_prob(*model_inputs(model.config, batch))  # (N, T): a sub-pixel or a pixel each
     grid = model.order.sequence_to_grid(nats.double().cpu())  # (N, H, 3W) or (N, H, W)
     if model.config.head == "categorical":
         grid = reduce(grid, "n h (w c) -> n h w", "sum", c=CHANNELS)
@@ -54,3 +63,17 @@ def map_picture(image: np.ndarray, bits: np.ndarray, scale: int = MAP_SCALE) -> 
     gap = np.full((image.shape[0], 1, 3), 255, np.uint8)
     both = np.concatenate([image, gap, colour(bits)], axis=1)
     return both.repeat(scale, axis=0).repeat(scale, axis=1)
+
+
+def write_bits_maps(model: ImageTransformer, images: torch.Tensor, labels: torch.Tensor | None,
+                    directory: str | Path) -> list[Path]:
+    """``map_picture`` of each image as ``directory``/bits_map_00000.png, ... -> the paths."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for index, (image, bits) in enumerate(zip(images.cpu().numpy(), bits_per_pixel(model, images, labels))):
+        path = directory / f"bits_map_{index:05d}.png"
+        picture = Image.fromarray(map_picture(image, bits))
+        atomic_write(path, lambda handle, picture=picture: picture.save(handle, format="PNG"))
+        paths.append(path)
+    return paths
