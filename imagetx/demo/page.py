@@ -8,6 +8,7 @@ from __future__ import annotations
 import gradio as gr
 
 from ..data.images import MAX_FILE_BYTES
+from .compress_tab import add_tab as add_compress_tab
 from .tasks import SUPERRES_TEMPERATURES, Models, examples
 
 # the sliders' ranges: at least one row kept and one left to draw; up to 8 samples, about 10 s
@@ -115,4 +116,5 @@ def build(models: Models) -> gr.Blocks:
                     samples = samples_gallery("generate-samples")
                     files = downloads("generate-files")
             run.click(models.generate, [count, temperature, seed, label], [samples, files, status])
+        add_compress_tab(models, IMAGE_HEIGHT)
     return page

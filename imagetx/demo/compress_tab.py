@@ -1,0 +1,93 @@
+"""The demo's "compress" tab: an upload coded losslessly with the completion model
+(imagetx.codec), its size beside PNG, WebP and JPEG XL of the same pixels, and where the bits
+go, as a picture. ``compress_picture`` is the task (a generator like ``tasks.py``'s, never
+raising for a bad upload); ``add_tab`` lays the tab out inside the page's Blocks."""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import gradio as gr
+import numpy as np
+from PIL import Image
+
+from ..codec import compress, decompress
+from ..codec.bits_map import SCALE_BITS, bits_per_pixel, map_picture
+from ..codec.classical import available, sizes
+from ..codec.container import CodecError
+from .tasks import Models, refused, seconds, shown
+
+# The table's codecs beside imagetx's: those the issue names (JPEG 2000 is in docs/results.md).
+SHOWN_CODECS = ("PNG", "WebP", "JPEG XL")
+
+
+def size_table(coded: int, dims: int, others: dict[str, int]) -> str:
+    """A Markdown table: each codec's bytes and bits/dim for the same pixels, smallest first."""
+    rows = sorted([("imagetx (this model)", coded), *others.items()], key=lambda row: row[1])
+    lines = ["| codec | bytes | bits/dim |", "|---|---|---|"]
+    lines += [f"| {name} | {size:,} | {8 * size / dims:.2f} |" for name, size in rows]
+    return "\n".join(lines)
+
+
+def compress_picture(models: Models, upload: str | None) -> Iterator[tuple]:
+    """Outputs (the pixels coded, enlarged; the bits map, enlarged; the compressed file; the size
+    table; status)."""
+    model = models.completion
+    try:
+        picture, note, preparing = models.picture(upload, model)  # the 32×32 pixels every tab uses
+        pixels = picture.numpy()
+        yield shown(picture), None, None, "", "compressing..."
+        started = time.perf_counter()
+        data = compress(model, pixels[None], batch=1)
+        coding = time.perf_counter() - started
+        started = time.perf_counter()
+        exact = np.array_equal(decompress(model, data)[0], pixels)
+        decoding = time.perf_counter() - started
+        bits = bits_per_pixel(model, picture[None])[0]
+        codecs = [name for name in SHOWN_CODECS if name in available()]
+        table = size_table(len(data), pixels.size, sizes(pixels, codecs))
+        folder = Path(tempfile.mkdtemp(dir=models.downloads.name))
+        path = folder / f"{Path(upload).stem}.itx"
+        path.write_bytes(data)
+        bits_map = Image.fromarray(map_picture(pixels, bits))
+        decoded = "decompressed back: **the same pixels**" if exact else "decompressed back: **DIFFERENT PIXELS**"
+        yield (shown(picture), bits_map, str(path), table,
+               f"**{len(data):,} bytes**, {8 * len(data) / pixels.size:.2f} bits/dim, in "
+               f"{seconds(preparing + coding)} ({seconds(preparing)} preparing the picture, {seconds(coding)} "
+               f"compressing), then {seconds(decoding)} decompressing; {decoded}. {note}. "
+               f"{models.card('completion')}")
+    except (ValueError, OSError, FloatingPointError, CodecError) as error:
+        yield None, None, None, "", refused(error)
+
+
+def add_tab(models: Models, image_height: int) -> None:
+    """The "compress" tab, inside the page's ``gr.Blocks``."""
+    from .page import upload_box  # the page's upload box and examples (imported here: page imports this module)
+
+    with gr.Tab("compress", id="compress"):
+        with gr.Row():
+            with gr.Column(scale=1):
+                upload = upload_box("compress")
+                run = gr.Button("compress", variant="primary", elem_id="compress-run")
+                gr.Markdown("Lossless: the 32×32 pixels are coded with the model's probabilities and a range "
+                            "coder, then decompressed to check. Your picture is first made 32×32 as in the "
+                            "other tabs; the other codecs get the same pixels.")
+            with gr.Column(scale=2):
+                status = gr.Markdown(elem_id="compress-status")
+                table = gr.Markdown(elem_id="compress-table")
+                with gr.Row():
+                    original = gr.Image(label="the pixels coded", type="pil", format="png", interactive=False,
+                                        height=image_height, elem_id="compress-original")
+                    bits_map = gr.Image(label=f"bits per pixel: black 0, pale yellow {SCALE_BITS:.0f} or more",
+                                        type="pil", format="png", interactive=False, height=image_height,
+                                        elem_id="compress-map")
+                file = gr.File(label="the compressed file (python -m imagetx.decompress)", interactive=False,
+                               elem_id="compress-file")
+
+        def task(upload_path: str | None) -> Iterator[tuple]:
+            yield from compress_picture(models, upload_path)
+
+        run.click(task, [upload], [original, bits_map, file, table, status])
