@@ -36,13 +36,15 @@ def build_parser() -> ArgumentParser:
                         help="checkpoint written by imagetx.train, or a weights folder (imagetx.export)")
     add_data_arguments(parser)
     add_split_argument(parser)
-    parser.add_argument("--task", type=Literal["likelihood", "complete"], default="likelihood")
+    parser.add_argument("--task", type=Literal["likelihood", "complete"], default="likelihood",
+                        help="likelihood: bits/dim of whole images; complete: of the rows below --rows, given those")
     parser.add_argument("--rows", type=int, default=16, help="with --task complete: rows given")
-    parser.add_argument("--batch_size", type=int, default=32)
+    parser.add_argument("--batch_size", type=int, default=32, help="images scored at once (memory, not the result)")
     parser.add_argument("--limit", type=int | None, default=None, help="only the first N images of the split")
     parser.add_argument("--bits_map", type=str | None, default=None,
                         help=f"a folder: the first {MAP_IMAGES} images beside the bits each pixel costs (PNGs)")
-    parser.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu, cuda or cuda:N (default: cuda where there is a GPU)")
     return parser
 
 

@@ -51,15 +51,17 @@ def build_parser() -> ArgumentParser:
     parser = parser_for(__doc__)
     parser.add_argument("--ckpt", type=str, required=True,
                         help="checkpoint written by imagetx.train, or a weights folder (imagetx.export)")
-    parser.add_argument("--task", type=Literal["generate", "complete", "superres"], default="generate")
+    parser.add_argument("--task", type=Literal["generate", "complete", "superres"], default="generate",
+                        help="generate from scratch, complete the bottom of inputs, or upsample inputs' 8x8 versions")
     parser.add_argument("--count", type=int, default=8, help="images to generate, or inputs to complete/upsample")
     parser.add_argument("--samples", type=int, default=3, help="samples per input (complete)")
     parser.add_argument("--label", type=int | None, default=None,
                         help="class for every image (class-conditional models)")
     parser.add_argument("--rows", type=int, default=16, help="rows given for completion")
-    parser.add_argument("--temperature", type=Number, default=1.0)
+    parser.add_argument("--temperature", type=Number, default=1.0,
+                        help="1: the model's own distribution; lower: plainer, more likely values; 0: the most likely")
     parser.add_argument("--temperatures", type=Number, nargs="+", default=[0.8, 0.9, 1.0], help="for superres")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help="the same seed draws the same samples")
     parser.add_argument("--out", type=str, default="samples", help="output directory")
     parser.add_argument("--scale", type=int, default=GRID_SCALE,
                         help="grids enlarged this many times with nearest neighbours (1: the raw pixels)")
@@ -67,14 +69,16 @@ def build_parser() -> ArgumentParser:
                         help="your own image files as inputs, prepared by --data.crop and --data.resize")
     add_data_arguments(parser)
     add_split_argument(parser)
-    parser.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu",
+                        help="cpu, cuda or cuda:N (default: cuda where there is a GPU)")
     return parser
 
 
 def check_request(args: Namespace, model: ImageTransformer) -> None:
     cfg = model.config
-    if args.count < 1 or args.samples < 1:
-        raise ValueError(f"--count {args.count} / --samples {args.samples}: both must be at least 1")
+    for option, value in (("--count", args.count), ("--samples", args.samples)):
+        if value < 1:
+            raise ValueError(f"{option} {value} is invalid: give 1 or more")
     if args.scale < 1:
         raise ValueError(f"--scale {args.scale} is invalid: enlarge the grids 1 (the raw pixels) or more times")
     for temperature in [args.temperature, *args.temperatures]:

@@ -33,7 +33,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from lightning.pytorch.cli import LightningCLI
 
-from .cli.common import ConfigError, HelpFormatter, run_or_exit
+from .cli.common import ConfigError, HelpFormatter, program, run_or_exit
 from .cli.errors import describe_parse_error
 from .cli.shipped import resolve_config_args
 from .data.datamodule import ImageDataModule
@@ -136,11 +136,21 @@ class ImagetxCLI(LightningCLI):
         return super().instantiate_trainer(callbacks=callbacks, **kwargs)
 
 
+# The usage line, short: argparse's lists every one of the ~170 settings (75 lines); the options
+# below it say them all.
+USAGE = "{program} [--config FILE] [--resume last|PATH] [--wandb MODE] [--GROUP.KEY VALUE ...]"
+
+
 def make_cli(args: list[str] | None = None) -> ImagetxCLI:
     """The parsed command line, with model, data and trainer built (nothing trained yet)."""
+    # auto_configure_optimizers=False: the module builds its own optimiser and schedule
+    # (--model.optimizer, --model.peak_lr, ...); Lightning's generic --optimizer / --lr_scheduler
+    # would only lead --help with options that change nothing.
     return ImagetxCLI(ImageTransformerModule, ImageDataModule, trainer_class=Trainer, run=False, args=args,
                       seed_everything_default=0, save_config_kwargs={"overwrite": True},
-                      parser_kwargs={"description": __doc__, "exit_on_error": False, "formatter_class": HelpFormatter})
+                      auto_configure_optimizers=False,
+                      parser_kwargs={"prog": program(), "usage": USAGE.format(program=program()), "description": __doc__,
+                                     "exit_on_error": False, "formatter_class": HelpFormatter})
 
 
 def train(args: list[str] | None = None) -> None:

@@ -12,6 +12,7 @@ import os
 import sys
 from argparse import ArgumentError, RawDescriptionHelpFormatter
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
 import torch
@@ -70,9 +71,26 @@ class HelpFormatter(DefaultHelpFormatter, RawDescriptionHelpFormatter):
     """jsonargparse's ``--help``, with the command's docstring laid out as written."""
 
 
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the folder that holds imagetx/
+
+
+def program() -> str:
+    """The command as the user ran it, for usage lines: ``python -m imagetx.sample`` (argparse would
+    say ``sample.py``, or ``__main__.py`` for the demo) or the console script (``imagetx-sample``)."""
+    path = Path(sys.argv[0])
+    if path.suffix != ".py":
+        return path.name
+    try:
+        module = path.resolve().relative_to(PACKAGE_ROOT).with_suffix("")
+    except ValueError:
+        return path.name
+    return "python -m " + ".".join(module.parts).removesuffix(".__main__")
+
+
 def parser_for(description: str) -> ArgumentParser:
     """A jsonargparse parser with ``--config FILE``; errors raise instead of printing usage."""
-    parser = ArgumentParser(description=description, exit_on_error=False, formatter_class=HelpFormatter)
+    parser = ArgumentParser(prog=program(), description=description, exit_on_error=False,
+                            formatter_class=HelpFormatter)
     parser.add_argument("--config", action="config", help="a YAML file of these settings")
     return parser
 

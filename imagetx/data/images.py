@@ -45,8 +45,11 @@ UPRIGHT = 1  # the EXIF orientation of a picture stored the right way up
 # A user's file is refused above these, before its pixels are decoded. 20 MB holds any
 # ordinary photo (a 48-megapixel phone JPEG is about 10-15 MB); 50 megapixels is above the
 # largest common camera outputs (48 MP) and keeps one decoded RGB image under 150 MB, where a
-# few-kilobyte PNG can claim billions of pixels.
-MAX_FILE_BYTES = 20 * 1000 * 1000
+# few-kilobyte PNG can claim billions of pixels. A MB here is 2^20 bytes, as file managers and
+# Gradio's page (which refuses a larger upload itself, "exceeds 20.0 Mb") count it: every message
+# then states the same limit.
+MEGABYTE = 2**20
+MAX_FILE_BYTES = 20 * MEGABYTE
 MAX_PIXELS = 50_000_000
 BACKGROUND = (255, 255, 255)  # what transparent parts of a picture are laid on: white, as a page shows them
 SIXTEEN_BIT_MAX = 65535  # 16-bit pixel values run 0..65535; scaled so that 65535 becomes 255
@@ -136,7 +139,7 @@ class PictureError(ValueError):
 
 
 def megabytes(size: int) -> str:
-    return f"{size / 1e6:.1f} MB"
+    return f"{size / MEGABYTE:.1f} MB"
 
 
 def read_picture(path: str | Path, name: str | None = None, max_bytes: int = MAX_FILE_BYTES,

@@ -11,6 +11,7 @@ network it is on). Needs Gradio: pip install 'imagetx[demo]'.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 from ..cli.common import parse, parser_for, run_or_exit
@@ -28,7 +29,7 @@ NEEDS_GRADIO = "the demo needs gradio: pip install 'imagetx[demo]'"
 def build_parser():
     parser = parser_for(__doc__)
     parser.add_argument("--host", type=str, default="127.0.0.1", help="address to listen on (this machine only)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT)
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (1..65535)")
     parser.add_argument("--ckpt", type=str, default=str(PRETRAINED / "completion"),
                         help="completion / generation model: a weights folder or a training checkpoint")
     parser.add_argument("--superres-ckpt", type=str, default=str(PRETRAINED / "superres"),
@@ -45,6 +46,7 @@ def load_models(args) -> Models:
         if not Path(path).exists():
             raise ValueError(f"{option} {path} does not exist: give a weights folder (imagetx.export) or a "
                              "checkpoint written by imagetx.train")
+    check_port_free(args.host, args.port)  # before the models load: Gradio's own message names an env variable
     completion = load_model(args.ckpt, map_location="cpu")
     superres = load_model(args.superres_ckpt, map_location="cpu")
     if completion.config.encoder_layers:
@@ -55,6 +57,19 @@ def load_models(args) -> Models:
                          "give one trained with encoder_layers > 0, e.g. pretrained/superres")
     return Models(completion, superres, shown_path(args.ckpt), shown_path(args.superres_ckpt),
                   bits_per_dim(args.ckpt), bits_per_dim(args.superres_ckpt))
+
+
+def check_port_free(host: str, port: int) -> None:
+    """A ValueError naming ``--port`` when ``host:port`` cannot be listened on (another program
+    has it): bound and let go at once, as the server will bind it (SO_REUSEADDR, as uvicorn)."""
+    try:
+        family, kind, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        with socket.socket(family, kind) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+    except OSError as error:
+        raise ValueError(f"--port {port}: cannot listen on {host}:{port} ({error.strerror or error}); another "
+                         f"program may have it: give a free port, e.g. --port {port + 1}, or another --host") from None
 
 
 def shown_path(path: str) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from ..data.images import MAX_FILE_BYTES
+from ..data.images import MAX_FILE_BYTES, megabytes
 from .compress_tab import add_tab as add_compress_tab
 from .tasks import SUPERRES_TEMPERATURES, Models, examples
 
@@ -45,7 +45,7 @@ def sliders(prefix: str, count: int = DEFAULT_SAMPLES) -> tuple:
 
 
 def upload_box(prefix: str) -> gr.File:
-    box = gr.File(label=f"your picture (any size, up to {MAX_FILE_BYTES // 1_000_000} MB)", file_types=["image"],
+    box = gr.File(label=f"your picture (any size, up to {megabytes(MAX_FILE_BYTES)})", file_types=["image"],
                   type="filepath", elem_id=f"{prefix}-upload")
     gr.Examples([[path] for path in examples()], inputs=box, label="or pick an example (CIFAR-10 val images)")
     return box

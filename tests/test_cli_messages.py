@@ -1,0 +1,69 @@
+"""What the commands say: usage lines naming the command as it is run, help for every option,
+a short train --help without Lightning's optimiser options that change nothing, and messages that
+name the option the user gave (issue 50, item 8)."""
+
+from __future__ import annotations
+
+import importlib
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import one_error_line, tiny_model
+from imagetx import save_pretrained
+from imagetx.data.images import MAX_FILE_BYTES, megabytes
+
+REPO = Path(__file__).resolve().parents[1]
+PARSERS = ["imagetx.sample", "imagetx.evaluate", "imagetx.export", "imagetx.demo.__main__"]
+
+
+@pytest.mark.slow
+def test_usage_names_the_command_and_train_help_leads_with_its_own_options():
+    commands = {name: subprocess.Popen([sys.executable, "-m", f"imagetx.{name}", "--help"], cwd=REPO, text=True,
+                                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                for name in ("train", "sample", "demo")}
+    helps = {name: process.communicate(timeout=300)[0] for name, process in commands.items()}
+    for name, text in helps.items():
+        assert text.startswith(f"usage: python -m imagetx.{name} "), text[:200]
+    train = helps["train"]
+    assert "--optimizer" not in train.replace("--model.optimizer", "") and "--lr_scheduler" not in train
+    assert len(train.splitlines()) < 520 and train.splitlines()[0].count("[") == 4  # a one-line usage
+
+
+@pytest.mark.parametrize("module", PARSERS)
+def test_every_option_says_what_it_does(module):
+    parser = importlib.import_module(module).build_parser()
+    silent = [action.option_strings for action in parser._actions if not action.help]
+    assert not silent, silent
+
+
+def test_a_bad_sample_count_names_only_the_option_given(tmp_path, capsys):
+    from imagetx.sample import main
+
+    save_pretrained(tiny_model(), tmp_path / "m")
+    line = one_error_line(capsys, main, ["--ckpt", str(tmp_path / "m"), "--samples", "0", "--task", "complete"])
+    assert "--samples 0 is invalid" in line and "--count" not in line, line
+
+
+def test_a_taken_port_is_refused_naming_the_port_option(capsys):
+    from imagetx.demo.__main__ import main
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        line = one_error_line(capsys, main, ["--port", str(port)])
+    assert f"--port {port}" in line and "free port" in line and "GRADIO_SERVER_PORT" not in line, line
+
+
+def test_the_upload_limit_is_stated_as_gradio_states_it():
+    """Gradio's page refuses an upload over the limit itself, counting 2^20 bytes to its "Mb": the
+    limit is a whole number of those, and imagetx's messages count the same way."""
+    assert MAX_FILE_BYTES % 2**20 == 0 and megabytes(MAX_FILE_BYTES) == f"{MAX_FILE_BYTES // 2**20}.0 MB"
+
+
+def test_the_default_sample_folder_is_ignored_by_git():
+    assert subprocess.run(["git", "check-ignore", "-q", "samples/complete.png"], cwd=REPO).returncode == 0
