@@ -1,0 +1,79 @@
+"""The demo's compress tab in a real browser (as tests/test_demo_browser.py drives the others):
+a photo is compressed with the shipped model, the page shows the size beside PNG, WebP and
+JPEG XL and the bits map, and the file it offers decompresses to the pixels it showed; a bad
+upload shows why it is refused."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from helpers import write_pictures
+from imagetx.codec import decompress
+from imagetx.codec.bits_map import MAP_SCALE
+from imagetx.data.images import load_image_file
+from imagetx.demo.tasks import SCALE
+from imagetx.io.load import load_model
+from test_demo_browser import CHROMIUM_ARGS, REPO, VIEWPORT, chromium, demo  # noqa: F401 (fixtures)
+
+# One image compressed and decompressed with the shipped model: 1,024 steps each way, about 15 s
+# on an idle 2-core CPU, 120 s measured beside two training runs (load 8.5): room for both.
+COMPRESS_MS = 300_000
+
+
+def compress_upload(page, path) -> str:
+    """Upload ``path`` in the compress tab, press compress; the status once it is final."""
+    chooser = page.locator("#compress-upload input[type=file]")
+    if not chooser.count():
+        page.click("#compress-upload button[aria-label=Clear]")
+        chooser = page.locator("#compress-upload input[type=file]")
+    chooser.set_input_files(str(path))
+    page.wait_for_selector(f'#compress-upload [aria-label="{path.name}"]')
+    page.click("#compress-run")
+    # the status as shown (Markdown rendered: no asterisks) once it is final
+    page.wait_for_function("() => /bytes, |Cannot do that/.test(document.querySelector('#compress-status').innerText)",
+                           timeout=COMPRESS_MS)
+    return page.inner_text("#compress-status")
+
+
+@pytest.mark.slow
+def test_the_compress_tab_codes_an_upload_exactly_and_compares_codecs(chromium, demo, tmp_path):  # noqa: F811
+    from playwright.sync_api import sync_playwright
+
+    pictures = write_pictures(tmp_path / "pictures")
+    photo, note = pictures["photo.jpg"]
+    prepared = load_image_file(photo, 32)[0].numpy()
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport=VIEWPORT, accept_downloads=True)
+            page.goto(demo)
+            page.get_by_role("tab", name="compress").click()
+            page.wait_for_selector("#compress-upload input[type=file]", state="attached")
+            status = compress_upload(page, photo)
+            assert "the same pixels" in status and note in status and "val bits/dim 3.685" in status, status
+            size = int(re.search(r"([\d,]+) bytes", status).group(1).replace(",", ""))
+            table = page.inner_text("#compress-table")
+            for codec in ("imagetx (this model)", "PNG", "WebP", "JPEG XL"):
+                assert codec in table, table
+            shown = page.locator("#compress-map img")
+            shown.wait_for()
+            assert shown.evaluate("img => img.naturalWidth") == (2 * 32 + 1) * MAP_SCALE
+            with page.expect_download() as info:
+                page.locator("#compress-file a[download]").first.click()
+            data = open(info.value.path(), "rb").read()
+            assert len(data) == size
+            model = load_model(REPO / "pretrained" / "completion")
+            np.testing.assert_array_equal(decompress(model, data)[0], prepared)
+            original = page.locator("#compress-original img").get_attribute("src")
+            assert original  # the coded pixels are shown
+
+            bad, said = pictures["not_an_image.png"]
+            status = compress_upload(page, bad)
+            assert said in status and "Cannot do that" in status, status
+        finally:
+            browser.close()
+    assert SCALE == 8  # the shown pictures are the 32x32 pixels enlarged 8 times
