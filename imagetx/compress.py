@@ -19,6 +19,7 @@ import time
 from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import parse, parser_for, run_or_exit
+from .cli.shipped import resolve
 from .codec.api import DEFAULT_BATCH, DEFAULT_THREADS, check_model, compress_with_stats
 from .codec.files import check_output, read_images
 from .io.atomic import atomic_write
@@ -39,7 +40,7 @@ def build_parser() -> ArgumentParser:
 
 def run(args: Namespace) -> dict:
     out = check_output(args.out, args.force)
-    model = load_model(args.ckpt)
+    model = load_model(resolve(args.ckpt))  # pretrained/...: also from an installed wheel
     check_model(model)
     images = read_images(args.inputs, model.config.image_size)
     started = time.perf_counter()

@@ -18,6 +18,7 @@ import time
 from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import parse, parser_for, run_or_exit
+from .cli.shipped import resolve
 from .codec.api import decompress, read_header
 from .codec.files import check_output, read_compressed, write_images
 from .io.load import load_model
@@ -37,7 +38,7 @@ def run(args: Namespace) -> dict:
     out = check_output(args.out, args.force)
     data = read_compressed(args.file)
     header = read_header(data)  # a file that is not one is refused before the model is loaded
-    model = load_model(args.ckpt)
+    model = load_model(resolve(args.ckpt))  # pretrained/...: also from an installed wheel
     started = time.perf_counter()
     images = decompress(model, data, args.progress)
     seconds = time.perf_counter() - started
