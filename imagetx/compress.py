@@ -2,12 +2,12 @@
 model (docs/compress.md); ``python -m imagetx.decompress`` gives them back exactly.
 
     python -m imagetx.compress --ckpt pretrained/completion --out images.itx INPUT [INPUT ...]
-                               [--batch 100] [--threads 1] [--force]
+                               [--batch N] [--threads 1] [--force]
 
 INPUT: pictures (PNG, a JPEG's decoded pixels, ...) or npz files with an array ``images``
 (N, H, W, 3) uint8, each exactly the model's size (nothing is resized). Every image goes into
-one file, coded in decoding passes of ``--batch`` images on ``--threads`` torch threads (both
-recorded in the file, which the decoder uses again). The last line printed is one JSON object:
+one file, coded in one decoding pass (up to 1,024 images; ``--batch``: passes of that many) on
+``--threads`` torch threads (both recorded in the file, which the decoder uses again). The last line printed is one JSON object:
 the images, the file's bytes and bits/dim.
 """
 
@@ -20,7 +20,8 @@ from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import parse, parser_for, run_or_exit
 from .cli.shipped import resolve
-from .codec.api import DEFAULT_BATCH, DEFAULT_THREADS, check_model, compress_with_stats
+from .codec.api import DEFAULT_THREADS, check_model, compress_with_stats
+from .codec.container import MAX_BATCH
 from .codec.files import check_output, read_images
 from .io.atomic import atomic_write
 from .io.load import load_model
@@ -31,7 +32,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("inputs", nargs="+", help="pictures or npz files (array 'images') of the model's size")
     parser.add_argument("--ckpt", type=str, required=True, help="the model: a weights folder or a checkpoint")
     parser.add_argument("--out", type=str, required=True, help="the compressed file to write")
-    parser.add_argument("--batch", type=int, default=DEFAULT_BATCH, help="images coded together in one pass")
+    parser.add_argument("--batch", type=int | None, default=None,
+                        help=f"images coded together in one pass (default: all, up to {MAX_BATCH})")
     parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch threads while coding")
     parser.add_argument("--force", type=bool, default=False, help="replace --out if it exists")
     parser.add_argument("--progress", type=bool, default=True, help="a progress bar on stderr")

@@ -119,6 +119,7 @@ def test_dmol_channels_multiply_to_the_heads_likelihood():
 def test_another_model_is_refused_by_its_fingerprint():
     model = tiny_model(seed=0, head="dmol")
     data = compress(model, random_images(2, 4).numpy())
+    assert read_header(data).batch == 2  # by default every image of a file in one decoding pass
     other = tiny_model(seed=0, head="dmol")
     with torch.no_grad():
         other.head.proj.bias[0] += 1e-6  # one weight, barely changed

@@ -3,9 +3,10 @@
     data = compress(model, images)            # (N, H, W, 3) uint8, H = W = the model's size
     assert (decompress(model, data) == images).all()
 
-The images are coded in groups of ``batch`` (one decoding pass each, every image of a group
-stepped together; the last group takes what is left), all into one range-coded stream. The
-header records the groups' size and the torch threads, which the decoder uses again.
+All images of a file are coded in one decoding pass (every image stepped together), up to
+``MAX_BATCH`` of them; a larger file, or a smaller ``batch``, in passes of ``batch`` images (the
+last takes what is left), all into one range-coded stream. The header records the passes' size
+and the torch threads, which the decoder uses again.
 """
 
 from __future__ import annotations
@@ -23,10 +24,6 @@ from .container import (MAX_BATCH, MAX_IMAGES, MAX_THREADS, CodecError, Header, 
                         pixel_digest, unpack)
 from .distributions import PRECISION
 
-# Images coded together in one pass by default: 100 steps a batch of 100 images as fast per
-# image as larger batches on a 2-core CPU (docs/results.md, "Compression"), and keeps a pass's
-# memory small.
-DEFAULT_BATCH = 100
 # One torch thread by default, as sampling on a CPU (model/sampler.py's DECODING_THREADS): the
 # file records it, and the decoder must use the same.
 DEFAULT_THREADS = 1
@@ -78,14 +75,15 @@ def groups(count: int, batch: int) -> list[slice]:
     return [slice(start, min(start + batch, count)) for start in range(0, count, batch)]
 
 
-def compress_with_stats(model: ImageTransformer, images: np.ndarray | torch.Tensor, batch: int = DEFAULT_BATCH,
+def compress_with_stats(model: ImageTransformer, images: np.ndarray | torch.Tensor, batch: int | None = None,
                         threads: int = DEFAULT_THREADS, progress: bool = False) -> tuple[bytes, CompressionStats]:
     """``compress``, and what it measured."""
     check_model(model)
     pixels = check_images(model, images)
+    count, size = pixels.shape[0], model.config.image_size
+    batch = min(count, MAX_BATCH) if batch is None else batch
     if not 1 <= batch <= MAX_BATCH or not 1 <= threads <= MAX_THREADS:
         raise CodecError(f"batch {batch} and threads {threads}: give 1..{MAX_BATCH} and 1..{MAX_THREADS}")
-    count, size = pixels.shape[0], model.config.image_size
     encoder = constriction.stream.queue.RangeEncoder()
     ideal = 0.0
     parts = groups(count, batch)
@@ -100,9 +98,10 @@ def compress_with_stats(model: ImageTransformer, images: np.ndarray | torch.Tens
     return data, CompressionStats(count, len(data), ideal, count * model.config.dims_per_image)
 
 
-def compress(model: ImageTransformer, images: np.ndarray | torch.Tensor, batch: int = DEFAULT_BATCH,
+def compress(model: ImageTransformer, images: np.ndarray | torch.Tensor, batch: int | None = None,
              threads: int = DEFAULT_THREADS, progress: bool = False) -> bytes:
-    """(N, S, S, 3) uint8 images -> the compressed file's bytes, for a model of side S."""
+    """(N, S, S, 3) uint8 images -> the compressed file's bytes, for a model of side S: in one
+    decoding pass (``batch`` None: up to ``MAX_BATCH`` images) or in passes of ``batch``."""
     return compress_with_stats(model, images, batch, threads, progress)[0]
 
 
