@@ -9,12 +9,14 @@ The val split is the last 5,000 of the 50,000 training images (``imagetx.evaluat
 val``): the second half of train-4.npz. Files are coded by ``--workers`` processes side by side,
 each on one torch thread. Reported: differing pixels over all images (the target: 0), the
 files' bytes and bits/dim, the ideal bits of the quantised distributions, and seconds per file
-each way. The last line printed is one JSON object (``--json``: also that file).
+each way. The last line printed is one JSON object (``--json``: also that file, and each file's
+result as it is done in ``JSON.partial.jsonl``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import time
 from pathlib import Path
@@ -65,8 +67,13 @@ def main() -> None:
     images = val_images(Path(args.data), args.count)
     jobs = [(args.ckpt, images[start:start + args.per_file], start) for start in range(0, len(images), args.per_file)]
     began = time.perf_counter()
+    files = []
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
-        files = list(tqdm(pool.imap_unordered(code_file, jobs), total=len(jobs), desc="files", unit="file"))
+        for item in tqdm(pool.imap_unordered(code_file, jobs), total=len(jobs), desc="files", unit="file"):
+            files.append(item)
+            if args.json:  # each file's result as it comes: a run cut short still says what it did
+                with open(args.json + ".partial.jsonl", "a") as partial:
+                    partial.write(json.dumps(item) + "\n")
     files.sort(key=lambda item: item["start"])
     dims = len(images) * images[0].size
     total_bytes = sum(item["bytes"] for item in files)
