@@ -45,7 +45,7 @@ export PYTHONPATH=$CODE:$SITE PYTHONUNBUFFERED=1 WANDB_MODE=disabled
 LOG_LINES="data:|horizon|continuation|Time limit|Error|error"
 TESTS_PASSED=$WORK/cuda_tests_passed  # written by `tests`; `pilot` and `launch` refuse without it
 CONTINUATION=$WORK/continuation      # a packed continuation, staged by `setup` when one was carried
-MOMENTS=${MOMENTS:-second}           # how the packed continuation keeps Adam's moments (continuation.py)
+MOMENTS=${MOMENTS:-none}             # the packed continuation's Adam moments: none (continuation.py, MOMENTS)
 
 # The run's own process id, written at launch. (Matching command lines with `pgrep -f` also
 # matches the shell of any call whose command names the module, which then waits on itself.)

@@ -4,7 +4,7 @@
 #   bash scripts/lease_files.sh home FILES_AT     # after the last: pretrained/cifar10_gpu, lineage, card
 #
 # Every call sends the whole working tree (tracked and untracked-not-ignored files) plus what it
-# carries, 64 MiB in all. The GPU model's folder (its bf16 weights and packed continuation, ~57 MiB
+# carries, 64 MiB in all. The GPU model's folder (its bf16 weights and packed continuation, ~42 MiB
 # for cifar10_dmol_25min) would leave no room for the data, so `prepare` copies the continuation into
 # .stage/cont/ (carried once, by the first call) and takes the folder out of git's index and into
 # .git/info/exclude for the lease: it stays on disk and in HEAD, and travels with no call. `home`
