@@ -26,11 +26,12 @@ from __future__ import annotations
 from argparse import ArgumentError
 from dataclasses import fields
 from operator import attrgetter
+import logging
 import shlex
 import sys
 from pathlib import Path
 
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary
 from lightning.pytorch.cli import LightningCLI
 
 from .cli.common import ConfigError, HelpFormatter, program, run_or_exit
@@ -41,6 +42,7 @@ from .data.options import DataOptions
 from .io.atomic import check_writable, remove_stale_temporaries
 from .io.checkpoint import CHECKPOINT_DIR, LAST
 from .model.config import ModelConfig
+from .model.flops import count_flops
 from .training.budget import BudgetHorizon, run_budget
 from .training.callbacks import LastCheckpoint, count_images
 from .training.checkpoint_io import AtomicCheckpointIO
@@ -75,6 +77,34 @@ def check_data_first(cli: LightningCLI) -> None:
         cli.datamodule.rebuild = False  # rebuilt now: Lightning's own prepare_data reads the conversion
         for split in ("train", "val"):
             cli.datamodule.dataset(split)
+
+
+class CountedModelSummary(ModelSummary):
+    """Lightning's model summary, its "Total FLOPs" the forward FLOPs of one training batch as
+    imagetx/model/flops.py counts them (exactly, from the attention the model computes): Lightning
+    measures FLOPs only on a module's ``example_input_array`` and says 0 without one."""
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.flops = count_flops(pl_module.model, pl_module.device).forward * trainer.datamodule.batch_size
+        super().on_fit_start(trainer, pl_module)
+
+    def summarize(self, *args, total_flops: int, **kwargs) -> None:
+        super().summarize(*args, total_flops=self.flops, **kwargs)
+
+
+class NoTips(logging.Filter):
+    """Drops Lightning's advertisements ("💡 Tip: ... litlogger", "... litmodels"): they say nothing
+    about the run, and a newcomer reads them as something to act on."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("💡 Tip")
+
+
+# where Lightning's rank_zero_info logs: lightning_utilities' logger, which lightning.fabric and then
+# lightning.pytorch replace with their own as they are imported
+for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero",
+              "lightning_utilities.core.rank_zero"):
+    logging.getLogger(_name).addFilter(NoTips())
 
 
 class ImagetxCLI(LightningCLI):
@@ -130,6 +160,8 @@ class ImagetxCLI(LightningCLI):
             BudgetHorizon(),
             ThroughputWithPeak(batch_size_fn=count_images, window_size=10),
         ]
+        if configured.enable_model_summary is not False:  # (a summary callback with it False is refused)
+            callbacks.append(CountedModelSummary())
         if configured.logger in (None, True):
             kwargs.setdefault("logger", make_loggers(root, self.config.wandb, self.config.wandb_project))
         kwargs.setdefault("plugins", configured.plugins or [AtomicCheckpointIO()])

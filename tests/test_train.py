@@ -263,3 +263,24 @@ def test_a_run_whose_data_fails_leaves_nothing_behind(tmp_path, capsys):
     assert "no CIFAR-10 train images" in line, line
     assert not [path for path in run_dir.rglob("*") if path.is_file()], sorted(run_dir.rglob("*"))
     assert not (run_dir / "csv").exists() and not (run_dir / "wandb").exists()
+
+
+def test_the_summary_counts_the_models_flops_and_lightnings_tips_are_dropped(tmp_path, data_root, caplog):
+    """The summary's total FLOPs are the forward FLOPs of a training batch as imagetx/model/flops.py
+    counts them (Lightning's own count says 0 without an example input), and Lightning's
+    advertisements ("💡 Tip: ... litlogger") are not printed."""
+    import logging
+
+    from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
+
+    from imagetx.model.flops import count_flops
+    from imagetx.model.transformer import ImageTransformer
+
+    caplog.set_level(logging.INFO)
+    config = write_config(tmp_path, tmp_path / "run", data_root, max_steps=1, enable_model_summary=True)
+    main(["--config", str(config), "--wandb", "disabled"])
+    printed = "\n".join(record.getMessage() for record in caplog.records)
+    flops = count_flops(ImageTransformer(ModelConfig(**TINY_TRAIN_MODEL))).forward * 2  # batches of 2
+    (line,) = [line for line in printed.splitlines() if "total flops" in line.lower()]
+    assert flops > 0 and line.split("Total")[0].strip() == get_human_readable_count(flops), line
+    assert "Total params" in printed and "Tip:" not in printed
