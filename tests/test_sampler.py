@@ -534,7 +534,7 @@ def test_the_progress_bar_updates_sparingly_when_its_output_is_not_a_terminal(mo
 
 
 def test_decoding_on_a_cpu_uses_one_thread_and_gives_the_callers_back(monkeypatch):
-    """Small decoding steps on several threads wait for each other, 15-35x slower on a busy
+    """Small decoding steps on several threads wait for each other, 5-15x slower on a busy
     machine (docs/results.md): the steps run on DECODING_THREADS, the caller's count comes back
     between yields and after, and an OMP_NUM_THREADS the user set is obeyed."""
     from imagetx.model import sampler
