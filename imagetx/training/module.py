@@ -51,8 +51,8 @@ class ImageTransformerModule(L.LightningModule):
         # (measured on this machine, budget.py), or at max_steps if that comes first; steps: at max_steps.
         lr_horizon: Literal["budget", "steps"] = "budget",
         # adamw_wsd (warmup–stable–decay, schedule.py): the share of the run's steps the decay takes.
-        # 0.2: within 0.02 bits/dim of the cosine on the CPU (docs/results.md, "A schedule that
-        # can be continued"); the stable phase before it can be continued (continuation.py).
+        # 0.2: 0.06 bits/dim below the cosine at 3,000 steps of quick on the CPU (docs/results.md,
+        # "A schedule that can be continued"); the stable phase before it can be continued (continuation.py).
         decay_fraction: float = 0.2,
         # The learning rate of the parts that read the low-resolution input (encoder,
         # cross-attention, cell remainder input), as a fraction of peak_lr's.
