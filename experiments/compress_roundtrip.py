@@ -3,7 +3,7 @@ compression"): every image compressed in files of ``--per_file`` images, each fi
 and compared pixel by pixel with what went in.
 
     .venv/bin/python -m experiments.compress_roundtrip [--ckpt pretrained/completion]
-        [--data ../shared/cifar10] [--count 5000] [--per_file 100] [--workers 2] [--json out.json]
+        [--data ../shared/cifar10] [--count 5000] [--skip 0] [--per_file 100] [--workers 2] [--json out.json]
 
 The val split is the last 5,000 of the 50,000 training images (``imagetx.evaluate --split
 val``): the second half of train-4.npz. Files are coded by ``--workers`` processes side by side,
@@ -60,12 +60,14 @@ def main() -> None:
     parser.add_argument("--ckpt", default=str(ROOT / "pretrained" / "completion"))
     parser.add_argument("--data", default=str(ROOT.parent / "shared" / "cifar10"))
     parser.add_argument("--count", type=int, default=VAL_IMAGES)
+    parser.add_argument("--skip", type=int, default=0, help="leave out the first N val images (done already)")
     parser.add_argument("--per_file", type=int, default=100)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    images = val_images(Path(args.data), args.count)
-    jobs = [(args.ckpt, images[start:start + args.per_file], start) for start in range(0, len(images), args.per_file)]
+    images = val_images(Path(args.data), args.skip + args.count)[args.skip:]
+    jobs = [(args.ckpt, images[start:start + args.per_file], args.skip + start)
+            for start in range(0, len(images), args.per_file)]
     began = time.perf_counter()
     files = []
     with multiprocessing.get_context("spawn").Pool(args.workers) as pool:
