@@ -90,12 +90,12 @@ in the model's dtype); fp32 otherwise.
 
 Targets (PASS/FAIL lines at the end)
 ------------------------------------
-(a) cifar10_categorical (12 layers, d=512, 3072 positions), 32x32, batch 1: a training
+local_vs_full: cifar10_categorical (12 layers, d=512, 3072 positions), 32x32, batch 1: a training
     step with 1D local attention at least 1.5x faster than with full causal attention,
     with no more peak memory (2 % tolerance for RSS noise).
-(b) local attention's speed-up over full attention is larger at 64x64 than at 32x32
+speedup_grows: local attention's speed-up over full attention is larger at 64x64 than at 32x32
     (each preset and batch measured at both sizes; the categorical batch-1 line first).
-(c) cached sampling with the quick preset at least 100x the images/s of uncached
+cached_sampling: cached sampling with the quick preset at least 100x the images/s of uncached
     recomputation.
 
 Precision: ``--precision fp32|bf16`` (bf16 = torch.autocast around the forward pass and
@@ -132,7 +132,7 @@ PAPER_CATEGORICAL = "cifar10_categorical"
 QUICK = "quick"
 SMOKE_MODEL = dict(n_layers=1, d_model=32, n_heads=2, d_filter=64)
 SAMPLE_WARMUP_STEPS = 4
-MEMORY_TOLERANCE = 1.02  # target (a): "no more peak memory", within RSS noise
+MEMORY_TOLERANCE = 1.02  # local_vs_full: "no more peak memory", within RSS noise
 
 
 # ----------------------------------------------------------------------------- presets
@@ -587,29 +587,30 @@ def verdict(name: str, ok: bool | None, text: str) -> dict:
 
 
 def check_targets(results: list[dict], args: argparse.Namespace) -> list[dict]:
-    """Print the verdict on each target of the module docstring, (a) to (c), and return the verdicts."""
+    """Print the verdict on each target of the module docstring and return the verdicts."""
     print("\nTargets" + (" (SMOKE RUN: tiny model, verdicts meaningless)" if args.quick_smoke else ""))
-    verdicts = [target_a(results, args.presets)]
-    verdicts += target_b(results, args.image_sizes)
-    verdicts.append(target_c(results))
+    verdicts = [local_vs_full(results, args.presets)]
+    verdicts += speedup_grows(results, args.image_sizes)
+    verdicts.append(cached_sampling(results))
     return verdicts
 
 
-def target_a(results: list[dict], presets: list[str]) -> dict:
-    """(a): cifar10_categorical 32x32 batch 1, local_1d at least 1.5x faster than full, no more peak memory."""
+def local_vs_full(results: list[dict], presets: list[str]) -> dict:
+    """cifar10_categorical 32x32 batch 1, local_1d at least 1.5x faster than full, no more peak memory."""
     local_a = find(results, kind="train", image_size=32, batch=1, attention="local_1d",
                    preset=next((p for p in presets if preset_name(p) == PAPER_CATEGORICAL), None))
     if local_a and local_a.get("speedup_vs_full") and local_a.get("memory_ratio_vs_full") is not None:
         ok = local_a["speedup_vs_full"] >= 1.5 and local_a["memory_ratio_vs_full"] <= MEMORY_TOLERANCE
-        return verdict("a", ok, f"cifar10_categorical 32x32 batch 1: local_1d step {local_a['speedup_vs_full']:.2f}x "
-                                f"faster than full (target >= 1.5x), peak memory "
-                                f"{local_a['memory_ratio_vs_full']:.2f}x full's "
-                                f"(target <= 1, {100 * (MEMORY_TOLERANCE - 1):.0f} % tolerance)")
-    return verdict("a", None, "not measured: needs --presets cifar10_categorical --image-sizes 32 --batch 1 (and full)")
+        return verdict("local_vs_full", ok,
+                       f"cifar10_categorical 32x32 batch 1: local_1d step {local_a['speedup_vs_full']:.2f}x "
+                       f"faster than full (target >= 1.5x), peak memory {local_a['memory_ratio_vs_full']:.2f}x "
+                       f"full's (target <= 1, {100 * (MEMORY_TOLERANCE - 1):.0f} % tolerance)")
+    return verdict("local_vs_full", None,
+                   "not measured: needs --presets cifar10_categorical --image-sizes 32 --batch 1 (and full)")
 
 
-def target_b(results: list[dict], sizes: list[int]) -> list[dict]:
-    """(b): local attention's speed-up over full grows from the smallest to the largest image size."""
+def speedup_grows(results: list[dict], sizes: list[int]) -> list[dict]:
+    """Local attention's speed-up over full grows from the smallest to the largest image size."""
     pairs = []  # (smallest size, largest size) of every preset and batch; 32 -> 64 by default
     small_size, big_size = min(sizes), max(sizes)
     for r in rows_of(results, "train"):
@@ -620,24 +621,25 @@ def target_b(results: list[dict], sizes: list[int]) -> list[dict]:
         if big and r.get("speedup_vs_full") and big.get("speedup_vs_full"):
             pairs.append((preset_name(r["preset"]) != PAPER_CATEGORICAL or r["batch"] != 1, r, big))
     if not pairs:
-        return [verdict("b", None, "not measured: needs --image-sizes 32 64 with the full-attention comparison")]
-    return [verdict("b", big["speedup_vs_full"] > small["speedup_vs_full"],
+        return [verdict("speedup_grows", None,
+                        "not measured: needs --image-sizes 32 64 with the full-attention comparison")]
+    return [verdict("speedup_grows", big["speedup_vs_full"] > small["speedup_vs_full"],
                     f"{preset_name(small['preset'])} batch {small['batch']}: local vs full speed-up "
                     f"{small['speedup_vs_full']:.2f}x at {small_size}x{small_size} -> {big['speedup_vs_full']:.2f}x "
                     f"at {big_size}x{big_size} (target: it grows)")
             for _, small, big in sorted(pairs, key=lambda p: p[0])]
 
 
-def target_c(results: list[dict]) -> dict:
-    """(c): cached sampling with the quick preset at least 100x the images/s of uncached recomputation."""
+def cached_sampling(results: list[dict]) -> dict:
+    """Cached sampling with the quick preset at least 100x the images/s of uncached recomputation."""
     quick = next((r for r in rows_of(results, "sample") if preset_name(r["preset"]) == QUICK
                   and "cached_speedup" in r), None)
     if quick:
-        return verdict("c", quick["cached_speedup"] >= 100,
+        return verdict("cached_sampling", quick["cached_speedup"] >= 100,
                        f"quick, batch {quick['sample_batch']}: cached {quick['cached_images_per_sec']:.3g} images/s vs "
                        f"uncached {quick['uncached_images_per_sec']:.3g} images/s (extrapolated from "
                        f"{quick['uncached_steps_timed']} steps) = {quick['cached_speedup']:.0f}x (target >= 100x)")
-    return verdict("c", None, "not measured: needs the quick preset with sampling")
+    return verdict("cached_sampling", None, "not measured: needs the quick preset with sampling")
 
 
 def settings_record(args: argparse.Namespace, peak_tflops: float | None, peak_source: str) -> dict:

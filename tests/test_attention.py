@@ -1,6 +1,6 @@
 """Every fast attention path equals the dense reference (docs/model.md §4).
 
-pattern.attend(q, k, v) is computed block by block; dense_attention(q, k, v,
+attend(q, k, v, pattern, "sdpa") is computed block by block; dense_attention(q, k, v,
 pattern.can_attend()) masks an n×n matrix. Outputs and gradients must agree to
 float64 precision, and the float32 / bfloat16 paths must stay close to that.
 q, k, v are sequence-first (T, N, e), N = batch·heads. Decoding one step at a time
@@ -17,7 +17,8 @@ from einops import rearrange
 
 from helpers import dense_attention
 from imagetx.model.attention import CrossAttention, SelfAttention, project_heads
-from imagetx.model.cross_pattern import LocalCrossAttention, cross_can_attend
+from imagetx.model.cross_pattern import CrossPattern
+from imagetx.model.kernels import attend
 from imagetx.model.order import GenerationOrder
 from imagetx.model.patterns import FullCausal, Local1D, Local2D
 
@@ -32,6 +33,11 @@ def local_2d(rows: int, cols: int, block, flange) -> Local2D:
 
 def full_causal(length: int) -> FullCausal:
     return FullCausal(GenerationOrder(1, length))
+
+
+def sdpa_attend(pattern):
+    """(q, k, v) -> the pattern's attention through the SDPA kernels (``kernels.attend``)."""
+    return lambda q, k, v: attend(q, k, v, pattern, "sdpa")
 
 CASES_1D = [
     (10, 4, 0), (10, 4, 1), (10, 4, 2), (10, 4, 3),  # length not divisible by the block
@@ -77,7 +83,7 @@ def outputs_and_grads(fn, q, k, v, seed=1):
 def check_against_dense(pattern, atol=1e-10):
     q, k, v = rand_qkv(pattern.length)
     mask = pattern.can_attend()
-    fast, fast_grads = outputs_and_grads(pattern.attend, q, k, v)
+    fast, fast_grads = outputs_and_grads(sdpa_attend(pattern), q, k, v)
     ref, ref_grads = outputs_and_grads(lambda a, b, c: dense_attention(a, b, c, mask), q, k, v)
     assert fast.shape == ref.shape == q.shape
     assert fast.dtype == torch.float64
@@ -118,11 +124,11 @@ def test_the_comparison_detects_a_wrong_mask():
     pattern = local_1d(12, 4, 1)
     q, k, v = rand_qkv(12)
     wrong = local_1d(12, 4, 2).can_attend()
-    assert not torch.allclose(pattern.attend(q, k, v), dense_attention(q, k, v, wrong), atol=1e-6)
+    assert not torch.allclose(attend(q, k, v, pattern, "sdpa"), dense_attention(q, k, v, wrong), atol=1e-6)
     pattern2d = local_2d(4, 6, (2, 3), (1, 2))
     wrong2d = local_2d(4, 6, (2, 3), (1, 1)).can_attend()
     q, k, v = rand_qkv(24)
-    assert not torch.allclose(pattern2d.attend(q, k, v), dense_attention(q, k, v, wrong2d), atol=1e-6)
+    assert not torch.allclose(attend(q, k, v, pattern2d, "sdpa"), dense_attention(q, k, v, wrong2d), atol=1e-6)
 
 
 # ----- lower precision --------------------------------------------------------------
@@ -141,7 +147,7 @@ def test_low_precision_close_to_float64(pattern, dtype, atol, grad_atol):
     q64, k64, v64 = rand_qkv(pattern.length, dim=8)
     ref, ref_grads = outputs_and_grads(lambda a, b, c: dense_attention(a, b, c, pattern.can_attend()), q64, k64, v64)
     q, k, v = (t.detach().to(dtype).requires_grad_() for t in (q64, k64, v64))
-    out, grads = outputs_and_grads(pattern.attend, q, k, v)
+    out, grads = outputs_and_grads(sdpa_attend(pattern), q, k, v)
     assert out.dtype == dtype
     torch.testing.assert_close(out.double(), ref, atol=atol, rtol=0)
     for g, r in zip(grads, ref_grads):
@@ -189,7 +195,7 @@ def test_local_2d_sequence_is_block_raster(rows, cols, block, flange):
     def to_grid(seq, order):  # (T, b·h, d) -> (b, h, rows, cols, d)
         return order.sequence_to_grid(rearrange(seq, "t (b h) d -> b t h d", b=1)).permute(0, 3, 1, 2, 4)
 
-    out_seq = local_2d(rows, cols, block, flange).attend(to_seq(qg), to_seq(kg), to_seq(vg))
+    out_seq = attend(to_seq(qg), to_seq(kg), to_seq(vg), local_2d(rows, cols, block, flange), "sdpa")
     out_grid = to_grid(out_seq, order)
     expected = grid_reference_attention(qg, kg, vg, block, flange)
     torch.testing.assert_close(out_grid, expected, atol=1e-10, rtol=0)
@@ -199,7 +205,7 @@ def test_local_2d_sequence_is_block_raster(rows, cols, block, flange):
     def to_raster(t):
         return rearrange(raster.grid_to_sequence(t.permute(0, 2, 3, 1, 4)), "b t h d -> t (b h) d")
 
-    wrong = local_2d(rows, cols, block, flange).attend(to_raster(qg), to_raster(kg), to_raster(vg))
+    wrong = attend(to_raster(qg), to_raster(kg), to_raster(vg), local_2d(rows, cols, block, flange), "sdpa")
     wrong_grid = to_grid(wrong, raster)
     assert not torch.allclose(wrong_grid, expected, atol=1e-6)
 
@@ -254,11 +260,10 @@ def test_cached_self_attention_equals_the_full_pass(pattern):
 @pytest.mark.parametrize("radius", [None, 0, 1])
 def test_cached_cross_attention_equals_the_full_pass(radius):
     torch.manual_seed(0)
-    queries, keys = torch.arange(32), torch.arange(12)  # 2x2 low-res pixels under 4x8 queries, 3 sub-pixels each
-    query_cells, key_cells = (queries // 8 // 2, queries % 8 // 4), (keys // 6, keys % 6 // 3)
-    local = None if radius is None else LocalCrossAttention(cross_can_attend(query_cells, key_cells, radius))
+    # 4x4 pixels of sub-pixel columns (4x12 queries) over 2x2 low-res pixels (12 sub-pixels)
+    local = None if radius is None else CrossPattern(GenerationOrder(4, 12), 2, 2, radius, sub_pixels=True)
     attn = CrossAttention(16, 4, local).double()
-    x, context = torch.randn(2, 32, 16, dtype=torch.float64), torch.randn(2, 12, 16, dtype=torch.float64)
+    x, context = torch.randn(2, 48, 16, dtype=torch.float64), torch.randn(2, 12, 16, dtype=torch.float64)
     with torch.no_grad():
         full = attn(x, context)
         cached = decode_step_by_step(attn, x, context)

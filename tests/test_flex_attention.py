@@ -1,4 +1,4 @@
-"""FlexAttention (imagetx/model/flex.py, ``ModelConfig.attention_kernel``) against the dense
+"""FlexAttention (imagetx/model/kernels.py, ``ModelConfig.attention_kernel``) against the dense
 reference (docs/model.md §4).
 
 torch 2.15 runs FlexAttention's compiled forward on the CPU but has no backward there, so on
@@ -19,10 +19,10 @@ import torch
 import torch._dynamo
 
 from helpers import dense_attention, random_images, random_labels, tiny_model
-from imagetx.model import flex
-from imagetx.model.cross_pattern import LocalCrossAttention, cross_can_attend
+from imagetx.model import kernels, patterns
+from imagetx.model.cross_pattern import CrossPattern
 from imagetx.model.inputs import downsample_area
-from imagetx.model.flex import uses_flex
+from imagetx.model.kernels import attend, uses_flex
 from imagetx.model.order import GenerationOrder
 from imagetx.model.patterns import FullCausal, Local1D, Local2D
 from imagetx.model.position_bias import RelativePositionBias
@@ -94,7 +94,7 @@ def test_flex_equals_dense_reference(pattern, bias_kind):
     q, k, v = rand_qkv(pattern.length)
     bias = bias_of(bias_kind, pattern.order)
     with torch.no_grad():
-        got = pattern.attend_flex(q.float(), k.float(), v.float(), bias)
+        got = attend(q.float(), k.float(), v.float(), pattern, "flex", bias)
     assert got.dtype == torch.float32 and got.shape == q.shape
     torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v, bias), atol=2e-6, rtol=0)
 
@@ -105,7 +105,7 @@ def test_flex_in_bfloat16_is_close_to_float64(pattern):
     q, k, v = rand_qkv(pattern.length)
     bias = random_bias(pattern.order)
     with torch.no_grad():
-        got = pattern.attend_flex(q.bfloat16(), k.bfloat16(), v.bfloat16(), bias)
+        got = attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), pattern, "flex", bias)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v, bias), atol=3e-2, rtol=0)
 
@@ -115,7 +115,7 @@ def test_a_wrong_mask_mod_is_caught():
     pattern, short = Local1D(GenerationOrder(10, 30), 30, 1), Local1D(GenerationOrder(10, 30), 30, 0)
     q, k, v = rand_qkv(pattern.length)
     with torch.no_grad():
-        wrong = short.attend_flex(q.float(), k.float(), v.float())
+        wrong = attend(q.float(), k.float(), v.float(), short, "flex")
     assert not torch.allclose(wrong.double(), dense_reference(pattern, q, k, v), atol=1e-3)
 
 
@@ -145,13 +145,15 @@ def test_local_cross_attention_flex_equals_dense(radius):
     queries, keys = torch.arange(64), torch.arange(48)
     query_cells = (queries // 8 // 2, queries % 8 // 2)
     key_cells = (keys // 12, keys % 12 // 3)
-    local = LocalCrossAttention(cross_can_attend(query_cells, key_cells, radius))
+    local = CrossPattern(GenerationOrder(8, 8), 4, 2, radius, sub_pixels=False)
+    near = lambda a, b: (a[:, None] - b[None, :]).abs() <= radius  # noqa: E731
+    assert torch.equal(local.can_attend(), near(query_cells[0], key_cells[0]) & near(query_cells[1], key_cells[1]))
     gen = torch.Generator().manual_seed(radius)
     q = torch.randn(64, 4, 8, generator=gen, dtype=torch.float64)
     k, v = (torch.randn(48, 4, 8, generator=gen, dtype=torch.float64) for _ in range(2))
     with torch.no_grad():
-        got = local.attend_flex(q.float(), k.float(), v.float())
-    torch.testing.assert_close(got.double(), dense_attention(q, k, v, local.can_attend), atol=2e-6, rtol=0)
+        got = attend(q.float(), k.float(), v.float(), local, "flex")
+    torch.testing.assert_close(got.double(), dense_attention(q, k, v, local.can_attend()), atol=2e-6, rtol=0)
     assert local.block_mask("cpu") is local.block_mask("cpu")
 
 
@@ -209,14 +211,13 @@ def model_and_inputs(name: str, kernel: str, seed: int = 0):
 
 def count_flex_calls(monkeypatch) -> list[int]:
     calls = [0]
-    original = flex.flex_attend
+    original = kernels.flex_attend
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return original(*args, **kwargs)
 
-    for module in ("imagetx.model.patterns", "imagetx.model.cross_pattern"):  # self- and cross-attention patterns
-        monkeypatch.setattr(f"{module}.flex_attend", counted)
+    monkeypatch.setattr(kernels, "flex_attend", counted)  # self- and cross-attention: one kernels module
     return calls
 
 
@@ -229,7 +230,7 @@ def test_bits_per_dim_through_flex_equals_sdpa(name, monkeypatch):
         expected = sdpa_model.bits_per_dim(images, labels, low_res)
         assert calls[0] == 0
         got = flex_model.bits_per_dim(images, labels, low_res)
-    cross = flex_model.local_cross is not None
+    cross = flex_model.cross_pattern is not None
     assert calls[0] == len(flex_model.layers) * (2 if cross else 1)  # every layer ran flex
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
@@ -237,8 +238,8 @@ def test_bits_per_dim_through_flex_equals_sdpa(name, monkeypatch):
 def test_block_mask_is_built_once_for_every_layer(monkeypatch):
     model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
     built = []
-    original = flex.create_block_mask
-    monkeypatch.setattr(flex, "create_block_mask",
+    original = patterns.create_block_mask
+    monkeypatch.setattr(patterns, "create_block_mask",
                         lambda *args, **kwargs: built.append(args) or original(*args, **kwargs))
     with torch.no_grad():
         model.bits_per_dim(images, labels, low_res)
@@ -300,8 +301,8 @@ def test_compiled_model_through_flex_equals_eager():
     model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
     with torch.no_grad():
         expected = model(images, labels, low_res)
-        model.layers[0].self_attn.pattern.built.clear()  # so that the compiled pass builds them
-        model.local_cross.built.clear()
+        model.layers[0].self_attn.pattern.built.kept.clear()  # so that the compiled pass builds them
+        model.cross_pattern.built.kept.clear()
         got = torch.compile(model)(images, labels, low_res)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
@@ -326,7 +327,7 @@ def test_flex_values_and_gradients_equal_dense_on_cuda(pattern, bias_kind):
     ref = dense_reference(pattern, q64, k64, v64, bias64)
     ref_grads = grads(ref, [q64, k64, v64] + ([bias64.table] if learned else []))
     q, k, v = (t.detach().float().requires_grad_() for t in (q64, k64, v64))
-    got = pattern.attend_flex(q, k, v, bias32)
+    got = attend(q, k, v, pattern, "flex", bias32)
     got_grads = grads(got, [q, k, v] + ([bias32.table] if learned else []))
     torch.testing.assert_close(got.double(), ref, atol=1e-4, rtol=0)
     for name, g, r in zip(["q", "k", "v", "table"], got_grads, ref_grads):

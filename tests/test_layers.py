@@ -111,7 +111,7 @@ def test_no_import_cycles():
 def test_the_import_reading_sees_relative_absolute_and_function_level_imports():
     # So that the checks above could fail: what they read of three known modules.
     transformer = imports(MODULES["imagetx.model.transformer"], top_level_only=True)[0]
-    assert {"imagetx.model.config", "imagetx.model.attention"} <= transformer
+    assert {"imagetx.model.config", "imagetx.model.layers"} <= transformer
     hub = imports(MODULES["imagetx.io.hub"], top_level_only=True)
     assert "imagetx.model.transformer" in hub[0] and "huggingface_hub" in hub[1]
     assert layer("imagetx.io.hub") > layer("imagetx.model.transformer")

@@ -16,6 +16,7 @@ import torch
 
 from helpers import dense_attention, random_images, random_labels, tiny_config, tiny_model
 from imagetx import ImageTransformer
+from imagetx.model.kernels import attend
 from imagetx.model.order import GenerationOrder
 
 from imagetx.model.position_bias import RelativePositionBias, distance_prior
@@ -29,21 +30,39 @@ KINDS = ["distance", "rotary", "rotary_distance"]
 
 @pytest.mark.parametrize("order", [GenerationOrder(4, 6), GenerationOrder(4, 6, (2, 3))], ids=["raster", "blocks"])
 def test_rotary_scores_depend_on_the_grid_offset_only(order):
-    rotary = Rotary2D(8, order).double()  # its angles' cosines and sines are float32: equal to 1e-7
+    rotary = Rotary2D(8, order)  # float64 angles: a float64 input is turned exactly
     gen = torch.Generator().manual_seed(0)
     q, k = (torch.randn(1, 1, 8, generator=gen, dtype=torch.float64).expand(order.length, 1, 8) for _ in range(2))
     turned_q, turned_k = rotary(q), rotary(k)
-    torch.testing.assert_close(turned_q.norm(dim=-1), q.norm(dim=-1), rtol=1e-6, atol=0)  # a rotation
+    torch.testing.assert_close(turned_q.norm(dim=-1), q.norm(dim=-1), rtol=1e-14, atol=0)  # a rotation
     scores = torch.einsum("qne,kne->qk", turned_q, turned_k)
     steps = torch.arange(order.length)
     offsets = order.relative_offsets(steps[:, None], steps[None, :])
     distinct = []
     for offset in offsets.unique():
         same = scores[offsets == offset]
-        torch.testing.assert_close(same, same[:1].expand_as(same), rtol=0, atol=1e-6)
+        torch.testing.assert_close(same, same[:1].expand_as(same), rtol=0, atol=1e-13)
         distinct.append(float(same[0]))
     # and the offset shows: different offsets give different scores
     assert len(set(round(score, 4) for score in distinct)) == len(distinct)
+
+
+def test_rotary_turns_bfloat16_in_float32_and_rounds_once():
+    # Mixed precision: the rotation of bf16 queries is the float32 rotation, rounded once at the
+    # end, closer to the exact one than turning in bf16 (each product rounded); a float64 model's
+    # angles are exact.
+    order = GenerationOrder(8, 24)
+    rotary = Rotary2D(16, order)
+    x = torch.randn(order.length, 4, 16, generator=torch.Generator().manual_seed(1)).bfloat16()
+    got = rotary(x)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, rotary(x.float()).bfloat16())
+    exact = rotary(x.double())
+    cos, sin = (rotary.cos.bfloat16()[:, None], rotary.sin.bfloat16()[:, None])
+    first, second = x.chunk(2, dim=-1)
+    in_bf16 = torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+    assert (got.double() - exact).abs().mean() < (in_bf16.double() - exact).abs().mean()
+    rows, cols = order.grid_cell()
+    assert torch.equal(rotary.cos[:, 0], rows.double().cos()) and torch.equal(rotary.sin[:, 4], cols.double().sin())
 
 
 def test_rotary_turns_the_decoding_step_as_the_full_pass_turns_it():
@@ -94,13 +113,13 @@ def test_fixed_bias_fast_path_equals_dense_reference(pattern, order):
         proj = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)
         return out, torch.autograd.grad((out * proj).sum(), (q, k, v))
 
-    fast, fast_grads = run(lambda a, b, c: pattern.attend(a, b, c, bias))
+    fast, fast_grads = run(lambda a, b, c: attend(a, b, c, pattern, "sdpa", bias))
     dense_bias = bias(order.relative_offsets(steps[:, None], steps[None, :]))
     ref, ref_grads = run(lambda a, b, c: dense_attention(a, b, c, pattern.can_attend(), dense_bias))
     torch.testing.assert_close(fast, ref, rtol=0, atol=1e-10)
     for name, got, want in zip("qkv", fast_grads, ref_grads):
         torch.testing.assert_close(got, want, rtol=0, atol=1e-10, msg=lambda m: f"grad {name}: {m}")
-    assert not torch.allclose(pattern.attend(q, k, v), fast)  # the bias matters
+    assert not torch.allclose(attend(q, k, v, pattern, "sdpa"), fast)  # the bias matters
 
 
 @pytest.mark.parametrize("kind", KINDS)

@@ -98,7 +98,7 @@ def test_local_cross_attention_reaches_exactly_the_nearby_low_res_pixels(head, r
 def test_local_cross_attention_equals_the_dense_reference(head, radius):
     # radius 0: 3 keys for every query, no mask; 1 and 2: edge cells see fewer keys (masked)
     model = superres_model(head, "local_1d", radius=radius, low_res_size=4)
-    attn, can_attend = model.layers[0].cross_attn, model.local_cross.can_attend
+    attn, can_attend = model.layers[0].cross_attn, model.cross_pattern.can_attend()
     length = model.order.length
     x = torch.randn(2, length, 16, dtype=torch.float64, requires_grad=True)
     context = torch.randn(2, 48, 16, dtype=torch.float64, requires_grad=True)

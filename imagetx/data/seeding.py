@@ -1,5 +1,5 @@
 """Seeds drawn from the run's seed, so that a run resumed mid-epoch draws what an
-uninterrupted one would: the training order of each epoch (data.py, ``TrainOrder``) and
+uninterrupted one would: the training order of each epoch (data/datamodule.py, ``TrainOrder``) and
 the dropout of each training step (training/module.py)."""
 
 from __future__ import annotations

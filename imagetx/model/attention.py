@@ -4,8 +4,8 @@
 Heads are folded into the batch axis: a (B, T, d) input becomes q, k, v of shape (T, B·h, e),
 the layout of ``patterns.py``. Self-attention projects q, k and v with one fused linear map
 (as nanoGPT and timm); cross-attention projects q from the decoder and k, v (fused) from the
-context. ``kernel`` (``ModelConfig.attention_kernel``) chooses how a pattern's attention runs:
-its gathered blocks through SDPA, or FlexAttention (``imagetx/model/flex.py``).
+context. The attention itself is ``kernels.attend``'s (``kernel``, ``ModelConfig.attention_kernel``,
+chooses SDPA or FlexAttention).
 
 Decoding one step at a time, the same ``forward`` takes a cache (``start_decoding``) and the
 ``steps`` it runs (the model's decoding cache owns the step counter): a self-attention layer
@@ -21,13 +21,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .cross_pattern import LocalCrossAttention
-from .flex import uses_flex
-from .patterns import AttentionPattern, BlockIndex, DecodeIndex, attend_in_blocks, fused_attention
+from .cross_pattern import CrossPattern
+from .kernels import attend, attend_prefix, attend_slots, prepare
+from .patterns import CausalPattern, DecodeIndex
 from .position_bias import RelativePositionBias
 from .rotary import Rotary2D
 
@@ -47,35 +46,6 @@ def merge_heads(proj: nn.Linear, out: Tensor, n_heads: int) -> Tensor:
     return proj(rearrange(out, "t (b h) e -> t b (h e)", h=n_heads)).transpose(0, 1)
 
 
-def attend_slots(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
-    """The queries of t steps (t, N, e) over cached keys and values (N, S, e) -> (t, N, e).
-    ``mask``: the slots each may read, bool (t, S) or a float mask (N, t, S); None: all."""
-    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask)  # (N, t, e)
-    return out.transpose(0, 1)
-
-
-def attend_prefix(pattern: AttentionPattern, q: Tensor, k: Tensor, v: Tensor,
-                  position_bias: RelativePositionBias | None = None) -> Tensor:
-    """The first t steps' attention under ``pattern`` (t, N, e) -> (t, N, e), from their own
-    queries, keys and values: the full pass's attention of those steps, which by causality
-    reads nothing later.
-
-    The pattern's first ceil(t / L) query blocks, through ``attend_in_blocks`` as the training
-    pass runs them, the last block's queries past t padded with zeros (their outputs dropped).
-    Key steps from t on read the zero key: no real query may see them (each sees only keys up
-    to itself), so the result is exact, at a cost of those blocks only, never the whole image."""
-    length = q.shape[0]
-    blocks = pattern.blocks(q.device)
-    block_len = blocks.can_attend.shape[1]
-    used = -(-length // block_len)
-    # attend_in_blocks appends the zero key at index len(k) = t: later steps (and step T, its
-    # marker for "no key") all point there
-    prefix_blocks = BlockIndex(blocks.key_steps[:used].clamp(max=length), blocks.can_attend[:used])
-    bias = None if position_bias is None else pattern.bias_in_blocks(position_bias, q.device)[:, :used]
-    padded = F.pad(q, (0, 0, 0, 0, 0, used * block_len - length))
-    return attend_in_blocks(padded, k, v, prefix_blocks, bias)[:length]
-
-
 @dataclass
 class SelfAttentionCache:
     """One self-attention layer's decoding state: keys and values (N, ring, e) in the ring
@@ -88,10 +58,12 @@ class SelfAttentionCache:
 
 @dataclass
 class CrossAttentionCache:
-    """The context's keys and values (N, S, e), projected once."""
+    """The context's keys and values (N, S, e), projected once; ``can_attend`` (Tq, S) bool, the
+    keys each step may read (None: all of them)."""
 
     keys: Tensor
     values: Tensor
+    can_attend: Tensor | None
 
 
 class SelfAttention(nn.Module):
@@ -99,7 +71,7 @@ class SelfAttention(nn.Module):
     one (the encoder), with optional relative positions (decoder only): a bias added to the
     scores, and/or queries and keys turned by their grid positions (``rotary``)."""
 
-    def __init__(self, d_model: int, n_heads: int, pattern: AttentionPattern | None = None,
+    def __init__(self, d_model: int, n_heads: int, pattern: CausalPattern | None = None,
                  position_bias: RelativePositionBias | None = None, kernel: str = "auto",
                  rotary: Rotary2D | None = None) -> None:
         super().__init__()
@@ -119,20 +91,21 @@ class SelfAttention(nn.Module):
         keys = torch.zeros(shape, device=weight.device, dtype=weight.dtype)
         return SelfAttentionCache(index, keys, torch.zeros_like(keys))
 
-    def forward(self, x: Tensor, steps: Tensor | slice = slice(None), cache: SelfAttentionCache | None = None) -> Tensor:
+    def forward(self, x: Tensor, steps: Tensor | slice = slice(None),
+                cache: SelfAttentionCache | None = None) -> Tensor:
         """(B, t, d) of ``steps`` -> (B, t, d): every step (no cache), or with ``cache`` one
         decoding step (``steps`` a (1,) index) or the first t steps into a fresh cache (a prefill)."""
+        if cache is None:
+            prepare(self.pattern, self.kernel, x.device)
         q, k, v = project_heads(self.to_qkv, x, self.n_heads, 3)
         if self.rotary is not None:  # cached keys are kept turned: each by its own step
             q, k = self.rotary(q, steps), self.rotary(k, steps)
-        if cache is not None:
-            out = self.attend_step(q, k, v, cache, steps) if x.shape[1] == 1 else self.prefill(q, k, v, cache)
-        elif self.pattern is None:
-            out = fused_attention(q, k, v)
-        elif uses_flex(self.kernel, q.device):
-            out = self.pattern.attend_flex(q, k, v, self.position_bias)
+        if cache is None:
+            out = attend(q, k, v, self.pattern, self.kernel, self.position_bias)
+        elif x.shape[1] == 1:
+            out = self.attend_step(q, k, v, cache, steps)
         else:
-            out = self.pattern.attend(q, k, v, self.position_bias)
+            out = self.prefill(q, k, v, cache)
         return merge_heads(self.to_out, out, self.n_heads)
 
     def prefill(self, q: Tensor, k: Tensor, v: Tensor, cache: SelfAttentionCache) -> Tensor:
@@ -164,38 +137,37 @@ class SelfAttention(nn.Module):
 
 
 class CrossAttention(nn.Module):
-    """Attention of the decoder to a context (the encoder's output): to all of it, or with
-    ``local``, only to the keys its ``can_attend`` allows."""
+    """Attention of the decoder to a context (the encoder's output): to all of it, or under
+    ``pattern``, only to the keys its ``can_attend`` allows."""
 
-    def __init__(self, d_model: int, n_heads: int, local: LocalCrossAttention | None = None,
+    def __init__(self, d_model: int, n_heads: int, pattern: CrossPattern | None = None,
                  kernel: str = "auto") -> None:
         super().__init__()
-        self.n_heads, self.local, self.kernel = n_heads, local, kernel
+        self.n_heads, self.pattern, self.kernel = n_heads, pattern, kernel
         self.to_q = nn.Linear(d_model, d_model, bias=False)
         self.to_kv = nn.Linear(d_model, 2 * d_model, bias=False)
         self.to_out = nn.Linear(d_model, d_model, bias=False)
 
     def start_decoding(self, context: Tensor) -> CrossAttentionCache:
-        """The context's keys and values (N, S, e), projected here once."""
+        """The context's keys and values (N, S, e), projected here once, and the pattern's
+        ``can_attend`` on their device (built here, not in a compiled step)."""
         keys, values = (rearrange(t, "s n e -> n s e").contiguous()
                         for t in project_heads(self.to_kv, context, self.n_heads, 2))
-        return CrossAttentionCache(keys, values)
+        can_attend = None if self.pattern is None else self.pattern.on_device(keys.device)
+        return CrossAttentionCache(keys, values, can_attend)
 
     def forward(self, x: Tensor, context: Tensor | None = None, cache: CrossAttentionCache | None = None,
                 steps: Tensor | slice = slice(None)) -> Tensor:
         """x (B, t, d) of ``steps``, context (B, S, d) -> (B, t, d); with ``cache``, no ``context``
         (the cache holds it)."""
+        if cache is None:
+            prepare(self.pattern, self.kernel, x.device)
         (q,) = project_heads(self.to_q, x, self.n_heads, 1)
         if cache is not None:
             # (t, S), read on the device: a decoding step's index is a (1,) tensor, as in DecodeIndex.readable
-            mask = None if self.local is None else self.local.can_attend[steps]
+            mask = None if cache.can_attend is None else cache.can_attend[steps]
             out = attend_slots(q, cache.keys, cache.values, mask)
         else:
             k, v = project_heads(self.to_kv, context, self.n_heads, 2)
-            if self.local is None:
-                out = fused_attention(q, k, v)
-            elif uses_flex(self.kernel, q.device):
-                out = self.local.attend_flex(q, k, v)
-            else:
-                out = self.local.attend(q, k, v)
+            out = attend(q, k, v, self.pattern, self.kernel)
         return merge_heads(self.to_out, out, self.n_heads)

@@ -80,7 +80,7 @@ class ModelConfig:
     # computes it from the indices); "rotary", 2D rotary embeddings of queries and keys
     # (imagetx/model/rotary.py: nothing added to the scores); "rotary_distance", both of the last two.
     relative_positions: RelativePositions = "none"
-    # §4: how attention runs: "flex" = FlexAttention, block-sparse (imagetx/model/flex.py); "sdpa" =
+    # §4: how attention runs: "flex" = FlexAttention, block-sparse (imagetx/model/kernels.py); "sdpa" =
     # the gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
     # elsewhere (FlexAttention has no backward on the CPU). Same numbers either way.
     attention_kernel: AttentionKernel = "auto"

@@ -24,9 +24,9 @@ class SubPixelEmbedding(nn.Module):
     ``ordinal=True`` starts each channel's 256 rows on the straight line between two
     random vectors, so that value 101 starts next to 100 instead of at an unrelated
     random point; the rows are free to move apart in training. The super-resolution
-    encoder uses it: from random rows a decoder must first learn which rows are bright
-    and which dark before the low-resolution input tells it anything, and in a short run
-    it had not; ordinal rows carry intensity from the first step.
+    encoder uses it: ordinal rows carry intensity from the first step, where from random
+    rows a decoder must first learn which rows are bright and which dark before the
+    low-resolution input can tell it anything.
     """
 
     def __init__(self, d_model: int, ordinal: bool = False) -> None:

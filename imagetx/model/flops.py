@@ -10,14 +10,14 @@ are not: they are memory-bound, and FlopCounterMode leaves them out too.
 Attention counts the query-key pairs each call computes, masked pairs included (the kernel
 computes them), never the dense T² it does not:
 
-* decoder self-attention: what each pattern's ``attend`` computes, as the pattern counts it
-  (``AttentionPattern.pairs_computed``): its gathered blocks, or the causal calls and windows of
-  its fused paths;
+* decoder self-attention: what ``kernels.attend`` computes under each pattern, as the kernels
+  count it (``kernels.pairs_computed``): its gathered blocks, or the causal calls and windows of
+  the fused paths;
 * the encoder: every pair of its 3·h·w sub-pixels; cross-attention: every decoder step over
   all of them, or (``cross_attention_radius``) over its group's gathered keys. The cell add
   (``low_res_reading: cell_add``) is no attention: its map runs once per low-resolution pixel.
 
-Where FlexAttention runs instead (``attention_kernel`` flex, or auto on CUDA: ``flex.uses_flex``),
+Where FlexAttention runs instead (``attention_kernel`` flex, or auto on CUDA: ``kernels.uses_flex``),
 a pattern's attention is every 128×128 tile of its block mask that the kernel does not skip,
 computed whole: fewer pairs than the gathered blocks where a block's keys are mostly outside
 the image (2D), more where blocks are narrower than a tile (``quick``'s 32-pixel rows).
@@ -38,7 +38,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
 from .config import CHANNELS
-from .flex import uses_flex
+from .kernels import pairs_computed, uses_flex
 from .transformer import ImageTransformer
 
 # 2 FLOPs (a multiply and an add) per multiply-add of a matrix product.
@@ -77,7 +77,7 @@ def decoder_attention_pairs(model: ImageTransformer, device: torch.device | str 
     """Query-key pairs one decoder self-attention layer computes per image and head on ``device``."""
     if uses_flex(model.config.attention_kernel, torch.device(device)):
         return tile_pairs(model.pattern.block_mask(device))
-    return model.pattern.pairs_computed(with_bias=model.config.position_bias is not None)
+    return pairs_computed(model.pattern, with_bias=model.config.position_bias is not None)
 
 
 def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> Flops:
@@ -114,9 +114,9 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
     pairs = cfg.n_layers * decoder_attention_pairs(model, device)
     if model.encoder is not None:  # the encoder and cross-attention to all of it: every pair
         cross = steps * context
-        if model.local_cross is not None:
-            local = model.local_cross
-            cross = tile_pairs(local.block_mask(device)) if flex else steps * local.key_index.shape[1]
+        if model.cross_pattern is not None:
+            pattern = model.cross_pattern
+            cross = tile_pairs(pattern.block_mask(device)) if flex else pairs_computed(pattern, with_bias=False)
         crossing = sum(layer.cross_attn is not None for layer in model.layers)
         pairs += cfg.encoder_layers * context * context + crossing * cross
     return Flops(projections, inputs, per_pair * pairs)

@@ -1,27 +1,24 @@
-"""Attention patterns: which keys each query may see (docs/model.md §4), and the kernels that
-compute attention under them.
+"""Attention patterns: which keys each query may see (docs/model.md §4), as geometry only; the
+kernels that compute attention under them are ``kernels.py``'s (one entry, ``kernels.attend``).
 
 One layout throughout: q, k, v are sequence-first (T, N, e), N = batch·heads and e the head
 size, in generation order.
 
-A self-attention pattern answers, for the steps of its ``GenerationOrder``:
+One pattern type, ``AttentionPattern``, for self- and cross-attention. A pattern answers:
 
-* ``mask_rule()``: the pattern's rule, written once, as arithmetic on query and key steps
-  (``flex.MaskRule``), so that it runs on any device with nothing to look up. On index grids
-  it gives ``can_attend()``, the dense boolean (T, T) matrix (True = the query, a row, may
-  attend to the key, a column): the reference, for tests only (``dense_attention`` of
-  tests/helpers.py with it defines the right answer). As FlexAttention's ``mask_mod`` it gives
-  ``block_mask(device)``, built once per device, from which ``attend_flex`` runs the
-  block-sparse kernel (docs/model.md §4; ``imagetx/model/flex.py``).
-* ``blocks(device)``: the pattern's sparsity, built once per device — queries in blocks of
-  consecutive steps, each block with the steps of its keys and which of them each query may
-  see. The training pass (``attend``), the relative position bias of each query-key pair
-  (``block_bias``) and the ring buffer of decoding (``decode_index``) are all read from it,
-  at a cost of O(T·(keys per block)), never O(T²). Tests prove each equal to the reference.
+* ``mask_rule()``: its rule, as arithmetic (or a lookup) on query and key steps (``MaskRule``),
+  so that it runs on any device. On index grids it gives ``can_attend()``, the dense boolean
+  (Tq, Tk) matrix (True = the query, a row, may attend to the key, a column): the reference of
+  every test (``dense_attention`` of tests/helpers.py with it defines the right answer). As
+  FlexAttention's ``mask_mod`` it gives ``block_mask(device)``, built once per device.
+* ``blocks(device)``: its sparsity, built once per device: queries in blocks, each block with
+  the steps of its keys and which of them each query may see. The gathered-block kernel, the
+  relative position bias of each query-key pair (``block_bias``) and the ring buffer of
+  decoding (``decode_index``) are all read from it, at a cost of O(T·(keys per block)), never
+  O(T²). Tests prove each equal to the reference.
 
-``attend`` (blocks through SDPA) and ``attend_flex`` compute the same attention; the layers
-choose between them (``ModelConfig.attention_kernel``). The pattern of cross-attention to a
-low-resolution input, with the same two kernels, is in ``cross_pattern.py``.
+The self-attention patterns (``CausalPattern``: full, 1D and 2D local) are over the steps of a
+``GenerationOrder``; local cross-attention to a low-resolution input is ``CrossPattern``.
 """
 
 from __future__ import annotations
@@ -34,31 +31,50 @@ import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask
+from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-from .flex import MaskRule, build_block_mask, dense_mask, distance_score_mod, flex_attend, table_score_mod
 from .order import GenerationOrder
 from .position_bias import RelativePositionBias
 
 Built = TypeVar("Built")
+# (query steps, key steps) -> bool, True where the query may attend to the key; elementwise
+# over tensors that broadcast (index grids for the dense matrix, 0-d indices in a mask_mod).
+MaskRule = Callable[[Tensor, Tensor], Tensor]
 
 
-def fused_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
-    """(Tq, N, e) queries over every key of (Tk, N, e), or causally: one fused call on views."""
-    q, k, v = (rearrange(t, "t n e -> 1 n t e") for t in (q, k, v))
-    return rearrange(F.scaled_dot_product_attention(q, k, v, is_causal=causal), "1 n t e -> t n e")
+def dense_mask(rule: MaskRule, query_length: int, key_length: int) -> Tensor:
+    """(Tq, Tk) bool: ``rule`` on every query-key pair, on the CPU (the tests' reference)."""
+    return rule(torch.arange(query_length)[:, None], torch.arange(key_length)[None, :])
+
+
+def build_block_mask(rule: MaskRule, query_length: int, key_length: int, device: torch.device | str) -> BlockMask:
+    """FlexAttention's ``BlockMask`` of ``rule``, broadcast over batch and heads: which kernel
+    blocks of 128 × 128 pairs to skip, which to run whole, which to mask. Kernel blocks the rule
+    allows only in part keep it as their ``mask_mod``, so a pattern finer than a kernel block (a
+    one-row 1D block, a narrow 2D flange) stays exact. Hundreds of µs to build: a pattern builds
+    it once per device (``block_mask``) and every layer reuses it."""
+
+    def mask_mod(batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
+        return rule(query, key)
+
+    return create_block_mask(mask_mod, None, None, query_length, key_length, device=device)
 
 
 # ----- a pattern's sparsity, built once ------------------------------------------------------
 
 @dataclass(frozen=True)
 class BlockIndex:
-    """Queries in n blocks of L consecutive steps (steps past T − 1 are end padding), each block
-    over S keys: ``key_steps`` (n, S) long, where step T stands for a zero key (before the
-    sequence, outside the grid, end padding); ``can_attend`` (n, L, S) bool."""
+    """Queries in n blocks of L steps, each block over S keys: ``key_steps`` (n, S) long, where
+    step Tk stands for a zero key (before the sequence, outside the grid, end padding);
+    ``can_attend`` (n, L, S) bool. The blocks take the queries in order (steps past Tq − 1 are
+    end padding), or, with ``query_order`` (Tq,), in that order (``query_position``: its inverse).
+    ``partial``: whether some query may not see some key of its block (False: no mask to apply)."""
 
     key_steps: Tensor
     can_attend: Tensor
+    query_order: Tensor | None = None
+    query_position: Tensor | None = None
+    partial: bool = True
 
     @property
     def query_steps(self) -> Tensor:
@@ -67,7 +83,8 @@ class BlockIndex:
         return torch.arange(n_blocks * block_len, device=self.key_steps.device).view(n_blocks, block_len)
 
     def to(self, device: torch.device) -> "BlockIndex":
-        return BlockIndex(self.key_steps.to(device), self.can_attend.to(device))
+        order, position = (None if t is None else t.to(device) for t in (self.query_order, self.query_position))
+        return BlockIndex(self.key_steps.to(device), self.can_attend.to(device), order, position, self.partial)
 
 
 @dataclass(frozen=True)
@@ -93,36 +110,15 @@ class DecodeIndex:
     can_read: Tensor | None
 
     def readable(self, step: Tensor) -> Tensor:
-        """(ring,) bool: the slots decoding step ``step`` (a (1,) tensor) may read."""
+        """(ring,) bool: the slots decoding step ``step`` (a 0-d or a (1,) tensor) may read."""
         if self.can_read is None:
-            return torch.arange(self.ring, device=step.device) <= step
+            return torch.arange(self.ring, device=step.device) <= step.view(1)
         # Indexed by a 1-element tensor: a 0-d index is read back to the host as a Python int
         # (under torch.compile, a .item() in the graph and a guard on its value).
-        return self.can_read[step][0]
+        return self.can_read[step.view(1)][0]
 
     def to(self, device: torch.device) -> "DecodeIndex":
         return DecodeIndex(self.ring, None if self.can_read is None else self.can_read.to(device))
-
-
-def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex, bias: Tensor | None = None) -> Tensor:
-    """Queries in blocks of L consecutive steps, each block over its own gathered keys.
-
-    q (n·L, N, e); k, v (T', N, e) with T' ≥ every real key step (a zero row is appended for
-    step T); bias (h, n, L, S) or None. The blocks are the batch axis of one fused call; with
-    a bias, a per-head float mask (heads split out of N) -> (n·L, N, e).
-    """
-    n_blocks, n_keys = blocks.key_steps.shape
-    zero = q.new_zeros(1, *q.shape[1:])
-    keys, values = (rearrange(torch.cat([t, zero]).index_select(0, blocks.key_steps.flatten()),
-                              "(b s) n e -> b n s e", s=n_keys) for t in (k, v))
-    queries = rearrange(q, "(b l) n e -> b n l e", b=n_blocks)
-    if bias is None:
-        out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=blocks.can_attend[:, None])
-        return rearrange(out, "b n l e -> (b l) n e")
-    mask = rearrange(bias, "h b l s -> b 1 h l s").masked_fill(~blocks.can_attend[:, None, None], float("-inf"))
-    split = (rearrange(t, "b (B h) l e -> b B h l e", h=bias.shape[0]) for t in (queries, keys, values))
-    out = F.scaled_dot_product_attention(*split, attn_mask=mask)
-    return rearrange(out, "b B h l e -> (b l) (B h) e")
 
 
 def ring_from_blocks(blocks: BlockIndex, length: int) -> DecodeIndex:
@@ -155,10 +151,6 @@ class BuiltOnce:
     def __init__(self) -> None:
         self.kept: dict[tuple[str, torch.device], object] = {}
 
-    def clear(self) -> None:
-        """Forget everything built (the next use builds it again)."""
-        self.kept.clear()
-
     def once(self, what: str, device: torch.device | str, build: Callable[[], Built]) -> Built:
         """``build()`` the first time ``what`` is asked for on ``device``; after that, the same object.
 
@@ -172,27 +164,23 @@ class BuiltOnce:
         return self.kept[key]  # type: ignore[return-value]
 
 
-# ----- self-attention patterns ---------------------------------------------------------------
+# ----- the pattern type --------------------------------------------------------------------------
 
 class AttentionPattern:
-    """Which keys each query sees, over the steps of ``order``. Subclasses define the rule
-    (``mask_rule``) and their blocks (``build_blocks``); the rest derives from them."""
+    """Which of ``key_length`` keys each of ``query_length`` queries sees. Subclasses define the
+    rule (``mask_rule``) and their blocks (``build_blocks``); the rest derives from them."""
 
-    def __init__(self, order: GenerationOrder) -> None:
-        self.order = order
+    def __init__(self, query_length: int, key_length: int) -> None:
+        self.query_length, self.key_length = query_length, key_length
         self.built = BuiltOnce()
-
-    @property
-    def length(self) -> int:
-        return self.order.length
 
     def mask_rule(self) -> MaskRule:
         """(query steps, key steps) -> bool, True where the query may attend to the key."""
         raise NotImplementedError
 
     def can_attend(self) -> Tensor:
-        """(T, T) bool, True where the query (row) may attend to the key (column)."""
-        return dense_mask(self.mask_rule(), self.length, self.length)
+        """(Tq, Tk) bool, True where the query (row) may attend to the key (column)."""
+        return dense_mask(self.mask_rule(), self.query_length, self.key_length)
 
     def build_blocks(self) -> BlockIndex:
         """The pattern's blocks, on the CPU (``blocks`` keeps them, per device)."""
@@ -201,6 +189,27 @@ class AttentionPattern:
     def blocks(self, device: torch.device | str) -> BlockIndex:
         cpu = self.built.once("blocks", "cpu", self.build_blocks)
         return self.built.once("blocks", device, lambda: cpu.to(device))
+
+    def block_mask(self, device: torch.device | str) -> BlockMask:
+        """FlexAttention's block mask of the rule, on ``device``."""
+        return self.built.once("block_mask", device,
+                               lambda: build_block_mask(self.mask_rule(), self.query_length, self.key_length, device))
+
+    def describe(self) -> str:
+        return type(self).__name__
+
+
+class CausalPattern(AttentionPattern):
+    """A decoder's self-attention pattern over the steps of ``order``: causal, with a relative
+    position of every query-key pair and a ring buffer for decoding one step at a time."""
+
+    def __init__(self, order: GenerationOrder) -> None:
+        super().__init__(order.length, order.length)
+        self.order = order
+
+    @property
+    def length(self) -> int:
+        return self.order.length
 
     def block_bias(self, device: torch.device | str) -> BlockBias:
         def build() -> BlockBias:
@@ -217,46 +226,12 @@ class AttentionPattern:
         index = self.block_bias(device)
         return position_bias(index.offsets).index_select(1, index.kinds)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, position_bias: RelativePositionBias | None = None) -> Tensor:
-        """(T, N, e) q, k, v -> (T, N, e), equal to the dense reference with ``can_attend()``
-        (and, with a position bias, the bias of every query-key pair added to its score)."""
-        bias = None if position_bias is None else self.bias_in_blocks(position_bias, q.device)
-        return attend_in_blocks(q, k, v, self.blocks(q.device), bias)[: self.length]
-
-    def pairs_computed(self, with_bias: bool) -> int:
-        """Query-key pairs ``attend`` computes per image and head (masked pairs included: the
-        kernel computes them), ``with_bias`` or without: here L queries × S gathered keys per block
-        (docs/model.md §8, FLOPs)."""
-        n_blocks, block_len, n_keys = self.blocks("cpu").can_attend.shape
-        return n_blocks * block_len * n_keys
-
-    def block_mask(self, device: torch.device | str) -> BlockMask:
-        """FlexAttention's block mask of the rule, over T queries and T keys, on ``device``."""
-        return self.built.once("block_mask", device,
-                         lambda: build_block_mask(self.mask_rule(), self.length, self.length, device))
-
-    def attend_flex(self, q: Tensor, k: Tensor, v: Tensor,
-                    position_bias: RelativePositionBias | None = None) -> Tensor:
-        """``attend`` through FlexAttention: the block mask, and the bias as a ``score_mod``
-        (a fixed one computed from the indices, a learned one read from its table)."""
-        mask = self.block_mask(q.device)
-        if position_bias is None:
-            return flex_attend(q, k, v, mask)
-        if position_bias.learned:
-            score_mod = table_score_mod(position_bias.table, self.order.relative_offsets)
-        else:
-            score_mod = distance_score_mod(self.order.grid_offsets)
-        return flex_attend(q, k, v, mask, score_mod, position_bias.n_heads)
-
     def decode_index(self, device: torch.device | str) -> DecodeIndex:
         cpu = self.built.once("decode", "cpu", lambda: ring_from_blocks(self.blocks("cpu"), self.length))
         return self.built.once("decode", device, lambda: cpu.to(device))
 
-    def describe(self) -> str:
-        return type(self).__name__
 
-
-class FullCausal(AttentionPattern):
+class FullCausal(CausalPattern):
     """Every query sees every earlier position and itself: the O(T²) baseline."""
 
     def mask_rule(self) -> MaskRule:
@@ -269,23 +244,11 @@ class FullCausal(AttentionPattern):
         # One block holding the whole sequence: full attention's sparsity is no sparsity.
         return BlockIndex(torch.arange(self.length)[None], self.can_attend()[None])
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, position_bias: RelativePositionBias | None = None) -> Tensor:
-        if position_bias is None:
-            return fused_attention(q, k, v, causal=True)
-        return super().attend(q, k, v, position_bias)
-
-    def pairs_computed(self, with_bias: bool) -> int:
-        """Without a bias, SDPA's causal kernels (flash, memory-efficient, the CPU's) skip the tiles
-        above the diagonal: T(T+1)/2 pairs; with one, a T×T block."""
-        if with_bias:
-            return super().pairs_computed(with_bias)
-        return self.length * (self.length + 1) // 2
-
     def decode_index(self, device: torch.device | str) -> DecodeIndex:
         return DecodeIndex(self.length, None)  # step t reads slots 0..t: nothing to build
 
 
-class Local1D(AttentionPattern):
+class Local1D(CausalPattern):
     """Query blocks of ``block_length`` steps in raster order (docs/model.md §4, 1D).
 
     A query sees every position of the previous ``memory_blocks`` blocks and its own block up
@@ -315,58 +278,11 @@ class Local1D(AttentionPattern):
         key_steps = key_steps.masked_fill((key_steps < 0) | (key_steps >= self.length), self.length)
         return BlockIndex(key_steps, can_attend)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, position_bias: RelativePositionBias | None = None) -> Tensor:
-        """Blocks 0..m−1 have every earlier position in memory: one causal call. Every later
-        block b needs the window of blocks [b−m, b]. Windows that start at blocks s, s+(m+1),
-        s+2(m+1), … do not overlap, so for each s in 0..m they are a plain view of k and v (no
-        gathered copies); the last block of each window is queried against the whole window
-        with one shared (lq, (m+1)·lq) mask.
-
-        A position bias differs from window to window (unless lq is a multiple of the grid's
-        width), so with one the blocks run through ``attend_in_blocks`` instead.
-        """
-        lq, m, length = self.block_length, self.memory_blocks, q.shape[0]
-        n_blocks = -(-length // lq)
-        pad = n_blocks * lq - length
-        if pad:  # padding comes after every real position: causality keeps it unseen
-            q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
-        if position_bias is not None:
-            return super().attend(q, k, v, position_bias)
-        out = q.new_empty(q.shape)
-        head = min(m, n_blocks) * lq
-        out[:head] = fused_attention(q[:head], k[:head], v[:head], causal=True)
-        window = (m + 1) * lq
-        can_attend = torch.ones(lq, window, dtype=torch.bool, device=q.device).tril(m * lq)
-        blocks_out = rearrange(out, "(b l) n e -> b l n e", l=lq)
-        for s in range(m + 1):
-            n_windows = -(-(n_blocks - m - s) // (m + 1))
-            if n_windows <= 0:
-                continue
-            span = slice(s * lq, (s + n_windows * (m + 1)) * lq)
-            # windows: (w, n, (m+1)·lq, e) views; queries: the last block of each window
-            keys, values = (rearrange(t[span], "(w l) n e -> w n l e", l=window) for t in (k, v))
-            queries = rearrange(q[span], "(w j l) n e -> w j n l e", j=m + 1, l=lq)[:, m]
-            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=can_attend)
-            first_block = s + m
-            blocks_out[first_block : first_block + n_windows * (m + 1) : m + 1] = rearrange(
-                attended, "w n l e -> w l n e")
-        return out[:length]
-
-    def pairs_computed(self, with_bias: bool) -> int:
-        """Without a bias (``attend``'s views): the first m blocks in one causal call, then each
-        later block's lq queries over its window of (m+1)·lq keys."""
-        if with_bias:
-            return super().pairs_computed(with_bias)
-        lq, m = self.block_length, self.memory_blocks
-        n_blocks = -(-self.length // lq)
-        causal = min(m, n_blocks) * lq
-        return causal * (causal + 1) // 2 + (n_blocks - min(m, n_blocks)) * lq * (m + 1) * lq
-
     def describe(self) -> str:
         return f"Local1D(lq={self.block_length}, memory_blocks={self.memory_blocks})"
 
 
-class Local2D(AttentionPattern):
+class Local2D(CausalPattern):
     """Query blocks of qh×qw grid cells with a memory flange (docs/model.md §4, 2D).
 
     The sequence is in block-raster order (``order.block`` = (qh, qw)). A block with top-left
@@ -424,7 +340,7 @@ class Local2D(AttentionPattern):
         return f"Local2D(query={self.block}, flange={self.flange})"
 
 
-def pattern_for(config) -> AttentionPattern:
+def pattern_for(config) -> CausalPattern:
     """The self-attention pattern (and, with it, the generation order) of a decoder built
     from ``config``: raster order for 1D and full attention, block-raster order for 2D."""
     order = GenerationOrder.for_config(config)

@@ -41,12 +41,16 @@ class Rotary2D(nn.Module):
         frequencies = ROTARY_BASE ** (-torch.arange(n, dtype=torch.float64) / n)
         rows, cols = order.grid_cell()
         angles = torch.cat([rows[:, None] * frequencies, cols[:, None] * frequencies], dim=1)  # (T, e/2)
-        self.register_buffer("cos", angles.cos().float(), persistent=False)
-        self.register_buffer("sin", angles.sin().float(), persistent=False)
+        # Kept in float64, so that a float64 model turns by exact angles; ``forward`` rounds them
+        # to the precision it turns in. ``model.float()`` would round them once, as it should.
+        self.register_buffer("cos", angles.cos(), persistent=False)
+        self.register_buffer("sin", angles.sin(), persistent=False)
 
     def forward(self, x: Tensor, steps: Tensor | slice = slice(None)) -> Tensor:
         """x (t, N, e) of ``steps`` (all T by default, or the decoding step's (1,) index) ->
-        x turned: dimension i pairs with i + e/2."""
-        cos, sin = (rearrange(t[steps].to(x.dtype), "t p -> t 1 p") for t in (self.cos, self.sin))
-        first, second = x.chunk(2, dim=-1)
-        return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
+        x turned: dimension i pairs with i + e/2. Turned in float32 at least: bf16 queries and
+        keys (mixed precision) are rounded once, after the rotation, not at each product."""
+        dtype = torch.promote_types(x.dtype, torch.float32)
+        cos, sin = (rearrange(t[steps].to(dtype), "t p -> t 1 p") for t in (self.cos, self.sin))
+        first, second = x.to(dtype).chunk(2, dim=-1)
+        return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1).to(x.dtype)

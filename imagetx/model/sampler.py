@@ -16,9 +16,9 @@ torch's threads: measured best on a busy machine and close to best on an idle on
 The step can run compiled (``compile_decoding``; ``sample(..., compiled=True)``): the same
 ``decode_step``, traced whole into one graph with static shapes. That works because every
 cache is allocated when decoding starts and written in place, the step index is one 0-d tensor
-(the decoding cache's, handed to each layer), and no branch of the step depends on which step it is. On CUDA
-``compiled="reduce-overhead"`` also captures the step as a CUDA graph: one launch per step
-instead of one per kernel. The loop reads nothing back from the device per step (the given
+(the decoding cache's, handed to each layer), and no branch of the step depends on which step
+it is. On CUDA ``compiled="reduce-overhead"`` also captures the step as a CUDA graph: one launch
+per step instead of one per kernel. The loop reads nothing back from the device per step (the given
 rows are known on the host, the heads draw without ``torch.multinomial``'s checks): it
 queues the steps, and the device runs them as fast as it can.
 """
@@ -95,9 +95,9 @@ class CompiledDecoding:
 # kept is the class's decode_step, compiled, which refers to no model.
 COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # Each compilation with graphs of its own: torch keeps the graphs of one function together, so
-# that one model's (or mode's) would count against every other's recompile limit. torch before
-# 2.13 (no isolate_recompiles; 2.11 on the lent GPU machines) keeps them together: there the
-# limit counts every model's graphs in the process.
+# that one model's (or mode's) would count against every other's recompile limit. A torch
+# without isolate_recompiles (before 2.13) cannot separate them: there the limit counts every
+# model's graphs in the process.
 ISOLATED = {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
 
 
@@ -303,8 +303,7 @@ def sample(
     step through ``compile_decoding`` (True: torch.compile's default mode; a string: that mode,
     e.g. "reduce-overhead"), the same images as the eager step gives, up to rounding.
     """
-    for state in sample_progressively(model, count, labels, low_res, temperature, prefix, given_rows, generator,
-                                      progress, compiled):
-        if state.done:
-            return state.images
-    raise AssertionError("sample_progressively ends with the finished images")  # unreachable
+    # without ``every``, sample_progressively yields once: the finished images
+    (finished,) = sample_progressively(model, count, labels, low_res, temperature, prefix, given_rows, generator,
+                                       progress, compiled)
+    return finished.images

@@ -1,9 +1,8 @@
 """The Image Transformer network (docs/model.md §1–§3, §5, §6): a plain ``nn.Module``.
 
-Read top to bottom: one transformer layer (post- or pre-LayerNorm, optionally
-reading the low-res input), the super-resolution encoder, then the decoder that embeds
-images in generation order, shifts them right by one step, runs the local
-attention stack and returns the head's distribution parameters.
+The decoder embeds images in generation order, shifts them right by one step, runs the local
+attention stack (``layers.py``: the transformer layer and the super-resolution encoder) and
+returns the head's distribution parameters.
 
 One decoder pass (``run_decoder``) over a slice of steps serves everything: the teacher-forced
 pass over every step (``forward``), and, through a ``DecodingCache`` (``start_decoding``, which
@@ -22,27 +21,16 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .attention import CrossAttention, CrossAttentionCache, SelfAttention, SelfAttentionCache
-from .cell_add import CellAdd, CellAddCache
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
-from .cross_pattern import LocalCrossAttention, cross_can_attend
+from .cross_pattern import CrossPattern
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
 from .inputs import check_image_tensor, check_labels
-from .order import GenerationOrder, images_to_sequence
-from .patterns import AttentionPattern, pattern_for
-from .position_bias import RelativePositionBias
+from .layers import Encoder, LayerCache, TransformerLayer
+from .order import images_to_sequence
+from .patterns import pattern_for
 from .rotary import Rotary2D
-
-
-@dataclass
-class LayerCache:
-    """One decoder layer's decoding state: its self-attention ring, and what reads the low-res
-    input: cross-attention's keys and values, or the cell add's mapped cells."""
-
-    self_attn: SelfAttentionCache
-    low_res: CrossAttentionCache | CellAddCache | None = None
 
 
 @dataclass
@@ -57,108 +45,6 @@ class DecodingCache:
     condition: Tensor | None
     layers: list[LayerCache]
     remainder: RemainderCache | None
-
-
-class TransformerLayer(nn.Module):
-    """Self-attention [+ a reading of the low-res input: cross-attention or the cell add] +
-    feed-forward, each with add-and-norm (docs/model.md §3, §6)."""
-
-    def __init__(self, config: ModelConfig, pattern: AttentionPattern | None = None, rotary: Rotary2D | None = None,
-                 reads_low_res: bool = False, local_cross: LocalCrossAttention | None = None,
-                 low_res_pixel_of_step: Tensor | None = None) -> None:
-        """``pattern``: a decoder layer, causal under it, with ``config.relative_positions``
-        (``rotary``: the decoder's one ``Rotary2D``, which every layer shares); without, an
-        encoder layer. ``reads_low_res``: a super-resolution decoder layer, reading the encoder
-        as ``config.low_res_reading`` says; the cell add needs ``low_res_pixel_of_step`` (T,),
-        the low-res pixel of each step."""
-        super().__init__()
-        d = config.d_model
-        self.pre_norm = config.norm == "pre"
-        position_bias = None
-        if pattern is not None and config.position_bias:
-            position_bias = RelativePositionBias(config.n_heads, *config.grid_shape,
-                                                 learned=config.position_bias == "learned")
-        self.self_attn = SelfAttention(d, config.n_heads, pattern, position_bias, config.attention_kernel, rotary)
-        self.self_norm = nn.LayerNorm(d)
-        cross_attention = reads_low_res and config.low_res_reading == "cross_attention"
-        self.cross_attn = (CrossAttention(d, config.n_heads, local_cross, config.attention_kernel)
-                           if cross_attention else None)
-        self.cross_norm = nn.LayerNorm(d) if cross_attention else None
-        cell_add = reads_low_res and config.low_res_reading == "cell_add"
-        self.cell_add = CellAdd(d, low_res_pixel_of_step) if cell_add else None
-        # Post-norm normalises after every add; pre-norm has nothing to normalise before the
-        # cell add, which reads no hidden state.
-        self.cell_norm = nn.LayerNorm(d) if cell_add and not self.pre_norm else None
-        self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
-        self.ffn_norm = nn.LayerNorm(d)
-        self.dropout = nn.Dropout(config.dropout)
-
-    def add_and_norm(self, x: Tensor, branch, norm: nn.LayerNorm) -> Tensor:
-        """x + branch(x) with dropout, normalised after (the paper's) or before (pre-norm)."""
-        if self.pre_norm:
-            return x + self.dropout(branch(norm(x)))
-        return norm(x + self.dropout(branch(x)))
-
-    def start_decoding(self, batch: int, context: Tensor | None = None) -> LayerCache:
-        """This layer's empty decoding cache (the low-res reading's: over ``context``, once)."""
-        reader = self.cross_attn if self.cross_attn is not None else self.cell_add
-        low_res = None if reader is None else reader.start_decoding(context)
-        return LayerCache(self.self_attn.start_decoding(batch), low_res)
-
-    def forward(self, x: Tensor, context: Tensor | None = None, cache: LayerCache | None = None,
-                steps: Tensor | slice = slice(None)) -> Tensor:
-        """(B, t, d) of ``steps`` -> (B, t, d): every step, or with ``cache`` (and no ``context``:
-        the cache holds it) one decoding step or a prefill's first t steps."""
-        self_cache, low_res_cache = (None, None) if cache is None else (cache.self_attn, cache.low_res)
-        x = self.add_and_norm(x, lambda h: self.self_attn(h, steps, self_cache), self.self_norm)
-        if self.cross_attn is not None:
-            x = self.add_and_norm(x, lambda h: self.cross_attn(h, context, low_res_cache, steps), self.cross_norm)
-        if self.cell_add is not None:
-            x = x + self.dropout(self.cell_add(context, low_res_cache, steps))
-            if self.cell_norm is not None:
-                x = self.cell_norm(x)
-        return self.add_and_norm(x, self.ffn, self.ffn_norm)
-
-
-class Encoder(nn.Module):
-    """Unmasked self-attention over the low-resolution image's sub-pixels (docs/model.md §6).
-
-    Each low-resolution sub-pixel is placed, for its position encoding, at the centre of the
-    high-resolution cells it summarises, using the decoder's own position encoding, so that
-    cross-attention can match the low-resolution input under each target cell by position
-    (``cross_attention_radius`` restricts it to nearby cells outright). Its value table starts
-    ordinal (``SubPixelEmbedding``), so intensities are readable from the first step.
-    """
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__()
-        side = config.low_res_size
-        self.order = GenerationOrder(side, side * CHANNELS)
-        rows, cols = self.order.grid_cell()
-        pixel_cols, channels = cols // CHANNELS, cols % CHANNELS
-        self.register_buffer("cell_rows", rows, persistent=False)  # low-res pixel of each sub-pixel
-        self.register_buffer("cell_cols", pixel_cols, persistent=False)
-        scale = config.image_size // side
-        target_rows = rows * scale + scale // 2
-        target_cols = pixel_cols * scale + scale // 2
-        if config.head == "categorical":  # decoder columns are sub-pixels
-            target_cols = target_cols * CHANNELS + channels
-        self.register_buffer("channels", channels, persistent=False)
-        self.register_buffer("rows", target_rows, persistent=False)
-        self.register_buffer("cols", target_cols, persistent=False)
-        self.embedding = SubPixelEmbedding(config.d_model, ordinal=True)
-        self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.encoder_layers))
-        self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
-
-    def forward(self, low_res: Tensor, positions: PositionEncoding) -> Tensor:
-        """(B, h, w, 3) uint8 -> (B, 3·h·w, d), positions from the decoder's encoding."""
-        values = images_to_sequence(low_res, self.order, "categorical")
-        x = self.embedding(values, self.channels) + positions(self.rows, self.cols)
-        x = self.dropout(x)
-        for layer in self.layers:
-            x = layer(x)
-        return self.final_norm(x)
 
 
 class ImageTransformer(nn.Module):
@@ -183,7 +69,7 @@ class ImageTransformer(nn.Module):
         self.class_embedding = nn.Embedding(config.num_classes, d) if config.num_classes else None
         self.input_dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config) if config.encoder_layers else None
-        self.local_cross = self.local_cross_attention()
+        self.cross_pattern = self.local_cross_pattern()
         pixel_of_step = None if self.encoder is None else self.low_res_pixel_of_step()
         self.cell_remainder = None
         if config.cell_remainder_input:
@@ -192,7 +78,7 @@ class ImageTransformer(nn.Module):
         rotary = Rotary2D(d // config.n_heads, self.order) if config.rotary else None
         self.layers = nn.ModuleList(
             TransformerLayer(config, self.pattern, rotary, reads_low_res=self.encoder is not None,
-                             local_cross=self.local_cross, low_res_pixel_of_step=pixel_of_step)
+                             cross_pattern=self.cross_pattern, low_res_pixel_of_step=pixel_of_step)
             for _ in range(config.n_layers)
         )
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
@@ -203,14 +89,15 @@ class ImageTransformer(nn.Module):
                 if linear.bias is not None:
                     nn.init.zeros_(linear.bias)
 
-    def local_cross_attention(self) -> LocalCrossAttention | None:
-        """Cross-attention of each decoder step to the encoder's sub-pixels within the radius,
-        or None where it sees all of them (no radius, or no encoder)."""
+    def local_cross_pattern(self) -> CrossPattern | None:
+        """The pattern of each decoder step's cross-attention to the encoder's sub-pixels within
+        the radius, or None where it sees all of them (no radius, or no encoder)."""
         radius = self.config.cross_attention_radius
         if self.encoder is None or radius is None:
             return None
-        encoder_cells = (self.encoder.cell_rows, self.encoder.cell_cols)
-        return LocalCrossAttention(cross_can_attend(self.step_cells(), encoder_cells, radius))
+        cfg = self.config
+        return CrossPattern(self.order, cfg.low_res_size, cfg.image_size // cfg.low_res_size, radius,
+                            sub_pixels=cfg.head == "categorical")
 
     def step_cells(self) -> tuple[Tensor, Tensor]:
         """(rows, cols), each (T,): the low-resolution pixel each decoder step lies in."""

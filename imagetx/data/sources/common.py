@@ -2,7 +2,7 @@
 and the check that a model fits the data.
 
 A source reads *pools*: its training images (``train``) and, where it has one, its
-official held-out set (CIFAR-10's ``test``, ImageNet's ``val``). ``imagetx.sources.Reader``
+official held-out set (CIFAR-10's ``test``, ImageNet's ``val``). ``imagetx.data.sources.Reader``
 cuts the splits (train / val / test) out of them.
 """
 

@@ -1,0 +1,225 @@
+"""The attention kernels (docs/model.md §4): one entry, ``attend``, for every attention a full
+pass computes (self-attention under a pattern, local or global cross-attention, the encoder's
+unmasked attention), and the two of decoding (``attend_prefix``, ``attend_slots``).
+
+One layout throughout: q, k, v sequence-first (T, N, e), N = batch·heads, e the head size.
+Patterns (``patterns.py``, ``cross_pattern.py``) are geometry only; which kernel computes the
+attention they allow is decided here, once:
+
+* FlexAttention (``ModelConfig.attention_kernel`` flex, or auto on CUDA: ``uses_flex``): the
+  pattern's block mask, and a relative position bias as a ``score_mod``. ``auto`` is the
+  gathered-block SDPA path elsewhere, because FlexAttention on the CPU (torch 2.15) has a
+  compiled forward but no backward: it raises for inputs that require a gradient.
+* SDPA: full causal attention without a bias in one causal call; 1D local attention without a
+  bias on views of windows (``attend_windows``); anything else on the pattern's gathered blocks
+  (``attend_in_blocks``). ``pairs_computed`` counts what each of these computes (FLOPs, §8).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from einops import rearrange
+from torch import Tensor
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
+
+from .config import ATTENTION_KERNELS
+from .patterns import AttentionPattern, BlockIndex, CausalPattern, FullCausal, Local1D
+from .position_bias import RelativePositionBias, distance_bias
+
+# FlexAttention's (score, batch, head, query, key) -> the score to use.
+ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
+
+
+def uses_flex(kernel: str, device: torch.device) -> bool:
+    """Whether ``kernel`` (one of ``ATTENTION_KERNELS``) runs FlexAttention on ``device``."""
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel {kernel!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
+    return kernel == "flex" or (kernel == "auto" and device.type == "cuda")
+
+
+def attend(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern | None = None, kernel: str = "auto",
+           position_bias: RelativePositionBias | None = None) -> Tensor:
+    """q (Tq, N, e) over k, v (Tk, N, e) -> (Tq, N, e): every key (no ``pattern``), or those the
+    pattern allows, equal to the dense reference with its ``can_attend()`` (and, with a position
+    bias, the bias of every query-key pair added to its score), through ``kernel``."""
+    if pattern is None:
+        return fused_attention(q, k, v)
+    if uses_flex(kernel, q.device):
+        return flex_attend(q, k, v, pattern.block_mask(q.device), *score_mod(pattern, position_bias))
+    if position_bias is None and isinstance(pattern, FullCausal):
+        return fused_attention(q, k, v, causal=True)
+    if position_bias is None and isinstance(pattern, Local1D):
+        return attend_windows(q, k, v, pattern.block_length, pattern.memory_blocks)
+    bias = None if position_bias is None else pattern.bias_in_blocks(position_bias, q.device)
+    return attend_in_blocks(q, k, v, pattern.blocks(q.device), bias)
+
+
+def prepare(pattern: AttentionPattern | None, kernel: str, device: torch.device) -> None:
+    """Build what ``attend`` reads of ``pattern`` on ``device`` (its block mask, or its blocks),
+    where it is not built yet. Traced by torch.compile, building is a graph break (``BuiltOnce``):
+    the layers call this before their projections, so that it breaks a frame that holds no
+    tensors. Inside ``attend`` it would break ``attend``'s own frame, which self- and
+    cross-attention share: compiled for one's shapes, then again for the other's with dynamic
+    shapes, which FlexAttention's CPU kernel cannot build (torch 2.15)."""
+    if pattern is not None:
+        pattern.block_mask(device) if uses_flex(kernel, device) else pattern.blocks(device)
+
+
+def pairs_computed(pattern: AttentionPattern, with_bias: bool) -> int:
+    """Query-key pairs ``attend``'s SDPA path computes per image and head under ``pattern``, with a
+    position bias or without (masked pairs included: the kernel computes them)."""
+    if not with_bias and isinstance(pattern, FullCausal):  # SDPA's causal kernels skip the upper tiles
+        return pattern.length * (pattern.length + 1) // 2
+    if not with_bias and isinstance(pattern, Local1D):
+        lq, m = pattern.block_length, pattern.memory_blocks
+        n_blocks = -(-pattern.length // lq)
+        causal = min(m, n_blocks) * lq  # the first m blocks in one causal call
+        return causal * (causal + 1) // 2 + (n_blocks - min(m, n_blocks)) * lq * (m + 1) * lq
+    n_blocks, block_len, n_keys = pattern.blocks("cpu").can_attend.shape  # L queries × S keys per block
+    return n_blocks * block_len * n_keys
+
+
+# ----- SDPA --------------------------------------------------------------------------------------
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Tensor:
+    """(Tq, N, e) queries over every key of (Tk, N, e), or causally: one fused call on views."""
+    q, k, v = (rearrange(t, "t n e -> 1 n t e") for t in (q, k, v))
+    return rearrange(F.scaled_dot_product_attention(q, k, v, is_causal=causal), "1 n t e -> t n e")
+
+
+def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex, bias: Tensor | None = None) -> Tensor:
+    """Queries in blocks (``BlockIndex``), each block over its own gathered keys: q (Tq, N, e);
+    k, v (Tk, N, e) with a zero row appended for key step Tk; bias (h, n, L, S) or None.
+
+    The blocks are the batch axis of one fused call; with a bias, a per-head float mask (heads
+    split out of N). -> (Tq, N, e)."""
+    n_blocks, n_keys = blocks.key_steps.shape
+    block_len, length = blocks.can_attend.shape[1], q.shape[0]
+    if blocks.query_order is not None:
+        q = q.index_select(0, blocks.query_order)
+    q = F.pad(q, (0, 0, 0, 0, 0, n_blocks * block_len - length))  # end padding: its outputs are dropped
+    zero = q.new_zeros(1, *q.shape[1:])
+    keys, values = (rearrange(torch.cat([t, zero]).index_select(0, blocks.key_steps.flatten()),
+                              "(b s) n e -> b n s e", s=n_keys) for t in (k, v))
+    queries = rearrange(q, "(b l) n e -> b n l e", b=n_blocks)
+    if bias is None:
+        mask = blocks.can_attend[:, None] if blocks.partial else None  # unmasked: SDPA's fused kernel
+        out = rearrange(F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask), "b n l e -> (b l) n e")
+    else:
+        mask = rearrange(bias, "h b l s -> b 1 h l s").masked_fill(~blocks.can_attend[:, None, None], float("-inf"))
+        split = (rearrange(t, "b (B h) l e -> b B h l e", h=bias.shape[0]) for t in (queries, keys, values))
+        out = rearrange(F.scaled_dot_product_attention(*split, attn_mask=mask), "b B h l e -> (b l) (B h) e")
+    return out[:length] if blocks.query_position is None else out.index_select(0, blocks.query_position)
+
+
+def attend_windows(q: Tensor, k: Tensor, v: Tensor, block_length: int, memory_blocks: int) -> Tensor:
+    """1D local attention without a bias, on views: blocks 0..m−1 have every earlier position in
+    memory: one causal call. Every later block b needs the window of blocks [b−m, b]. Windows
+    that start at blocks s, s+(m+1), s+2(m+1), … do not overlap, so for each s in 0..m they are a
+    plain view of k and v (no gathered copies); the last block of each window is queried against
+    the whole window with one shared (lq, (m+1)·lq) mask. (A position bias differs from window to
+    window unless lq is a multiple of the grid's width: with one, ``attend_in_blocks`` runs.)"""
+    lq, m, length = block_length, memory_blocks, q.shape[0]
+    n_blocks = -(-length // lq)
+    pad = n_blocks * lq - length
+    if pad:  # padding comes after every real position: causality keeps it unseen
+        q, k, v = (F.pad(t, (0, 0, 0, 0, 0, pad)) for t in (q, k, v))
+    out = q.new_empty(q.shape)
+    head = min(m, n_blocks) * lq
+    out[:head] = fused_attention(q[:head], k[:head], v[:head], causal=True)
+    window = (m + 1) * lq
+    can_attend = torch.ones(lq, window, dtype=torch.bool, device=q.device).tril(m * lq)
+    blocks_out = rearrange(out, "(b l) n e -> b l n e", l=lq)
+    for s in range(m + 1):
+        n_windows = -(-(n_blocks - m - s) // (m + 1))
+        if n_windows <= 0:
+            continue
+        span = slice(s * lq, (s + n_windows * (m + 1)) * lq)
+        # windows: (w, n, (m+1)·lq, e) views; queries: the last block of each window
+        keys, values = (rearrange(t[span], "(w l) n e -> w n l e", l=window) for t in (k, v))
+        queries = rearrange(q[span], "(w j l) n e -> w j n l e", j=m + 1, l=lq)[:, m]
+        attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=can_attend)
+        first_block = s + m
+        blocks_out[first_block : first_block + n_windows * (m + 1) : m + 1] = rearrange(
+            attended, "w n l e -> w l n e")
+    return out[:length]
+
+
+# ----- decoding ----------------------------------------------------------------------------------
+
+def attend_prefix(pattern: CausalPattern, q: Tensor, k: Tensor, v: Tensor,
+                  position_bias: RelativePositionBias | None = None) -> Tensor:
+    """The first t steps' attention under ``pattern`` (t, N, e) -> (t, N, e), from their own
+    queries, keys and values: the full pass's attention of those steps, which by causality
+    reads nothing later.
+
+    The pattern's first ceil(t / L) query blocks, through ``attend_in_blocks`` as the training
+    pass runs them, the last block's queries past t padded with zeros (their outputs dropped).
+    Key steps from t on read the zero key: no real query may see them (each sees only keys up
+    to itself), so the result is exact, at a cost of those blocks only, never the whole image."""
+    length = q.shape[0]
+    blocks = pattern.blocks(q.device)
+    used = -(-length // blocks.can_attend.shape[1])
+    # attend_in_blocks appends the zero key at index len(k) = t: later steps (and step T, its
+    # marker for "no key") all point there
+    prefix_blocks = BlockIndex(blocks.key_steps[:used].clamp(max=length), blocks.can_attend[:used])
+    bias = None if position_bias is None else pattern.bias_in_blocks(position_bias, q.device)[:, :used]
+    return attend_in_blocks(q, k, v, prefix_blocks, bias)
+
+
+def attend_slots(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
+    """The queries of t steps (t, N, e) over cached keys and values (N, S, e) -> (t, N, e).
+    ``mask``: the slots each may read, bool (t, S) or a float mask (N, t, S); None: all."""
+    out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask)  # (N, t, e)
+    return out.transpose(0, 1)
+
+
+# ----- FlexAttention -----------------------------------------------------------------------------
+
+def score_mod(pattern: AttentionPattern, position_bias: RelativePositionBias | None) -> tuple[ScoreMod | None, int]:
+    """(the ``score_mod`` adding ``position_bias`` to every score, the heads it tells apart): a
+    learned bias read from its table (the kernel's backward sums every score's gradient into
+    it), a fixed one computed from the indices alone; (None, 1) without a bias."""
+    if position_bias is None:
+        return None, 1
+    if position_bias.learned:
+        table, offsets = position_bias.table, pattern.order.relative_offsets
+
+        def learned(score: Tensor, batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
+            return score + table[head, offsets(query, key)]
+
+        return learned, position_bias.n_heads
+    grid_offsets = pattern.order.grid_offsets
+
+    def fixed(score: Tensor, batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
+        return score + distance_bias(head, *grid_offsets(query, key))
+
+    return fixed, position_bias.n_heads
+
+
+@functools.cache
+def compiled_flex_attention():
+    """``flex_attention`` compiled, once per process: uncompiled it computes every score
+    densely (and warns), which defeats the point. Shapes are static: each new (batch, length)
+    compiles once more, and the CPU kernel that dynamic shapes generate does not build in
+    torch 2.15 (a C++ compile error: an undeclared ``cur_qSplitSize``)."""
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, score_mod: ScoreMod | None = None,
+                n_heads: int = 1) -> Tensor:
+    """q (Tq, N, e), k and v (Tk, N, e) -> (Tq, N, e) under ``block_mask`` (and ``score_mod``).
+
+    N = batch·``n_heads``: heads are split out of N so that a ``score_mod`` reads each one's
+    index; without one (n_heads 1) the N images·heads are the kernel's batch. Copied contiguous:
+    in a compiled model, Inductor's CPU lowering rejects views of a graph's inputs (torch 2.15),
+    and the copy is small next to the attention."""
+    q, k, v = (rearrange(t, "t (b h) e -> b h t e", h=n_heads).contiguous() for t in (q, k, v))
+    # Inside a compiled model the model's compilation builds the kernel.
+    kernel = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
+    out = kernel(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    return rearrange(out, "b h t e -> t (b h) e")

@@ -1,0 +1,49 @@
+"""Every module path that the package's docstrings and comments name resolves: a file path
+(``model/patterns.py``, ``imagetx/io/hub.py``) names a file of the package, a dotted name
+(``imagetx.model.sampler.sample``) a module of it, and what follows the module a name that the
+module defines. So that a moved module leaves no stale pointer behind."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "imagetx"
+LAYERS = ("model", "io", "data", "training", "cli", "demo")
+FILE_PATH = re.compile(r"(?<![\w/.])(?:imagetx/)?((?:%s)/[\w/]+\.py)" % "|".join(LAYERS))
+DOTTED = re.compile(r"(?<![\w.])imagetx(?:\.\w+)+")
+
+
+def defines(path: Path, name: str) -> bool:
+    return re.search(rf"^\s*(?:def|class)\s+{name}\b|^\s*{name}\s*[:=]|import.*\b{name}\b",
+                     path.read_text(), re.MULTILINE) is not None
+
+
+def unresolved(text: str) -> list[str]:
+    missing = [f"{path} (no such file)" for path in FILE_PATH.findall(text) if not (PACKAGE / path).is_file()]
+    for dotted in DOTTED.findall(text):
+        parts = dotted.rstrip(".").split(".")[1:]
+        for cut in range(len(parts), -1, -1):
+            base = PACKAGE.joinpath(*parts[:cut])
+            module = base.with_suffix(".py") if cut else PACKAGE / "__init__.py"
+            module = module if module.is_file() else base / "__init__.py"
+            if module.is_file():
+                rest = parts[cut:]
+                if rest and not defines(module, rest[0]):
+                    missing.append(f"{dotted} ({module.relative_to(PACKAGE.parent)} defines no {rest[0]})")
+                break
+    return missing
+
+
+def test_every_module_path_named_in_the_package_resolves():
+    stale = [f"{path.relative_to(PACKAGE.parent)}: {name}" for path in sorted(PACKAGE.rglob("*.py"))
+             for name in unresolved(path.read_text())]
+    assert stale == []
+
+
+def test_the_check_catches_a_stale_path():
+    # Negative control: a moved module and a name its module does not define are caught.
+    assert unresolved("see model/hub.py and ``imagetx.model.sampler.no_such_function``") == [
+        "model/hub.py (no such file)",
+        "imagetx.model.sampler.no_such_function (imagetx/model/sampler.py defines no no_such_function)"]
+    assert unresolved("``imagetx.model.sampler.sample``, imagetx/io/hub.py, python -m imagetx.train") == []
