@@ -24,8 +24,10 @@ from test_demo_browser import CHROMIUM_ARGS, REPO, VIEWPORT, chromium, demo  # n
 COMPRESS_MS = 300_000
 
 
-def compress_upload(page, path) -> str:
-    """Upload ``path`` in the compress tab, press compress; the status once it is final."""
+def compress_upload(page, path, previous: str = "") -> str:
+    """Upload ``path`` in the compress tab, press compress; the status once it is final: no
+    longer ``previous`` (the last upload's, which stays on the page while the next one runs) and
+    without Gradio's running timer ("0.0s") above it."""
     chooser = page.locator("#compress-upload input[type=file]")
     if not chooser.count():
         page.click("#compress-upload button[aria-label=Clear]")
@@ -34,8 +36,11 @@ def compress_upload(page, path) -> str:
     page.wait_for_selector(f'#compress-upload [aria-label="{path.name}"]')
     page.click("#compress-run")
     # the status as shown (Markdown rendered: no asterisks) once it is final
-    page.wait_for_function("() => /bytes, |Cannot do that/.test(document.querySelector('#compress-status').innerText)",
-                           timeout=COMPRESS_MS)
+    page.wait_for_function(
+        """previous => {
+            const text = document.querySelector('#compress-status').innerText;
+            return text !== previous && /bytes, |Cannot do that/.test(text) && !/^\\s*[\\d.]+s\\b/.test(text);
+        }""", arg=previous, timeout=COMPRESS_MS)
     return page.inner_text("#compress-status")
 
 
@@ -72,7 +77,7 @@ def test_the_compress_tab_codes_an_upload_exactly_and_compares_codecs(chromium, 
             assert original  # the coded pixels are shown
 
             bad, said = pictures["not_an_image.png"]
-            status = compress_upload(page, bad)
+            status = compress_upload(page, bad, previous=status)
             assert said in status and "Cannot do that" in status, status
         finally:
             browser.close()
