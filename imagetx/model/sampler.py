@@ -217,6 +217,41 @@ def partial_images(model: ImageTransformer, values: list[Tensor]) -> Tensor:
     return sequence_to_images(sequence, model.order, model.config.head).to(torch.uint8)
 
 
+def given_values(model: ImageTransformer, count: int, prefix: Tensor | None, given_rows: int) -> Tensor | None:
+    """The values a completion is given, read from ``prefix`` (count, H, W, 3): those of the steps
+    in the first ``given_rows`` image rows (``model.given_steps``), (count, k) sub-pixels or
+    (count, k, 3) pixels; None without given rows."""
+    given = model.given_steps(given_rows).tolist()  # on the host, once: no device sync per step
+    if not given_rows:
+        return None
+    if prefix is None or prefix.shape[0] != count:
+        raise ValueError(f"completion needs prefix images of shape ({count}, H, W, 3) for given_rows={given_rows}")
+    given_count = sum(given)
+    if not all(given[:given_count]):  # model.given_steps puts them first (whole rows of 2D blocks)
+        raise ValueError(f"given_rows={given_rows}: the given steps do not come first in generation order")
+    return model.targets(prefix.to(model.step_rows.device))[:, :given_count]
+
+
+def decoded(model: ImageTransformer, count: int, step: DecodeStep, draw: Drawer, cache: DecodingCache,
+            forced: Tensor | None, progress: bool) -> Iterator[tuple[list[Tensor], Tensor]]:
+    """The decoding loop over ``cache``: yields (the values of the steps so far, whether every
+    output so far was finite: a 0-d bool on the device, for the caller to read once) after the
+    given steps (``forced``), if any, and after each step drawn."""
+    finite = torch.ones((), dtype=torch.bool, device=model.step_rows.device)
+    values, value = [], first_input(model, count)
+    if forced is not None:  # one teacher-forced pass over the given rows fills every cache
+        finite &= model.prefill(forced, cache).isfinite().all()
+        values, value = list(forced.unbind(1)), forced[:, -1]
+        yield values, finite
+    total = model.order.length
+    for _ in progress_bar(range(len(values), total), total, progress):
+        params = step(value, cache)
+        finite &= params.isfinite().all()
+        value = draw(params)
+        values.append(value)
+        yield values, finite
+
+
 @torch.no_grad()
 def sample_progressively(
     model: ImageTransformer,
@@ -231,79 +266,46 @@ def sample_progressively(
     compiled: bool | str = False,
     every: int | None = None,
 ) -> Iterator[Progress]:
-    """``sample``, showing its work: with ``every`` = n, yields the images so far after the given
-    rows and after every n steps (a page that draws the samples as they grow), and always, last,
-    the finished images. Reads the device only for what it yields."""
-    check_count(count)
-    temperatures = image_temperatures(temperature, count)
-    given = model.given_steps(given_rows).tolist()  # on the host, once: no device sync per step
-    if given_rows and (prefix is None or prefix.shape[0] != count):
-        raise ValueError(f"completion needs prefix images of shape ({count}, H, W, 3) for given_rows={given_rows}")
-    if every is not None and every < 1:
-        raise ValueError(f"every={every} is invalid: yield every 1 or more steps")
-    device = model.step_rows.device
-    given_count = sum(given)
-    if not all(given[:given_count]):  # model.given_steps puts them first (whole rows of 2D blocks)
-        raise ValueError(f"given_rows={given_rows}: the given steps do not come first in generation order")
-    forced = model.targets(prefix.to(device)) if given_rows else None
-    step = model.decode_step
-    if compiled:
-        step = compile_decoding(model, "default" if compiled is True else compiled)
-    draw = Drawer(model, temperatures, generator, device)
-    total = model.order.length
-    values, value = [], first_input(model, count)
-    finite = torch.ones((), dtype=torch.bool, device=device)
-    threads = DecodingThreads(torch.device(device))
-    with eval_mode(model):
-        threads.limit()
-        try:
-            cache = model.start_decoding(count, labels, low_res)
-            if given_count:  # one teacher-forced pass over the given rows fills every cache
-                finite &= model.prefill(forced[:, :given_count], cache).isfinite().all()
-                values, value = list(forced[:, :given_count].unbind(1)), forced[:, given_count - 1]
-                if every is not None:
-                    threads.restore()
-                    yield Progress(given_count, total, partial_images(model, values))
-                    threads.limit()
-            for t in progress_bar(range(given_count, total), total, progress):
-                params = step(value, cache)
-                finite &= params.isfinite().all()  # read once, after the loop
-                value = draw(params)
-                values.append(value)
-                if every is not None and (t + 1) % every == 0 and t + 1 < total:
-                    threads.restore()
-                    yield Progress(t + 1, total, partial_images(model, values))
-                    threads.limit()
-        finally:
-            threads.restore()
-    if not finite:
-        raise FloatingPointError("the model's outputs are not finite (NaN or infinite weights?): no images sampled")
-    yield Progress(total, total, partial_images(model, values))
-
-
-def sample(
-    model: ImageTransformer,
-    count: int,
-    labels: Tensor | None = None,
-    low_res: Tensor | None = None,
-    temperature: float | Sequence[float] = 1.0,
-    prefix: Tensor | None = None,
-    given_rows: int = 0,
-    generator: torch.Generator | None = None,
-    progress: bool = False,
-    compiled: bool | str = False,
-) -> Tensor:
-    """Generate ``count`` images (count, H, W, 3) uint8 with the cache, in eval mode (the
-    model's own mode is restored after).
+    """Generate ``count`` images with the cache, in eval mode (the model's own mode is restored
+    after), showing the work: with ``every`` = n, yields the images so far after the given rows
+    and after every n steps (a page that draws the samples as they grow), and always, last, the
+    finished images (what ``sample`` returns). Reads the device only for what it yields.
 
     ``temperature``: one for every image, or a sequence of one per image (images that share one
     are drawn together). With ``prefix`` images and ``given_rows`` = k, every step in the first k
     image rows (``model.given_steps``) is teacher-forced to the prefix's value (image completion,
     docs/model.md §6), in one pass (``model.prefill``); the rest is sampled. ``compiled``: each
     step through ``compile_decoding`` (True: torch.compile's default mode; a string: that mode,
-    e.g. "reduce-overhead"), the same images as the eager step gives, up to rounding.
-    """
-    # without ``every``, sample_progressively yields once: the finished images
-    (finished,) = sample_progressively(model, count, labels, low_res, temperature, prefix, given_rows, generator,
-                                       progress, compiled)
+    e.g. "reduce-overhead"), the same images as the eager step gives, up to rounding."""
+    check_count(count)
+    temperatures = image_temperatures(temperature, count)
+    forced = given_values(model, count, prefix, given_rows)
+    if every is not None and every < 1:
+        raise ValueError(f"every={every} is invalid: yield every 1 or more steps")
+    device, total = model.step_rows.device, model.order.length
+    step = compile_decoding(model, "default" if compiled is True else compiled) if compiled else model.decode_step
+    draw = Drawer(model, temperatures, generator, device)
+    given_count = 0 if forced is None else forced.shape[1]
+    threads = DecodingThreads(device)
+    with eval_mode(model):
+        threads.limit()
+        try:
+            cache = model.start_decoding(count, labels, low_res)
+            for values, finite in decoded(model, count, step, draw, cache, forced, progress):
+                steps = len(values)
+                if every is not None and (steps == given_count or (steps % every == 0 and steps < total)):
+                    threads.restore()
+                    yield Progress(steps, total, partial_images(model, values))
+                    threads.limit()
+        finally:
+            threads.restore()
+    if not finite:  # read once, after the loop
+        raise FloatingPointError("the model's outputs are not finite (NaN or infinite weights?): no images sampled")
+    yield Progress(total, total, partial_images(model, values))
+
+
+def sample(model: ImageTransformer, count: int, *args, **kwargs) -> Tensor:
+    """Generate ``count`` images (count, H, W, 3) uint8: the finished images of
+    ``sample_progressively``, which takes the same arguments (and ``every``, which this has no use for)."""
+    (finished,) = sample_progressively(model, count, *args, every=None, **kwargs)  # without every: one yield
     return finished.images
