@@ -109,7 +109,10 @@ def load_inputs(args: Namespace, config: ModelConfig) -> tuple[torch.Tensor, tor
     return tensors(data)
 
 
-def labels_for(model: ImageTransformer, count: int, label: int | None, given: torch.Tensor | None):
+def labels_for(model: ImageTransformer, count: int, label: int | None,
+               given: torch.Tensor | None = None) -> torch.Tensor | None:
+    """The class of each of ``count`` images for a class-conditional model (None for any other):
+    ``label`` for all; else ``given``, the inputs' own labels; else every class in turn."""
     classes = model.config.num_classes
     if not classes:
         return None

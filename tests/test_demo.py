@@ -18,7 +18,7 @@ from helpers import BAD_PICTURES, PICTURE_KINDS, one_error_line, tiny_model, wri
 from imagetx.data.images import MAX_FILE_BYTES, load_image_file, upsample_nearest
 from imagetx.demo import tasks
 from imagetx.demo.__main__ import NEEDS_GRADIO, main
-from imagetx.demo.tasks import SCALE, SUPERRES_TEMPERATURES, Models, bits_per_dim
+from imagetx.demo.tasks import SCALE, SUPERRES_TEMPERATURES, Models, card_bits_per_dim
 from imagetx.io.load import load_model
 from imagetx.model.inputs import downsample_area
 
@@ -35,7 +35,7 @@ def pixels(image: Image.Image) -> np.ndarray:
 def shipped() -> Models:
     completion, superres = REPO / "pretrained" / "completion", REPO / "pretrained" / "superres"
     return Models(load_model(completion), load_model(superres), "pretrained/completion", "pretrained/superres",
-                  bits_per_dim(completion), bits_per_dim(superres))
+                  card_bits_per_dim(completion), card_bits_per_dim(superres))
 
 
 @pytest.fixture
@@ -126,7 +126,8 @@ def test_generate_draws_the_chosen_class():
     models = Models(tiny_model(num_classes=3), tiny_model(encoder_layers=1, low_res_size=2), "tiny", "tiny-sr")
     samples, files, status = list(models.generate(2, 1.0, 5, label=2))[-1]
     assert len(samples) == len(files) == 2 and "of class 2" in status, status
-    assert tasks.labels_for(models.completion, 2, 2).tolist() == [2, 2]
+    assert tasks.labels_for(models.completion, 2, tasks.chosen_class(2)).tolist() == [2, 2]
+    assert tasks.labels_for(models.completion, 2, tasks.chosen_class(None)).tolist() == [0, 0]  # emptied dropdown
     assert tasks.labels_for(tiny_model(), 2, 2) is None  # an unconditional model is given no labels
 
 
@@ -139,8 +140,8 @@ def test_the_page_is_built_with_a_class_dropdown_only_for_a_class_conditional_mo
 
 
 def test_bits_per_dim_comes_from_the_model_card(tmp_path):
-    assert bits_per_dim(REPO / "pretrained" / "completion") == "3.685"
-    assert bits_per_dim(REPO / "pretrained" / "superres") == "3.418"
+    assert card_bits_per_dim(REPO / "pretrained" / "completion") == "3.685"
+    assert card_bits_per_dim(REPO / "pretrained" / "superres") == "3.418"
     card = (REPO / "pretrained" / "completion" / "README.md").read_text()
     cases = {"no_card": None, "no_front_matter": "# a model\n", "bad_yaml": "---\nmodel-index: [\n---\n",
              "no_figure": card.replace("bits_per_dim\n      name", "accuracy\n      name")}
@@ -148,9 +149,9 @@ def test_bits_per_dim_comes_from_the_model_card(tmp_path):
         (tmp_path / name).mkdir()
         if text is not None:
             (tmp_path / name / "README.md").write_text(text)
-        assert bits_per_dim(tmp_path / name) == "not measured", name
+        assert card_bits_per_dim(tmp_path / name) == "not measured", name
     (tmp_path / "model.ckpt").write_bytes(b"")  # a checkpoint file has no card
-    assert bits_per_dim(tmp_path / "model.ckpt") == "not measured"
+    assert card_bits_per_dim(tmp_path / "model.ckpt") == "not measured"
 
 
 def test_the_bundled_examples_are_small_32x32_pictures():

@@ -18,7 +18,7 @@ from ..cli.common import parse, parser_for, run_or_exit
 from ..cli.shipped import resolve, shipped_folder
 from ..data.images import MAX_FILE_BYTES
 from ..io.load import load_model
-from .tasks import Models, bits_per_dim
+from .tasks import Models, card_bits_per_dim
 
 PRETRAINED = shipped_folder("pretrained")  # the shipped models: the repository's, or the installed package's
 DEFAULT_PORT = 7860  # Gradio's own default, so its documentation's address works
@@ -56,7 +56,7 @@ def load_models(args) -> Models:
         raise ValueError(f"--superres-ckpt {args.superres_ckpt} is not a super-resolution model (no encoder): "
                          "give one trained with encoder_layers > 0, e.g. pretrained/superres")
     return Models(completion, superres, shown_path(args.ckpt), shown_path(args.superres_ckpt),
-                  bits_per_dim(args.ckpt), bits_per_dim(args.superres_ckpt))
+                  card_bits_per_dim(args.ckpt), card_bits_per_dim(args.superres_ckpt))
 
 
 def check_port_free(host: str, port: int) -> None:

@@ -23,7 +23,7 @@ from ..data.images import enlarged, load_image_file, upsample_nearest
 from ..model.inputs import downsample_area
 from ..model.sampler import Progress, sample_progressively
 from ..model.transformer import ImageTransformer
-from ..sample import given_part
+from ..sample import given_part, labels_for
 
 # 8x: a 32-pixel image becomes 256 pixels, each model pixel an 8x8 square that can be told
 # apart by eye, and four samples in a row still fit a laptop screen.
@@ -35,7 +35,7 @@ EXAMPLES = Path(__file__).with_name("examples")
 NOT_MEASURED = "not measured"
 
 
-def bits_per_dim(path: str | Path) -> str:
+def card_bits_per_dim(path: str | Path) -> str:
     """The val bits/dim in a weights folder's model card (README.md's Hub front matter, read by
     huggingface_hub's ``ModelCard`` as the Hub reads it: an eval result of type bits_per_dim), as
     text; "not measured" for a checkpoint file, a folder without a card, a card without the
@@ -61,11 +61,10 @@ def shown(image: torch.Tensor) -> Image.Image:
     return enlarged(Image.fromarray(image.cpu().numpy()), SCALE)
 
 
-def labels_for(model: ImageTransformer, count: int, label: int | None) -> torch.Tensor | None:
-    """The class of every image for a class-conditional model (the dropdown's, else 0); None otherwise."""
-    if not model.config.num_classes:
-        return None
-    return torch.full((count,), int(label or 0), dtype=torch.long)
+def chosen_class(label: int | None) -> int:
+    """The class picked in the page's dropdown (``labels_for`` gives it to every image); an
+    emptied dropdown picks class 0."""
+    return int(label or 0)
 
 
 def seconds(value: float) -> str:
@@ -98,9 +97,9 @@ class Models:
             picture, note, preparing = self.picture(upload, model)
             rows, count = int(rows), int(count)
             prefix = picture[None].repeat(count, 1, 1, 1)
-            states = sample_progressively(model, count, labels_for(model, count, label), temperature=temperature,
-                                          prefix=prefix, given_rows=rows, generator=seeded(seed),
-                                          every=steps_per_row(model))
+            states = sample_progressively(model, count, labels_for(model, count, chosen_class(label)),
+                                          temperature=temperature, prefix=prefix, given_rows=rows,
+                                          generator=seeded(seed), every=steps_per_row(model))
             original, kept = shown(picture), shown(given_part(picture[None], rows)[0])
             for state, elapsed in timed(states):
                 samples = [(shown(image), f"sample {i + 1}") for i, image in enumerate(state.images)]
@@ -121,7 +120,7 @@ class Models:
             picture, note, preparing = self.picture(upload, model)
             low_res = downsample_area(picture[None], model.config.low_res_size)
             count = len(temperatures)
-            states = sample_progressively(model, count, labels_for(model, count, label),
+            states = sample_progressively(model, count, labels_for(model, count, chosen_class(label)),
                                           low_res=low_res.repeat(count, 1, 1, 1), temperature=temperatures,
                                           generator=seeded(seed), every=steps_per_row(model))
             small = shown(upsample_nearest(low_res, model.config.image_size)[0])
@@ -145,13 +144,13 @@ class Models:
         model = self.completion
         try:
             count = int(count)
-            states = sample_progressively(model, count, labels_for(model, count, label), temperature=temperature,
-                                          generator=seeded(seed), every=steps_per_row(model))
+            states = sample_progressively(model, count, labels_for(model, count, chosen_class(label)),
+                                          temperature=temperature, generator=seeded(seed), every=steps_per_row(model))
             for state, elapsed in timed(states):
                 samples = [(shown(image), f"sample {i + 1}") for i, image in enumerate(state.images)]
                 if not state.done:
                     yield samples, None, growing(state, elapsed)
-            of_class = f" of class {int(label or 0)}" if model.config.num_classes else ""
+            of_class = f" of class {chosen_class(label)}" if model.config.num_classes else ""
             yield (samples, self.saved(samples, "generated", "sample"),
                    f"**{count} sample(s)**{of_class} in {seconds(elapsed)} of sampling. {self.card('completion')}")
         except (ValueError, FloatingPointError) as error:
