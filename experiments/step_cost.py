@@ -24,7 +24,7 @@ import yaml
 from experiments.json_result import emit
 from imagetx import ImageTransformer, ModelConfig
 from imagetx.model.scoring import model_inputs
-from imagetx.training.module import OPTIMIZER_SETTINGS, make_optimizer
+from imagetx.training.module import make_optimizer, optimizer_settings
 
 
 def set_key(tree: dict, dotted: str, value) -> None:
@@ -43,7 +43,7 @@ def build(preset: dict, overrides: list[str]):
         set_key(preset, key, yaml.safe_load(value))
     model = ImageTransformer(ModelConfig.from_dict(preset["model"]["config"]))
     settings = preset["model"]
-    optimizer = make_optimizer(model, **{key: settings[key] for key in OPTIMIZER_SETTINGS if key in settings})
+    optimizer = make_optimizer(model, **optimizer_settings(settings))
     batch = preset["data"]["batch_size"]
     return model, optimizer, batch
 

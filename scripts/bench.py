@@ -201,7 +201,7 @@ def train_worker(spec: dict) -> dict:
     import torch
 
     from imagetx import ImageTransformer
-    from imagetx.training.module import OPTIMIZER_SETTINGS, make_optimizer
+    from imagetx.training.module import make_optimizer, optimizer_settings
 
     if spec.get("threads"):
         torch.set_num_threads(spec["threads"])
@@ -210,7 +210,7 @@ def train_worker(spec: dict) -> dict:
     hp = read_preset(spec["preset"])["model"]
     torch.manual_seed(0)
     model = ImageTransformer(cfg).to(device).train()
-    optimizer = make_optimizer(model, **{key: hp[key] for key in OPTIMIZER_SETTINGS if key in hp})
+    optimizer = make_optimizer(model, **optimizer_settings(hp))
     images, labels, low_res = make_inputs(cfg, spec["batch"], device)
     bf16 = spec["precision"] == "bf16"
     losses = []

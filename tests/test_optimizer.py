@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from helpers import tiny_config
-from imagetx.training.module import ImageTransformerModule
+from imagetx.training.module import ImageTransformerModule, make_optimizer, optimizer_settings
 
 LOW_RES_PARTS = ("encoder.", "cross_attn.", "cross_norm.", "cell_add.", "cell_norm.", "cell_remainder.")
 
@@ -18,7 +18,7 @@ def test_low_res_parts_learn_at_their_own_rate(reading, radius, norm):
     config = tiny_config(image_size=8, head="dmol", encoder_layers=1, low_res_size=4, cross_attention_radius=radius,
                          cell_remainder_input=True, n_layers=2, low_res_reading=reading, norm=norm)
     module = ImageTransformerModule(config, optimizer="adamw_cosine", peak_lr=0.01, low_res_lr_scale=0.25)
-    rest, low_res = module.parameter_groups()
+    rest, low_res = make_optimizer(module.model, **optimizer_settings(module.hparams)).param_groups
     assert rest["lr"] == 0.01 and low_res["lr"] == 0.0025
     names = {id(p): name for name, p in module.model.named_parameters()}
     low_res_names = {names[id(p)] for p in low_res["params"]}
@@ -30,8 +30,15 @@ def test_low_res_parts_learn_at_their_own_rate(reading, radius, norm):
 
 def test_a_model_without_a_low_res_input_has_one_group():
     module = ImageTransformerModule(tiny_config(), optimizer="adamw_cosine", peak_lr=0.01, low_res_lr_scale=0.25)
-    (only,) = module.parameter_groups()
+    (only,) = make_optimizer(module.model, **optimizer_settings(module.hparams)).param_groups
     assert only["lr"] == 0.01 and len(only["params"]) == len(list(module.parameters()))
+
+
+def test_settings_left_out_are_the_modules_defaults():
+    # a preset's model section may name only some settings; the module's signature has the rest
+    module = ImageTransformerModule(tiny_config(), peak_lr=0.01)
+    assert optimizer_settings({"peak_lr": 0.01, "config": {}}) == optimizer_settings(module.hparams)
+    assert optimizer_settings({})["optimizer"] == module.hparams.optimizer == "adam_noam"
 
 
 class Precision:

@@ -61,16 +61,24 @@ def plain(value) -> bool:
     return value is None or isinstance(value, (str, int, float, bool))
 
 
-def test_training_checkpoint_loads_with_load_from_checkpoint(tmp_path, data_root):
+@pytest.mark.parametrize("config_in_hyper_parameters", [False, True])
+def test_training_checkpoint_loads_with_load_from_checkpoint(tmp_path, data_root, config_in_hyper_parameters):
     run_dir = tmp_path / "run"
     main(["--config", str(write_config(tmp_path, run_dir, data_root, max_steps=2)), "--wandb", "disabled"])
     last = run_dir / "checkpoints" / "last.ckpt"
-    hyper_parameters = torch.load(last, map_location="cpu", weights_only=False)["hyper_parameters"]
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    hyper_parameters = checkpoint["hyper_parameters"]
     assert plain(hyper_parameters), hyper_parameters
-    assert hyper_parameters["config"] == ModelConfig(**TINY_TRAIN_MODEL).to_dict()
+    # the model's configuration is stored once, where loading without Lightning reads it
+    assert "config" not in hyper_parameters and hyper_parameters["peak_lr"] > 0
+    assert checkpoint["imagetx"]["model_config"] == ModelConfig(**TINY_TRAIN_MODEL).to_dict()
+    if config_in_hyper_parameters:  # as checkpoints written before it was stored once hold it
+        hyper_parameters["config"] = checkpoint["imagetx"]["model_config"]
+        last = tmp_path / "stored_twice.ckpt"
+        torch.save(checkpoint, last)
     module = ImageTransformerModule.load_from_checkpoint(last, map_location="cpu").eval()
     model = load_model(last)
-    assert module.config == model.config
+    assert module.config == model.config == ModelConfig(**TINY_TRAIN_MODEL)
     images = random_images(3, 32, seed=2)
     with torch.no_grad():
         torch.testing.assert_close(module.bits_per_dim({"images": images}), model.bits_per_dim(images),

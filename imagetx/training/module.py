@@ -11,6 +11,7 @@ checked when the DataModule read them, a non-finite step is skipped on the devic
 
 from __future__ import annotations
 
+import inspect
 import pickle
 from contextlib import nullcontext
 from functools import partial
@@ -221,13 +222,9 @@ class ImageTransformerModule(L.LightningModule):
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         return self.shared_step(batch, "val")
 
-    def parameter_groups(self) -> list[dict]:
-        return parameter_groups(self.model, self.hparams.peak_lr, self.hparams.low_res_lr_scale)
-
     def configure_optimizers(self):
         hp = self.hparams
-        optimizer = make_optimizer(self.model, hp.optimizer, hp.peak_lr, hp.betas, hp.eps, hp.weight_decay,
-                                   hp.low_res_lr_scale)
+        optimizer = make_optimizer(self.model, **optimizer_settings(hp))
         if hp.optimizer == "adam_noam":
             schedule = partial(noam, warmup_steps=hp.warmup_steps)
         else:
@@ -255,6 +252,10 @@ class ImageTransformerModule(L.LightningModule):
         if bad:
             raise NonFiniteLossError(f"the weights are not finite after step {checkpoint.get('global_step')} "
                                      f"(e.g. {bad[0]}); that checkpoint was not written")
+        # The model's configuration is stored once, in the "imagetx" entry that loading reads
+        # without Lightning (load_from_checkpoint passes it back as ``config``); the logs keep it
+        # among the hyper-parameters. Lightning stored a copy of those: the module's own are untouched.
+        checkpoint.get("hyper_parameters", {}).pop("config", None)
         checkpoint["imagetx"] = imagetx_metadata(self.config)
         checkpoint["imagetx"]["nonfinite_skips"] = self.nonfinite.skipped
         checkpoint["imagetx"]["lr_horizon"] = None if self.horizon is None else self.horizon.to_dict()
@@ -287,7 +288,14 @@ class ImageTransformerModule(L.LightningModule):
 OPTIMIZER_SETTINGS = ("optimizer", "peak_lr", "betas", "eps", "weight_decay", "low_res_lr_scale")
 
 
-def parameter_groups(model: ImageTransformer, peak_lr: float, low_res_lr_scale: float = 1.0) -> list[dict]:
+def optimizer_settings(hyper_parameters: dict) -> dict:
+    """The ``OPTIMIZER_SETTINGS`` of ``hyper_parameters`` (a module's, or a preset's ``model``
+    section), ImageTransformerModule's defaults for those it leaves out."""
+    defaults = inspect.signature(ImageTransformerModule).parameters
+    return {key: hyper_parameters.get(key, defaults[key].default) for key in OPTIMIZER_SETTINGS}
+
+
+def parameter_groups(model: ImageTransformer, peak_lr: float, low_res_lr_scale: float) -> list[dict]:
     """The optimiser's parameter groups: the parts that read the low-resolution input at
     ``low_res_lr_scale`` times the peak learning rate, the rest at the peak."""
     low_res = {id(p) for module in model.low_res_modules() for p in module.parameters()}
@@ -296,12 +304,11 @@ def parameter_groups(model: ImageTransformer, peak_lr: float, low_res_lr_scale: 
     return [group for group in groups if group["params"]]
 
 
-def make_optimizer(model: ImageTransformer, optimizer: str = "adam_noam", peak_lr: float = 3.5e-3,
-                   betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-9, weight_decay: float = 0.0,
-                   low_res_lr_scale: float = 1.0) -> torch.optim.Optimizer:
+def make_optimizer(model: ImageTransformer, optimizer: str, peak_lr: float, betas: tuple[float, float], eps: float,
+                   weight_decay: float, low_res_lr_scale: float) -> torch.optim.Optimizer:
     """Training's optimiser over ``model`` at the peak learning rate (the schedule scales it):
-    Adam for ``adam_noam``, AdamW for ``adamw_cosine``. The defaults are ImageTransformerModule's;
-    benchmarks pass a preset's (``OPTIMIZER_SETTINGS`` of its ``model`` section).
+    Adam for ``adam_noam``, AdamW for the others. The settings come from ``optimizer_settings``:
+    the module's, or a preset's for benchmarks.
 
     fused: one kernel per update, no host read of the step count (the default single-tensor
     path reads it per parameter on the CPU), and the update skipped on the device where
