@@ -62,7 +62,7 @@ class ImageTransformerModule(L.LightningModule):
         super().__init__()
         model_config = config or ModelConfig()
         # The hyper-parameters (read from the arguments as they are now) hold the config as a
-        # plain dict: readable in W&B and YAML, and loadable with torch.load(weights_only=True).
+        # plain dict: readable in W&B and YAML (a checkpoint stores it once, on_save_checkpoint).
         config = model_config.to_dict()
         self.save_hyperparameters()
         self.model = ImageTransformer(model_config)
