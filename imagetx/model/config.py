@@ -9,7 +9,7 @@ rebuild the model from the file alone.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import Any, Literal, get_args
+from typing import Any, Literal, NoReturn, get_args
 
 # The choices of each field, once: the annotations below, and the tuples the checks read.
 Head = Literal["categorical", "dmol"]
@@ -116,10 +116,13 @@ class ModelConfig:
     # ----- validation --------------------------------------------------------
     def validate(self) -> "ModelConfig":
         """Raise ValueError naming the field, its value and what would be valid."""
+        self._check_choices()
+        self._check_network()
+        self._check_low_res_input()
+        self._check_attention_blocks()
+        return self
 
-        def bad(field: str, value: Any, valid: str) -> None:
-            raise ValueError(f"ModelConfig.{field}={value!r} is invalid: {valid}")
-
+    def _check_choices(self) -> None:
         for name, choices in (
             ("head", HEADS),
             ("attention", ATTENTIONS),
@@ -130,58 +133,66 @@ class ModelConfig:
             ("relative_positions", RELATIVE_POSITIONS),
         ):
             if getattr(self, name) not in choices:
-                bad(name, getattr(self, name), f"choose one of {', '.join(choices)}")
+                _invalid(name, getattr(self, name), f"choose one of {', '.join(choices)}")
+
+    def _check_network(self) -> None:
+        """The decoder's sizes, heads, dropout, classes and mixture."""
         for name in ("image_size", "n_layers", "d_model", "n_heads", "d_filter"):
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
-                bad(name, value, "must be a positive integer")
+                _invalid(name, value, "must be a positive integer")
         if self.d_model % self.n_heads:
-            bad("n_heads", self.n_heads, f"must divide d_model={self.d_model} (e.g. {_divisors(self.d_model)})")
+            _invalid("n_heads", self.n_heads, f"must divide d_model={self.d_model} (e.g. {_divisors(self.d_model)})")
         if self.d_model % 2:
-            bad("d_model", self.d_model, "must be even: half encodes the row, half the column")
+            _invalid("d_model", self.d_model, "must be even: half encodes the row, half the column")
         if self.rotary and (self.d_model // self.n_heads) % 4:
-            bad("relative_positions", self.relative_positions,
-                f"needs a head size (d_model / n_heads = {self.d_model // self.n_heads}) divisible by 4, "
-                "in dimension pairs for rows and for columns: change n_heads or d_model")
+            _invalid("relative_positions", self.relative_positions,
+                     f"needs a head size (d_model / n_heads = {self.d_model // self.n_heads}) divisible by 4, "
+                     "in dimension pairs for rows and for columns: change n_heads or d_model")
         if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", self.dropout, "must be in [0, 1)")
+            _invalid("dropout", self.dropout, "must be in [0, 1)")
         if self.num_classes < 0:
-            bad("num_classes", self.num_classes, "must be 0 (unconditional) or the number of classes")
+            _invalid("num_classes", self.num_classes, "must be 0 (unconditional) or the number of classes")
         if self.head == "dmol" and self.mixture_components < 1:
-            bad("mixture_components", self.mixture_components, "must be at least 1")
+            _invalid("mixture_components", self.mixture_components, "must be at least 1")
+
+    def _check_low_res_input(self) -> None:
+        """The encoder and how the decoder reads the low-resolution input."""
         if self.encoder_layers < 0:
-            bad("encoder_layers", self.encoder_layers, "must be 0 (no encoder) or a positive count")
+            _invalid("encoder_layers", self.encoder_layers, "must be 0 (no encoder) or a positive count")
         if self.encoder_layers and (self.low_res_size < 1 or self.image_size % self.low_res_size):
-            bad("low_res_size", self.low_res_size, f"must divide image_size={self.image_size}")
+            _invalid("low_res_size", self.low_res_size, f"must divide image_size={self.image_size}")
         radius = self.cross_attention_radius
         if radius is not None and (not isinstance(radius, int) or radius < 0):
-            bad("cross_attention_radius", radius, "must be None (every low-res cell) or 0 or more cells")
+            _invalid("cross_attention_radius", radius, "must be None (every low-res cell) or 0 or more cells")
         if self.cell_remainder_input and not self.encoder_layers:
-            bad("cell_remainder_input", self.cell_remainder_input,
-                "needs a low-resolution input: set encoder_layers > 0")
+            _invalid("cell_remainder_input", self.cell_remainder_input,
+                     "needs a low-resolution input: set encoder_layers > 0")
         if self.low_res_reading == "cell_add" and not self.encoder_layers:
-            bad("low_res_reading", self.low_res_reading, "needs a low-resolution input: set encoder_layers > 0")
+            _invalid("low_res_reading", self.low_res_reading, "needs a low-resolution input: set encoder_layers > 0")
         if self.low_res_reading == "cell_add" and radius is not None:
-            bad("cross_attention_radius", radius,
-                "is for cross-attention; the cell add reads the step's own low-res pixel: set it to null")
+            _invalid("cross_attention_radius", radius,
+                     "is for cross-attention; the cell add reads the step's own low-res pixel: set it to null")
+
+    def _check_attention_blocks(self) -> None:
+        """The blocks of local self-attention against the generation grid."""
         rows, cols = self.grid_shape
         if self.attention == "local_1d":
             if self.query_block_length < 1:
-                bad("query_block_length", self.query_block_length, "must be a positive integer")
+                _invalid("query_block_length", self.query_block_length, "must be a positive integer")
             if self.memory_blocks < 0:
-                bad("memory_blocks", self.memory_blocks, "must be 0 or more previous blocks")
+                _invalid("memory_blocks", self.memory_blocks, "must be 0 or more previous blocks")
         if self.attention == "local_2d":
             qh, qw = self.query_block_shape
             fh, fw = self.memory_flange
             if qh < 1 or rows % qh:
-                bad("query_block_shape", self.query_block_shape,
-                    f"block height must divide the grid's {rows} rows (grid {rows}x{cols}, {self.head} head)")
+                _invalid("query_block_shape", self.query_block_shape,
+                         f"block height must divide the grid's {rows} rows (grid {rows}x{cols}, {self.head} head)")
             if qw < 1 or cols % qw:
-                bad("query_block_shape", self.query_block_shape,
-                    f"block width must divide the grid's {cols} columns (grid {rows}x{cols}, {self.head} head)")
+                _invalid("query_block_shape", self.query_block_shape,
+                         f"block width must divide the grid's {cols} columns (grid {rows}x{cols}, {self.head} head)")
             if fh < 0 or fw < 0:
-                bad("memory_flange", self.memory_flange, "flange sizes must be 0 or more")
-        return self
+                _invalid("memory_flange", self.memory_flange, "flange sizes must be 0 or more")
 
     # ----- (de)serialisation -------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -197,6 +208,10 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"unknown ModelConfig field(s) {unknown}; valid fields: {sorted(known)}")
         return cls(**values)
+
+
+def _invalid(field: str, value: Any, valid: str) -> NoReturn:
+    raise ValueError(f"ModelConfig.{field}={value!r} is invalid: {valid}")
 
 
 def _divisors(n: int) -> list[int]:
