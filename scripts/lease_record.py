@@ -109,17 +109,18 @@ def home(files_at: Path, into: Path) -> dict:
     return lease
 
 
-def card(lineage: list[dict]) -> str:
-    """The model card: the Hub's metadata (val bits/dim of the newest lease) and the lineage."""
-    newest = lineage[-1]
-    bpd = newest.get("val_bpd")
-    minutes = sum(lease.get("training_minutes") or 0 for lease in lineage)
-    rows = "\n".join(
+def lineage_rows(lineage: list[dict]) -> str:
+    """The card's table rows: one a lease."""
+    return "\n".join(
         f"| {lease['lease']} | {lease['date']} | {lease['device']} | {lease['training_minutes']} | "
         f"{lease['first_step']:,} → {lease['last_step']:,} | {lease['images_seen']:,} | "
         f"{'–' if lease.get('val_bpd') is None else format(lease['val_bpd'], '.3f')} | {lease.get('images_per_s')} | "
         f"{lease.get('mfu')} | {lease.get('continuation_step')} |" for lease in lineage)
-    metadata = "" if bpd is None else f"""model-index:
+
+
+def eval_metadata(bpd: float | None) -> str:
+    """The Hub's model-index front matter for a val bits/dim; none without one."""
+    return "" if bpd is None else f"""model-index:
 - name: imagetx-cifar10-gpu
   results:
   - task:
@@ -134,6 +135,13 @@ def card(lineage: list[dict]) -> str:
       name: val bits/dim
       value: {bpd:.3f}
 """
+
+
+def card(lineage: list[dict]) -> str:
+    """The model card: the Hub's metadata (val bits/dim of the newest lease) and the lineage."""
+    metadata = eval_metadata(lineage[-1].get("val_bpd"))
+    minutes = sum(lease.get("training_minutes") or 0 for lease in lineage)
+    rows = lineage_rows(lineage)
     return f"""---
 library_name: imagetx
 license: mit
