@@ -4,6 +4,8 @@
     .venv/bin/python -m experiments.compress_codecs [--ckpt pretrained/completion]
         [--data ../shared/cifar10] [--count 5000] [--single 20] [--file 100] [--json out.json]
 
+(``--single 0`` / ``--file 0``: those parts left out.)
+
 * the classical codecs (imagetx/codec/classical.py: PNG optimised, WebP lossless, JPEG XL
   lossless, JPEG 2000 reversible), one file per image, on the first ``--count`` val images, each
   checked to decode exactly; their encode and decode speed;
@@ -93,15 +95,16 @@ def main() -> None:
     result = {"ckpt": args.ckpt, "images": len(images), "torch": torch.__version__}
     result["model_bits_per_dim"] = model_bits(model, images) / images.size
     result["classical"] = classical(images)
-    singles = [coded(model, images[i:i + 1]) for i in tqdm(range(args.single), desc="files of 1", unit="file")]
-    bytes_single, bits_single = sum(s["bytes"] for s in singles), sum(s["model_bits"] for s in singles)
-    result["single"] = {"files": len(singles), "bits_per_dim": 8 * bytes_single / (len(singles) * images[0].size),
-                        "model_bits_per_dim": bits_single / (len(singles) * images[0].size),
-                        "overhead_percent": 100 * (8 * bytes_single / bits_single - 1),
-                        "overhead_bytes_per_file": (bytes_single - bits_single / 8) / len(singles),
-                        "exact": all(s["exact"] for s in singles),
-                        "compress_images_per_second": len(singles) / sum(s["compress_seconds"] for s in singles),
-                        "decompress_images_per_second": len(singles) / sum(s["decompress_seconds"] for s in singles)}
+    if args.single:  # 0: left out (the sizes over many images need no files of one)
+        singles = [coded(model, images[i:i + 1]) for i in tqdm(range(args.single), desc="files of 1", unit="file")]
+        bytes_single, bits_single = sum(s["bytes"] for s in singles), sum(s["model_bits"] for s in singles)
+        result["single"] = {"files": len(singles), "bits_per_dim": 8 * bytes_single / (len(singles) * images[0].size),
+                            "model_bits_per_dim": bits_single / (len(singles) * images[0].size),
+                            "overhead_percent": 100 * (8 * bytes_single / bits_single - 1),
+                            "overhead_bytes_per_file": (bytes_single - bits_single / 8) / len(singles),
+                            "exact": all(s["exact"] for s in singles),
+                            "compress_images_per_second": len(singles) / sum(s["compress_seconds"] for s in singles),
+                            "decompress_images_per_second": len(singles) / sum(s["decompress_seconds"] for s in singles)}
     if args.file:  # 0: left out (experiments/compress_roundtrip.py codes files of 100 too)
         batch = coded(model, images[:args.file])
         batch["bits_per_dim"] = 8 * batch["bytes"] / images[:args.file].size
