@@ -64,131 +64,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import time
 from pathlib import Path
 
-from scripts.common import (RESULT_MARKER, current_rss_bytes, fmt, machine_info, maxrss_bytes, reset_peak_rss,
-                            run_subprocess, sync, timed)
+from scripts.bench_attention_worker import (BLOCK_2D, BLOCK_LENGTH_1D, D_MODEL, FLANGE_2D, MEMORY_BLOCKS_1D, N_HEADS,
+                                            run_worker)
+from scripts.common import RESULT_MARKER, fmt, machine_info, run_subprocess
 
 REPO_ROOT = Path(__file__).resolve().parent.parent  # workers run from here, where ``scripts`` imports
 
 VARIANTS = ("local_1d", "local_2d", "full")
 KERNELS = ("sdpa", "flex")
 PASSES = ("forward", "forward_backward")
-D_MODEL, N_HEADS = 512, 4
-BLOCK_LENGTH_1D, MEMORY_BLOCKS_1D = 256, 1
-BLOCK_2D, FLANGE_2D = (16, 16), (16, 32)
 TARGET = "1D local at least 2x faster than full causal with no more peak memory (sdpa)"
-
-
-def build_pattern(variant: str, rows: int, cols: int):
-    from imagetx.model.order import GenerationOrder
-    from imagetx.model.patterns import FullCausal, Local1D, Local2D
-
-    if variant == "local_1d":
-        return Local1D(GenerationOrder(rows, cols), block_length=BLOCK_LENGTH_1D, memory_blocks=MEMORY_BLOCKS_1D)
-    if variant == "local_2d":
-        return Local2D(GenerationOrder(rows, cols, BLOCK_2D), flange=FLANGE_2D)
-    if variant == "full":
-        return FullCausal(GenerationOrder(rows, cols))
-    raise ValueError(f"unknown variant {variant!r}")
-
-
-# ----------------------------------------------------------------------------- worker
-
-
-def run_worker(args: argparse.Namespace) -> dict:
-    """One (variant, kernel, batch, dtype) measurement in this (fresh) process."""
-    import torch
-
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
-    cuda = device.type == "cuda"
-    dtype = args.dtypes[0]
-    batch = args.batches[0]
-    variant = args.variants[0]
-    kernel = args.kernels[0]
-    backward = args.pass_ == "forward_backward"
-    use_autocast = dtype == "bfloat16"
-
-    torch.manual_seed(0)
-    pattern = build_pattern(variant, args.seq_rows, args.seq_cols)
-    length = args.seq_rows * args.seq_cols
-    from imagetx.model.attention import SelfAttention
-
-    module = SelfAttention(D_MODEL, N_HEADS, pattern, kernel=kernel).to(device)
-    x = torch.randn(batch, length, D_MODEL, device=device, requires_grad=backward)
-    out_dtype = torch.bfloat16 if use_autocast else torch.float32
-    grad_out = torch.randn(batch, length, D_MODEL, device=device, dtype=out_dtype)
-
-    def step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=use_autocast), \
-                torch.set_grad_enabled(backward):
-            y = module(x)
-        if backward:
-            y.backward(grad_out.to(y.dtype))  # random-projection loss: d/dy (y * g).sum() = g
-            x.grad = None
-            for p in module.parameters():
-                p.grad = None
-
-    # Warm-up: the first run builds the pattern's blocks or block mask and, for flex,
-    # compiles the kernel; the memory figures start after it.
-    t0 = time.perf_counter()
-    step()
-    sync(device)
-    first_run_s = time.perf_counter() - t0
-    for _ in range(args.warmup - 1):
-        step()
-    sync(device)
-    peak_reset = reset_peak_rss()
-    rss_before = current_rss_bytes()
-    maxrss_before = maxrss_bytes()
-    if cuda:
-        torch.cuda.reset_peak_memory_stats(device)
-        cuda_alloc_before = torch.cuda.memory_allocated(device)
-
-    # Timed runs: --repeats of them, but no more than --max-cell-seconds' worth once 3 are done.
-    times_ms: list[float] = []
-    while len(times_ms) < args.repeats:
-        times_ms.append(timed(step, device) * 1000.0)
-        if args.max_cell_seconds and len(times_ms) >= 3 and sum(times_ms) / 1000.0 > args.max_cell_seconds:
-            break
-
-    result = {
-        "variant": variant,
-        "kernel": kernel,
-        "pass": args.pass_,
-        "pattern": pattern.describe(),
-        "batch": batch,
-        "dtype": dtype,
-        "precision_mode": "autocast(bfloat16), float32 weights and input" if use_autocast else "float32",
-        "repeats": len(times_ms),
-        "first_run_s": first_run_s,
-        "times_ms": times_ms,
-        "median_ms": statistics.median(times_ms),
-        "min_ms": min(times_ms),
-        "threads": torch.get_num_threads(),
-    }
-    if cuda:
-        peak = torch.cuda.max_memory_allocated(device) - cuda_alloc_before
-        result.update(peak_mib=peak / 2**20, memory_metric="cuda max_memory_allocated growth")
-    else:
-        maxrss_after = maxrss_bytes()
-        result.update(
-            peak_mib=max(0, maxrss_after - rss_before) / 2**20,
-            memory_metric="peak RSS growth over the timed runs (ru_maxrss after - RSS before)",
-            peak_reset_before_timed_runs=peak_reset,
-            rss_before_mib=rss_before / 2**20,
-            maxrss_before_mib=maxrss_before / 2**20,
-            maxrss_after_mib=maxrss_after / 2**20,
-            # If the high-water mark never moved, the layer's peak hid under an earlier one
-            # (e.g. import time) and the growth figure is only a lower bound.
-            peak_is_lower_bound=maxrss_after <= maxrss_before,
-        )
-    return result
 
 
 # ----------------------------------------------------------------------------- driver

@@ -67,7 +67,7 @@ def completion_seconds(ckpt: str, data_root: str, device: str, dtype: torch.dtyp
                                 generator=generator), device)
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--config", default="configs/quick.yaml", help="preset whose model to build")
     parser.add_argument("--batch", type=int, default=16)
@@ -80,10 +80,12 @@ def main() -> None:
     parser.add_argument("--completion-ckpt", default="pretrained/completion",
                         help="model of the completion figure ('' skips it)")
     parser.add_argument("--data-root", default="../shared/cifar10", help="CIFAR-10 npz shards: the val image")
-    args = parser.parse_args()
+    return parser
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
+
+def random_model(args: argparse.Namespace) -> tuple[ImageTransformer, torch.Tensor | None, torch.Tensor | None]:
+    """The preset's model with random weights, in eval mode, and the batch's labels and
+    low-resolution inputs where it takes them."""
     torch.manual_seed(0)
     config = preset_model_config(args.config)
     model = ImageTransformer(config).to(args.device, getattr(torch, args.dtype)).eval()
@@ -92,7 +94,11 @@ def main() -> None:
     if config.encoder_layers:
         side = config.low_res_size
         low_res = torch.randint(0, 256, (args.batch, side, side, 3), dtype=torch.uint8, device=args.device)
-    steps = model.order.length
+    return model, labels, low_res
+
+
+def cached_figures(args: argparse.Namespace, model: ImageTransformer, labels, low_res) -> dict:
+    """One whole ``sample`` call with the eager step and with the compiled one, each warmed up first."""
 
     def sampled(compiled) -> float:
         generator = torch.Generator(device=args.device).manual_seed(0)
@@ -104,44 +110,63 @@ def main() -> None:
     compile_seconds = warm_up(model, compile_decoding(model, args.compile_mode), args.batch, labels, low_res,
                               args.device)
     compiled_seconds = sampled(args.compile_mode)
-
     result = {
         "preset": args.config, "batch": args.batch, "device": args.device, "dtype": args.dtype,
-        "generation_steps": steps, "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "generation_steps": model.order.length, "threads": torch.get_num_threads(), "torch": torch.__version__,
         "machine": platform.processor() or platform.machine(),
         "eager_seconds": eager_seconds, "eager_images_per_sec": args.batch / eager_seconds,
         "compile_mode": args.compile_mode, "compile_seconds": compile_seconds,
         "compiled_seconds": compiled_seconds, "compiled_images_per_sec": args.batch / compiled_seconds,
         "compiled_speedup": eager_seconds / compiled_seconds,
     }
-    print(f"model {args.config}: {steps} generation steps, batch {args.batch}, {args.device} {args.dtype}, "
-          f"{result['threads']} threads")
+    print(f"model {args.config}: {model.order.length} generation steps, batch {args.batch}, {args.device} "
+          f"{args.dtype}, {result['threads']} threads")
     print(f"cached, eager step:    {eager_seconds:8.2f} s for the batch -> "
           f"{result['eager_images_per_sec']:.3f} images/s")
     print(f"cached, compiled step: {compiled_seconds:8.2f} s for the batch -> {result['compiled_images_per_sec']:.3f} "
           f"images/s ({result['compiled_speedup']:.2f}x the eager step; mode {args.compile_mode}, "
           f"compiled in {compile_seconds:.1f} s beforehand)")
+    return result
 
+
+def uncached_figures(args: argparse.Namespace, model: ImageTransformer, labels, low_res, eager_seconds: float) -> dict:
+    """``--uncached-steps`` steps of uncached recomputation, extrapolated to every step, and the
+    eager cached sampler's speed-up over it."""
+    steps = model.order.length
+    generator = torch.Generator(device=args.device).manual_seed(0)
+    sample_uncached(model, args.batch, labels, low_res, steps=1, generator=generator)  # warm-up
+    measured = timed(lambda: sample_uncached(model, args.batch, labels, low_res, steps=args.uncached_steps,
+                                             generator=generator), args.device)
+    uncached_seconds = measured / args.uncached_steps * steps
+    result = dict(uncached_steps_timed=args.uncached_steps, uncached_seconds_measured=measured,
+                  uncached_seconds_extrapolated=uncached_seconds,
+                  uncached_images_per_sec=args.batch / uncached_seconds,
+                  speedup=uncached_seconds / eager_seconds)
+    print(f"uncached: {measured:8.1f} s for {args.uncached_steps} steps, extrapolated linearly to {steps} steps: "
+          f"{uncached_seconds:.0f} s -> {result['uncached_images_per_sec']:.5f} images/s")
+    print(f"speed-up of cached (eager step) sampling: {result['speedup']:.0f}x (target >= 100x: "
+          f"{'PASS' if result['speedup'] >= 100 else 'FAIL'})")
+    return result
+
+
+def completion_figures(args: argparse.Namespace) -> dict:
+    seconds = completion_seconds(args.completion_ckpt, args.data_root, args.device, getattr(torch, args.dtype))
+    print(f"completion ({args.completion_ckpt}, 1 val image x {COMPLETION_SAMPLES} samples, top "
+          f"{COMPLETION_ROWS} rows kept): {seconds:8.2f} s of sampling")
+    return dict(completion_ckpt=args.completion_ckpt, completion_samples=COMPLETION_SAMPLES,
+                completion_rows=COMPLETION_ROWS, completion_seconds=seconds)
+
+
+def main() -> None:
+    args = build_parser().parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, labels, low_res = random_model(args)
+    result = cached_figures(args, model, labels, low_res)
     if args.uncached_steps:
-        generator = torch.Generator(device=args.device).manual_seed(0)
-        sample_uncached(model, args.batch, labels, low_res, steps=1, generator=generator)  # warm-up
-        measured = timed(lambda: sample_uncached(model, args.batch, labels, low_res, steps=args.uncached_steps,
-                                                 generator=generator), args.device)
-        uncached_seconds = measured / args.uncached_steps * steps
-        result.update(uncached_steps_timed=args.uncached_steps, uncached_seconds_measured=measured,
-                      uncached_seconds_extrapolated=uncached_seconds,
-                      uncached_images_per_sec=args.batch / uncached_seconds,
-                      speedup=uncached_seconds / eager_seconds)
-        print(f"uncached: {measured:8.1f} s for {args.uncached_steps} steps, extrapolated linearly to {steps} steps: "
-              f"{uncached_seconds:.0f} s -> {result['uncached_images_per_sec']:.5f} images/s")
-        print(f"speed-up of cached (eager step) sampling: {result['speedup']:.0f}x (target >= 100x: "
-              f"{'PASS' if result['speedup'] >= 100 else 'FAIL'})")
+        result.update(uncached_figures(args, model, labels, low_res, result["eager_seconds"]))
     if args.completion_ckpt:
-        seconds = completion_seconds(args.completion_ckpt, args.data_root, args.device, getattr(torch, args.dtype))
-        result.update(completion_ckpt=args.completion_ckpt, completion_samples=COMPLETION_SAMPLES,
-                      completion_rows=COMPLETION_ROWS, completion_seconds=seconds)
-        print(f"completion ({args.completion_ckpt}, 1 val image x {COMPLETION_SAMPLES} samples, top "
-              f"{COMPLETION_ROWS} rows kept): {seconds:8.2f} s of sampling")
+        result.update(completion_figures(args))
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"wrote {args.json}")
 

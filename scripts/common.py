@@ -1,9 +1,10 @@
 """What the benchmark scripts share: each configuration measured in a fresh worker process
 (``run_subprocess``, the result a JSON line marked ``RESULT_MARKER``), memory read from
-the process (``current_rss_bytes``, ``maxrss_bytes``, ``reset_peak_rss``), the machine described
-(``machine_info``), timings that include the device's queued work (``timed``, ``sync``),
-a preset's model configuration (``preset_model_config``), table cells (``fmt``) and the
-baseline that cached sampling is measured against (``sample_uncached``).
+the process (``current_rss_bytes``, ``maxrss_bytes``, ``reset_peak_rss``) and a peak over
+some work (``PeakMemory``), the machine described (``machine_info``), timings that include
+the device's queued work (``timed``, ``sync``), a preset's model configuration
+(``preset_model_config``), table cells (``fmt``) and the baseline that cached sampling is
+measured against (``sample_uncached``).
 
 Standard library only at import time (torch is imported inside the functions that need
 it), so that a driver process does not pay for it.
@@ -66,6 +67,35 @@ def reset_peak_rss() -> bool:
 def maxrss_bytes() -> int:
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss if sys.platform == "darwin" else rss * 1024  # Linux reports KiB
+
+
+class PeakMemory:
+    """The peak memory of what runs after it is made. On CUDA: torch's allocation high-water
+    mark (reset here; ``cuda_peak_bytes``) and the allocation before (``cuda_before``); on a
+    CPU: the resident-set high-water mark (ru_maxrss) over the RSS before (``rss_figures``)."""
+
+    def __init__(self, device) -> None:
+        import torch
+
+        self.device = torch.device(device)
+        self.rss_before, self.maxrss_before = current_rss_bytes(), maxrss_bytes()
+        self.cuda_before = 0
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.cuda_before = torch.cuda.memory_allocated(self.device)
+
+    def cuda_peak_bytes(self) -> int:
+        import torch
+
+        return torch.cuda.max_memory_allocated(self.device)
+
+    def rss_figures(self) -> dict:
+        """MiB: the peak growth (ru_maxrss now - the RSS before), its ends, and whether it is a
+        lower bound: a high-water mark that never moved means the peak of what ran hid under an
+        earlier one (e.g. import time)."""
+        maxrss_after = maxrss_bytes()
+        return {"peak_mib": max(0, maxrss_after - self.rss_before) / 2**20, "rss_before_mib": self.rss_before / 2**20,
+                "maxrss_after_mib": maxrss_after / 2**20, "peak_is_lower_bound": maxrss_after <= self.maxrss_before}
 
 
 def run_subprocess(cmd: list[str], spec: dict, cwd: str | os.PathLike | None = None) -> dict:
