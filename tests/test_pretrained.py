@@ -81,10 +81,10 @@ def test_try_it_commands_run_on_your_own_image(tmp_path, capsys, task):
 def test_bf16_autocast_scores_the_completion_model_close_to_float32(monkeypatch):
     """Under bf16-mixed the head and the layers that read raw pixel values run in float32
     (imagetx/model/precision.py). The shipped completion model's bits/dim under CPU bf16 autocast, on
-    the 32 fixed val images: 0.0023 above float32 when this was written (the issue's target was
-    0.002: the rest is bfloat16 hidden states, which carry intensities linearly). Negative
-    controls: the head's projection left to autocast (bfloat16) adds 0.0016; the pixel embedding
-    too, 0.010 in all."""
+    the 32 fixed val images: 0.0028 above float32 for the model shipped 2026-11-25 (0.0023 for the
+    one before it; the issue's target was 0.002: the rest is bfloat16 hidden states, which carry
+    intensities linearly). Negative controls: the head's projection left to autocast (bfloat16)
+    adds 0.0021 (0.0049 above float32 in all: over the bound); the pixel embedding too, 0.0054."""
     model = load_model(REPO / "pretrained" / "completion")
     images = val_images()
 
@@ -93,13 +93,14 @@ def test_bf16_autocast_scores_the_completion_model_close_to_float32(monkeypatch)
             return float(model.bits_per_dim(images).mean())
 
     float32, mixed = bpd(False), bpd(True)
-    assert abs(mixed - float32) <= 0.003, f"bf16 autocast {mixed:.4f} against float32 {float32:.4f}"
+    assert abs(mixed - float32) <= 0.004, f"bf16 autocast {mixed:.4f} against float32 {float32:.4f}"
     autocast_linear = lambda proj, x: proj(x)  # noqa: E731
     monkeypatch.setattr("imagetx.model.heads.full_precision_linear", autocast_linear)
     bfloat16_head = bpd(True)
     assert bfloat16_head - mixed > 0.001, f"bf16 head {bfloat16_head:.4f} against {mixed:.4f} with a float32 head"
+    assert bfloat16_head - float32 > 0.004, "a bfloat16 head is over the bound the float32 one keeps"
     monkeypatch.setattr("imagetx.model.embedding.full_precision_linear", autocast_linear)
-    assert bpd(True) - mixed > 0.006, "bfloat16 pixel embedding and head"
+    assert bpd(True) - mixed > 0.004, "bfloat16 pixel embedding and head"
 
 
 def test_each_model_card_carries_the_hubs_metadata(shipped):
