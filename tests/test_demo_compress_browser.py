@@ -27,7 +27,8 @@ COMPRESS_MS = 300_000
 def compress_upload(page, path, previous: str = "") -> str:
     """Upload ``path`` in the compress tab, press compress; the status once it is final: no
     longer ``previous`` (the last upload's, which stays on the page while the next one runs) and
-    without Gradio's running timer ("0.0s") above it."""
+    without Gradio's progress above it: its timer ("0.0s") or, once it has an estimate,
+    "processing | 0.1/5.5s"."""
     chooser = page.locator("#compress-upload input[type=file]")
     if not chooser.count():
         page.click("#compress-upload button[aria-label=Clear]")
@@ -39,7 +40,8 @@ def compress_upload(page, path, previous: str = "") -> str:
     page.wait_for_function(
         """previous => {
             const text = document.querySelector('#compress-status').innerText;
-            return text !== previous && /bytes, |Cannot do that/.test(text) && !/^\\s*[\\d.]+s\\b/.test(text);
+            return text !== previous && /bytes, |Cannot do that/.test(text)
+                && !/^\\s*(processing \\|\\s*)?[\\d.]+(\\/[\\d.]+)?s\\b/.test(text);
         }""", arg=previous, timeout=COMPRESS_MS)
     return page.inner_text("#compress-status")
 
