@@ -192,3 +192,29 @@ def test_a_validation_due_at_fix_by_step_is_in_the_measurement():
     callback.on_validation_end(trainer, module)
     steps_with_validation = module.horizon.end - 5
     assert steps_with_validation < 100 / 0.01 / 2, "the validation's time was not counted"
+
+
+@pytest.mark.parametrize("decay_fraction", [0.2, None])
+def test_warmup_stable_decay_refits_its_horizon_at_each_validation_until_its_decay(decay_fraction):
+    # Steps that grow slower after the first fit (sample grids, a busier machine: entry 18 of
+    # docs/experiments.md) would leave a budget spent before the decay: warmup–stable–decay fits
+    # its horizon again from the mean step since the start; the cosine, already decaying, keeps its own.
+    trainer, module = fake_run(max_steps=-1)
+    module.decay_fraction = decay_fraction
+    callback = BudgetHorizon(fix_by_step=5)
+    train_steps(callback, trainer, module, range(1, 7), seconds=0.01)
+    first = module.horizon
+    assert first is not None and first.end > 5_000  # 100 s left at about 0.01 s a step
+    train_steps(callback, trainer, module, range(7, 12), seconds=0.05)  # five steps, five times slower
+    callback.on_validation_end(trainer, module)
+    if decay_fraction is None:
+        assert module.horizon == first
+        return
+    refitted = module.horizon
+    assert refitted.end < 0.6 * first.end, (first, refitted)  # about 0.03 s a step on average since step 1
+    assert refitted.decay_start == refitted.end - round(0.2 * refitted.end)
+    # Once the decay has started, the horizon stays: a refit would bend a decay under way.
+    trainer.global_step = refitted.decay_start
+    train_steps(callback, trainer, module, [refitted.decay_start], seconds=0.2)
+    callback.on_validation_end(trainer, module)
+    assert module.horizon == refitted

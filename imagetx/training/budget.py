@@ -8,7 +8,13 @@ learning rate (after warm-up) until the first validation has ended; by then the 
 validation and whatever else the run does between them (sample grids, checkpoint writes) have
 been timed, and the step at which the budget runs out is fixed. The decay then ends at that
 step (the cosine starts at once; warmup–stable–decay keeps the peak until the budget's last
-fraction). The horizon is stored in every checkpoint and a run resumed with the same budget
+fraction). Warmup–stable–decay's horizon is then fitted again at each validation until its
+decay starts, from the mean time of every step since the run's second (validations, grids and
+checkpoints included): the first validation's measurement alone had a 14-minute `quick` run
+expect 3,482 steps where 2,789 came, so the budget ran out as its decay was to start
+(docs/experiments.md, entry 18). Before the decay the learning rate is the peak whatever the
+horizon, so moving it changes nothing already done; the cosine starts at once and keeps its
+first fit. The horizon is stored in every checkpoint and a run resumed with the same budget
 uses it, so that it ends exactly as an uninterrupted run would (resume.py: another budget).
 """
 
@@ -90,10 +96,14 @@ class BudgetHorizon(Callback):
     def __init__(self, fix_by_step: int = 200) -> None:
         self.fix_by_step = fix_by_step
         self.starts: list[float] = []  # monotonic time at the start of each timed step
+        self.since: tuple[int, float] | None = None  # (step, monotonic time) of the first timed step
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
-        if pl_module.horizon is None and trainer.global_step >= pl_module.first_step + 1:
-            self.starts.append(time.monotonic())
+        if trainer.global_step >= pl_module.first_step + 1:
+            if self.since is None:
+                self.since = (trainer.global_step, time.monotonic())
+            if pl_module.horizon is None:
+                self.starts.append(time.monotonic())
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         # Strictly after: a validation due at step fix_by_step runs after this hook, and its
@@ -111,7 +121,29 @@ class BudgetHorizon(Callback):
 
     def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
         if not trainer.sanity_checking:
-            self.fix(trainer, pl_module)
+            if pl_module.horizon is None:
+                self.fix(trainer, pl_module)
+            else:
+                self.refit(trainer, pl_module)
+
+    def refit(self, trainer: L.Trainer, pl_module) -> None:
+        """Warmup–stable–decay before its decay: the horizon again, from the mean cost of every
+        step timed so far (the periodic work included, so no overhead is added)."""
+        timer, horizon = budget_timer(trainer), pl_module.horizon
+        if (timer is None or pl_module.decay_fraction is None or self.since is None
+                or trainer.global_step >= horizon.decay_start or trainer.global_step <= self.since[0]):
+            return
+        step, started = self.since
+        seconds_per_step = (time.monotonic() - started) / (trainer.global_step - step)
+        refitted = fit_horizon(trainer.global_step, timer.time_remaining(), seconds_per_step, 0.0,
+                               pl_module.hparams.warmup_steps, trainer.max_steps, pl_module.first_step,
+                               pl_module.decay_fraction)
+        refitted = trainer.strategy.broadcast(refitted, src=0)
+        if refitted != horizon:
+            pl_module.horizon = refitted
+            pl_module.print(f"learning-rate horizon refitted at step {trainer.global_step}: the decay runs from "
+                            f"step {refitted.decay_start} to {refitted.end} ({seconds_per_step:.3f} s per step "
+                            f"since step {step}, all included)")
 
     def fix(self, trainer: L.Trainer, pl_module) -> None:
         if pl_module.horizon is not None or len(self.starts) < 3:  # every later step: nothing to look up
