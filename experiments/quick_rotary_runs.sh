@@ -5,10 +5,12 @@
 # on one thread each.
 #   bash experiments/quick_rotary_runs.sh alone SEED          # README's `quick` row, seed SEED
 #   bash experiments/quick_rotary_runs.sh pair RUN RUN         # two runs side by side, one thread each
+#   bash experiments/quick_rotary_runs.sh beside RUN           # one, beside another one-thread training
 # A RUN is quick:SEED, quick_superres:SEED, pixelcnn:SEED (experiments/pixelcnn_pp.py), or
 # NAME:SEED:OVERRIDES (quick.yaml with the overrides, e.g. "lr12:0:--model.peak_lr 0.012").
-# The slots run: alone 0; alone 1; pair quick:0 pixelcnn:0; pair quick_superres:0 quick:1;
-# pair quick_superres:1 pixelcnn:1; then pairs of variants. Each slot takes about 17 minutes;
+# The slots run: alone 0; alone 1; pair quick:0 pixelcnn:0; pair quick_superres:1 quick:1;
+# beside quick_superres:0 and beside "ema99:0:--trainer.callbacks+=...", each beside the completion
+# model's training (docs/experiments.md, entry 18). Each slot takes about 17 minutes;
 # DATA_ROOT (default ../shared/cifar10) names the data; results land in runs/quick53/NAME.json.
 set -euo pipefail
 ROOT=${DATA_ROOT:-../shared/cifar10}
@@ -45,5 +47,6 @@ mkdir -p $OUT
 case ${1:-} in
   alone) train "quick_s$2" quick "$2" ;;
   pair) one_thread "$2" & one_thread "$3" & wait ;;
-  *) echo "usage: $0 alone SEED | pair RUN RUN (see the head of this file)" >&2; exit 2 ;;
+  beside) one_thread "$2" ;;
+  *) echo "usage: $0 alone SEED | pair RUN RUN | beside RUN (see the head of this file)" >&2; exit 2 ;;
 esac
