@@ -91,35 +91,22 @@ def transposed(c_in: int, c_out: int, kernel: tuple[int, int]) -> nn.ConvTranspo
     return weight_norm(nn.ConvTranspose2d(c_in, c_out, kernel, stride=2, output_padding=1), dim=1)
 
 
-class DownShiftedDeconv(nn.Module):
-    """Doubles the image; the crop keeps the rows that read only the rows at or above them
-    (the first 2H) and the centred 2W columns, the transposed counterpart of ``DownShiftedConv``."""
+class ShiftedDeconv(nn.Module):
+    """Doubles the image, then keeps the first 2H rows (those that read only the rows at or
+    above them) and 2W columns: the centred ones, the transposed counterpart of
+    ``DownShiftedConv``, or with ``right`` the first ones (those that read only positions to
+    the left), the counterpart of ``DownRightShiftedConv``."""
 
-    def __init__(self, c_in: int, c_out: int, kernel: tuple[int, int] = (2, 3)) -> None:
+    def __init__(self, c_in: int, c_out: int, kernel: tuple[int, int], right: bool) -> None:
         super().__init__()
-        self.kernel = kernel
+        self.kernel, self.right = kernel, right
         self.deconv = transposed(c_in, c_out, kernel)
 
     def forward(self, x: Tensor) -> Tensor:
         kh, kw = self.kernel
-        y = self.deconv(x)
-        side = (kw - 1) // 2
-        return y[:, :, : y.shape[2] - kh + 1, side : y.shape[3] - side]
-
-
-class DownRightShiftedDeconv(nn.Module):
-    """Doubles the image, keeping the first 2H rows and 2W columns (those that read only
-    positions above and to the left)."""
-
-    def __init__(self, c_in: int, c_out: int, kernel: tuple[int, int] = (2, 2)) -> None:
-        super().__init__()
-        self.kernel = kernel
-        self.deconv = transposed(c_in, c_out, kernel)
-
-    def forward(self, x: Tensor) -> Tensor:
-        kh, kw = self.kernel
-        y = self.deconv(x)
-        return y[:, :, : y.shape[2] - kh + 1, : y.shape[3] - kw + 1]
+        y = self.deconv(x)  # (B, C, 2H + kh − 1, 2W + kw − 1)
+        left = 0 if self.right else (kw - 1) // 2
+        return y[:, :, : y.shape[2] - kh + 1, left : left + y.shape[3] - kw + 1]
 
 
 class GatedResnet(nn.Module):
@@ -175,8 +162,8 @@ class PixelCNNpp(nn.Module):
         counts = [nr_resnet, nr_resnet + 1, nr_resnet + 1]
         self.down_u = nn.ModuleList(nn.ModuleList(u_resnet(f) for _ in range(n)) for n in counts)
         self.down_ul = nn.ModuleList(nn.ModuleList(ul_resnet(2 * f) for _ in range(n)) for n in counts)
-        self.up_u_deconv = nn.ModuleList(DownShiftedDeconv(f, f, (2, 3)) for _ in range(stages - 1))
-        self.up_ul_deconv = nn.ModuleList(DownRightShiftedDeconv(f, f, (2, 2)) for _ in range(stages - 1))
+        self.up_u_deconv = nn.ModuleList(ShiftedDeconv(f, f, (2, 3), right=False) for _ in range(stages - 1))
+        self.up_ul_deconv = nn.ModuleList(ShiftedDeconv(f, f, (2, 2), right=True) for _ in range(stages - 1))
         self.head = DMOLHead(f, nr_logistic_mix)
         weight_norm(self.head.proj)  # the final nin, weight-normed as the rest
 
