@@ -157,7 +157,7 @@ def fake_run(max_steps: int):
     timer.time_remaining = lambda: 100.0
     trainer = SimpleNamespace(callbacks=[timer], global_step=0, max_steps=max_steps, sanity_checking=False,
                               strategy=SimpleNamespace(broadcast=lambda value, src: value))
-    module = SimpleNamespace(horizon=None, hparams=SimpleNamespace(warmup_steps=2), print=lambda *a: None,
+    module = SimpleNamespace(horizon=None, hparams=SimpleNamespace(warmup_steps=2, lr_horizon="budget"), print=lambda *a: None,
                              first_step=0, decay_fraction=None)
     return trainer, module
 
@@ -194,20 +194,21 @@ def test_a_validation_due_at_fix_by_step_is_in_the_measurement():
     assert steps_with_validation < 100 / 0.01 / 2, "the validation's time was not counted"
 
 
-@pytest.mark.parametrize("decay_fraction", [0.2, None])
-def test_warmup_stable_decay_refits_its_horizon_at_each_validation_until_its_decay(decay_fraction):
+@pytest.mark.parametrize("decay_fraction, lr_horizon", [(0.2, "budget"), (None, "budget"), (0.2, "steps")])
+def test_warmup_stable_decay_refits_its_horizon_at_each_validation_until_its_decay(decay_fraction, lr_horizon):
     # Steps that grow slower after the first fit (sample grids, a busier machine: entry 18 of
     # docs/experiments.md) would leave a budget spent before the decay: warmup–stable–decay fits
-    # its horizon again from the mean step since the start; the cosine, already decaying, keeps its own.
+    # its horizon again from the mean step since the start; the cosine, already decaying, keeps
+    # its own, and so does a horizon of steps (set here as the first fit, for the same numbers).
     trainer, module = fake_run(max_steps=-1)
-    module.decay_fraction = decay_fraction
+    module.decay_fraction, module.hparams.lr_horizon = decay_fraction, lr_horizon
     callback = BudgetHorizon(fix_by_step=5)
     train_steps(callback, trainer, module, range(1, 7), seconds=0.01)
     first = module.horizon
     assert first is not None and first.end > 5_000  # 100 s left at about 0.01 s a step
     train_steps(callback, trainer, module, range(7, 12), seconds=0.05)  # five steps, five times slower
     callback.on_validation_end(trainer, module)
-    if decay_fraction is None:
+    if decay_fraction is None or lr_horizon == "steps":
         assert module.horizon == first
         return
     refitted = module.horizon

@@ -128,10 +128,12 @@ class BudgetHorizon(Callback):
 
     def refit(self, trainer: L.Trainer, pl_module) -> None:
         """Warmup–stable–decay before its decay: the horizon again, from the mean cost of every
-        step timed so far (the periodic work included, so no overhead is added)."""
+        step timed so far (the periodic work included, so no overhead is added). Not for a
+        horizon of steps (``lr_horizon: steps``), which a time budget does not move."""
         timer, horizon = budget_timer(trainer), pl_module.horizon
-        if (timer is None or pl_module.decay_fraction is None or self.since is None
-                or trainer.global_step >= horizon.decay_start or trainer.global_step <= self.since[0]):
+        if (timer is None or pl_module.decay_fraction is None or pl_module.hparams.lr_horizon != "budget"
+                or self.since is None or trainer.global_step >= horizon.decay_start
+                or trainer.global_step <= self.since[0]):
             return
         step, started = self.since
         seconds_per_step = (time.monotonic() - started) / (trainer.global_step - step)
