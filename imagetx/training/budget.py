@@ -82,6 +82,16 @@ def fit_horizon(step: int, remaining_seconds: float, seconds_per_step: float, ov
     return place_decay(end, step + 1, warmup_steps, first_step, decay_fraction)
 
 
+def agreed_horizon(trainer: L.Trainer, pl_module, remaining_seconds: float, seconds_per_step: float,
+                   overhead_per_step: float) -> Horizon:
+    """``fit_horizon`` at the run's step with the module's schedule settings, the same in every
+    process: rank 0's measurement decides."""
+    horizon = fit_horizon(trainer.global_step, remaining_seconds, seconds_per_step, overhead_per_step,
+                          pl_module.hparams.warmup_steps, trainer.max_steps, pl_module.first_step,
+                          pl_module.decay_fraction)
+    return trainer.strategy.broadcast(horizon, src=0)
+
+
 class BudgetHorizon(Callback):
     """Fixes ``ImageTransformerModule.horizon`` from timings, in a run with a time budget
     (docs/model.md §8): at the end of the first validation, or, if none has come by then, after
@@ -100,10 +110,11 @@ class BudgetHorizon(Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.global_step >= pl_module.first_step + 1:
+            now = time.monotonic()
             if self.since is None:
-                self.since = (trainer.global_step, time.monotonic())
+                self.since = (trainer.global_step, now)
             if pl_module.horizon is None:
-                self.starts.append(time.monotonic())
+                self.starts.append(now)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         # Strictly after: a validation due at step fix_by_step runs after this hook, and its
@@ -137,10 +148,7 @@ class BudgetHorizon(Callback):
             return
         step, started = self.since
         seconds_per_step = (time.monotonic() - started) / (trainer.global_step - step)
-        refitted = fit_horizon(trainer.global_step, timer.time_remaining(), seconds_per_step, 0.0,
-                               pl_module.hparams.warmup_steps, trainer.max_steps, pl_module.first_step,
-                               pl_module.decay_fraction)
-        refitted = trainer.strategy.broadcast(refitted, src=0)
+        refitted = agreed_horizon(trainer, pl_module, timer.time_remaining(), seconds_per_step, 0.0)
         if refitted != horizon:
             pl_module.horizon = refitted
             pl_module.print(f"learning-rate horizon refitted at step {trainer.global_step}: the decay runs from "
@@ -157,11 +165,7 @@ class BudgetHorizon(Callback):
         seconds_per_step = statistics.median(b - a for a, b in zip(self.starts, self.starts[1:]))
         overhead = max(now - self.starts[0] - seconds_per_step * len(self.starts), 0.0) / len(self.starts)
         remaining = timer.time_remaining()
-        horizon = fit_horizon(trainer.global_step, remaining, seconds_per_step, overhead,
-                              pl_module.hparams.warmup_steps, trainer.max_steps, pl_module.first_step,
-                              pl_module.decay_fraction)
-        # Every process must use the same horizon: rank 0's measurement decides.
-        pl_module.horizon = trainer.strategy.broadcast(horizon, src=0)
+        pl_module.horizon = agreed_horizon(trainer, pl_module, remaining, seconds_per_step, overhead)
         self.starts.clear()
         pl_module.print(f"learning-rate horizon fixed at step {trainer.global_step}: the decay runs from step "
                         f"{pl_module.horizon.decay_start} to {pl_module.horizon.end} ({seconds_per_step:.3f} s per step + {overhead:.3f} s of "
