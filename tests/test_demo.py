@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers import BAD_PICTURES, PICTURE_KINDS, one_error_line, tiny_model, write_pictures
+from helpers import BAD_PICTURES, COMPLETION_CARD_BPD, PICTURE_KINDS, one_error_line, tiny_model, write_pictures
 from imagetx.data.images import MAX_FILE_BYTES, load_image_file, upsample_nearest
 from imagetx.demo import tasks
 from imagetx.demo.__main__ import NEEDS_GRADIO, main
@@ -58,7 +58,7 @@ def test_a_photo_keeps_its_rows_and_the_samples_grow(shipped, pictures):
     outputs = list(shipped.complete(str(path), rows, 2, 1.0, 0))
     assert len(outputs) >= 2  # at least once as it grows, then finished
     original, kept, samples, files, status = outputs[-1]
-    assert note in status and "val bits/dim 3.511" in status and "of sampling" in status, status
+    assert note in status and f"val bits/dim {COMPLETION_CARD_BPD}" in status and "of sampling" in status, status
     np.testing.assert_array_equal(pixels(original), prepared)
     np.testing.assert_array_equal(pixels(kept)[:rows], prepared[:rows])
     assert (pixels(kept)[rows:] == 128).all()  # the part not given: grey
@@ -140,7 +140,7 @@ def test_the_page_is_built_with_a_class_dropdown_only_for_a_class_conditional_mo
 
 
 def test_bits_per_dim_comes_from_the_model_card(tmp_path):
-    assert card_bits_per_dim(REPO / "pretrained" / "completion") == "3.511"
+    assert card_bits_per_dim(REPO / "pretrained" / "completion") == COMPLETION_CARD_BPD
     assert card_bits_per_dim(REPO / "pretrained" / "superres") == "3.418"
     card = (REPO / "pretrained" / "completion" / "README.md").read_text()
     cases = {"no_card": None, "no_front_matter": "# a model\n", "bad_yaml": "---\nmodel-index: [\n---\n",

@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers import write_pictures
+from helpers import COMPLETION_CARD_BPD, write_pictures
 from imagetx.data.images import MAX_FILE_BYTES, load_image_file
 from imagetx.demo.tasks import SCALE
 
@@ -160,7 +160,7 @@ def test_the_page_completes_an_upload_refuses_bad_ones_and_keeps_serving(chromiu
             page.wait_for_selector("#complete-upload input[type=file]", state="attached")  # the page is drawn
             upload(page, photo)
             status = run(page, ROWS, 1, "of sampling")
-            assert note in status and "val bits/dim 3.511" in status, status
+            assert note in status and f"val bits/dim {COMPLETION_CARD_BPD}" in status, status
             name, sample = downloaded_sample(page)
             assert name == "photo-completion-1.png" and sample.shape == (32 * SCALE, 32 * SCALE, 3)
             np.testing.assert_array_equal(sample[::SCALE, ::SCALE][:ROWS], prepared[:ROWS])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers import write_pictures
+from helpers import COMPLETION_CARD_BPD, write_pictures
 from imagetx.codec import decompress
 from imagetx.codec.bits_map import MAP_SCALE
 from imagetx.data.images import load_image_file
@@ -61,7 +61,7 @@ def test_the_compress_tab_codes_an_upload_exactly_and_compares_codecs(chromium, 
             page.get_by_role("tab", name="compress").click()
             page.wait_for_selector("#compress-upload input[type=file]", state="attached")
             status = compress_upload(page, photo)
-            assert "the same pixels" in status and note in status and "val bits/dim 3.511" in status, status
+            assert "the same pixels" in status and note in status and f"val bits/dim {COMPLETION_CARD_BPD}" in status, status
             size = int(re.search(r"([\d,]+) bytes", status).group(1).replace(",", ""))
             table = page.inner_text("#compress-table")
             for codec in ("imagetx (this model)", "PNG", "WebP", "JPEG XL"):
