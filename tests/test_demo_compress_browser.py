@@ -26,9 +26,11 @@ COMPRESS_MS = 300_000
 
 def compress_upload(page, path, previous: str = "") -> str:
     """Upload ``path`` in the compress tab, press compress; the status once it is final: no
-    longer ``previous`` (the last upload's, which stays on the page while the next one runs) and
-    without Gradio's progress above it: its timer ("0.0s") or, once it has an estimate,
-    "processing | 0.1/5.5s"."""
+    longer ``previous`` (the last upload's, which stays on the page while the next one runs; as
+    text, whitespace aside) and beginning with a result (its size, or "Cannot do that"), with
+    none of Gradio's progress forms above it ("0.0s", "processing | 0.1/5.5s",
+    "queue: 1/1 | 0.0/4.6s", ...). The text returned is the one the check passed on: read again,
+    it could be the next moment's."""
     chooser = page.locator("#compress-upload input[type=file]")
     if not chooser.count():
         page.click("#compress-upload button[aria-label=Clear]")
@@ -37,13 +39,13 @@ def compress_upload(page, path, previous: str = "") -> str:
     page.wait_for_selector(f'#compress-upload [aria-label="{path.name}"]')
     page.click("#compress-run")
     # the status as shown (Markdown rendered: no asterisks) once it is final
-    page.wait_for_function(
+    final = page.wait_for_function(
         """previous => {
             const text = document.querySelector('#compress-status').innerText;
-            return text !== previous && /bytes, |Cannot do that/.test(text)
-                && !/^\\s*(processing \\|\\s*)?[\\d.]+(\\/[\\d.]+)?s\\b/.test(text);
+            const done = text.trim() !== previous.trim() && /^\\s*([\\d,]+ bytes, |Cannot do that)/.test(text);
+            return done ? text : null;
         }""", arg=previous, timeout=COMPRESS_MS)
-    return page.inner_text("#compress-status")
+    return final.json_value()
 
 
 @pytest.mark.slow
