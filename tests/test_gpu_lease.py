@@ -45,12 +45,13 @@ def dry_env(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     return dict(os.environ, DRY_RUN="1", WORK=str(tmp_path / "work"), STAGE=str(stage), OUT=str(out),
-                SITE=str(tmp_path / "site"), CONFIG=str(config), PYTHON=sys.executable, LAUNCH_WAIT="5", POLL="2",
+                SITE=str(tmp_path / "site"), CONFIG=str(config), PYTHON=sys.executable, LAUNCH_WAIT="5", POLL="2", WARM_STEPS="2",
                 GRID_SAMPLES="2", COMPLETIONS="2", EVAL_BATCH="2", VAL_SIZE="2", WANDB_MODE="disabled")
 
 
 def run_lease(env: dict, *launch: str) -> None:
-    for step in (["tests"], ["launch", "00:00:02:00", "--data.val_size", "2", *launch], ["wait", "120"],
+    for step in (["tests"], ["warm", "--data.val_size", "2"],
+                 ["launch", "00:00:02:00", "--data.val_size", "2", *launch], ["wait", "120"],
                  ["finish", "60"]):
         done = lease(step, env)
         assert done.returncode == 0, f"{step}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
