@@ -1,7 +1,8 @@
 """The GPU model's lineage: what each lease added to it (docs/gpu.md, "Every lease adds to one model").
 
     python scripts/lease_record.py summary RUN_DIR OUT.json [--device cuda]   # on the lent machine
-    python scripts/lease_record.py home FILES_AT [--into pretrained/cifar10_gpu] # here, after the lease
+    python scripts/lease_record.py home FILES_AT [--into pretrained/cifar10_gpu] [--note TEXT ...]  # here, after it
+    python scripts/lease_record.py card [--into pretrained/cifar10_gpu]          # the card again, from the lineage
 
 ``summary`` (run by ``scripts/gpu_lease.sh finish``) reads the run's last checkpoint and metrics:
 steps (from where this lease started to its end), images seen by the model since its first lease,
@@ -68,8 +69,9 @@ def summary(run: Path, device: str) -> dict:
     }
 
 
-def home(files_at: Path, into: Path) -> dict:
-    """Install a lease's results into ``into``; returns the lease's lineage entry."""
+def home(files_at: Path, into: Path, notes: list[str] | None = None) -> dict:
+    """Install a lease's results into ``into``; returns the lease's lineage entry. ``notes``: what the
+    figures alone do not say (a test that failed, a step run by hand), kept in the lineage and the card."""
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         with tarfile.open(files_at / "results.tar") as tar:
@@ -96,6 +98,8 @@ def home(files_at: Path, into: Path) -> dict:
         lineage_path = into / "lineage.json"
         lineage = json.loads(lineage_path.read_text()) if lineage_path.exists() else []
         lease["lease"] = len(lineage) + 1
+        if notes:
+            lease["notes"] = list(notes)
         folder = into / "leases" / f"lease_{lease['lease']}"
         folder.mkdir(parents=True, exist_ok=True)
         for name in ("metrics.csv", "train.log"):
@@ -110,12 +114,31 @@ def home(files_at: Path, into: Path) -> dict:
 
 
 def lineage_rows(lineage: list[dict]) -> str:
-    """The card's table rows: one a lease."""
+    """The card's table rows: one a lease; the newest lease's val bits/dim (the shipped model's) in bold."""
+    def bpd(lease: dict) -> str:
+        if lease.get("val_bpd") is None:
+            return "–"
+        return f"**{lease['val_bpd']:.3f}**" if lease is lineage[-1] else f"{lease['val_bpd']:.3f}"
+
+    def number(value, form: str) -> str:
+        return "–" if value is None else format(value, form)
+
     return "\n".join(
         f"| {lease['lease']} | {lease['date']} | {lease['device']} | {lease['training_minutes']} | "
-        f"{lease['first_step']:,} → {lease['last_step']:,} | {lease['images_seen']:,} | "
-        f"{'–' if lease.get('val_bpd') is None else format(lease['val_bpd'], '.3f')} | {lease.get('images_per_s')} | "
-        f"{lease.get('mfu')} | {lease.get('continuation_step')} |" for lease in lineage)
+        f"{lease['first_step']:,} → {lease['last_step']:,} | {lease['images_seen']:,} | {bpd(lease)} | "
+        f"{number(lease.get('images_per_s'), ',.0f')} | {number(lease.get('mfu'), '.1%')} | "
+        f"{number(lease.get('peak_memory_gib'), '.1f')} | {number(lease.get('continuation_step'), ',')} |"
+        for lease in lineage)
+
+
+def lineage_notes(lineage: list[dict]) -> str:
+    """Each lease's val curve (step: bits/dim, training's validations in bf16) and its notes."""
+    lines = []
+    for lease in lineage:
+        curve = ", ".join(f"{step:,}: {bpd:.3f}" for step, bpd in lease.get("val_curve", []))
+        lines.append(f"- Lease {lease['lease']}: validations during training (step: val bits/dim) {curve or '–'}.")
+        lines += [f"  - {note}" for note in lease.get("notes", [])]
+    return "\n".join(lines)
 
 
 def eval_metadata(bpd: float | None) -> str:
@@ -141,7 +164,6 @@ def card(lineage: list[dict]) -> str:
     """The model card: the Hub's metadata (val bits/dim of the newest lease) and the lineage."""
     metadata = eval_metadata(lineage[-1].get("val_bpd"))
     minutes = sum(lease.get("training_minutes") or 0 for lease in lineage)
-    rows = lineage_rows(lineage)
     return f"""---
 library_name: imagetx
 license: mit
@@ -158,26 +180,39 @@ metrics:
 
 # `cifar10_gpu`: the paper's CIFAR-10 DMOL model, trained a GPU lease at a time
 
-`configs/cifar10_dmol_25min.yaml` (14 layers, d 256, rotary 2D positions, one-row blocks, DMOL with
-10 logistics), trained on CIFAR-10 training images 0–44,999 with warmup–stable–decay: each lease
-goes on from the previous lease's continuation (the state before its decay, `continuation/`) and
-ends with a decay of its own; `model.safetensors` (bf16) is the newest lease's decayed model.
-{len(lineage)} lease(s), {minutes:.1f} GPU minutes of training so far; val bits/dim over all 5,000 val
-images (training images 45,000–49,999).
-
-| lease | date | GPU | training minutes | steps | images seen | val bits/dim | images/s | MFU | continuation at step |
-|---|---|---|---|---|---|---|---|---|---|
-{rows}
-
-Each lease, as docs/gpu.md's call plan runs it (`scripts/gpu_lease.sh`):
+`configs/cifar10_dmol_25min.yaml` (14 layers, d 256, 8 heads, rotary 2D positions, one-row query
+blocks with the row above as memory, DMOL with 10 logistics; 7.4 M parameters), trained on CIFAR-10
+training images 0–44,999 with warmup–stable–decay: each lease goes on from the previous lease's
+continuation (the state before its decay, `continuation/`) and ends with a decay of its own;
+`model.safetensors` (bf16) is the newest lease's decayed model. {len(lineage)} lease(s),
+{minutes:.1f} GPU minutes of training so far. Val bits/dim: all 5,000 val images (training images
+45,000–49,999, never trained on), scored by `python -m imagetx.evaluate` from these bf16 weights.
 
 ```bash
-bash scripts/lease_files.sh prepare        # here: wheels, shards, this continuation into .stage/
-bash scripts/gpu_lease.sh setup && bash scripts/gpu_lease.sh tests   # then the calls of docs/gpu.md
-bash scripts/gpu_lease.sh launch 00:00:20:00 && bash scripts/gpu_lease.sh finish 420
-bash scripts/lease_files.sh home FILES_AT  # here: this folder, its lineage and this card
 python -m imagetx.evaluate --ckpt pretrained/cifar10_gpu --data.root ../shared/cifar10 --split val
+python -m imagetx.sample --ckpt pretrained/cifar10_gpu --task generate --count 16 --out samples
+python -m imagetx.sample --ckpt pretrained/cifar10_gpu --task complete --images photo.png --out samples
 ```
+
+| lease | date | GPU | training minutes | steps | images seen | val bits/dim | images/s | MFU | peak GiB | continuation at step |
+|---|---|---|---|---|---|---|---|---|---|---|
+{lineage_rows(lineage)}
+
+{lineage_notes(lineage)}
+
+Samples of the newest lease's model, on its GPU (seed 0): 64 images drawn from nothing
+(`generate.png`), and 8 val images completed from their top 16 rows, 3 samples each beside the
+original (`complete.png`).
+
+![64 samples](generate.png)
+
+![completions](complete.png)
+
+Each lease runs docs/gpu.md's call plan ("A lease, call by call"; `scripts/gpu_lease.sh`):
+`bash scripts/lease_files.sh prepare` here; on the lent machine `setup`, `tests` beside `warm`,
+`launch MAX_TIME` and `finish`; then `bash scripts/lease_files.sh home FILES_AT` here, which writes
+this folder, its lineage (`lineage.json`, each lease's `leases/lease_N/metrics.csv` and
+`train.log`) and this card.
 """
 
 
@@ -191,13 +226,19 @@ def main(argv: list[str] | None = None) -> None:
     h = verbs.add_parser("home", help="here: install what a lease brought back")
     h.add_argument("files_at", type=Path)
     h.add_argument("--into", type=Path, default=REPO / "pretrained" / "cifar10_gpu")
+    h.add_argument("--note", action="append", help="a line for the lineage and the card (repeatable)")
+    c = verbs.add_parser("card", help="here: write the model card again from lineage.json")
+    c.add_argument("--into", type=Path, default=REPO / "pretrained" / "cifar10_gpu")
     options = parser.parse_args(argv)
     try:
         if options.verb == "summary":
             options.out.write_text(json.dumps(summary(options.run, options.device), indent=1))
             print(f"lease summary in {options.out}")
+        elif options.verb == "card":
+            (options.into / "README.md").write_text(card(json.loads((options.into / "lineage.json").read_text())))
+            print(f"card written: {options.into / 'README.md'}")
         else:
-            lease = home(options.files_at, options.into)
+            lease = home(options.files_at, options.into, options.note)
             print(f"lease {lease['lease']} installed in {options.into}: val bits/dim {lease['val_bpd']}, "
                   f"steps {lease['first_step']} → {lease['last_step']}")
     except (CheckpointError, OSError, KeyError, ValueError, tarfile.TarError) as error:
