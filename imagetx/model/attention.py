@@ -76,6 +76,7 @@ class SelfAttention(nn.Module):
                  rotary: Rotary2D | None = None) -> None:
         super().__init__()
         self.n_heads, self.pattern, self.position_bias, self.kernel = n_heads, pattern, position_bias, kernel
+        self.head_size = d_model // n_heads
         self.rotary = rotary
         # T2T's attention projections carry no bias.
         self.to_qkv = nn.Linear(d_model, 3 * d_model, bias=False)
@@ -87,7 +88,7 @@ class SelfAttention(nn.Module):
             raise ValueError("unmasked self-attention (no pattern) is not causal: it cannot decode step by step")
         weight = self.to_qkv.weight
         index = self.pattern.decode_index(weight.device)
-        shape = (batch * self.n_heads, index.ring, self.to_out.weight.shape[0] // self.n_heads)
+        shape = (batch * self.n_heads, index.ring, self.head_size)
         keys = torch.zeros(shape, device=weight.device, dtype=weight.dtype)
         return SelfAttentionCache(index, keys, torch.zeros_like(keys))
 
@@ -96,7 +97,7 @@ class SelfAttention(nn.Module):
         """(B, t, d) of ``steps`` -> (B, t, d): every step (no cache), or with ``cache`` one
         decoding step (``steps`` a (1,) index) or the first t steps into a fresh cache (a prefill)."""
         if cache is None:
-            prepare(self.pattern, self.kernel, x.device)
+            prepare(self.pattern, self.kernel, x.device, self.head_size)
         q, k, v = project_heads(self.to_qkv, x, self.n_heads, 3)
         if self.rotary is not None:  # cached keys are kept turned: each by its own step
             q, k = self.rotary(q, steps), self.rotary(k, steps)
@@ -144,6 +145,7 @@ class CrossAttention(nn.Module):
                  kernel: str = "auto") -> None:
         super().__init__()
         self.n_heads, self.pattern, self.kernel = n_heads, pattern, kernel
+        self.head_size = d_model // n_heads
         self.to_q = nn.Linear(d_model, d_model, bias=False)
         self.to_kv = nn.Linear(d_model, 2 * d_model, bias=False)
         self.to_out = nn.Linear(d_model, d_model, bias=False)
@@ -161,7 +163,7 @@ class CrossAttention(nn.Module):
         """x (B, t, d) of ``steps``, context (B, S, d) -> (B, t, d); with ``cache``, no ``context``
         (the cache holds it)."""
         if cache is None:
-            prepare(self.pattern, self.kernel, x.device)
+            prepare(self.pattern, self.kernel, x.device, self.head_size)
         (q,) = project_heads(self.to_q, x, self.n_heads, 1)
         if cache is not None:
             # (t, S), read on the device: a decoding step's index is a (1,) tensor, as in DecodeIndex.readable

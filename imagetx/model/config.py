@@ -109,6 +109,11 @@ class ModelConfig:
         return self.relative_positions in ("rotary", "rotary_distance")
 
     @property
+    def head_size(self) -> int:
+        """Channels of one attention head: d_model / n_heads."""
+        return self.d_model // self.n_heads
+
+    @property
     def dims_per_image(self) -> int:
         """Sub-pixels per image: the denominator of bits/dim (§5)."""
         return self.image_size * self.image_size * CHANNELS
@@ -145,9 +150,9 @@ class ModelConfig:
             _invalid("n_heads", self.n_heads, f"must divide d_model={self.d_model} (e.g. {_divisors(self.d_model)})")
         if self.d_model % 2:
             _invalid("d_model", self.d_model, "must be even: half encodes the row, half the column")
-        if self.rotary and (self.d_model // self.n_heads) % 4:
+        if self.rotary and self.head_size % 4:
             _invalid("relative_positions", self.relative_positions,
-                     f"needs a head size (d_model / n_heads = {self.d_model // self.n_heads}) divisible by 4, "
+                     f"needs a head size (d_model / n_heads = {self.head_size}) divisible by 4, "
                      "in dimension pairs for rows and for columns: change n_heads or d_model")
         if not 0.0 <= self.dropout < 1.0:
             _invalid("dropout", self.dropout, "must be in [0, 1)")

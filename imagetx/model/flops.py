@@ -75,7 +75,7 @@ def tile_pairs(mask: BlockMask) -> int:
 
 def decoder_attention_pairs(model: ImageTransformer, device: torch.device | str = "cpu") -> int:
     """Query-key pairs one decoder self-attention layer computes per image and head on ``device``."""
-    if uses_flex(model.config.attention_kernel, torch.device(device)):
+    if uses_flex(model.config.attention_kernel, torch.device(device), model.config.head_size):
         return tile_pairs(model.pattern.block_mask(device))
     return pairs_computed(model.pattern, with_bias=model.config.position_bias is not None)
 
@@ -84,7 +84,7 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
     """FLOPs of one image through ``model`` (any ``ModelConfig``: build it with
     ``ImageTransformer(config)``), with the attention kernels it runs on ``device``."""
     cfg = model.config
-    flex = uses_flex(cfg.attention_kernel, torch.device(device))
+    flex = uses_flex(cfg.attention_kernel, torch.device(device), cfg.head_size)
     steps = model.order.length  # decoder positions: sub-pixels or pixels
     context = 0 if model.encoder is None else model.encoder.order.length  # low-resolution sub-pixels
     # Every linear layer runs once per decoder step, except the encoder's and the projection of

@@ -9,7 +9,8 @@ attention they allow is decided here, once:
 * FlexAttention (``ModelConfig.attention_kernel`` flex, or auto on CUDA: ``uses_flex``): the
   pattern's block mask, and a relative position bias as a ``score_mod``. ``auto`` is the
   gathered-block SDPA path elsewhere, because FlexAttention on the CPU (torch 2.15) has a
-  compiled forward but no backward: it raises for inputs that require a gradient.
+  compiled forward but no backward: it raises for inputs that require a gradient; and on CUDA
+  for heads narrower than ``FLEX_MIN_HEAD_SIZE``, which its compiled CUDA kernel refuses.
 * SDPA: full causal attention without a bias in one causal call; 1D local attention without a
   bias on views of windows (``attend_windows``); anything else on the pattern's gathered blocks
   (``attend_in_blocks``). ``pairs_computed`` counts what each of these computes (FLOPs, §8).
@@ -34,11 +35,22 @@ from .position_bias import RelativePositionBias, distance_bias
 ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
-def uses_flex(kernel: str, device: torch.device) -> bool:
-    """Whether ``kernel`` (one of ``ATTENTION_KERNELS``) runs FlexAttention on ``device``."""
+# FlexAttention's compiled CUDA kernel (Inductor's lowering) refuses heads of fewer channels: "NYI:
+# embedding dimension of the query, key, and value must be at least 16" (torch 2.11, an H200, with a
+# tiny test model's 8-channel heads). Its CPU kernel takes them.
+FLEX_MIN_HEAD_SIZE = 16
+
+
+def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
+    """Whether ``kernel`` (one of ``ATTENTION_KERNELS``) runs FlexAttention on ``device`` for heads of
+    ``head_size`` channels. ``flex`` asked for where it cannot run raises, naming the way out."""
     if kernel not in ATTENTION_KERNELS:
         raise ValueError(f"attention kernel {kernel!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
-    return kernel == "flex" or (kernel == "auto" and device.type == "cuda")
+    narrow = device.type == "cuda" and head_size < FLEX_MIN_HEAD_SIZE
+    if kernel == "flex" and narrow:
+        raise ValueError(f"attention_kernel 'flex' needs heads of at least {FLEX_MIN_HEAD_SIZE} channels on CUDA, "
+                         f"got {head_size} (d_model / n_heads): use 'auto' or 'sdpa', or fewer heads")
+    return kernel == "flex" or (kernel == "auto" and device.type == "cuda" and not narrow)
 
 
 def attend(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern | None = None, kernel: str = "auto",
@@ -48,7 +60,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern | None = N
     bias, the bias of every query-key pair added to its score), through ``kernel``."""
     if pattern is None:
         return fused_attention(q, k, v)
-    if uses_flex(kernel, q.device):
+    if uses_flex(kernel, q.device, q.shape[-1]):
         return flex_attend(q, k, v, pattern.block_mask(q.device), *score_mod(pattern, position_bias))
     if position_bias is None and isinstance(pattern, FullCausal):
         return fused_attention(q, k, v, causal=True)
@@ -58,15 +70,15 @@ def attend(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern | None = N
     return attend_in_blocks(q, k, v, pattern.blocks(q.device), bias)
 
 
-def prepare(pattern: AttentionPattern | None, kernel: str, device: torch.device) -> None:
-    """Build what ``attend`` reads of ``pattern`` on ``device`` (its block mask, or its blocks),
-    where it is not built yet. Traced by torch.compile, building is a graph break (``BuiltOnce``):
+def prepare(pattern: AttentionPattern | None, kernel: str, device: torch.device, head_size: int) -> None:
+    """Build what ``attend`` reads of ``pattern`` on ``device`` for heads of ``head_size`` channels
+    (its block mask, or its blocks), where it is not built yet. Traced by torch.compile, building is a graph break (``BuiltOnce``):
     the layers call this before their projections, so that it breaks a frame that holds no
     tensors. Inside ``attend`` it would break ``attend``'s own frame, which self- and
     cross-attention share: compiled for one's shapes, then again for the other's with dynamic
     shapes, which FlexAttention's CPU kernel cannot build (torch 2.15)."""
     if pattern is not None:
-        pattern.block_mask(device) if uses_flex(kernel, device) else pattern.blocks(device)
+        pattern.block_mask(device) if uses_flex(kernel, device, head_size) else pattern.blocks(device)
 
 
 def pairs_computed(pattern: AttentionPattern, with_bias: bool) -> int:
