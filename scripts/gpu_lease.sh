@@ -3,7 +3,8 @@
 # "A lease, call by call"). Run from the repository root there:
 #   bash scripts/gpu_lease.sh setup                       # wheels, the shards and continuation carried in .stage/*/
 #   bash scripts/gpu_lease.sh tests                       # the CUDA correctness tests; the run needs them passed
-#   bash scripts/gpu_lease.sh warm                        # compile the preset's graphs (beside the tests)
+#   bash scripts/gpu_lease.sh warm [OVERRIDES]            # compile the preset's graphs into Inductor's cache
+#   bash scripts/gpu_lease.sh first [OVERRIDES]           # call 1: tests and warm side by side; both must pass
 #   bash scripts/gpu_lease.sh pilot MAX_TIME [OVERRIDES]  # the preset on the shards staged so far
 #   bash scripts/gpu_lease.sh launch MAX_TIME [OVERRIDES] # the run, detached (setsid): outlives the call
 #   bash scripts/gpu_lease.sh wait SECONDS                # progress every 30 s until the run ends or SECONDS pass
@@ -127,6 +128,16 @@ warm)
   grep -E "$LOG_LINES" "$WORK/warm/train.log" | tail -5 || true
   echo "warm: compiled and ran ${WARM_STEPS:-20} steps in $SECONDS s"
   ;;
+first)
+  # The first call's work: the CUDA tests and, beside them (the GPU has room for both), the warm-up;
+  # the step fails if either does, after both have ended.
+  bash "$0" warm "${@:2}" >"$WORK/warm.out" 2>&1 & warming=$!
+  tests_status=0; bash "$0" tests || tests_status=$?
+  warm_status=0; wait "$warming" || warm_status=$?
+  tail -8 "$WORK/warm.out"
+  [ "$tests_status" = 0 ] && [ "$warm_status" = 0 ] || {
+    echo "first: tests exit $tests_status, warm exit $warm_status" >&2; exit 1; }
+  ;;
 pilot)
   needs_tests
   rm -rf "$WORK/pilot" && mkdir -p "$WORK/pilot"
@@ -211,6 +222,6 @@ finish)
   exit "$failed"
   ;;
 *)
-  echo "usage: bash scripts/gpu_lease.sh setup|tests|warm|pilot|launch|wait|finish ..." >&2; exit 2
+  echo "usage: bash scripts/gpu_lease.sh setup|tests|warm|first|pilot|launch|wait|finish ..." >&2; exit 2
   ;;
 esac

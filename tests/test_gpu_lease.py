@@ -1,8 +1,8 @@
 """scripts/gpu_lease.sh end to end on the CPU (``DRY_RUN=1``), with a tiny preset, as a lent GPU
-machine's calls run it (docs/gpu.md): setup, tests, launch, wait, finish; then two leases in a row,
-the second going on from the continuation the first brought home (scripts/lease_record.py), as the
-repository keeps it. So that a typo or a step that hides its failure is found here, not in the 30
-minutes of a lease."""
+machine's calls run it (docs/gpu.md): setup, first (the tests and the warm-up side by side), launch,
+wait, finish; then two leases in a row, the second going on from the continuation the first brought
+home (scripts/lease_record.py), as the repository keeps it. So that a typo or a step that hides its
+failure is found here, not in the 15 minutes of a lease."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def dry_env(tmp_path):
 
 
 def run_lease(env: dict, *launch: str) -> None:
-    for step in (["tests"], ["warm", "--data.val_size", "2"],
+    for step in (["first", "--data.val_size", "2"],
                  ["launch", "00:00:02:00", "--data.val_size", "2", *launch], ["wait", "120"],
                  ["finish", "60"]):
         done = lease(step, env)
