@@ -10,7 +10,9 @@
 # NAME:SEED:OVERRIDES (quick.yaml with the overrides, e.g. "lr12:0:--model.peak_lr 0.012").
 # The slots run: alone 0; alone 1; pair quick:0 pixelcnn:0; pair quick_superres:1 quick:1;
 # beside quick_superres:0 and beside "ema99:0:--trainer.callbacks+=...", each beside the completion
-# model's training (docs/experiments.md, entry 18). Each slot takes about 17 minutes;
+# model's training (docs/experiments.md, entry 18); then (entry 20, quick.yaml's decay over 20 %
+# then) pair quick:0 "dec40:0:--model.decay_fraction 0.4", the same with seed 1, and, with the
+# decay over 40 % in quick.yaml, alone 0 and alone 1. Each slot takes about 17 minutes;
 # DATA_ROOT (default ../shared/cifar10) names the data; results land in runs/quick53/NAME.json.
 set -euo pipefail
 ROOT=${DATA_ROOT:-../shared/cifar10}
