@@ -45,16 +45,19 @@ def dry_env(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     return dict(os.environ, DRY_RUN="1", WORK=str(tmp_path / "work"), STAGE=str(stage), OUT=str(out),
-                SITE=str(tmp_path / "site"), CONFIG=str(config), PYTHON=sys.executable, LAUNCH_WAIT="5", POLL="2", WARM_STEPS="2",
-                GRID_SAMPLES="2", COMPLETIONS="2", EVAL_BATCH="2", VAL_SIZE="2", WANDB_MODE="disabled")
+                SITE=str(tmp_path / "site"), CONFIG=str(config), PYTHON=sys.executable, LAUNCH_WAIT="5", POLL="2",
+                WARM_STEPS="2", GRID_SAMPLES="2", COMPLETIONS="2", EVAL_BATCH="2", VAL_SIZE="2", WANDB_MODE="disabled")
 
 
-def run_lease(env: dict, *launch: str) -> None:
-    for step in (["first", "--data.val_size", "2"],
+def run_lease(env: dict, *launch: str, check: tuple[str, ...] = ("first", "--data.val_size", "2")) -> None:
+    """One lease's steps on the machine; ``check``: call 1's step (``first``: the tests beside the warm-up)."""
+    for step in ([*check],
                  ["launch", "00:00:02:00", "--data.val_size", "2", *launch], ["wait", "120"],
                  ["finish", "60"]):
         done = lease(step, env)
         assert done.returncode == 0, f"{step}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+        if step[0] == "first":  # the warm-up beside the tests trained its steps in a folder of its own
+            assert "warm: compiled and ran 2 steps" in done.stdout, done.stdout[-3000:]
 
 
 def bring_home(out: Path, into: Path) -> list[dict]:
@@ -96,7 +99,8 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     second_env = dict(dry_env, WORK=str(tmp_path / "work2"), SITE=str(tmp_path / "site2"))
     done = lease(["setup"], second_env)
     assert done.returncode == 0 and "continuation staged: step 8 images 16" in done.stdout, done.stdout + done.stderr
-    run_lease(second_env, "--trainer.max_steps", "16")  # on from step 8 to 16: the decay over its last 20 %
+    # on from step 8 to 16: the decay over its last 20 %; the tests alone (the first lease ran `first`)
+    run_lease(second_env, "--trainer.max_steps", "16", check=("tests",))
     lineage = bring_home(out, model)
     second = lineage[1]
     assert [entry["lease"] for entry in lineage] == [1, 2]

@@ -72,9 +72,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern | None = N
 
 def prepare(pattern: AttentionPattern | None, kernel: str, device: torch.device, head_size: int) -> None:
     """Build what ``attend`` reads of ``pattern`` on ``device`` for heads of ``head_size`` channels
-    (its block mask, or its blocks), where it is not built yet. Traced by torch.compile, building is a graph break (``BuiltOnce``):
-    the layers call this before their projections, so that it breaks a frame that holds no
-    tensors. Inside ``attend`` it would break ``attend``'s own frame, which self- and
+    (its block mask, or its blocks), where it is not built yet. Traced by torch.compile, building
+    is a graph break (``BuiltOnce``): the layers call this before their projections, so that it
+    breaks a frame that holds no tensors. Inside ``attend`` it would break ``attend``'s own frame, which self- and
     cross-attention share: compiled for one's shapes, then again for the other's with dynamic
     shapes, which FlexAttention's CPU kernel cannot build (torch 2.15)."""
     if pattern is not None:
