@@ -84,6 +84,12 @@ needs_tests() {
 
 TRAIN=("$PYTHON" -m imagetx.train --config "$CONFIG" --data.root "$DATA" --wandb disabled)  # the preset, W&B off
 
+short_run() {  # short_run FOLDER [ARGS...]: the preset into a fresh FOLDER, in the foreground; its log lines
+  rm -rf "$1" && mkdir -p "$1"
+  "${TRAIN[@]}" --trainer.default_root_dir "$1" "${@:2}" >"$1/train.log" 2>&1 || { tail -30 "$1/train.log"; exit 1; }
+  grep -E "$LOG_LINES" "$1/train.log" | tail -20 || true  # (grep finds nothing: no such lines)
+}
+
 case "${1:-}" in
 setup)
   if [ "$DRY_RUN" != 1 ]; then
@@ -122,10 +128,7 @@ warm)
   # compile the training and evaluation graphs into Inductor's cache on this machine's disk, so that
   # the run's budget goes to steps (about 70 s of compilation on a fresh machine; 7 s from the cache).
   # The steps train nothing that is kept: the folder is the warm-up's own.
-  rm -rf "$WORK/warm" && mkdir -p "$WORK/warm"
-  "${TRAIN[@]}" --trainer.default_root_dir "$WORK/warm" --trainer.max_steps "${WARM_STEPS:-20}" \
-      "${@:2}" >"$WORK/warm/train.log" 2>&1 || { tail -30 "$WORK/warm/train.log"; exit 1; }
-  grep -E "$LOG_LINES" "$WORK/warm/train.log" | tail -5 || true
+  short_run "$WORK/warm" --trainer.max_steps "${WARM_STEPS:-20}" "${@:2}"
   echo "warm: compiled and ran ${WARM_STEPS:-20} steps in $SECONDS s"
   ;;
 first)
@@ -140,10 +143,7 @@ first)
   ;;
 pilot)
   needs_tests
-  rm -rf "$WORK/pilot" && mkdir -p "$WORK/pilot"
-  "${TRAIN[@]}" --trainer.default_root_dir "$WORK/pilot" --trainer.max_time "$2" --trainer.val_check_interval 1000 \
-      "${@:3}" >"$WORK/pilot/train.log" 2>&1 || { tail -30 "$WORK/pilot/train.log"; exit 1; }
-  grep -E "$LOG_LINES" "$WORK/pilot/train.log" | tail -20 || true  # (grep finds nothing: no such lines)
+  short_run "$WORK/pilot" --trainer.max_time "$2" --trainer.val_check_interval 1000 "${@:3}"
   latest_metrics "$WORK/pilot"
   ;;
 launch)

@@ -34,6 +34,7 @@ from imagetx.io.checkpoint import load_weights_only  # noqa: E402
 from imagetx.io.errors import CheckpointError  # noqa: E402
 from imagetx.training.continuation import CONTINUE, MANIFEST, unpack  # noqa: E402
 
+GPU_MODEL = REPO / "pretrained" / "cifar10_gpu"  # the shipped-weights folder a lease goes home to
 THROUGHPUT = {"images_per_s": "train/device/samples_per_sec", "mfu": "train/device/mfu",
               "peak_memory_gib": "train/device/peak_memory_gib"}
 
@@ -109,7 +110,7 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None) -> dict:
             shutil.copy(grid, into)
         lineage.append(lease)
         lineage_path.write_text(json.dumps(lineage, indent=1) + "\n")
-        (into / "README.md").write_text(card(lineage))
+        write_card(into, lineage)
     return lease
 
 
@@ -139,6 +140,13 @@ def lineage_notes(lineage: list[dict]) -> str:
         lines.append(f"- Lease {lease['lease']}: validations during training (step: val bits/dim) {curve or '–'}.")
         lines += [f"  - {note}" for note in lease.get("notes", [])]
     return "\n".join(lines)
+
+
+def write_card(into: Path, lineage: list[dict] | None = None) -> None:
+    """``into``/README.md from ``lineage`` (default: the folder's own lineage.json)."""
+    if lineage is None:
+        lineage = json.loads((into / "lineage.json").read_text())
+    (into / "README.md").write_text(card(lineage))
 
 
 def eval_metadata(bpd: float | None) -> str:
@@ -225,17 +233,17 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("--device", default="cuda")
     h = verbs.add_parser("home", help="here: install what a lease brought back")
     h.add_argument("files_at", type=Path)
-    h.add_argument("--into", type=Path, default=REPO / "pretrained" / "cifar10_gpu")
+    h.add_argument("--into", type=Path, default=GPU_MODEL)
     h.add_argument("--note", action="append", help="a line for the lineage and the card (repeatable)")
     c = verbs.add_parser("card", help="here: write the model card again from lineage.json")
-    c.add_argument("--into", type=Path, default=REPO / "pretrained" / "cifar10_gpu")
+    c.add_argument("--into", type=Path, default=GPU_MODEL)
     options = parser.parse_args(argv)
     try:
         if options.verb == "summary":
             options.out.write_text(json.dumps(summary(options.run, options.device), indent=1))
             print(f"lease summary in {options.out}")
         elif options.verb == "card":
-            (options.into / "README.md").write_text(card(json.loads((options.into / "lineage.json").read_text())))
+            write_card(options.into)
             print(f"card written: {options.into / 'README.md'}")
         else:
             lease = home(options.files_at, options.into, options.note)
