@@ -1,7 +1,7 @@
 """``python -m imagetx.train``: LightningCLI training with YAML presets (docs/model.md §8).
 
     python -m imagetx.train --config configs/quick.yaml [--data.root DIR] [--trainer.max_steps N]
-                            [--resume last|PATH] [--wandb auto|online|offline|disabled]
+                            [--resume last|PATH] [--init_from WEIGHTS] [--wandb auto|online|offline|disabled]
                             [--checkpoint_every_n_steps N]
 
 No subcommand: it always fits. The data takes the model's image size and classes from
@@ -53,6 +53,7 @@ from .training.resume import checkpoint_to_resume, last_good_checkpoint
 from .training.throughput import ThroughputWithPeak
 from .training.tracking import WANDB_MODES, make_loggers
 from .training.trainer import Trainer
+from .training.warm_start import start_from
 
 
 # What the data takes from the model (ImageDataModule.FROM_MODEL): {data key: model option}.
@@ -114,6 +115,9 @@ class ImagetxCLI(LightningCLI):
         parser.add_argument("--resume", type=str | None, default=None, help="continue a run: 'last' "
                             "(<default_root_dir>/checkpoints/last.ckpt), a checkpoint path, or a continuation "
                             "(checkpoints/continue.ckpt, or its packed folder) to train on with a new budget")
+        parser.add_argument("--init_from", type=str | None, default=None, help="start a new run from the weights "
+                            "of another model with this run's decoder (a weights folder, checkpoint or continuation), "
+                            "e.g. a super-resolution model from an unconditional one; its optimiser and schedule start afresh")
         parser.add_argument("--wandb", type=str, default="auto",
                             help=f"W&B mode, one of {', '.join(WANDB_MODES)}; auto = online with a key, else offline")
         parser.add_argument("--wandb_project", type=str, default="imagetx", help="W&B project name")
@@ -141,6 +145,9 @@ class ImagetxCLI(LightningCLI):
         every = self.config.checkpoint_every_n_steps
         if every < 0:
             raise ValueError(f"--checkpoint_every_n_steps {every} is invalid: give N >= 1, or 0 for validations only")
+        if self.config.resume is not None and self.config.init_from is not None:
+            raise ConfigError("--resume and --init_from both given: --resume continues a run (its weights included); "
+                              "--init_from starts a new one from another model's weights. Give one")
         root = check_writable(self.config.trainer.default_root_dir, "--trainer.default_root_dir")
         refuse_to_overwrite(root, self.config.resume)
         remove_stale_temporaries(root / CHECKPOINT_DIR)  # from a run killed mid-write
@@ -189,6 +196,8 @@ def train(args: list[str] | None = None) -> None:
     cli = make_cli(args)
     root = Path(cli.trainer.default_root_dir)
     ckpt_path = checkpoint_to_resume(cli.config.resume, root, cli.model.config, run_budget(cli.trainer))
+    if cli.config.init_from is not None:
+        print(start_from(cli.model.model, cli.config.init_from, root))
     check_data_first(cli)
     try:
         # checkpoint_to_resume has read the file weights-only; Lightning must read it no other way

@@ -1,0 +1,104 @@
+"""``--init_from`` (imagetx/training/warm_start.py): a new run started from another model's weights,
+e.g. a super-resolution model from an unconditional model with the same decoder."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from helpers import TINY_TRAIN_MODEL, one_error_line, random_images, tiny_model, write_train_config
+from imagetx import ModelConfig, ImageTransformer
+from imagetx.io.errors import CheckpointError
+from imagetx.io.weights import write_weights
+from imagetx.model.inputs import downsample_area
+from imagetx.train import main
+from imagetx.training.warm_start import start_from
+
+pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
+
+DECODER = dict(head="dmol", image_size=8, position_encoding="learned", relative_positions="rotary")
+# what a super-resolution model adds to that decoder: the parts that read the 4x4 input
+LOW_RES = dict(encoder_layers=1, low_res_size=4, low_res_reading="cell_add", cell_remainder_input=True)
+
+
+def test_a_zero_start_super_resolution_model_started_from_an_unconditional_one_scores_as_it_does(tmp_path):
+    source = tiny_model(seed=1, **DECODER)
+    write_weights(tmp_path / "source", source.state_dict(), source.config)
+    model = tiny_model(seed=2, **DECODER, **LOW_RES, low_res_zero_start=True)
+    images = random_images(3, 8, seed=3)
+    low_res = downsample_area(images, 4)
+    with torch.no_grad():
+        before = model.bits_per_dim(images, low_res=low_res)
+        assert not torch.allclose(before, source.bits_per_dim(images))  # a random start scores otherwise
+        line = start_from(model, tmp_path / "source", tmp_path)
+        # equal up to float32 rounding (the decoder's sums run in another order beside the input's zeros)
+        torch.testing.assert_close(model.bits_per_dim(images, low_res=low_res), source.bits_per_dim(images),
+                                   rtol=1e-6, atol=1e-5)
+    copied = len(source.state_dict())
+    assert f"{copied} tensors copied" in line and f"{len(model.state_dict()) - copied} that read" in line
+    # the parts that read the input keep their own start: the writers at zero, the encoder as initialised
+    assert all(not linear.weight.any() for linear in model.low_res_writers())
+    assert any(value.abs().sum() > 0 for value in model.encoder.state_dict().values())
+
+
+@pytest.mark.parametrize("source_fields, named", [
+    (dict(d_model=32, d_filter=64), "shapes that differ: value_embedding"),  # another width
+    (dict(relative_positions="table"), "tensors this model lacks: layers.0.self_attn.position_bias"),
+    (dict(n_layers=2), "tensors this model lacks: layers.1"),
+])
+def test_a_source_with_another_decoder_is_refused_and_the_model_is_untouched(tmp_path, source_fields, named):
+    source = tiny_model(seed=1, **{**DECODER, **source_fields})
+    write_weights(tmp_path / "source", source.state_dict(), source.config)
+    model = tiny_model(seed=2, **DECODER, **LOW_RES)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    with pytest.raises(CheckpointError) as info:
+        start_from(model, tmp_path / "source", tmp_path)
+    message = str(info.value)
+    assert message.startswith(f"--init_from {tmp_path / 'source'}: its model is not this run's decoder")
+    assert named in message and "\n" not in message
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
+def test_a_decoder_tensor_the_source_lacks_is_refused(tmp_path):
+    """Only the parts that read the input may be new: a source without the learned position table
+    (sinusoidal positions) leaves a decoder tensor uninitialised, which is refused."""
+    source = tiny_model(seed=1, **{**DECODER, "position_encoding": "sinusoidal"})
+    write_weights(tmp_path / "source", source.state_dict(), source.config)
+    with pytest.raises(CheckpointError, match="tensors of this model's decoder it lacks: positions"):
+        start_from(tiny_model(seed=2, **DECODER), tmp_path / "source", tmp_path)
+
+
+SUPERRES_TRAIN_MODEL = dict(encoder_layers=1, low_res_size=8, low_res_reading="cell_add", low_res_zero_start=True)
+
+
+def test_train_init_from_starts_the_run_from_the_source_weights(tmp_path, data_root, capsys):
+    source = ImageTransformer(ModelConfig(**TINY_TRAIN_MODEL))
+    write_weights(tmp_path / "source", source.state_dict(), source.config)
+    run_dir = tmp_path / "run"
+    # peak_lr 0: Adam's updates are exactly zero, so the trained weights are those the run started from
+    config = write_train_config(tmp_path / "config.yaml", run_dir, data_root, max_steps=2, model=SUPERRES_TRAIN_MODEL)
+    main(["--config", str(config), "--data.root", str(data_root), "--wandb", "disabled", "--model.peak_lr", "0",
+          "--init_from", str(tmp_path / "source")])
+    assert f"started from {tmp_path / 'source'}: {len(source.state_dict())} tensors copied" in capsys.readouterr().out
+    trained = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert trained["global_step"] == 2
+    for name, value in source.state_dict().items():
+        assert torch.equal(trained["state_dict"][f"model.{name}"], value), name
+
+
+def test_train_refuses_init_from_with_resume(tmp_path, data_root, capsys):
+    config = write_train_config(tmp_path / "config.yaml", tmp_path / "run", data_root)
+    line = one_error_line(capsys, main, ["--config", str(config), "--data.root", str(data_root), "--wandb", "disabled",
+                                         "--resume", "last", "--init_from", str(tmp_path)])
+    assert "--resume and --init_from both given" in line
+    assert not (tmp_path / "run").exists()
+
+
+def test_train_with_a_missing_source_exits_with_one_line_and_writes_nothing(tmp_path, data_root, capsys):
+    run_dir = tmp_path / "run"
+    config = write_train_config(tmp_path / "config.yaml", run_dir, data_root, model=SUPERRES_TRAIN_MODEL)
+    line = one_error_line(capsys, main, ["--config", str(config), "--data.root", str(data_root), "--wandb", "disabled",
+                                         "--init_from", str(tmp_path / "nowhere.ckpt")])
+    assert str(tmp_path / "nowhere.ckpt") in line
+    assert not list(run_dir.rglob("*.ckpt")) and not list(run_dir.rglob("metrics.csv"))
