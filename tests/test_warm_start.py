@@ -76,10 +76,11 @@ def test_train_init_from_starts_the_run_from_the_source_weights(tmp_path, data_r
     source = ImageTransformer(ModelConfig(**TINY_TRAIN_MODEL))
     write_weights(tmp_path / "source", source.state_dict(), source.config)
     run_dir = tmp_path / "run"
-    # peak_lr 0: Adam's updates are exactly zero, so the trained weights are those the run started from
-    config = write_train_config(tmp_path / "config.yaml", run_dir, data_root, max_steps=2, model=SUPERRES_TRAIN_MODEL)
-    main(["--config", str(config), "--data.root", str(data_root), "--wandb", "disabled", "--model.peak_lr", "0",
-          "--init_from", str(tmp_path / "source")])
+    # peak_lr 0: Adam's updates are exactly zero, so the trained weights are those the run started from.
+    # init_from in the YAML file, as configs/pretrained_superres.yaml gives it
+    config = write_train_config(tmp_path / "config.yaml", run_dir, data_root, max_steps=2, model=SUPERRES_TRAIN_MODEL,
+                                top={"init_from": str(tmp_path / "source")})
+    main(["--config", str(config), "--data.root", str(data_root), "--wandb", "disabled", "--model.peak_lr", "0"])
     assert f"started from {tmp_path / 'source'}: {len(source.state_dict())} tensors copied" in capsys.readouterr().out
     trained = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert trained["global_step"] == 2

@@ -105,6 +105,12 @@ def read_tensors(path: Path) -> dict[str, torch.Tensor]:
                               "corrupt; export the folder again") from error
 
 
+def listed(names: list[str]) -> str:
+    """The first ``LISTED`` of ``names``, and how many more: for one error line."""
+    more = f" and {len(names) - LISTED} more" if len(names) > LISTED else ""
+    return ", ".join(names[:LISTED]) + more
+
+
 def check_tensors(path: Path, stored: dict[str, torch.Tensor], needed: dict[str, torch.Tensor], fix: str) -> None:
     """A CheckpointError naming the tensors of ``stored`` that are missing, extra, misshapen or not
     floating point where the model of the stored configuration (``needed``) has floating-point
@@ -116,9 +122,8 @@ def check_tensors(path: Path, stored: dict[str, torch.Tensor], needed: dict[str,
                for name in needed if name in stored and (stored[name].shape != needed[name].shape or
                                                          stored[name].is_floating_point() !=
                                                          needed[name].is_floating_point())]
-    problems = [f"{kind} {', '.join(names[:LISTED])}{f' and {len(names) - LISTED} more' if len(names) > LISTED else ''}"
-                for kind, names in (("missing tensor(s)", missing), ("unexpected tensor(s)", extra),
-                                    ("wrong tensor(s):", misfits)) if names]
+    problems = [f"{kind} {listed(names)}" for kind, names in (
+        ("missing tensor(s)", missing), ("unexpected tensor(s)", extra), ("wrong tensor(s):", misfits)) if names]
     if problems:
         raise CheckpointError(f"{path}: the weights do not fit the model configuration stored with them: "
                               f"{'; '.join(problems)}; {fix}")

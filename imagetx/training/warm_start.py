@@ -20,17 +20,11 @@ import torch
 from ..io.checkpoint import CHECKPOINT_DIR
 from ..io.errors import CheckpointError
 from ..io.load import load_model
-from ..io.weights import LISTED
+from ..io.weights import listed
 from ..model.transformer import ImageTransformer
 from .continuation import is_packed, unpack
 
 JOINED = "init-from.ckpt"  # a packed continuation given to --init_from, joined, under the run's checkpoints/
-
-
-def listed(names: list[str]) -> str:
-    """The first ``LISTED`` names, and how many more."""
-    more = f" and {len(names) - LISTED} more" if len(names) > LISTED else ""
-    return ", ".join(names[:LISTED]) + more
 
 
 def start_from(model: ImageTransformer, source: str | Path, root: Path) -> str:
