@@ -197,7 +197,7 @@ def train(args: list[str] | None = None) -> None:
     root = Path(cli.trainer.default_root_dir)
     ckpt_path = checkpoint_to_resume(cli.config.resume, root, cli.model.config, run_budget(cli.trainer))
     if cli.config.init_from is not None:
-        print(start_from(cli.model.model, cli.config.init_from, root))
+        print(start_from(cli.model.model, cli.config.init_from))
     check_data_first(cli)
     try:
         # checkpoint_to_resume has read the file weights-only; Lightning must read it no other way

@@ -6,12 +6,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import TINY_TRAIN_MODEL, one_error_line, random_images, tiny_model, write_train_config
+from helpers import (TINY_TRAIN_MODEL, one_error_line, random_images, tiny_model, weights_checkpoint,
+                     write_train_config)
 from imagetx import ModelConfig, ImageTransformer
 from imagetx.io.errors import CheckpointError
 from imagetx.io.weights import write_weights
 from imagetx.model.inputs import downsample_area
 from imagetx.train import main
+from imagetx.training.continuation import pack
 from imagetx.training.warm_start import start_from
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -30,7 +32,7 @@ def test_a_zero_start_super_resolution_model_started_from_an_unconditional_one_s
     with torch.no_grad():
         before = model.bits_per_dim(images, low_res=low_res)
         assert not torch.allclose(before, source.bits_per_dim(images))  # a random start scores otherwise
-        line = start_from(model, tmp_path / "source", tmp_path)
+        line = start_from(model, tmp_path / "source")
         # equal up to float32 rounding (the decoder's sums run in another order beside the input's zeros)
         torch.testing.assert_close(model.bits_per_dim(images, low_res=low_res), source.bits_per_dim(images),
                                    rtol=1e-6, atol=1e-5)
@@ -39,6 +41,25 @@ def test_a_zero_start_super_resolution_model_started_from_an_unconditional_one_s
     # the parts that read the input keep their own start: the writers at zero, the encoder as initialised
     assert all(not linear.weight.any() for linear in model.low_res_writers())
     assert any(value.abs().sum() > 0 for value in model.encoder.state_dict().values())
+
+
+def test_a_packed_continuation_is_a_source_and_joining_it_leaves_no_file_behind(tmp_path):
+    """The shipped super-resolution model started from pretrained/completion/continuation."""
+    source = tiny_model(seed=1, **DECODER)
+    checkpoint = weights_checkpoint(source)
+    checkpoint["imagetx"]["continuation"], checkpoint["global_step"] = True, 7
+    checkpoint["optimizer_states"] = []  # what pack slims: none here
+    torch.save(checkpoint, tmp_path / "continue.ckpt")
+    pack(tmp_path / "continue.ckpt", tmp_path / "packed")
+    before = sorted(tmp_path.rglob("*"))
+    model = tiny_model(seed=2, **DECODER, **LOW_RES)
+    assert f"{len(source.state_dict())} tensors copied" in start_from(model, tmp_path / "packed")
+    for name, value in source.state_dict().items():
+        assert torch.equal(model.state_dict()[name], value), name
+    assert sorted(tmp_path.rglob("*")) == before
+    (tmp_path / "packed" / "continue.ckpt.part00").write_bytes(b"cut")
+    with pytest.raises(CheckpointError, match=r"^--init_from .*packed: its parts do not add up"):
+        start_from(model, tmp_path / "packed")
 
 
 @pytest.mark.parametrize("source_fields, named", [
@@ -52,7 +73,7 @@ def test_a_source_with_another_decoder_is_refused_and_the_model_is_untouched(tmp
     model = tiny_model(seed=2, **DECODER, **LOW_RES)
     before = {name: value.clone() for name, value in model.state_dict().items()}
     with pytest.raises(CheckpointError) as info:
-        start_from(model, tmp_path / "source", tmp_path)
+        start_from(model, tmp_path / "source")
     message = str(info.value)
     assert message.startswith(f"--init_from {tmp_path / 'source'}: its model is not this run's decoder")
     assert named in message and "\n" not in message
@@ -66,7 +87,7 @@ def test_a_decoder_tensor_the_source_lacks_is_refused(tmp_path):
     source = tiny_model(seed=1, **{**DECODER, "position_encoding": "sinusoidal"})
     write_weights(tmp_path / "source", source.state_dict(), source.config)
     with pytest.raises(CheckpointError, match="tensors of this model's decoder it lacks: positions"):
-        start_from(tiny_model(seed=2, **DECODER), tmp_path / "source", tmp_path)
+        start_from(tiny_model(seed=2, **DECODER), tmp_path / "source")
 
 
 SUPERRES_TRAIN_MODEL = dict(encoder_layers=1, low_res_size=8, low_res_reading="cell_add", low_res_zero_start=True)

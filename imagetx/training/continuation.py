@@ -131,19 +131,20 @@ def is_packed(path: Path) -> bool:
     return path.is_dir() and (path / MANIFEST).is_file()
 
 
-def unpack(folder: str | Path, to: str | Path) -> Path:
+def unpack(folder: str | Path, to: str | Path, option: str = "--resume") -> Path:
     """Join a packed continuation's parts into the checkpoint file ``to``, refusing (one
-    CheckpointError line) a folder whose parts are missing, cut short or changed."""
+    CheckpointError line, naming the ``option`` that gave the folder) a folder whose parts are
+    missing, cut short or changed."""
     folder, to = Path(folder), Path(to)
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
         data = b"".join((folder / name).read_bytes() for name in manifest["parts"])
         expected_bytes, expected_sha = int(manifest["bytes"]), manifest["sha256"]
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise CheckpointError(f"--resume {folder}: the packed continuation cannot be read ({error}); "
+        raise CheckpointError(f"{option} {folder}: the packed continuation cannot be read ({error}); "
                               "bring its continuation.json and every part back together") from error
     if len(data) != expected_bytes or hashlib.sha256(data).hexdigest() != expected_sha:
-        raise CheckpointError(f"--resume {folder}: its parts do not add up to the file continuation.json "
+        raise CheckpointError(f"{option} {folder}: its parts do not add up to the file continuation.json "
                               f"describes ({len(data)} of {expected_bytes} bytes, or another SHA-256): "
                               "a part is missing, cut short or changed")
     to.parent.mkdir(parents=True, exist_ok=True)
