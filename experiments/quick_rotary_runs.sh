@@ -12,7 +12,9 @@
 # beside quick_superres:0 and beside "ema99:0:--trainer.callbacks+=...", each beside the completion
 # model's training (docs/experiments.md, entry 18); then (entry 20, quick.yaml's decay over 20 %
 # then) pair quick:0 "dec40:0:--model.decay_fraction 0.4", the same with seed 1, and, with the
-# decay over 40 % in quick.yaml, alone 0 and alone 1. Each slot takes about 17 minutes;
+# decay over 40 % in quick.yaml, alone 0 and alone 1; then (entry 22) pair "q40:0:" pixelcnn:0 and
+# pair "q40:1:" pixelcnn:1 (quick.yaml as it is, under a new name: quick_1t_s0 holds entry 20's
+# run). Each slot takes about 17 minutes;
 # DATA_ROOT (default ../shared/cifar10) names the data; results land in runs/quick53/NAME.json.
 set -euo pipefail
 ROOT=${DATA_ROOT:-../shared/cifar10}
