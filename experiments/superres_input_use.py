@@ -3,10 +3,12 @@ each image given its own low-resolution version, and given the next image's inst
 
     .venv/bin/python -m experiments.superres_input_use runs/quick_superres/checkpoints/last.ckpt \
         --data.root ../shared/cifar10 [--split val] [--count 200] [--json out.json] \
-        [--baseline runs/quick/checkpoints/last.ckpt]
+        [--baseline runs/quick/checkpoints/last.ckpt] [--box_means_at 0.8 1.0 [--samples 32]]
 
 A model that ignores its input scores both the same; the gap is what the input is
-worth to it. With ``--baseline`` (a model without encoder), also where in the image the
+worth to it. With ``--box_means_at``, also how closely its samples keep the input: the mean
+distance, in intensity levels, between the box means of samples of the first ``--samples``
+images (at each temperature given, seed 0) and those images' 8×8 inputs. With ``--baseline`` (a model without encoder), also where in the image the
 super-resolution model does better or worse than it: bits per sub-pixel by column and
 row inside the low-resolution cells, and on the first image column. Prints one JSON object.
 """
@@ -23,6 +25,7 @@ from imagetx import load_model
 from imagetx.model.config import CHANNELS
 from imagetx.io.errors import CheckpointError
 from imagetx.model.inputs import downsample_area
+from imagetx.model.sampler import sample
 from imagetx.data.sources import DataError, load
 
 from experiments.json_result import emit
@@ -60,6 +63,13 @@ def gain_by_position(model, own_steps: torch.Tensor, baseline, baseline_steps: t
             "gain_overall": round(gain.mean().item(), 4)}
 
 
+def box_mean_distance(model, low_res: torch.Tensor, labels: torch.Tensor | None, temperature: float) -> float:
+    """Mean |box mean of a sample - its input| over every low-res sub-pixel, in intensity levels
+    (0-255): 0 for samples that average back to their inputs exactly. One sample per input, seed 0."""
+    drawn = sample(model, len(low_res), labels, low_res, temperature, generator=torch.Generator().manual_seed(0))
+    return (downsample_area(drawn, model.config.low_res_size).float() - low_res.float()).abs().mean().item()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("ckpt")
@@ -70,6 +80,10 @@ def main() -> None:
     parser.add_argument("--batch_size", type=int, default=50)
     parser.add_argument("--json", default=None, help="also write the result here")
     parser.add_argument("--baseline", default=None, help="a checkpoint without encoder to compare position by position")
+    parser.add_argument("--box_means_at", type=float, nargs="*", default=[], metavar="T",
+                        help="also sample the first --samples images at these temperatures and measure how far "
+                             "the samples' box means are from their inputs")
+    parser.add_argument("--samples", type=int, default=32, help="images sampled for --box_means_at")
     args = parser.parse_args()
     try:
         model = load_model(args.ckpt)
@@ -100,6 +114,10 @@ def main() -> None:
         baseline_labels = all_labels if baseline.config.num_classes else None
         baseline_steps = log_probs(baseline, images, baseline_labels, None, args.batch_size)
         result.update(gain_by_position(model, own_steps, baseline, baseline_steps), baseline=args.baseline)
+    for temperature in args.box_means_at:
+        sampled = slice(0, args.samples)
+        result[f"box_mean_distance_at_{temperature}"] = box_mean_distance(
+            model, low_res[sampled], None if labels is None else labels[sampled], temperature)
     emit(result, args.json)
 
 

@@ -14,6 +14,7 @@ import torch
 from experiments.tests.conftest import REPO_ROOT, tiny_model, write_cifar_npz
 from imagetx import load_model, save_pretrained
 from imagetx.model.inputs import downsample_area
+from imagetx.model.sampler import sample
 from imagetx.data.sources import load
 
 
@@ -88,3 +89,17 @@ def test_input_use_script_compares_with_a_baseline_position_by_position(tmp_path
     assert math.isclose(result["gain_overall"], own_baseline - result["bpd_own_input"], abs_tol=1e-4)
     wrong = run_script(str(superres_ckpt), *common, "--baseline", str(superres_ckpt))
     assert wrong.returncode != 0 and "without encoder" in wrong.stderr and "Traceback" not in wrong.stderr
+
+
+def test_box_means_of_the_samples_are_measured_against_their_own_inputs(tmp_path, superres_ckpt):
+    root = tmp_path / "data"
+    write_cifar_npz(root, train_sizes=(6,))
+    done = run_script(str(superres_ckpt), "--data.root", str(root), "--split", "val", "--val_size", "4",
+                      "--count", "3", "--box_means_at", "1.0", "--samples", "2")
+    assert done.returncode == 0, done.stderr
+    measured = json.loads(done.stdout.strip().splitlines()[-1])["box_mean_distance_at_1.0"]
+    images = load("cifar10", root, "val", val_size=4)[0][:2]
+    low_res = downsample_area(images, 8)
+    drawn = sample(load_model(superres_ckpt), 2, None, low_res, 1.0, generator=torch.Generator().manual_seed(0))
+    distance = (downsample_area(drawn, 8).float() - low_res.float()).abs()
+    assert math.isclose(measured, distance.mean().item(), rel_tol=1e-6)

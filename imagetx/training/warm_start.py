@@ -26,6 +26,7 @@ from ..io.weights import listed
 from ..model.transformer import ImageTransformer
 from .continuation import is_packed, unpack
 
+
 def read_source(source: str | Path) -> dict[str, torch.Tensor]:
     """The weights at ``source``; a packed continuation is joined in a temporary folder, so a
     run refused later (its data, say) leaves nothing behind."""
