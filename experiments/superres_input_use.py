@@ -97,6 +97,8 @@ def main() -> None:
         sys.exit(f"error: {args.ckpt} has no encoder (encoder_layers=0); pass a super-resolution checkpoint")
     if args.count < 2 or args.batch_size < 1:
         sys.exit("error: --count must be at least 2 (each image borrows another's input) and --batch_size at least 1")
+    if args.box_means_at and not 1 <= args.samples <= args.count:
+        sys.exit(f"error: --samples {args.samples} must be from 1 to --count ({args.count}): the images sampled are scored ones")
     try:
         images, labels = load("cifar10", args.root, args.split, args.val_size, download=False)
     except DataError as err:

@@ -103,3 +103,6 @@ def test_box_means_of_the_samples_are_measured_against_their_own_inputs(tmp_path
     drawn = sample(load_model(superres_ckpt), 2, None, low_res, 1.0, generator=torch.Generator().manual_seed(0))
     distance = (downsample_area(drawn, 8).float() - low_res.float()).abs()
     assert math.isclose(measured, distance.mean().item(), rel_tol=1e-6)
+    too_many = run_script(str(superres_ckpt), "--data.root", str(root), "--split", "val", "--val_size", "4",
+                          "--count", "3", "--box_means_at", "1.0", "--samples", "4")
+    assert too_many.returncode != 0 and "--samples 4" in too_many.stderr and "Traceback" not in too_many.stderr
