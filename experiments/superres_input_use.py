@@ -6,11 +6,12 @@ each image given its own low-resolution version, and given the next image's inst
         [--baseline runs/quick/checkpoints/last.ckpt] [--box_means_at 0.8 1.0 [--samples 32]]
 
 A model that ignores its input scores both the same; the gap is what the input is
-worth to it. With ``--box_means_at``, also how closely its samples keep the input: the mean
-distance, in intensity levels, between the box means of samples of the first ``--samples``
-images (at each temperature given, seed 0) and those images' 8×8 inputs. With ``--baseline`` (a model without encoder), also where in the image the
+worth to it. With ``--baseline`` (a model without encoder), also where in the image the
 super-resolution model does better or worse than it: bits per sub-pixel by column and
-row inside the low-resolution cells, and on the first image column. Prints one JSON object.
+row inside the low-resolution cells, and on the first image column. With ``--box_means_at``,
+also how closely its samples keep the input: the mean distance, in intensity levels, between
+the box means of samples of the first ``--samples`` images (at each temperature given, seed 0)
+and those images' 8×8 inputs. Prints one JSON object.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import torch
 
 from imagetx import load_model
 from imagetx.model.config import CHANNELS
+from imagetx.model.heads import check_temperature
 from imagetx.io.errors import CheckpointError
 from imagetx.model.inputs import downsample_area
 from imagetx.model.sampler import sample
@@ -83,7 +85,8 @@ def main() -> None:
     parser.add_argument("--box_means_at", type=float, nargs="*", default=[], metavar="T",
                         help="also sample the first --samples images at these temperatures and measure how far "
                              "the samples' box means are from their inputs")
-    parser.add_argument("--samples", type=int, default=32, help="images sampled for --box_means_at")
+    parser.add_argument("--samples", type=int, default=None, help="images sampled for --box_means_at "
+                        "(default: 32, or --count if that is fewer)")
     args = parser.parse_args()
     try:
         model = load_model(args.ckpt)
@@ -97,8 +100,14 @@ def main() -> None:
         sys.exit(f"error: {args.ckpt} has no encoder (encoder_layers=0); pass a super-resolution checkpoint")
     if args.count < 2 or args.batch_size < 1:
         sys.exit("error: --count must be at least 2 (each image borrows another's input) and --batch_size at least 1")
+    args.samples = min(32, args.count) if args.samples is None else args.samples
     if args.box_means_at and not 1 <= args.samples <= args.count:
         sys.exit(f"error: --samples {args.samples} must be from 1 to --count ({args.count}): the images sampled are scored ones")
+    try:
+        for temperature in args.box_means_at:
+            check_temperature(temperature)
+    except ValueError as err:
+        sys.exit(f"error: --box_means_at: {err}")
     try:
         images, labels = load("cifar10", args.root, args.split, args.val_size, download=False)
     except DataError as err:

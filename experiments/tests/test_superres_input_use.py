@@ -94,8 +94,8 @@ def test_input_use_script_compares_with_a_baseline_position_by_position(tmp_path
 def test_box_means_of_the_samples_are_measured_against_their_own_inputs(tmp_path, superres_ckpt):
     root = tmp_path / "data"
     write_cifar_npz(root, train_sizes=(6,))
-    done = run_script(str(superres_ckpt), "--data.root", str(root), "--split", "val", "--val_size", "4",
-                      "--count", "3", "--box_means_at", "1.0", "--samples", "2")
+    common = [str(superres_ckpt), "--data.root", str(root), "--split", "val", "--val_size", "4", "--count", "3"]
+    done = run_script(*common, "--box_means_at", "1.0", "--samples", "2")
     assert done.returncode == 0, done.stderr
     measured = json.loads(done.stdout.strip().splitlines()[-1])["box_mean_distance_at_1.0"]
     images = load("cifar10", root, "val", val_size=4)[0][:2]
@@ -103,6 +103,6 @@ def test_box_means_of_the_samples_are_measured_against_their_own_inputs(tmp_path
     drawn = sample(load_model(superres_ckpt), 2, None, low_res, 1.0, generator=torch.Generator().manual_seed(0))
     distance = (downsample_area(drawn, 8).float() - low_res.float()).abs()
     assert math.isclose(measured, distance.mean().item(), rel_tol=1e-6)
-    too_many = run_script(str(superres_ckpt), "--data.root", str(root), "--split", "val", "--val_size", "4",
-                          "--count", "3", "--box_means_at", "1.0", "--samples", "4")
-    assert too_many.returncode != 0 and "--samples 4" in too_many.stderr and "Traceback" not in too_many.stderr
+    for bad, named in ((["1.0", "--samples", "4"], "--samples 4"), (["-1"], "temperature -1.0")):
+        refused = run_script(*common, "--box_means_at", *bad)
+        assert refused.returncode != 0 and named in refused.stderr and "Traceback" not in refused.stderr
