@@ -14,7 +14,8 @@
 # then) pair quick:0 "dec40:0:--model.decay_fraction 0.4", the same with seed 1, and, with the
 # decay over 40 % in quick.yaml, alone 0 and alone 1; then (entry 22) pair "q40:0:" pixelcnn:0 and
 # pair "q40:1:" pixelcnn:1 (quick.yaml as it is, under a new name: quick_1t_s0 holds entry 20's
-# run). Each slot takes about 17 minutes;
+# run); then (entry 25) pair "q40:2:" "dec60:2:--model.decay_fraction 0.6", the same with seed 3.
+# Each slot takes about 17 minutes;
 # DATA_ROOT (default ../shared/cifar10) names the data; results land in runs/quick53/NAME.json.
 set -euo pipefail
 ROOT=${DATA_ROOT:-../shared/cifar10}
