@@ -6,7 +6,9 @@ each image given its own low-resolution version, and given the next image's inst
         [--baseline runs/quick/checkpoints/last.ckpt] [--box_means_at 0.8 1.0 [--samples 32]]
 
 A model that ignores its input scores both the same; the gap is what the input is
-worth to it. With ``--baseline`` (a model without encoder), also where in the image the
+worth to it. A model with ``exact_box_means`` gives another image's input no mass at all (its
+cells' means differ): both figures, and the gap, are then those of its weights without the bounds,
+beside its own score with them (``bpd_own_input_bounded``). With ``--baseline`` (a model without encoder), also where in the image the
 super-resolution model does better or worse than it: bits per sub-pixel by column and
 row inside the low-resolution cells, and on the first image column. With ``--box_means_at``,
 also how closely its samples keep the input: the mean distance, in intensity levels, between
@@ -26,6 +28,7 @@ from imagetx import load_model
 from imagetx.model.config import CHANNELS
 from imagetx.model.heads import check_temperature
 from imagetx.io.errors import CheckpointError
+from imagetx.io.load import with_settings
 from imagetx.model.inputs import downsample_area
 from imagetx.model.sampler import sample
 from imagetx.data.sources import DataError, load
@@ -116,11 +119,14 @@ def main() -> None:
     all_labels = labels[: args.count]
     labels = all_labels if model.config.num_classes else None
     low_res = downsample_area(images, model.config.low_res_size)
-    own_steps = log_probs(model, images, labels, low_res, args.batch_size)
-    own = bits_per_dim(model, own_steps)
-    other = bits_per_dim(model, log_probs(model, images, labels, low_res.roll(1, dims=0), args.batch_size))
+    scorer = with_settings(model, exact_box_means=False) if model.config.exact_box_means else model
+    own_steps = log_probs(scorer, images, labels, low_res, args.batch_size)
+    own = bits_per_dim(scorer, own_steps)
+    other = bits_per_dim(scorer, log_probs(scorer, images, labels, low_res.roll(1, dims=0), args.batch_size))
     result = {"bpd_own_input": own, "bpd_other_image_input": other, "gap": other - own,
               "images": len(images), "split": args.split, "ckpt": args.ckpt}
+    if scorer is not model:
+        result["bpd_own_input_bounded"] = bits_per_dim(model, log_probs(model, images, labels, low_res, args.batch_size))
     if baseline is not None:
         baseline_labels = all_labels if baseline.config.num_classes else None
         baseline_steps = log_probs(baseline, images, baseline_labels, None, args.batch_size)

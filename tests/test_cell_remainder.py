@@ -64,11 +64,13 @@ def test_remainder_mean_equals_the_brute_force_sum(head, attention):
     assert (means[:, last] - own[:, last]).abs().max() <= 8.0
 
 
+@pytest.mark.parametrize("bounded", [False, True], ids=["", "exact_box_means"])
 @pytest.mark.parametrize("head,attention", HEADS_AND_ORDERS)
-def test_remainder_reads_nothing_at_or_after_its_step(head, attention):
+def test_remainder_reads_nothing_at_or_after_its_step(head, attention, bounded):
     # Change every value from step t on: the parameters of steps 0..t must not move (the
-    # remainder is built from raw values, so a gradient through embeddings would miss a leak).
-    model = remainder_model(head, attention)
+    # remainder is built from raw values, so a gradient through embeddings would miss a leak;
+    # with exact_box_means the parameters carry the steps' bounds, built from the same sums).
+    model = remainder_model(head, attention, exact_box_means=bounded)
     images, low_res = random_images(2, 8, seed=1), random_images(2, 4, seed=2)
     base = model(images, None, low_res)
     targets = model.targets(images)
@@ -85,9 +87,10 @@ def sequence_images(model, sequence):
     return sequence_to_images(sequence, model.order, model.config.head).to(torch.uint8)
 
 
+@pytest.mark.parametrize("bounded", [False, True], ids=["", "exact_box_means"])
 @pytest.mark.parametrize("head,attention", HEADS_AND_ORDERS)
-def test_cached_decoder_matches_full_pass_with_remainder(head, attention):
-    model = remainder_model(head, attention, seed=3)
+def test_cached_decoder_matches_full_pass_with_remainder(head, attention, bounded):
+    model = remainder_model(head, attention, seed=3, exact_box_means=bounded)
     images = random_images(2, 8, seed=4)
     check_cached_equals_full(model, images, None, downsample_area(images, 4))
 

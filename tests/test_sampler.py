@@ -146,14 +146,14 @@ def own_compile_cache():
 # One tiny model for each part of decode_step the compiled graph must hold: the 1D ring with a
 # row of position biases over it, a 2D ring, cross-attention under a radius-0 mask with the
 # cell remainder's running sums (4x4 input: each step sees 3 of its 48 sub-pixels), and the cell
-# add's gather. A compile takes seconds each.
+# add's gather with the value bounds of exact_box_means. A compile takes seconds each.
 COMPILED_CASES = {
     "1d_position_bias": dict(head="dmol", attention="local_1d", relative_positions="table", num_classes=10),
     "2d": dict(head="categorical", attention="local_2d", query_block_shape=(4, 8)),
     "superres_remainder_radius_0": dict(head="dmol", attention="local_1d", num_classes=10, encoder_layers=1,
                                         low_res_size=4, cross_attention_radius=0, cell_remainder_input=True),
     "superres_cell_add": dict(head="dmol", attention="local_1d", encoder_layers=1, low_res_size=4,
-                              low_res_reading="cell_add", cell_remainder_input=True),
+                              low_res_reading="cell_add", cell_remainder_input=True, exact_box_means=True),
 }
 
 

@@ -81,6 +81,41 @@ def test_a_source_with_another_decoder_is_refused_and_the_model_is_untouched(tmp
         assert torch.equal(value, before[name]), name
 
 
+@pytest.mark.parametrize("fields", [DECODER, {**DECODER, **LOW_RES, "low_res_zero_start": True}],
+                         ids=["unconditional", "super-resolution"])
+def test_a_deeper_model_starts_as_the_shallower_source_with_identity_layers_that_learn(tmp_path, fields):
+    """entry 26: the shipped super-resolution model's two layers, and two more."""
+    source = tiny_model(seed=1, **fields, norm="pre", n_layers=1)
+    write_weights(tmp_path / "source", source.state_dict(), source.config)
+    model = tiny_model(seed=2, **fields, norm="pre", n_layers=3)
+    images = random_images(3, 8, seed=3)
+    low_res = downsample_area(images, 4) if "encoder_layers" in fields else None
+    line = start_from(model, tmp_path / "source")
+    assert "layers 1-2 added as identity layers" in line
+    with torch.no_grad():  # float32 rounding only: the same sums, with two zero branches added
+        torch.testing.assert_close(model.bits_per_dim(images, low_res=low_res),
+                                   source.bits_per_dim(images, low_res=low_res), rtol=1e-6, atol=1e-5)
+    added = list(model.layers)[1:]
+    writers = [linear for layer in added for linear in layer.residual_writers()]
+    assert all(not linear.weight.any() for linear in writers)
+    assert all(layer.self_attn.to_qkv.weight.abs().sum() > 0 for layer in added)  # the rest as initialised
+    model.bits_per_dim(images, low_res=low_res).mean().backward()
+    # the new layers learn from the first step: every writer but a zero-started reading's has a gradient
+    # (a cell add from a zero start gets one too: it reads the encoder, not the zero branch before it)
+    assert all(linear.weight.grad.abs().sum() > 0 for linear in writers)
+
+
+def test_a_post_norm_model_cannot_add_layers(tmp_path):
+    """Post-norm normalises after each add: a layer with zero branches still changes its input."""
+    source = tiny_model(seed=1, **DECODER, norm="post", n_layers=1)
+    write_weights(tmp_path / "source", source.state_dict(), source.config)
+    model = tiny_model(seed=2, **DECODER, norm="post", n_layers=2)
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"1 more decoder layers here, which only a pre-norm model"):
+        start_from(model, tmp_path / "source")
+    assert all(torch.equal(value, before[name]) for name, value in model.state_dict().items())
+
+
 def test_a_decoder_tensor_the_source_lacks_is_refused(tmp_path):
     """Only the parts that read the input may be new: a source without the learned position table
     (sinusoidal positions) leaves a decoder tensor uninitialised, which is refused."""

@@ -15,6 +15,7 @@ from helpers import (TINY_TRAIN_MODEL, one_error_line, random_images, random_lab
 from imagetx import (CheckpointError, ImageTransformer, ModelConfig, from_pretrained, load_model, push_to_hub,
                      save_pretrained)
 from imagetx.io.checkpoint import imagetx_metadata
+from imagetx.model.inputs import downsample_area
 from imagetx.evaluate import main as evaluate_main
 from imagetx.export import main as export_main
 from imagetx.sample import main as sample_main
@@ -231,6 +232,30 @@ def test_export_errors_are_one_line(tmp_path, capsys):
     assert "a-file" in line and "--out" in line, line
     line = one_error_line(capsys, export_main, ["--ckpt", str(ckpt), "--out", str(tmp_path / "w"), "--dtype", "fp8"])
     assert "dtype" in line, line
+
+
+def test_export_switches_exact_box_means_on_for_a_trained_super_resolution_model(tmp_path, capsys):
+    """The setting has no tensors: the exported weights are the checkpoint's, the bounds come with
+    the configuration (docs/model.md §6), and a model without the cell sums is refused in one line."""
+    fields = dict(head="dmol", image_size=8, encoder_layers=1, low_res_size=4, cell_remainder_input=True)
+    model = tiny_model(seed=3, **fields)
+    ckpt = tmp_path / "model.ckpt"
+    torch.save(weights_checkpoint(model), ckpt)
+    export_main(["--ckpt", str(ckpt), "--out", str(tmp_path / "bounded"), "--exact_box_means", "true"])
+    assert last_json(capsys)["exact_box_means"] is True
+    bounded = load_model(tmp_path / "bounded")
+    assert bounded.config.exact_box_means and not model.config.exact_box_means
+    for name, value in model.state_dict().items():
+        assert torch.equal(bounded.state_dict()[name], value), name
+    images = random_images(2, 8, seed=4)
+    low_res = downsample_area(images, 4)
+    with torch.no_grad():
+        assert (bounded.bits_per_dim(images, low_res=low_res) < model.bits_per_dim(images, low_res=low_res)).all()
+    torch.save(weights_checkpoint(tiny_model(**{**fields, "cell_remainder_input": False})), ckpt)
+    line = one_error_line(capsys, export_main, ["--ckpt", str(ckpt), "--out", str(tmp_path / "refused"),
+                                                "--exact_box_means", "true"])
+    assert "exact_box_means" in line and "cell_remainder_input" in line, line
+    assert not (tmp_path / "refused").exists()
 
 
 def test_a_run_driven_from_python_with_path_arguments_writes_a_checkpoint_load_model_opens(tmp_path, data_root):

@@ -106,3 +106,30 @@ def test_box_means_of_the_samples_are_measured_against_their_own_inputs(tmp_path
     for bad, named in ((["1.0", "--samples", "4"], "--samples 4"), (["-1"], "temperature -1.0")):
         refused = run_script(*common, "--box_means_at", *bad)
         assert refused.returncode != 0 and named in refused.stderr and "Traceback" not in refused.stderr
+
+
+def test_a_model_with_exact_box_means_is_compared_without_its_bounds_and_keeps_its_inputs(tmp_path):
+    """Another image's input has no mass under the bounds (infinite bits/dim): the comparison is
+    made with the same weights without them, the model's own score given beside it."""
+    root = tmp_path / "data"
+    write_cifar_npz(root, train_sizes=(6,))
+    fields = dict(image_size=32, head="dmol", query_block_length=64, encoder_layers=1, low_res_size=8,
+                  cell_remainder_input=True)
+    bounded, free = tiny_model(seed=32, **fields, exact_box_means=True), tiny_model(seed=32, **fields)
+    save_pretrained(bounded, tmp_path / "bounded")
+    done = run_script(str(tmp_path / "bounded"), "--data.root", str(root), "--split", "val", "--val_size", "4",
+                      "--count", "3", "--box_means_at", "1.0")
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    images = load("cifar10", root, "val", val_size=4)[0][:3]
+    low_res = downsample_area(images, 8)
+    with torch.no_grad():
+        assert torch.isposinf(bounded.bits_per_dim(images, None, low_res[[2, 0, 1]])).all()
+        free_own = free.bits_per_dim(images, None, low_res).mean().item()
+        free_other = free.bits_per_dim(images, None, low_res[[2, 0, 1]]).mean().item()
+        bounded_own = bounded.bits_per_dim(images, None, low_res).mean().item()
+    assert math.isclose(result["bpd_own_input"], free_own, rel_tol=1e-6)
+    assert math.isclose(result["bpd_other_image_input"], free_other, rel_tol=1e-6)
+    assert math.isclose(result["bpd_own_input_bounded"], bounded_own, rel_tol=1e-6)
+    assert bounded_own < free_own  # the bounds move mass onto the values that can be
+    assert result["box_mean_distance_at_1.0"] == 0.0

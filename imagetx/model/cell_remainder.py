@@ -28,7 +28,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .config import CHANNELS, HALF_RANGE, ModelConfig
+from .config import CHANNELS, HALF_RANGE, LEVELS, ModelConfig
 from .precision import full_precision_linear, scoring_dtype
 
 
@@ -116,33 +116,54 @@ class CellRemainder(nn.Module):
 
     def forward(self, targets: Tensor, low_res: Tensor | None = None, cache: RemainderCache | None = None,
                 steps: Tensor | None = None) -> Tensor:
-        """Targets (B, T[, 3]) in generation order and the low-res image -> (B, T, c + 1) features.
+        """Targets (B, T[, 3]) in generation order and the low-res image -> (B, T, c + 1) features
+        (``cell_state``'s arguments, which say what a cache does)."""
+        return self.features(*self.cell_state(targets, low_res, cache, steps))
+
+    def cell_state(self, targets: Tensor, low_res: Tensor | None = None, cache: RemainderCache | None = None,
+                   steps: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """Targets (B, T[, 3]) in generation order and the low-res image -> per step, (B, T, c) the
+        sum of its group's earlier values, (B, T, c) its group's low-res value(s) and (T,) how many
+        values its group still has to come: what ``features`` and ``bounds`` read.
 
         With ``cache``, one step t (``steps``, a (1,) index): targets (B, 1[, 3]) is step t−1's
         value (ignored at t = 0), added to its group's running sum; the low-res values come from
-        the cache (``low_res`` is not needed) -> (B, 1, c + 1) for step t. The sums are updated in
+        the cache (``low_res`` is not needed) -> step t's state. The sums are updated in
         place. With targets (B, t[, 3]), t > 1, a prefill of steps 0..t−1 into a fresh cache:
-        targets holds each step's value before it, as for one step -> (B, t, c + 1).
+        targets holds each step's value before it, as for one step -> steps 0..t−1's state.
         """
         if cache is None:
-            earlier = self.earlier_sums(self.step_values(targets))
-            return self.features(earlier, self.low_res_values(low_res), self.still_to_come)
+            return self.earlier_sums(self.step_values(targets)), self.low_res_values(low_res), self.still_to_come
         if targets.shape[1] > 1:
             return self.prefill(targets, cache)
         t = steps
         previous_group = self.groups[(t - 1) % self.groups.numel()]  # at t = 0 a value of 0 is added
         cache.sums.index_add_(1, previous_group, self.step_values(targets) * (t > 0))
         earlier = cache.sums.index_select(1, self.groups[t])  # (B, 1, c)
-        return self.features(earlier, cache.low_values.index_select(1, t), self.still_to_come[t])
+        return earlier, cache.low_values.index_select(1, t), self.still_to_come[t]
 
-    def prefill(self, previous: Tensor, cache: RemainderCache) -> Tensor:
+    def bounds(self, earlier_sum: Tensor, low_values: Tensor, still_to_come: Tensor) -> Tensor:
+        """``cell_state``'s per-step state -> (B, t, 2c): each step's lowest, then highest value(s)
+        that leave its cell able to meet its rounded box mean m (``exact_box_means``). The cell's
+        N values must sum to within [N·m − N/2, N·m + N/2 − 1] (``downsample_area`` rounds half
+        up); the n still to come, this one first, each lie in [0, 255]: this one takes at least
+        what the other n − 1 cannot reach at 255, at most what leaves them 0. Floats holding
+        integers, as the head's parameters carry them."""
+        n = still_to_come.to(self.sum_dtype)[:, None]
+        low_sum = self.cell_size * low_values - self.cell_size // 2 - earlier_sum
+        high_sum = self.cell_size * low_values + self.cell_size // 2 - 1 - earlier_sum
+        lowest = (low_sum - (LEVELS - 1) * (n - 1)).clamp(min=0)
+        highest = high_sum.clamp(max=LEVELS - 1)
+        return torch.cat([lowest, highest], dim=-1)
+
+    def prefill(self, previous: Tensor, cache: RemainderCache) -> tuple[Tensor, Tensor, Tensor]:
         """Steps 0..t−1 at once: ``previous`` (B, t[, 3]) the value before each (step 0's ignored)
-        -> (B, t, c + 1). The sums then hold steps 0..t−2, as t single steps leave them: the next
-        step adds step t−1's value."""
+        -> their ``cell_state``. The sums then hold steps 0..t−2, as t single steps leave them:
+        the next step adds step t−1's value."""
         length = previous.shape[1]
         values = self.step_values(previous[:, 1:])  # steps 0..t−2
         cache.sums.index_add_(1, self.groups[: length - 1], values)
-        # Zeros for the steps from t−1 on: a step's features read only its group's earlier steps.
+        # Zeros for the steps from t−1 on: a step's state reads only its group's earlier steps.
         padded = F.pad(values, (0, 0, 0, self.groups.numel() - values.shape[1]))
         earlier = self.earlier_sums(padded)[:, :length]
-        return self.features(earlier, cache.low_values[:, :length], self.still_to_come[:length])
+        return earlier, cache.low_values[:, :length], self.still_to_come[:length]

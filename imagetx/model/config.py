@@ -64,6 +64,11 @@ class ModelConfig:
     # its low-res cell must have for the cell to box-average to the input (exact for
     # the box-mean inputs of §6; imagetx/model/cell_remainder.py). Not in the paper.
     cell_remainder_input: bool = False
+    # True: each step's distribution is restricted to the values that can still give its cell
+    # the input's rounded box mean, renormalised (per DMOL component and channel): samples
+    # downsample to their input exactly, and no mass goes to images that would not.
+    # Needs cell_remainder_input, whose sums give the bounds. Not in the paper.
+    exact_box_means: bool = False
     # How each decoder layer reads the encoder (§6): "cross_attention" (the paper's), or
     # "cell_add": after self-attention, a linear map of the encoder's outputs for the low-res
     # pixel the step lies in (imagetx/model/cell_add.py; not in the paper), about as good as radius-0
@@ -173,6 +178,9 @@ class ModelConfig:
         if self.cell_remainder_input and not self.encoder_layers:
             _invalid("cell_remainder_input", self.cell_remainder_input,
                      "needs a low-resolution input: set encoder_layers > 0")
+        if self.exact_box_means and not self.cell_remainder_input:
+            _invalid("exact_box_means", self.exact_box_means,
+                     "reads the cell sums of the cell remainder input: set cell_remainder_input: true")
         if self.low_res_reading == "cell_add" and not self.encoder_layers:
             _invalid("low_res_reading", self.low_res_reading, "needs a low-resolution input: set encoder_layers > 0")
         if self.low_res_reading == "cell_add" and radius is not None:

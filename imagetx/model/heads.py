@@ -5,6 +5,11 @@ Each head maps the decoder output (B, T, d) to distribution parameters and can
 score targets (log-likelihood in nats, per position) and sample with a
 temperature. The head's projection, its scores and its draws run in float32 at least, even
 under bf16 autocast, and in float64 for a float64 model (``precision.py`` says why).
+
+A bounded head (``ModelConfig.exact_box_means``) restricts each step's values to bounds the
+model hands it with the hidden state, renormalised; its parameters carry the bounds at their
+end, so that whoever passes parameters from the model to the head (the sampler, the scorer)
+passes the bounds with them.
 """
 
 from __future__ import annotations
@@ -33,6 +38,41 @@ def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     return (probs / race).argmax(-1)
 
 
+def log_mass(lower: Tensor, upper: Tensor, gap: Tensor, open_below: Tensor, open_above: Tensor) -> Tensor:
+    """log of a standard logistic's mass between ``lower`` and ``upper`` (standardised edges;
+    ``gap`` = upper − lower, which the caller has exactly, unlike their difference), or from −∞
+    where ``open_below``, to +∞ where ``open_above``. σ(u) − σ(l) = σ(u)·σ(−l)·(1 − e^(l−u))
+    exactly: in logs no term cancels, so the mass stays accurate in float32 however small it is
+    (the plain difference of two sigmoids loses every digit far in a tail)."""
+    interior = F.logsigmoid(upper) + F.logsigmoid(-lower) + torch.log(-torch.expm1(-gap))
+    below = torch.where(open_above, torch.zeros_like(upper), F.logsigmoid(upper))
+    return torch.where(open_below, below, torch.where(open_above, F.logsigmoid(-lower), interior))
+
+
+def truncated_logistic(u: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
+    """Uniform u in [0, 1) -> a standard logistic draw restricted to (lower, upper) (±inf
+    allowed), by inverting its distribution function F: z = F⁻¹(F(l) + u·(F(u) − F(l))), in logs.
+    An interval above the mean is drawn as the mirror image of the one below it, where F is
+    small and its logs keep every digit, however far out the interval lies; float64."""
+    mirrored = lower > 0
+    low, high = torch.where(mirrored, -upper, lower), torch.where(mirrored, -lower, upper)
+    log_low, log_high = F.logsigmoid(low), F.logsigmoid(high)
+    log_p = log_high + torch.log(u + (1 - u) * torch.exp(log_low - log_high))  # log of F(z), z <= high
+    z = log_p - torch.log1p(-torch.exp(log_p))  # logit
+    return torch.where(mirrored, -z, z)
+
+
+def with_bounds(params: Tensor, bounds: Tensor | None, bounded: bool) -> Tensor:
+    """A head's parameters (..., P) with each step's bounds (..., 2c) after them when it is
+    bounded (the lowest values, then the highest; integers as floats)."""
+    if bounded and bounds is None:
+        raise ValueError("this model restricts each value to what its cell can still take (exact_box_means): "
+                         "pass the bounds (CellRemainder.bounds) with the hidden state")
+    if not bounded and bounds is not None:
+        raise ValueError("bounds given to a head without them (exact_box_means=False): pass bounds=None")
+    return params if bounds is None else torch.cat([params, bounds.to(params.dtype)], dim=-1)
+
+
 def check_temperature(temperature: float) -> None:
     if not temperature >= 0 or math.isinf(temperature):
         raise ValueError(f"temperature {temperature} is invalid: temperatures must be finite and >= 0 "
@@ -42,22 +82,37 @@ def check_temperature(temperature: float) -> None:
 class CategoricalHead(nn.Module):
     """One linear map d -> 256 shared by the three channels; one position per sub-pixel."""
 
-    def __init__(self, d_model: int) -> None:
+    def __init__(self, d_model: int, bounded: bool = False) -> None:
         super().__init__()
         self.proj = nn.Linear(d_model, LEVELS)
+        self.bounded = bounded
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        return full_precision_linear(self.proj, hidden)  # (B, T, 256) logits
+    def forward(self, hidden: Tensor, bounds: Tensor | None = None) -> Tensor:
+        """(B, T, d) [and (B, T, 2) bounds] -> (B, T, 256[+2]) logits [and the bounds]."""
+        return with_bounds(full_precision_linear(self.proj, hidden), bounds, self.bounded)
+
+    def inside(self, params: Tensor, values: Tensor) -> Tensor:
+        """Whether ``values`` (..., n) lie within each step's bounds (every value of an unbounded head)."""
+        if not self.bounded:
+            return torch.ones_like(values, dtype=torch.bool)
+        return (values >= params[..., LEVELS, None]) & (values <= params[..., LEVELS + 1, None])
+
+    def logits(self, params: Tensor) -> Tensor:
+        """The logits in the scoring precision, those of values outside a bounded step's bounds at −inf."""
+        logits = params[..., :LEVELS].to(scoring_dtype(params))
+        return logits.masked_fill(~self.inside(params, torch.arange(LEVELS, device=params.device)), -math.inf)
 
     def log_prob(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """logits (B, T, 256), targets (B, T) ints -> (B, T) log p in nats."""
-        log_p = torch.log_softmax(logits.to(scoring_dtype(logits)), dim=-1)
-        return log_p.gather(-1, targets.long().unsqueeze(-1)).squeeze(-1)
+        """logits (B, T, 256[+2]), targets (B, T) ints -> (B, T) log p in nats (−inf outside the
+        bounds, also where a target's cell cannot meet its input's mean: bounds that hold no value)."""
+        targets = targets.long().unsqueeze(-1)
+        log_p = torch.log_softmax(self.logits(logits), dim=-1).gather(-1, targets)
+        return torch.where(self.inside(logits, targets), log_p, -math.inf).squeeze(-1)
 
     def sample(self, logits: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
-        """(B, T, 256) -> (B, T) values; temperature 0 takes the arg-max."""
+        """(B, T, 256[+2]) -> (B, T) values; temperature 0 takes the arg-max."""
         check_temperature(temperature)
-        logits = logits.to(scoring_dtype(logits))
+        logits = self.logits(logits)
         if temperature == 0:
             return logits.argmax(-1)
         return draw(torch.softmax(logits / temperature, dim=-1), generator)
@@ -70,19 +125,29 @@ class DMOLHead(nn.Module):
     then for each channel K means, K log-scales and K coupling coefficients.
     """
 
-    def __init__(self, d_model: int, components: int) -> None:
+    def __init__(self, d_model: int, components: int, bounded: bool = False) -> None:
         super().__init__()
         self.components = components
-        self.proj = nn.Linear(d_model, components * (1 + 3 * CHANNELS))
+        self.size = components * (1 + 3 * CHANNELS)  # parameters of the distribution (bounds aside)
+        self.proj = nn.Linear(d_model, self.size)
+        self.bounded = bounded
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        return full_precision_linear(self.proj, hidden)  # (B, T, 10K)
+    def forward(self, hidden: Tensor, bounds: Tensor | None = None) -> Tensor:
+        """(B, T, d) [and (B, T, 6) bounds] -> (B, T, 10K[+6]) parameters [and the bounds]."""
+        return with_bounds(full_precision_linear(self.proj, hidden), bounds, self.bounded)
+
+    def bounds(self, params: Tensor) -> tuple[Tensor, Tensor] | None:
+        """A bounded head's lowest and highest value of each channel, each (..., 3) long; else None."""
+        if not self.bounded:
+            return None
+        bounds = params[..., self.size :].long()
+        return bounds[..., :CHANNELS], bounds[..., CHANNELS:]
 
     def split(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """-> logits (..., K), means, log_scales, coeffs each (..., 3, K)."""
         params = params.to(scoring_dtype(params))
         k = self.components
-        rest = rearrange(params[..., k:], "... (c p k) -> ... c p k", c=CHANNELS, p=3, k=k)
+        rest = rearrange(params[..., k : self.size], "... (c p k) -> ... c p k", c=CHANNELS, p=3, k=k)
         log_scales = rest[..., 1, :].clamp(min=MIN_LOG_SCALE)
         return params[..., :k], rest[..., 0, :], log_scales, torch.tanh(rest[..., 2, :])
 
@@ -99,24 +164,26 @@ class DMOLHead(nn.Module):
 
         Channel c's bin [x − 1/255, x + 1/255] (the lowest and highest bins stretched to
         ∓∞) under the logistic with mean m_c and scale e^s, in standardised units
-        lower = (x − m − 1/255)/e^s and upper = (x − m + 1/255)/e^s.
+        lower = (x − m − 1/255)/e^s and upper = (x − m + 1/255)/e^s. A bounded head divides each
+        by the mass of the channel's bounds [lo, hi] under the same logistic (its end bins
+        stretched as the values' are): each component's channels, given the earlier ones, are
+        then distributions over the bounds; a value outside them has log p −inf.
         """
         logits, means, log_scales, coeffs = self.split(params)
         values = targets.long().unsqueeze(-1)  # (..., 3, 1)
         x = values.to(means.dtype) / HALF_RANGE - 1.0  # the bin centre, as precise as the parameters
         centered = x - self.coupled_means(means, coeffs, x)
         inv_s = torch.exp(-log_scales)
-        upper = inv_s * (centered + HALF_BIN)
-        lower = inv_s * (centered - HALF_BIN)
-        # Lowest bin (v = 0) takes all mass below its upper edge: log σ(upper).
-        log_lowest = F.logsigmoid(upper)
-        # Highest bin (v = 255) takes all mass above its lower edge: log(1 − σ(lower)) = log σ(−lower).
-        log_highest = F.logsigmoid(-lower)
-        # Interior bins: σ(u) − σ(l) = σ(u)·σ(−l)·(1 − e^(l−u)), exactly. In logs no term
-        # cancels, so the mass stays accurate in float32 however small it is (the plain
-        # difference of two sigmoids loses every digit far in a tail). l − u = −2·inv_s/255.
-        log_interior = F.logsigmoid(upper) + F.logsigmoid(-lower) + torch.log(-torch.expm1(-2.0 * HALF_BIN * inv_s))
-        log_p = torch.where(values == 0, log_lowest, torch.where(values == LEVELS - 1, log_highest, log_interior))
+        log_p = log_mass(inv_s * (centered - HALF_BIN), inv_s * (centered + HALF_BIN), 2.0 * HALF_BIN * inv_s,
+                         values == 0, values == LEVELS - 1)
+        bounds = self.bounds(params)
+        if bounds is not None:
+            lowest, highest = (b.unsqueeze(-1) for b in bounds)  # (..., 3, 1)
+            lower = centered - (values - lowest).to(means.dtype) / HALF_RANGE - HALF_BIN
+            upper = centered + (highest - values).to(means.dtype) / HALF_RANGE + HALF_BIN
+            width = (highest - lowest + 1).to(means.dtype) * 2.0 * HALF_BIN
+            inside = log_mass(inv_s * lower, inv_s * upper, inv_s * width, lowest == 0, highest == LEVELS - 1)
+            log_p = torch.where((values >= lowest) & (values <= highest), log_p - inside, -math.inf)
         return log_p, torch.log_softmax(logits, dim=-1)
 
     def log_prob(self, params: Tensor, targets: Tensor) -> Tensor:
@@ -125,13 +192,15 @@ class DMOLHead(nn.Module):
         return torch.logsumexp(log_weights + log_p.sum(dim=-2), dim=-1)
 
     def sample(self, params: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
-        """(B, T, 10K) -> (B, T, 3) values, drawn from exactly the distribution ``log_prob`` scores.
+        """(B, T, 10K[+6]) -> (B, T, 3) values, drawn from exactly the distribution ``log_prob`` scores.
 
         Pick a component, then draw R, G, B in turn: a logistic draw, rounded to its level
         (the bins of ``channel_log_probs``; values beyond ±1 fall in the edge bins), and
         that *level* (not the continuous draw) enters the coupled means of the later
-        channels, as it does in ``log_prob``. Temperature divides the mixture logits and
-        scales the logistic noise; 0 takes the most likely component and its means.
+        channels, as it does in ``log_prob``. A bounded head draws each channel from its
+        logistic restricted to the bounds' bins. Temperature divides the mixture logits and
+        scales the logistic noise; 0 takes the most likely component and its means (clamped
+        to the bounds).
         """
         check_temperature(temperature)
         logits, means, log_scales, coeffs = self.split(params)
@@ -146,7 +215,8 @@ class DMOLHead(nn.Module):
         # units, leaving out a mass of about 1e-16.
         u = torch.rand(means.shape, generator=generator, device=means.device, dtype=torch.float64)
         u = u.clamp(min=torch.finfo(torch.float64).tiny)
-        draws = means + torch.exp(log_scales) * (torch.log(u) - torch.log1p(-u)) * temperature
+        noise = torch.log(u) - torch.log1p(-u)  # (..., 3) standard logistic draws
+        bounds = self.bounds(params)
 
         def level(y: Tensor) -> Tensor:  # a point on the [-1, 1] scale -> its bin's level (long)
             return torch.round((y.clamp(-1.0, 1.0) + 1.0) * HALF_RANGE).long()
@@ -154,7 +224,17 @@ class DMOLHead(nn.Module):
         def scaled(v: Tensor) -> Tensor:  # a level -> its bin centre on the [-1, 1] scale
             return v.double() / HALF_RANGE - 1.0
 
-        r = level(draws[..., 0])
-        g = level(draws[..., 1] + coeffs[..., 0] * scaled(r))
-        b = level(draws[..., 2] + coeffs[..., 1] * scaled(r) + coeffs[..., 2] * scaled(g))
-        return torch.stack([r, g, b], dim=-1)
+        levels: list[Tensor] = []
+        for c in range(CHANNELS):
+            # the coupled mean's terms from the earlier channels' levels: G's α·R; B's β·R, γ·G
+            terms = [coeffs[..., c - 1 + i] * scaled(earlier) for i, earlier in enumerate(levels)] if c else []
+            z = noise[..., c]
+            if bounds is not None and temperature > 0:  # the draw restricted to the bounds' bins
+                lowest, highest = bounds[0][..., c], bounds[1][..., c]
+                centre, unit = sum(terms, means[..., c]), torch.exp(log_scales[..., c]) * temperature
+                lower = torch.where(lowest == 0, -math.inf, scaled(lowest) - HALF_BIN)
+                upper = torch.where(highest == LEVELS - 1, math.inf, scaled(highest) + HALF_BIN)
+                z = truncated_logistic(u[..., c], (lower - centre) / unit, (upper - centre) / unit)
+            value = level(sum(terms, means[..., c] + torch.exp(log_scales[..., c]) * z * temperature))
+            levels.append(value if bounds is None else value.clamp(bounds[0][..., c], bounds[1][..., c]))
+        return torch.stack(levels, dim=-1)

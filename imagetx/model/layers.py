@@ -69,6 +69,14 @@ class TransformerLayer(nn.Module):
             return x + self.dropout(branch(norm(x)))
         return norm(x + self.dropout(branch(x)))
 
+    def residual_writers(self) -> list[nn.Linear]:
+        """The last map of every branch that adds into the residual stream: self-attention's output
+        projection, the low-res reading's (cross-attention's output or the cell add's map) and the
+        feed-forward's second linear. With all of them at zero a pre-norm layer is the identity."""
+        reading = [self.cross_attn.to_out] if self.cross_attn is not None else []
+        reading += [self.cell_add.proj] if self.cell_add is not None else []
+        return [self.self_attn.to_out, *reading, self.ffn[-1]]
+
     def start_decoding(self, batch: int, context: Tensor | None = None) -> LayerCache:
         """This layer's empty decoding cache (the low-res reading's: over ``context``, once)."""
         reader = self.cross_attn if self.cross_attn is not None else self.cell_add

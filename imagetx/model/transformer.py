@@ -82,7 +82,8 @@ class ImageTransformer(nn.Module):
             for _ in range(config.n_layers)
         )
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
-        self.head = CategoricalHead(d) if categorical else DMOLHead(d, config.mixture_components)
+        bounded = config.exact_box_means
+        self.head = CategoricalHead(d, bounded) if categorical else DMOLHead(d, config.mixture_components, bounded)
         if config.low_res_zero_start:
             for linear in self.low_res_writers():
                 nn.init.zeros_(linear.weight)
@@ -170,33 +171,46 @@ class ImageTransformer(nn.Module):
         return self.input_dropout(x)
 
     def run_decoder(self, x: Tensor, steps: Tensor | slice, context: Tensor | None = None,
-                    cache: DecodingCache | None = None) -> Tensor:
+                    cache: DecodingCache | None = None, bounds: Tensor | None = None) -> Tensor:
         """The one decoder pass: inputs (B, t, d) of ``steps`` (``decoder_inputs``) through every
         layer and the head -> (B, t, P). Every step teacher-forced at once, or with ``cache`` the
-        steps ``decode_steps`` runs."""
+        steps ``decode_steps`` runs. ``bounds``: for ``exact_box_means``, the steps' value bounds,
+        which the head's parameters carry (``cell_inputs``)."""
         caches = [None] * len(self.layers) if cache is None else cache.layers
         for layer, layer_cache in zip(self.layers, caches):
             x = layer(x, context, layer_cache, steps)  # (B, t, d)
-        return self.head(self.final_norm(x))  # (B, t, P)
+        return self.head(self.final_norm(x), bounds)  # (B, t, P)
 
     def decode(self, value_embeddings: Tensor, labels: Tensor | None = None, context: Tensor | None = None,
-               remainder: Tensor | None = None) -> Tensor:
+               remainder: Tensor | None = None, bounds: Tensor | None = None) -> Tensor:
         """(B, T, d) unshifted value embeddings -> (B, T, P) distribution parameters, every
         step teacher-forced at once.
 
         Separate from ``forward`` so that tests can differentiate with respect to the embedded
-        inputs. A model with ``cell_remainder_input`` also needs ``remainder`` =
-        ``self.cell_remainder(targets, low_res)``: it is built from raw values, not embeddings.
+        inputs. A model with ``cell_remainder_input`` also needs ``remainder`` (and with
+        ``exact_box_means`` ``bounds``) = ``self.cell_inputs(targets, low_res)``: they are built
+        from raw values, not embeddings.
         """
         x = self.decoder_inputs(self.shift_right(value_embeddings), slice(None), self.condition(labels), remainder)
-        return self.run_decoder(x, slice(None), context)
+        return self.run_decoder(x, slice(None), context, bounds=bounds)
+
+    def cell_inputs(self, targets: Tensor, low_res: Tensor | None, cache: RemainderCache | None = None,
+                    steps: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
+        """What the cell sums give the decoder (``CellRemainder.cell_state``'s arguments): the
+        remainder features (``cell_remainder_input``) and the value bounds (``exact_box_means``),
+        each (B, t, ·) or None."""
+        if self.cell_remainder is None:
+            return None, None
+        state = self.cell_remainder.cell_state(targets, low_res, cache, steps)
+        bounds = self.cell_remainder.bounds(*state) if self.config.exact_box_means else None
+        return self.cell_remainder.features(*state), bounds
 
     def forward(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
         """uint8 images (B, H, W, 3) -> (B, T, P) distribution parameters in generation order."""
         self.check_inputs(images, labels, low_res)
         targets = self.targets(images)
-        remainder = None if self.cell_remainder is None else self.cell_remainder(targets, low_res)
-        return self.decode(self.embed_values(targets), labels, self.encode(low_res), remainder=remainder)
+        remainder, bounds = self.cell_inputs(targets, low_res)
+        return self.decode(self.embed_values(targets), labels, self.encode(low_res), remainder, bounds)
 
     # ----- decoding one step at a time -----------------------------------------
     def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None) -> DecodingCache:
@@ -223,10 +237,9 @@ class ImageTransformer(nn.Module):
         steps = cache.step.view(1) if count == 1 else torch.arange(count, device=cache.step.device)
         channels = self.step_channels[(steps - 1) % self.order.length]  # the channel of each step's input
         shifted = self.embed_values(previous, channels) * (steps > 0)[:, None]
-        remainder = None
-        if self.cell_remainder is not None:
-            remainder = self.cell_remainder(previous, None, cache.remainder, steps)
-        params = self.run_decoder(self.decoder_inputs(shifted, steps, cache.condition, remainder), steps, cache=cache)
+        remainder, bounds = self.cell_inputs(previous, None, cache.remainder, steps)
+        params = self.run_decoder(self.decoder_inputs(shifted, steps, cache.condition, remainder), steps, cache=cache,
+                                  bounds=bounds)
         cache.step += count  # after the pass: ``steps`` of one step is a view of the counter
         return params
 

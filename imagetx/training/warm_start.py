@@ -1,13 +1,17 @@
 """``--init_from``: a new run that starts from another model's weights instead of a random start.
 
 What it is for: a super-resolution model started from an unconditional model of the same decoder
-(docs/experiments.md, entry 21). Every tensor of the source is copied into the new model, which
-must have it, with the same shape; the tensors the new model has beyond the source's may only be
-those that read the low-resolution input (``ImageTransformer.low_res_modules``), which keep their
-own start. With ``low_res_zero_start`` the new model then computes exactly what the source does
-until it learns to read its input, so its training starts at the source's bits/dim. What is
-checked is the tensors, by name and shape: settings that have none (block sizes, the attention
-kind) may differ, and the weights are then a start, not the same model.
+(docs/experiments.md, entry 21), and a deeper model started from a shallower one (entry 26).
+Every tensor of the source is copied into the new model, which must have it, with the same shape;
+the tensors the new model has beyond the source's may only be those that read the low-resolution
+input (``ImageTransformer.low_res_modules``), which keep their own start, and those of decoder
+layers after the source's last (a pre-norm model only), which start as identity layers: their
+residual writers at zero (``TransformerLayer.residual_writers``), the rest as initialised, so
+that gradients reach the writers from the first step. With ``low_res_zero_start`` the new model
+then computes exactly what the source does until it learns to read its input and to use its new
+layers, so its training starts at the source's bits/dim. What is checked is the tensors, by name
+and shape: settings that have none (block sizes, the attention kind) may differ, and the weights
+are then a start, not the same model.
 
 Unlike ``--resume``, nothing but the weights is taken: the optimiser, the schedule, the step count
 and the time budget are the new run's own (the schedule warms up from step 0).
@@ -19,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 import torch
+from torch import nn
 
 from ..io.errors import CheckpointError
 from ..io.load import load_model
@@ -37,6 +42,12 @@ def read_source(source: str | Path) -> dict[str, torch.Tensor]:
         return load_model(unpack(path, Path(folder) / "joined.ckpt", option="--init_from")).state_dict()
 
 
+def source_layers(stored: dict[str, torch.Tensor]) -> int:
+    """How many decoder layers the weights ``stored`` have (``layers.<i>.`` tensors)."""
+    indices = {int(name.split(".")[1]) for name in stored if name.startswith("layers.")}
+    return max(indices, default=-1) + 1
+
+
 def start_from(model: ImageTransformer, source: str | Path) -> str:
     """Copy the weights stored at ``source`` (a weights folder, a checkpoint written by
     imagetx.train, or a packed continuation folder) into ``model``, in place; a CheckpointError
@@ -46,6 +57,10 @@ def start_from(model: ImageTransformer, source: str | Path) -> str:
     low_res = [id(module) for module in model.low_res_modules()]
     fresh = {f"{name}.{key}" for name, module in model.named_modules() if id(module) in low_res
              for key in module.state_dict()}
+    kept_layers = source_layers(stored)
+    added = list(model.layers)[kept_layers:]
+    fresh |= {f"layers.{index}.{key}" for index, layer in enumerate(added, start=kept_layers)
+              for key in layer.state_dict()}
     extra = [name for name in stored if name not in own]
     misfits = [f"{name} {tuple(stored[name].shape)} there, {tuple(own[name].shape)} here"
                for name in stored if name in own and stored[name].shape != own[name].shape]
@@ -53,12 +68,26 @@ def start_from(model: ImageTransformer, source: str | Path) -> str:
     problems = [f"{kind} {listed(names)}" for kind, names in (
         ("tensors this model lacks:", extra), ("shapes that differ:", misfits),
         ("tensors of this model's decoder it lacks:", missing)) if names]
+    if added and model.config.norm != "pre":
+        problems.append(f"{len(added)} more decoder layers here, which only a pre-norm model can add as "
+                        "identity layers (norm: pre)")
     if problems:
         raise CheckpointError(f"--init_from {source}: its model is not this run's decoder ({'; '.join(problems)}): "
                               "start from a model with the same decoder settings, or without --init_from")
     with torch.no_grad():
         for name, value in stored.items():
             own[name].copy_(value)
-    kept = len(own) - len(stored)
+        for linear in (writer for layer in added for writer in layer.residual_writers()):
+            nn.init.zeros_(linear.weight)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+    kept = len(own) - len(stored) - sum(len(layer.state_dict()) for layer in added)
     return (f"started from {source}: {len(stored)} tensors copied"
-            + (f", {kept} that read the low-resolution input left as initialised" if kept else ""))
+            + (f", {kept} that read the low-resolution input left as initialised" if kept else "")
+            + (f", {added_names(kept_layers, len(model.layers))} added as identity layers (their residual "
+               "writers at zero)" if added else ""))
+
+
+def added_names(first: int, count: int) -> str:
+    """Decoder layers first..count−1, for a message: 'layer 2' or 'layers 2-3'."""
+    return f"layer {first}" if count - first == 1 else f"layers {first}-{count - 1}"
