@@ -126,7 +126,8 @@ def test_bounds_hold_the_true_values_and_at_a_cells_last_step_exactly_those_that
                 changed = changed[..., 0] if head == "categorical" else changed
                 keeps.append((downsample_area(sequence_images(model, changed), 4) == low_res).flatten(1).all(1))
             keeps = torch.stack(keeps, dim=1)  # (B, 256)
-            inside = (torch.arange(LEVELS) >= lowest[:, t, channel, None]) & (torch.arange(LEVELS) <= highest[:, t, channel, None])
+            levels = torch.arange(LEVELS)
+            inside = (levels >= lowest[:, t, channel, None]) & (levels <= highest[:, t, channel, None])
             assert torch.equal(keeps, inside), (t, channel)
 
 
@@ -169,3 +170,14 @@ def test_decode_without_the_bounds_says_what_to_pass():
     remainder, _ = model.cell_inputs(targets, low_res)
     with pytest.raises(ValueError, match="exact_box_means.*pass the bounds"):
         model.decode(model.embed_values(targets), None, model.encode(low_res), remainder)
+
+
+def test_given_rows_that_cannot_fit_the_input_are_refused_and_ones_that_do_are_kept():
+    model = bounded_model("dmol", "local_1d", seed=10)
+    images, other = random_images(2, 8, seed=11), random_images(2, 8, seed=12)
+    low_res = downsample_area(images, 4)
+    completed = sample(model, 2, low_res=low_res, prefix=images, given_rows=4,
+                       generator=torch.Generator().manual_seed(13))
+    assert torch.equal(completed[:, :4], images[:, :4]) and torch.equal(downsample_area(completed, 4), low_res)
+    with pytest.raises(ValueError, match="the given rows do not fit low_res"):
+        sample(model, 2, low_res=low_res, prefix=other, given_rows=4)

@@ -233,6 +233,23 @@ def given_values(model: ImageTransformer, count: int, prefix: Tensor | None, giv
     return model.targets(prefix.to(model.step_rows.device))[:, :given_count]
 
 
+def check_given_fit(model: ImageTransformer, forced: Tensor | None, low_res: Tensor | None) -> None:
+    """With ``exact_box_means``, given values that no image with ``low_res``'s box means could have
+    (a completion's rows from another image) are refused in one line, before decoding: each given
+    value must lie within its step's bounds, which then leave every later step a value to take."""
+    if forced is None or not model.config.exact_box_means:
+        return
+    full = forced.new_zeros(forced.shape[0], model.order.length, *forced.shape[2:])
+    full[:, : forced.shape[1]] = forced  # a step's bounds read only the values before it
+    _, bounds = model.cell_inputs(full, low_res)
+    values = forced[..., None] if model.config.head == "categorical" else forced
+    channels = values.shape[-1]
+    bounds = bounds[:, : forced.shape[1]]
+    if not ((values >= bounds[..., :channels]) & (values <= bounds[..., channels:])).all():
+        raise ValueError("the given rows do not fit low_res: no image with its box means has them "
+                         "(exact_box_means); give the rows of the image low_res was made from")
+
+
 def decoded(model: ImageTransformer, count: int, step: DecodeStep, draw: Drawer, cache: DecodingCache,
             forced: Tensor | None, progress: bool) -> Iterator[tuple[list[Tensor], Tensor]]:
     """The decoding loop over ``cache``: yields (the values of the steps so far, whether every
@@ -270,7 +287,8 @@ def sample_progressively(
     """Generate ``count`` images with the cache, in eval mode (the model's own mode is restored
     after), showing the work: with ``every`` = n, yields the images so far after the given rows
     and after every n steps (a page that draws the samples as they grow), and always, last, the
-    finished images (what ``sample`` returns). Reads the device only for what it yields.
+    finished images (what ``sample`` returns). Reads the device only for what it yields (and,
+    with ``exact_box_means`` and given rows, once, to check that they fit ``low_res``: ``check_given_fit``).
 
     ``temperature``: one for every image, or a sequence of one per image (images that share one
     are drawn together). With ``prefix`` images and ``given_rows`` = k, every step in the first k
@@ -292,6 +310,7 @@ def sample_progressively(
         threads.limit()
         try:
             cache = model.start_decoding(count, labels, low_res)
+            check_given_fit(model, forced, low_res)
             for values, finite in decoded(model, count, step, draw, cache, forced, progress):
                 steps = len(values)
                 if every is not None and (steps == given_count or (steps % every == 0 and steps < total)):
