@@ -73,6 +73,12 @@ def with_bounds(params: Tensor, bounds: Tensor | None, bounded: bool) -> Tensor:
     return params if bounds is None else torch.cat([params, bounds.to(params.dtype)], dim=-1)
 
 
+def within(bounds: tuple[Tensor, Tensor], values: Tensor) -> Tensor:
+    """Whether ``values`` lie within (lowest, highest) ``bounds``, elementwise after broadcasting."""
+    lowest, highest = bounds
+    return (values >= lowest) & (values <= highest)
+
+
 def check_temperature(temperature: float) -> None:
     if not temperature >= 0 or math.isinf(temperature):
         raise ValueError(f"temperature {temperature} is invalid: temperatures must be finite and >= 0 "
@@ -91,23 +97,34 @@ class CategoricalHead(nn.Module):
         """(B, T, d) [and (B, T, 2) bounds] -> (B, T, 256[+2]) logits [and the bounds]."""
         return with_bounds(full_precision_linear(self.proj, hidden), bounds, self.bounded)
 
-    def inside(self, params: Tensor, values: Tensor) -> Tensor:
-        """Whether ``values`` (..., n) lie within each step's bounds (every value of an unbounded head)."""
+    def bounds(self, params: Tensor) -> tuple[Tensor, Tensor] | None:
+        """A bounded head's lowest and highest value of each step, each (..., 1) long; else None."""
         if not self.bounded:
-            return torch.ones_like(values, dtype=torch.bool)
-        return (values >= params[..., LEVELS, None]) & (values <= params[..., LEVELS + 1, None])
+            return None
+        bounds = params[..., LEVELS:].long()
+        return bounds[..., :1], bounds[..., 1:]
+
+    def fits(self, params: Tensor, targets: Tensor) -> Tensor:
+        """(B, T) whether each target lies within its step's bounds (all of them: unbounded)."""
+        bounds = self.bounds(params)
+        if bounds is None:
+            return torch.ones_like(targets, dtype=torch.bool)
+        return within(bounds, targets[..., None])[..., 0]
 
     def logits(self, params: Tensor) -> Tensor:
         """The logits in the scoring precision, those of values outside a bounded step's bounds at −inf."""
         logits = params[..., :LEVELS].to(scoring_dtype(params))
-        return logits.masked_fill(~self.inside(params, torch.arange(LEVELS, device=params.device)), -math.inf)
+        bounds = self.bounds(params)
+        if bounds is None:
+            return logits
+        return logits.masked_fill(~within(bounds, torch.arange(LEVELS, device=params.device)), -math.inf)
 
     def log_prob(self, logits: Tensor, targets: Tensor) -> Tensor:
         """logits (B, T, 256[+2]), targets (B, T) ints -> (B, T) log p in nats (−inf outside the
         bounds, also where a target's cell cannot meet its input's mean: bounds that hold no value)."""
-        targets = targets.long().unsqueeze(-1)
-        log_p = torch.log_softmax(self.logits(logits), dim=-1).gather(-1, targets)
-        return torch.where(self.inside(logits, targets), log_p, -math.inf).squeeze(-1)
+        targets = targets.long()
+        log_p = torch.log_softmax(self.logits(logits), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return log_p if not self.bounded else torch.where(self.fits(logits, targets), log_p, -math.inf)
 
     def sample(self, logits: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
         """(B, T, 256[+2]) -> (B, T) values; temperature 0 takes the arg-max."""
@@ -142,6 +159,13 @@ class DMOLHead(nn.Module):
             return None
         bounds = params[..., self.size :].long()
         return bounds[..., :CHANNELS], bounds[..., CHANNELS:]
+
+    def fits(self, params: Tensor, targets: Tensor) -> Tensor:
+        """(B, T) whether each pixel's three values lie within its step's bounds (all: unbounded)."""
+        bounds = self.bounds(params)
+        if bounds is None:
+            return torch.ones_like(targets[..., 0], dtype=torch.bool)
+        return within(bounds, targets).all(-1)
 
     def split(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """-> logits (..., K), means, log_scales, coeffs each (..., 3, K)."""
@@ -183,7 +207,7 @@ class DMOLHead(nn.Module):
             upper = centered + (highest - values).to(means.dtype) / HALF_RANGE + HALF_BIN
             width = (highest - lowest + 1).to(means.dtype) * 2.0 * HALF_BIN
             inside = log_mass(inv_s * lower, inv_s * upper, inv_s * width, lowest == 0, highest == LEVELS - 1)
-            log_p = torch.where((values >= lowest) & (values <= highest), log_p - inside, -math.inf)
+            log_p = torch.where(within((lowest, highest), values), log_p - inside, -math.inf)
         return log_p, torch.log_softmax(logits, dim=-1)
 
     def log_prob(self, params: Tensor, targets: Tensor) -> Tensor:

@@ -5,6 +5,7 @@ layer's decoding cache. ``transformer.py`` stacks them into the network.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -27,6 +28,14 @@ class LayerCache:
 
     self_attn: SelfAttentionCache
     low_res: CrossAttentionCache | CellAddCache | None = None
+
+
+def zero_start(linears: Iterable[nn.Linear]) -> None:
+    """Set each map's weight and bias to zero, in place: a branch that writes nothing until it learns to."""
+    for linear in linears:
+        nn.init.zeros_(linear.weight)
+        if linear.bias is not None:
+            nn.init.zeros_(linear.bias)
 
 
 class TransformerLayer(nn.Module):

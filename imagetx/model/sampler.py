@@ -233,19 +233,12 @@ def given_values(model: ImageTransformer, count: int, prefix: Tensor | None, giv
     return model.targets(prefix.to(model.step_rows.device))[:, :given_count]
 
 
-def check_given_fit(model: ImageTransformer, forced: Tensor | None, low_res: Tensor | None) -> None:
-    """With ``exact_box_means``, given values that no image with ``low_res``'s box means could have
-    (a completion's rows from another image) are refused in one line, before decoding: each given
-    value must lie within its step's bounds, which then leave every later step a value to take."""
-    if forced is None or not model.config.exact_box_means:
-        return
-    full = forced.new_zeros(forced.shape[0], model.order.length, *forced.shape[2:])
-    full[:, : forced.shape[1]] = forced  # a step's bounds read only the values before it
-    _, bounds = model.cell_inputs(full, low_res)
-    values = forced[..., None] if model.config.head == "categorical" else forced
-    channels = values.shape[-1]
-    bounds = bounds[:, : forced.shape[1]]
-    if not ((values >= bounds[..., :channels]) & (values <= bounds[..., channels:])).all():
+def check_given_fit(model: ImageTransformer, params: Tensor, forced: Tensor) -> None:
+    """With ``exact_box_means``, given values that no image with the low-res input's box means
+    could have (a completion's rows from another image) are refused in one line, before any step
+    is drawn: each given value must lie within the bounds its prefill ``params`` carry, which then
+    leave every later step a value to take. One read of the device."""
+    if model.config.exact_box_means and not model.head.fits(params, forced).all():
         raise ValueError("the given rows do not fit low_res: no image with its box means has them "
                          "(exact_box_means); give the rows of the image low_res was made from")
 
@@ -258,7 +251,9 @@ def decoded(model: ImageTransformer, count: int, step: DecodeStep, draw: Drawer,
     finite = torch.ones((), dtype=torch.bool, device=model.step_rows.device)
     values, value = [], first_input(model, count)
     if forced is not None:  # one teacher-forced pass over the given rows fills every cache
-        finite &= model.prefill(forced, cache).isfinite().all()
+        params = model.prefill(forced, cache)
+        finite &= params.isfinite().all()
+        check_given_fit(model, params, forced)
         values, value = list(forced.unbind(1)), forced[:, -1]
         yield values, finite
     total = model.order.length
@@ -310,7 +305,6 @@ def sample_progressively(
         threads.limit()
         try:
             cache = model.start_decoding(count, labels, low_res)
-            check_given_fit(model, forced, low_res)
             for values, finite in decoded(model, count, step, draw, cache, forced, progress):
                 steps = len(values)
                 if every is not None and (steps == given_count or (steps % every == 0 and steps < total)):

@@ -27,7 +27,7 @@ from .cross_pattern import CrossPattern
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
 from .inputs import check_image_tensor, check_labels
-from .layers import Encoder, LayerCache, TransformerLayer
+from .layers import Encoder, LayerCache, TransformerLayer, zero_start
 from .order import images_to_sequence
 from .patterns import pattern_for
 from .rotary import Rotary2D
@@ -85,10 +85,7 @@ class ImageTransformer(nn.Module):
         bounded = config.exact_box_means
         self.head = CategoricalHead(d, bounded) if categorical else DMOLHead(d, config.mixture_components, bounded)
         if config.low_res_zero_start:
-            for linear in self.low_res_writers():
-                nn.init.zeros_(linear.weight)
-                if linear.bias is not None:
-                    nn.init.zeros_(linear.bias)
+            zero_start(self.low_res_writers())
 
     def local_cross_pattern(self) -> CrossPattern | None:
         """The pattern of each decoder step's cross-attention to the encoder's sub-pixels within

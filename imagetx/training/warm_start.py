@@ -23,11 +23,11 @@ import tempfile
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from ..io.errors import CheckpointError
 from ..io.load import load_model
 from ..io.weights import listed
+from ..model.layers import zero_start
 from ..model.transformer import ImageTransformer
 from .continuation import is_packed, unpack
 
@@ -77,10 +77,7 @@ def start_from(model: ImageTransformer, source: str | Path) -> str:
     with torch.no_grad():
         for name, value in stored.items():
             own[name].copy_(value)
-        for linear in (writer for layer in added for writer in layer.residual_writers()):
-            nn.init.zeros_(linear.weight)
-            if linear.bias is not None:
-                nn.init.zeros_(linear.bias)
+        zero_start(writer for layer in added for writer in layer.residual_writers())
     kept = len(own) - len(stored) - sum(len(layer.state_dict()) for layer in added)
     return (f"started from {source}: {len(stored)} tensors copied"
             + (f", {kept} that read the low-resolution input left as initialised" if kept else "")
