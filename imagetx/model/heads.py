@@ -67,16 +67,30 @@ def with_bounds(params: Tensor, bounds: Tensor | None, bounded: bool) -> Tensor:
     bounded (the lowest values, then the highest; integers as floats)."""
     if bounded and bounds is None:
         raise ValueError("this model restricts each value to what its cell can still take (exact_box_means): "
-                         "pass the bounds (CellRemainder.bounds) with the hidden state")
+                         "pass the bounds with the hidden state (model.cell_inputs(targets, low_res) gives them)")
     if not bounded and bounds is not None:
         raise ValueError("bounds given to a head without them (exact_box_means=False): pass bounds=None")
     return params if bounds is None else torch.cat([params, bounds.to(params.dtype)], dim=-1)
+
+
+def stored_bounds(params: Tensor, start: int) -> tuple[Tensor, Tensor]:
+    """The (lowest, highest) values a bounded head's parameters carry after the distribution's
+    first ``start`` (where ``with_bounds`` put them), each (..., c) long."""
+    lowest, highest = params[..., start:].long().chunk(2, dim=-1)
+    return lowest, highest
 
 
 def within(bounds: tuple[Tensor, Tensor], values: Tensor) -> Tensor:
     """Whether ``values`` lie within (lowest, highest) ``bounds``, elementwise after broadcasting."""
     lowest, highest = bounds
     return (values >= lowest) & (values <= highest)
+
+
+def all_within(bounds: tuple[Tensor, Tensor] | None, values: Tensor) -> Tensor:
+    """Values (..., c) -> (...) whether all c lie within their ``bounds`` (all do: no bounds)."""
+    if bounds is None:
+        return torch.ones_like(values[..., 0], dtype=torch.bool)
+    return within(bounds, values).all(-1)
 
 
 def check_temperature(temperature: float) -> None:
@@ -99,17 +113,11 @@ class CategoricalHead(nn.Module):
 
     def bounds(self, params: Tensor) -> tuple[Tensor, Tensor] | None:
         """A bounded head's lowest and highest value of each step, each (..., 1) long; else None."""
-        if not self.bounded:
-            return None
-        bounds = params[..., LEVELS:].long()
-        return bounds[..., :1], bounds[..., 1:]
+        return stored_bounds(params, LEVELS) if self.bounded else None
 
     def fits(self, params: Tensor, targets: Tensor) -> Tensor:
         """(B, T) whether each target lies within its step's bounds (all of them: unbounded)."""
-        bounds = self.bounds(params)
-        if bounds is None:
-            return torch.ones_like(targets, dtype=torch.bool)
-        return within(bounds, targets[..., None])[..., 0]
+        return all_within(self.bounds(params), targets[..., None])
 
     def logits(self, params: Tensor) -> Tensor:
         """The logits in the scoring precision, those of values outside a bounded step's bounds at −inf."""
@@ -155,17 +163,11 @@ class DMOLHead(nn.Module):
 
     def bounds(self, params: Tensor) -> tuple[Tensor, Tensor] | None:
         """A bounded head's lowest and highest value of each channel, each (..., 3) long; else None."""
-        if not self.bounded:
-            return None
-        bounds = params[..., self.size :].long()
-        return bounds[..., :CHANNELS], bounds[..., CHANNELS:]
+        return stored_bounds(params, self.size) if self.bounded else None
 
     def fits(self, params: Tensor, targets: Tensor) -> Tensor:
         """(B, T) whether each pixel's three values lie within its step's bounds (all: unbounded)."""
-        bounds = self.bounds(params)
-        if bounds is None:
-            return torch.ones_like(targets[..., 0], dtype=torch.bool)
-        return within(bounds, targets).all(-1)
+        return all_within(self.bounds(params), targets)
 
     def split(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """-> logits (..., K), means, log_scales, coeffs each (..., 3, K)."""
