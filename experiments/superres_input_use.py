@@ -71,7 +71,7 @@ def gain_by_position(model, own_steps: torch.Tensor, baseline, baseline_steps: t
 def box_mean_distance(model, low_res: torch.Tensor, labels: torch.Tensor | None, temperature: float) -> float:
     """Mean |box mean of a sample - its input| over every low-res sub-pixel, in intensity levels
     (0-255): 0 for samples that average back to their inputs exactly. One sample per input, seed 0."""
-    drawn = sample(model, len(low_res), labels, low_res, temperature, generator=torch.Generator().manual_seed(0))
+    drawn = sample(model, len(low_res), labels, low_res, temperature, generator=torch.Generator(low_res.device).manual_seed(0))
     return (downsample_area(drawn, model.config.low_res_size).float() - low_res.float()).abs().mean().item()
 
 
@@ -90,10 +90,11 @@ def main() -> None:
                              "the samples' box means are from their inputs")
     parser.add_argument("--samples", type=int, default=None, help="images sampled for --box_means_at "
                         "(default: 32, or --count if that is fewer)")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     args = parser.parse_args()
     try:
-        model = load_model(args.ckpt)
-        baseline = load_model(args.baseline) if args.baseline else None
+        model = load_model(args.ckpt, map_location=args.device)
+        baseline = load_model(args.baseline, map_location=args.device) if args.baseline else None
     except CheckpointError as err:
         sys.exit(f"error: {err}")
     if baseline is not None and (baseline.encoder is not None or baseline.config.image_size != model.config.image_size):
@@ -115,8 +116,8 @@ def main() -> None:
         images, labels = load("cifar10", args.root, args.split, args.val_size, download=False)
     except DataError as err:
         sys.exit(f"error: {err}")
-    images = images[: args.count]
-    all_labels = labels[: args.count]
+    images = images[: args.count].to(args.device)
+    all_labels = labels[: args.count].to(args.device)
     labels = all_labels if model.config.num_classes else None
     low_res = downsample_area(images, model.config.low_res_size)
     scorer = with_settings(model, exact_box_means=False) if model.config.exact_box_means else model

@@ -71,7 +71,8 @@ in_out() { cp "$@" "$OUT"/ && echo "in \$OUT: $*"; }  # results go back as soon 
 
 results_tar() {  # the small results in one file (the 8-file limit), remade as more of them exist
   local files=() name
-  for name in continuation.json config.json lease.json metrics.csv train.log eval_val.json grids; do
+  for name in continuation.json config.json lease.json metrics.csv train.log eval_val.json eval_val_bounded.json \
+      input_use.json grids grids_bounded; do
     [ -e "$WORK/results/$name" ] && files+=("$name")
   done
   tar -C "$WORK/results" -cf "$OUT/results.tar" "${files[@]}" && echo "in \$OUT: results.tar (${files[*]})"
@@ -198,27 +199,46 @@ finish)
   cp "$WORK/export/config.json" "$RUN/train.log" "$WORK/results/"
   cp "$(ls "$RUN"/csv/version_*/metrics.csv | tail -1)" "$WORK/results/"
   results_tar
-  # The shipped (bf16) weights on all val images, through FlexAttention (auto on CUDA), and the two
+  # The shipped (bf16) weights on all val images, through FlexAttention (auto on CUDA), and the
   # grids, side by side: the score is bound by the GPU, eager decoding by Python's launches, and a
   # lease's minutes are few. Each writes its own log; a failure of one leaves the others' results.
   VAL=(--data.root "$DATA" --split val --val_size "$VAL_SIZE")
   mkdir -p "$WORK/logs"
-  timeout 180 "$PYTHON" -m imagetx.evaluate --ckpt "$WORK/export" "${VAL[@]}" --device "$DEVICE" \
-      --batch_size "$EVAL_BATCH" >"$WORK/logs/eval.log" 2>&1 & scoring=$!
-  timeout 150 "$PYTHON" -m imagetx.sample --ckpt "$WORK/export" --task generate --count "$GRID_SAMPLES" --seed 0 \
-      --device "$DEVICE" --out "$WORK/results/grids" >"$WORK/logs/generate.log" 2>&1 & generating=$!
-  timeout 150 "$PYTHON" -m imagetx.sample --ckpt "$WORK/export" --task complete --rows 16 --count "$COMPLETIONS" \
-      --samples 3 "${VAL[@]}" --seed 0 --device "$DEVICE" --out "$WORK/results/grids" \
-      >"$WORK/logs/complete.log" 2>&1 & completing=$!
+  jobs=()
+  score() {  # score NAME WEIGHTS: all val images, into results/NAME.json
+    timeout 180 "$PYTHON" -m imagetx.evaluate --ckpt "$2" "${VAL[@]}" --device "$DEVICE" \
+        --batch_size "$EVAL_BATCH" >"$WORK/logs/$1.log" 2>&1 && tail -1 "$WORK/logs/$1.log" >"$WORK/results/$1.json"
+  }
+  if "$PYTHON" -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1]))["encoder_layers"])' \
+      "$WORK/export/config.json"; then
+    # Super-resolution (docs/model.md §6): also the same weights with exact_box_means (no tensors: a
+    # setting put on at export), the score given another image's 8x8 input (what the input is worth),
+    # and 16 val images upsampled | samples at 0.8, 0.9, 1.0 | original, with and without the bounds.
+    "$PYTHON" -m imagetx.export --ckpt "$WORK/export" --out "$WORK/export_bounded" --exact_box_means true | tail -1
+    score eval_val "$WORK/export" & jobs+=(eval_val:$!)
+    score eval_val_bounded "$WORK/export_bounded" & jobs+=(eval_val_bounded:$!)
+    timeout 240 "$PYTHON" -m experiments.superres_input_use "$WORK/export" --data.root "$DATA" --split val \
+        --val_size "$VAL_SIZE" --count "$VAL_SIZE" --batch_size "$EVAL_BATCH" --device "$DEVICE" \
+        --json "$WORK/results/input_use.json" >"$WORK/logs/input_use.log" 2>&1 & jobs+=(input_use:$!)
+    for weights in export export_bounded; do
+      grids=grids${weights#export}
+      timeout 150 "$PYTHON" -m imagetx.sample --ckpt "$WORK/$weights" --task superres --count 16 "${VAL[@]}" \
+          --seed 0 --device "$DEVICE" --out "$WORK/results/$grids" >"$WORK/logs/$grids.log" 2>&1 & jobs+=($grids:$!)
+    done
+  else
+    score eval_val "$WORK/export" & jobs+=(eval_val:$!)
+    timeout 150 "$PYTHON" -m imagetx.sample --ckpt "$WORK/export" --task generate --count "$GRID_SAMPLES" --seed 0 \
+        --device "$DEVICE" --out "$WORK/results/grids" >"$WORK/logs/generate.log" 2>&1 & jobs+=(generate:$!)
+    timeout 150 "$PYTHON" -m imagetx.sample --ckpt "$WORK/export" --task complete --rows 16 --count "$COMPLETIONS" \
+        --samples 3 "${VAL[@]}" --seed 0 --device "$DEVICE" --out "$WORK/results/grids" \
+        >"$WORK/logs/complete.log" 2>&1 & jobs+=(complete:$!)
+  fi
   failed=0
-  if wait "$scoring"; then tail -1 "$WORK/logs/eval.log" | tee "$WORK/results/eval_val.json"
-  else failed=1; tail -5 "$WORK/logs/eval.log"; fi
-  results_tar
-  for job in generate:$generating complete:$completing; do
+  for job in "${jobs[@]}"; do  # the scores first: results.tar is remade as each ends
     wait "${job#*:}" || { failed=1; echo "${job%%:*} failed:"; }
     tail -1 "$WORK/logs/${job%%:*}.log"
+    results_tar
   done
-  results_tar
   ls -la "$OUT"
   exit "$failed"
   ;;

@@ -2,6 +2,8 @@
 # What a GPU lease carries and brings home, on this machine (docs/gpu.md, "A lease, call by call"):
 #   bash scripts/lease_files.sh prepare           # before the first call: .whl/, .stage/{cont,a,b,c}
 #   bash scripts/lease_files.sh home FILES_AT [--note TEXT ...]  # after the last: pretrained/cifar10_gpu, lineage, card
+# GPU_MODEL=pretrained/superres_gpu (environment) for the super-resolution model's lease (CONFIG=configs/superres_gpu.yaml
+# on the lent machine).
 #
 # Every call sends the whole working tree (tracked and untracked-not-ignored files) plus what it
 # carries, 64 MiB in all. The shipped models (pretrained/: the GPU model's bf16 weights and packed
@@ -12,7 +14,7 @@
 # stages the lease's new files for the commit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-GPU_MODEL=pretrained/cifar10_gpu
+GPU_MODEL=${GPU_MODEL:-pretrained/cifar10_gpu}  # or pretrained/superres_gpu (docs/gpu.md): the model the lease trains on
 HELD_BACK=pretrained
 SHARDS=${SHARDS:-../shared/cifar10}
 PYTHON=${PYTHON:-.venv/bin/python}

@@ -1,4 +1,5 @@
-"""The GPU model's lineage: what each lease added to it (docs/gpu.md, "Every lease adds to one model").
+"""A GPU-trained model's lineage: what each lease added to it (docs/gpu.md, "Every lease adds to one
+model"). Two models are trained so: pretrained/cifar10_gpu and pretrained/superres_gpu (--into).
 
     python scripts/lease_record.py summary RUN_DIR OUT.json [--device cuda]   # on the lent machine
     python scripts/lease_record.py home FILES_AT [--into pretrained/cifar10_gpu] [--note TEXT ...]  # here, after it
@@ -10,7 +11,7 @@ training minutes, images/s, MFU, peak memory, the val curve, the GPU and torch. 
 what the lease brought back (the decayed bf16 model, the packed continuation, results.tar),
 checks the continuation's parts against its manifest, installs all of it into the shipped-weights
 folder, appends the lease to ``lineage.json`` and writes the model card (README.md, with the
-Hub's metadata) from the whole lineage. Nothing of the previous lease is kept in the folder but
+Hub's metadata; scripts/lease_cards.py) from the whole lineage. Nothing of the previous lease is kept in the folder but
 its line in the lineage: git holds the earlier files.
 """
 
@@ -33,8 +34,9 @@ sys.path.insert(0, str(REPO))
 from imagetx.io.checkpoint import load_weights_only  # noqa: E402
 from imagetx.io.errors import CheckpointError  # noqa: E402
 from imagetx.training.continuation import CONTINUE, MANIFEST, unpack  # noqa: E402
+from scripts.lease_cards import is_superres, write_card  # noqa: E402
 
-GPU_MODEL = REPO / "pretrained" / "cifar10_gpu"  # the shipped-weights folder a lease goes home to
+GPU_MODEL = REPO / "pretrained" / "cifar10_gpu"  # the shipped-weights folder a lease goes home to by default
 THROUGHPUT = {"images_per_s": "train/device/samples_per_sec", "mfu": "train/device/mfu",
               "peak_memory_gib": "train/device/peak_memory_gib"}
 
@@ -70,6 +72,20 @@ def summary(run: Path, device: str) -> dict:
     }
 
 
+def scores(results: Path, superres: bool) -> dict:
+    """The lease's val bits/dim (None where its scoring did not come back). A super-resolution model's
+    is of the shipped weights with exact_box_means; beside it, without the bounds, and without them
+    given another image's 8x8 input (gpu_lease.sh finish)."""
+    def read(name: str, key: str = "bpd"):
+        path = results / name
+        return json.loads(path.read_text())[key] if path.exists() else None
+
+    if not superres:
+        return {"val_bpd": read("eval_val.json")}
+    return {"val_bpd": read("eval_val_bounded.json"), "val_bpd_without_bounds": read("eval_val.json"),
+            "val_bpd_other_input": read("input_use.json", "bpd_other_image_input")}
+
+
 def home(files_at: Path, into: Path, notes: list[str] | None = None) -> dict:
     """Install a lease's results into ``into``; returns the lease's lineage entry. ``notes``: what the
     figures alone do not say (a test that failed, a step run by hand), kept in the lineage and the card."""
@@ -78,8 +94,10 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None) -> dict:
         with tarfile.open(files_at / "results.tar") as tar:
             tar.extractall(scratch, filter="data")  # plain files only, nothing outside scratch
         lease = json.loads((scratch / "lease.json").read_text())
-        evaluation = scratch / "eval_val.json"
-        lease["val_bpd"] = json.loads(evaluation.read_text())["bpd"] if evaluation.exists() else None
+        config = json.loads((scratch / "config.json").read_text())
+        lease.update(scores(scratch, is_superres(config)))
+        if is_superres(config):  # shipped with the bounds: the same weights, samples keep their input's box means
+            config["exact_box_means"] = True
         continuation = into / "continuation"
         if (scratch / MANIFEST).exists():  # check the parts before anything of the old lineage is replaced
             staged = scratch / "continuation"
@@ -95,7 +113,7 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None) -> dict:
             lease["continuation_step"] = None  # the next lease goes on from the continuation already here
         into.mkdir(parents=True, exist_ok=True)
         shutil.copy(files_at / "model.safetensors", into)
-        shutil.copy(scratch / "config.json", into)
+        (into / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         lineage_path = into / "lineage.json"
         lineage = json.loads(lineage_path.read_text()) if lineage_path.exists() else []
         lease["lease"] = len(lineage) + 1
@@ -106,122 +124,13 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None) -> dict:
         for name in ("metrics.csv", "train.log"):
             if (scratch / name).exists():
                 shutil.copy(scratch / name, folder)
-        for grid in (scratch / "grids").glob("*.png") if (scratch / "grids").exists() else []:
+        grids = scratch / ("grids_bounded" if is_superres(config) else "grids")  # the shipped model's
+        for grid in grids.glob("*.png") if grids.exists() else []:
             shutil.copy(grid, into)
         lineage.append(lease)
         lineage_path.write_text(json.dumps(lineage, indent=1) + "\n")
         write_card(into, lineage)
     return lease
-
-
-def lineage_rows(lineage: list[dict]) -> str:
-    """The card's table rows: one a lease; the newest lease's val bits/dim (the shipped model's) in bold."""
-    def bpd(lease: dict) -> str:
-        if lease.get("val_bpd") is None:
-            return "–"
-        return f"**{lease['val_bpd']:.3f}**" if lease is lineage[-1] else f"{lease['val_bpd']:.3f}"
-
-    def number(value, form: str) -> str:
-        return "–" if value is None else format(value, form)
-
-    return "\n".join(
-        f"| {lease['lease']} | {lease['date']} | {lease['device']} | {lease['training_minutes']} | "
-        f"{lease['first_step']:,} → {lease['last_step']:,} | {lease['images_seen']:,} | {bpd(lease)} | "
-        f"{number(lease.get('images_per_s'), ',.0f')} | {number(lease.get('mfu'), '.1%')} | "
-        f"{number(lease.get('peak_memory_gib'), '.1f')} | {number(lease.get('continuation_step'), ',')} |"
-        for lease in lineage)
-
-
-def lineage_notes(lineage: list[dict]) -> str:
-    """Each lease's val curve (step: bits/dim, training's validations in bf16) and its notes."""
-    lines = []
-    for lease in lineage:
-        curve = ", ".join(f"{step:,}: {bpd:.3f}" for step, bpd in lease.get("val_curve", []))
-        lines.append(f"- Lease {lease['lease']}: validations during training (step: val bits/dim) {curve or '–'}.")
-        lines += [f"  - {note}" for note in lease.get("notes", [])]
-    return "\n".join(lines)
-
-
-def write_card(into: Path, lineage: list[dict] | None = None) -> None:
-    """``into``/README.md from ``lineage`` (default: the folder's own lineage.json)."""
-    if lineage is None:
-        lineage = json.loads((into / "lineage.json").read_text())
-    (into / "README.md").write_text(card(lineage))
-
-
-def eval_metadata(bpd: float | None) -> str:
-    """The Hub's model-index front matter for a val bits/dim; none without one."""
-    return "" if bpd is None else f"""model-index:
-- name: imagetx-cifar10-gpu
-  results:
-  - task:
-      type: unconditional-image-generation
-      name: Unconditional image generation
-    dataset:
-      type: cifar10
-      name: CIFAR-10
-      split: CIFAR-10 val (training images 45,000-49,999)
-    metrics:
-    - type: bits_per_dim
-      name: val bits/dim
-      value: {bpd:.3f}
-"""
-
-
-def card(lineage: list[dict]) -> str:
-    """The model card: the Hub's metadata (val bits/dim of the newest lease) and the lineage."""
-    metadata = eval_metadata(lineage[-1].get("val_bpd"))
-    minutes = sum(lease.get("training_minutes") or 0 for lease in lineage)
-    return f"""---
-library_name: imagetx
-license: mit
-pipeline_tag: unconditional-image-generation
-tags:
-- image-transformer
-- autoregressive
-- pixel-model
-datasets:
-- cifar10
-metrics:
-- bits_per_dim
-{metadata}---
-
-# `cifar10_gpu`: the paper's CIFAR-10 DMOL model, trained a GPU lease at a time
-
-`configs/cifar10_dmol_25min.yaml` (14 layers, d 256, 8 heads, rotary 2D positions, one-row query
-blocks with the row above as memory, DMOL with 10 logistics; 7.4 M parameters), trained on CIFAR-10
-training images 0–44,999 with warmup–stable–decay: each lease goes on from the previous lease's
-continuation (the state before its decay, `continuation/`) and ends with a decay of its own;
-`model.safetensors` (bf16) is the newest lease's decayed model. {len(lineage)} lease(s),
-{minutes:.1f} GPU minutes of training so far. Val bits/dim: all 5,000 val images (training images
-45,000–49,999, never trained on), scored by `python -m imagetx.evaluate` from these bf16 weights.
-
-```bash
-python -m imagetx.evaluate --ckpt pretrained/cifar10_gpu --data.root ../shared/cifar10 --split val
-python -m imagetx.sample --ckpt pretrained/cifar10_gpu --task generate --count 16 --out samples
-python -m imagetx.sample --ckpt pretrained/cifar10_gpu --task complete --images photo.png --out samples
-```
-
-| lease | date | GPU | training minutes | steps | images seen | val bits/dim | images/s | MFU | peak GiB | continuation at step |
-|---|---|---|---|---|---|---|---|---|---|---|
-{lineage_rows(lineage)}
-
-{lineage_notes(lineage)}
-
-Samples of the newest lease's model, on its GPU (seed 0): 64 images drawn from nothing
-(`generate.png`), and 8 val images completed from their top 16 rows, 3 samples each beside the
-original (`complete.png`).
-
-![64 samples](generate.png)
-
-![completions](complete.png)
-
-Each lease runs docs/gpu.md's call plan ("A lease, call by call"; `scripts/gpu_lease.sh`):
-`bash scripts/lease_files.sh prepare` here; on the lent machine `setup`, `tests` beside `warm`,
-`launch MAX_TIME` and `finish`; then `bash scripts/lease_files.sh home FILES_AT` here, which writes
-this folder, its lineage (`lineage.json`, each lease's `leases/lease_N/metrics.csv` and
-`train.log`) and this card.
-"""
 
 
 def main(argv: list[str] | None = None) -> None:

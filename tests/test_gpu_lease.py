@@ -124,3 +124,34 @@ def test_a_failing_step_fails_the_call(dry_env):
     assert not any(Path(dry_env["OUT"]).iterdir())
     unknown = lease(["lanch"], dry_env)
     assert unknown.returncode == 2 and "usage:" in unknown.stderr
+
+
+@pytest.mark.slow
+def test_a_superres_lease_brings_back_what_its_input_is_worth(dry_env, tmp_path):
+    """A super-resolution preset's lease: the val score with and without exact_box_means, the score
+    given another image's 8x8 input, and the grids (upsampled input | samples | original)."""
+    config = Path(dry_env["CONFIG"])
+    values = yaml.safe_load(config.read_text())
+    values["model"]["config"].update(encoder_layers=1, low_res_size=8, low_res_reading="cell_add",
+                                     low_res_zero_start=True, cell_remainder_input=True)
+    config.write_text(yaml.safe_dump(values))
+    out = Path(dry_env["OUT"])
+    assert lease(["setup"], dry_env).returncode == 0
+    run_lease(dry_env)
+    with tarfile.open(out / "results.tar") as tar:
+        names = set(tar.getnames())
+        use = json.load(tar.extractfile("input_use.json"))
+        scores = [json.loads(tar.extractfile(name).read().decode().strip().splitlines()[-1])["bpd"]
+                  for name in ("eval_val.json", "eval_val_bounded.json")]
+    assert {"grids/superres.png", "grids_bounded/superres.png", "input_use.json"} <= names, names
+    assert use["images"] == 2 and use["bpd_own_input"] == pytest.approx(scores[0], abs=1e-4)
+    assert scores[1] <= scores[0]  # the bounds only take mass from values the input rules out
+    model = tmp_path / "pretrained" / "superres_gpu"
+    (lease_1,) = bring_home(out, model)
+    # shipped with the bounds: its score, the grid and the config are the bounded model's
+    assert lease_1["val_bpd"] == scores[1] and lease_1["val_bpd_without_bounds"] == scores[0]
+    assert lease_1["val_bpd_other_input"] == use["bpd_other_image_input"]
+    assert json.loads((model / "config.json").read_text())["exact_box_means"] is True
+    assert (model / "superres.png").is_file()
+    card = (model / "README.md").read_text()
+    assert "pipeline_tag: image-to-image" in card and f"**{scores[1]:.3f}** | {use['bpd_other_image_input']:.3f} |" in card

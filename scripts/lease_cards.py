@@ -1,0 +1,180 @@
+"""The model card of a model trained a GPU lease at a time (scripts/lease_record.py), written from
+its lineage: the Hub's metadata (the newest lease's val bits/dim), one table row a lease, each
+lease's val curve and notes, the newest lease's grids. Two kinds of model have one: generation
+(`pretrained/cifar10_gpu`) and super-resolution (`pretrained/superres_gpu`, whose rows also give
+the score with another image's 8×8 input: what the input is worth)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def is_superres(config: dict) -> bool:
+    return bool(config.get("encoder_layers"))
+
+
+def number(value, form: str) -> str:
+    return "–" if value is None else format(value, form)
+
+
+def lineage_rows(lineage: list[dict], superres: bool) -> str:
+    """The card's table rows: one a lease; the newest lease's val bits/dim (the shipped model's) in bold."""
+    def bpd(lease: dict) -> str:
+        if lease.get("val_bpd") is None:
+            return "–"
+        return f"**{lease['val_bpd']:.3f}**" if lease is lineage[-1] else f"{lease['val_bpd']:.3f}"
+
+    def row(lease: dict) -> str:
+        other = f" {number(lease.get('val_bpd_other_input'), '.3f')} |" if superres else ""
+        return (f"| {lease['lease']} | {lease['date']} | {lease['device']} | {lease['training_minutes']} | "
+                f"{lease['first_step']:,} → {lease['last_step']:,} | {lease['images_seen']:,} | {bpd(lease)} |{other} "
+                f"{number(lease.get('images_per_s'), ',.0f')} | {number(lease.get('mfu'), '.1%')} | "
+                f"{number(lease.get('peak_memory_gib'), '.1f')} | {number(lease.get('continuation_step'), ',')} |")
+
+    return "\n".join(row(lease) for lease in lineage)
+
+
+def table(lineage: list[dict], superres: bool) -> str:
+    score = "val bits/dim given the 8×8 input | given another image's |" if superres else "val bits/dim |"
+    columns = f"| lease | date | GPU | training minutes | steps | images seen | {score} images/s | MFU | peak GiB | " \
+              "continuation at step |"
+    return f"{columns}\n{'|---' * (columns.count('|') - 1)}|\n{lineage_rows(lineage, superres)}"
+
+
+def lineage_notes(lineage: list[dict]) -> str:
+    """Each lease's val curve (step: bits/dim, training's validations in bf16) and its notes."""
+    lines = []
+    for lease in lineage:
+        curve = ", ".join(f"{step:,}: {bpd:.3f}" for step, bpd in lease.get("val_curve", []))
+        unbounded = lease.get("val_bpd_without_bounds")
+        without = "" if unbounded is None else f" The shipped weights without exact_box_means: {unbounded:.3f}."
+        lines.append(f"- Lease {lease['lease']}: validations during training (step: val bits/dim) {curve or '–'}.{without}")
+        lines += [f"  - {note}" for note in lease.get("notes", [])]
+    return "\n".join(lines)
+
+
+def metadata(name: str, task: str, task_name: str, bpd: float | None) -> str:
+    """The Hub's front matter, with the model-index result where there is a val bits/dim."""
+    index = "" if bpd is None else f"""model-index:
+- name: imagetx-{name.replace('_', '-')}
+  results:
+  - task:
+      type: {task}
+      name: {task_name}
+    dataset:
+      type: cifar10
+      name: CIFAR-10
+      split: CIFAR-10 val (training images 45,000-49,999)
+    metrics:
+    - type: bits_per_dim
+      name: val bits/dim
+      value: {bpd:.3f}
+"""
+    return f"""---
+library_name: imagetx
+license: mit
+pipeline_tag: {task}
+tags:
+- image-transformer
+- autoregressive
+- pixel-model
+datasets:
+- cifar10
+metrics:
+- bits_per_dim
+{index}---
+"""
+
+
+HOW_A_LEASE_RUNS = """Each lease runs docs/gpu.md's call plan ("A lease, call by call"; `scripts/gpu_lease.sh`):
+`bash scripts/lease_files.sh prepare` here; on the lent machine `setup`, `tests` beside `warm`,
+`launch MAX_TIME` and `finish`; then `bash scripts/lease_files.sh home FILES_AT` here, which writes
+this folder, its lineage (`lineage.json`, each lease's `leases/lease_N/metrics.csv` and
+`train.log`) and this card."""
+
+
+def generation_card(name: str, lineage: list[dict], minutes: float) -> str:
+    return f"""{metadata(name, "unconditional-image-generation", "Unconditional image generation", lineage[-1].get("val_bpd"))}
+# `{name}`: the paper's CIFAR-10 DMOL model, trained a GPU lease at a time
+
+`configs/cifar10_dmol_25min.yaml` (14 layers, d 256, 8 heads, rotary 2D positions, one-row query
+blocks with the row above as memory, DMOL with 10 logistics; 7.4 M parameters), trained on CIFAR-10
+training images 0–44,999 with warmup–stable–decay: each lease goes on from the previous lease's
+continuation (the state before its decay, `continuation/`) and ends with a decay of its own;
+`model.safetensors` (bf16) is the newest lease's decayed model. {len(lineage)} lease(s),
+{minutes:.1f} GPU minutes of training so far. Val bits/dim: all 5,000 val images (training images
+45,000–49,999, never trained on), scored by `python -m imagetx.evaluate` from these bf16 weights.
+
+```bash
+python -m imagetx.evaluate --ckpt pretrained/{name} --data.root ../shared/cifar10 --split val
+python -m imagetx.sample --ckpt pretrained/{name} --task generate --count 16 --out samples
+python -m imagetx.sample --ckpt pretrained/{name} --task complete --images photo.png --out samples
+```
+
+{table(lineage, superres=False)}
+
+{lineage_notes(lineage)}
+
+Samples of the newest lease's model, on its GPU (seed 0): 64 images drawn from nothing
+(`generate.png`), and 8 val images completed from their top 16 rows, 3 samples each beside the
+original (`complete.png`).
+
+![64 samples](generate.png)
+
+![completions](complete.png)
+
+{HOW_A_LEASE_RUNS}
+"""
+
+
+def superres_card(name: str, lineage: list[dict], minutes: float) -> str:
+    return f"""{metadata(name, "image-to-image", "Super-resolution 8×8 → 32×32", lineage[-1].get("val_bpd"))}
+# `{name}`: 8×8 → 32×32 super-resolution on CIFAR-10, trained a GPU lease at a time
+
+`configs/superres_gpu.yaml`: a 1-layer encoder over the 8×8 input's 192 sub-pixels and the GPU
+recipe's decoder (10 layers, d 256, 8 heads, rotary 2D positions, one-row query blocks with the row
+above as memory, DMOL with 10 logistics), each decoder layer adding a map of its pixel's low-res
+encoding (the cell add, started at zero), each pixel reading what the rest of its cell must average
+to (the cell remainder input); 8.0 M parameters. Shipped with `exact_box_means`: every value is
+drawn from what keeps its 4×4 cell's mean equal to the input's, so every sample averages back to
+its input exactly. Trained on CIFAR-10 training images 0–44,999 with warmup–stable–decay, each
+lease going on from the previous lease's continuation (`continuation/`); `model.safetensors` (bf16)
+is the newest lease's decayed model. {len(lineage)} lease(s), {minutes:.1f} GPU minutes of training
+so far. Val bits/dim: all 5,000 val images (training images 45,000–49,999, never trained on), each
+given its own 8×8 input (its 4×4 box means), scored by `python -m imagetx.evaluate` from these bf16
+weights; "given another image's" is the same weights without the bounds (which give another
+image's input no mass at all), each image scored with the next one's input
+(`experiments/superres_input_use.py`): what the input is worth to the model.
+
+```bash
+python -m imagetx.evaluate --ckpt pretrained/{name} --data.root ../shared/cifar10 --split val
+python -m imagetx.sample --ckpt pretrained/{name} --task superres --images small.png --out samples
+python -m imagetx.sample --ckpt pretrained/{name} --task superres --data.root ../shared/cifar10 --count 16
+```
+
+{table(lineage, superres=True)}
+
+{lineage_notes(lineage)}
+
+16 val images, upsampled by the newest lease's model on its GPU (seed 0): the 8×8 input enlarged,
+one sample at each of the temperatures 0.8, 0.9 and 1.0, and the original.
+
+![16 val images: input, samples at 0.8, 0.9, 1.0, original](superres.png)
+
+{HOW_A_LEASE_RUNS}
+"""
+
+
+def card(name: str, config: dict, lineage: list[dict]) -> str:
+    """The model card of the folder ``name``, whose model has ``config`` (its config.json)."""
+    minutes = sum(lease.get("training_minutes") or 0 for lease in lineage)
+    return (superres_card if is_superres(config) else generation_card)(name, lineage, minutes)
+
+
+def write_card(into: Path, lineage: list[dict] | None = None) -> None:
+    """``into``/README.md from ``lineage`` (default: the folder's own lineage.json)."""
+    if lineage is None:
+        lineage = json.loads((into / "lineage.json").read_text())
+    config = json.loads((into / "config.json").read_text())
+    (into / "README.md").write_text(card(into.name, config, lineage))
