@@ -16,7 +16,8 @@
 # schedule is warmup-stable-decay, so it writes checkpoints/continue.ckpt before its decay, and
 # `finish` brings back the decayed model (model.safetensors, bf16), that continuation packed
 # (continue.ckpt.partNN) and results.tar (continuation.json, config.json, lease.json, metrics.csv,
-# train.log, eval_val.json, the grids): at most 8 files of at most 16 MiB.
+# train.log, eval_val.json, the grids; for a super-resolution model also eval_val_bounded.json and
+# input_use.json): at most 8 files of at most 16 MiB.
 # The machine has torch, lightning, einops; what else imagetx needs travels as wheels in .whl/
 # (W&B stays behind: --wandb disabled, metrics go to csv/).
 #
@@ -204,7 +205,7 @@ finish)
   # lease's minutes are few. Each writes its own log; a failure of one leaves the others' results.
   VAL=(--data.root "$DATA" --split val --val_size "$VAL_SIZE")
   mkdir -p "$WORK/logs"
-  jobs=()
+  pending=()
   score() {  # score NAME WEIGHTS: all val images, into results/NAME.json
     timeout 180 "$PYTHON" -m imagetx.evaluate --ckpt "$2" "${VAL[@]}" --device "$DEVICE" \
         --batch_size "$EVAL_BATCH" >"$WORK/logs/$1.log" 2>&1 && tail -1 "$WORK/logs/$1.log" >"$WORK/results/$1.json"
@@ -215,26 +216,26 @@ finish)
     # setting put on at export), the score given another image's 8x8 input (what the input is worth),
     # and 16 val images upsampled | samples at 0.8, 0.9, 1.0 | original, with and without the bounds.
     "$PYTHON" -m imagetx.export --ckpt "$WORK/export" --out "$WORK/export_bounded" --exact_box_means true | tail -1
-    score eval_val "$WORK/export" & jobs+=(eval_val:$!)
-    score eval_val_bounded "$WORK/export_bounded" & jobs+=(eval_val_bounded:$!)
+    score eval_val "$WORK/export" & pending+=(eval_val:$!)
+    score eval_val_bounded "$WORK/export_bounded" & pending+=(eval_val_bounded:$!)
     timeout 240 "$PYTHON" -m experiments.superres_input_use "$WORK/export" --data.root "$DATA" --split val \
         --val_size "$VAL_SIZE" --count "$VAL_SIZE" --batch_size "$EVAL_BATCH" --device "$DEVICE" \
-        --json "$WORK/results/input_use.json" >"$WORK/logs/input_use.log" 2>&1 & jobs+=(input_use:$!)
+        --json "$WORK/results/input_use.json" >"$WORK/logs/input_use.log" 2>&1 & pending+=(input_use:$!)
     for weights in export export_bounded; do
       grids=grids${weights#export}
       timeout 150 "$PYTHON" -m imagetx.sample --ckpt "$WORK/$weights" --task superres --count 16 "${VAL[@]}" \
-          --seed 0 --device "$DEVICE" --out "$WORK/results/$grids" >"$WORK/logs/$grids.log" 2>&1 & jobs+=($grids:$!)
+          --seed 0 --device "$DEVICE" --out "$WORK/results/$grids" >"$WORK/logs/$grids.log" 2>&1 & pending+=($grids:$!)
     done
   else
-    score eval_val "$WORK/export" & jobs+=(eval_val:$!)
+    score eval_val "$WORK/export" & pending+=(eval_val:$!)
     timeout 150 "$PYTHON" -m imagetx.sample --ckpt "$WORK/export" --task generate --count "$GRID_SAMPLES" --seed 0 \
-        --device "$DEVICE" --out "$WORK/results/grids" >"$WORK/logs/generate.log" 2>&1 & jobs+=(generate:$!)
+        --device "$DEVICE" --out "$WORK/results/grids" >"$WORK/logs/generate.log" 2>&1 & pending+=(generate:$!)
     timeout 150 "$PYTHON" -m imagetx.sample --ckpt "$WORK/export" --task complete --rows 16 --count "$COMPLETIONS" \
         --samples 3 "${VAL[@]}" --seed 0 --device "$DEVICE" --out "$WORK/results/grids" \
-        >"$WORK/logs/complete.log" 2>&1 & jobs+=(complete:$!)
+        >"$WORK/logs/complete.log" 2>&1 & pending+=(complete:$!)
   fi
   failed=0
-  for job in "${jobs[@]}"; do  # the scores first: results.tar is remade as each ends
+  for job in "${pending[@]}"; do  # the scores first: results.tar is remade as each ends
     wait "${job#*:}" || { failed=1; echo "${job%%:*} failed:"; }
     tail -1 "$WORK/logs/${job%%:*}.log"
     results_tar
