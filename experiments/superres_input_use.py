@@ -25,6 +25,7 @@ import sys
 import torch
 
 from imagetx import load_model
+from imagetx.cli.common import check_device
 from imagetx.model.config import CHANNELS
 from imagetx.model.heads import check_temperature
 from imagetx.io.errors import CheckpointError
@@ -92,6 +93,10 @@ def main() -> None:
                         "(default: 32, or --count if that is fewer)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     args = parser.parse_args()
+    try:
+        check_device(args.device)
+    except ValueError as err:
+        sys.exit(f"error: {err}")
     try:
         model = load_model(args.ckpt, map_location=args.device)
         baseline = load_model(args.baseline, map_location=args.device) if args.baseline else None

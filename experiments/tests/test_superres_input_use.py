@@ -106,6 +106,9 @@ def test_box_means_of_the_samples_are_measured_against_their_own_inputs(tmp_path
     for bad, named in ((["1.0", "--samples", "4"], "--samples 4"), (["-1"], "temperature -1.0")):
         refused = run_script(*common, "--box_means_at", *bad)
         assert refused.returncode != 0 and named in refused.stderr and "Traceback" not in refused.stderr
+    refused = run_script(*common, "--device", "gpu0")
+    assert refused.returncode != 0 and "--device 'gpu0' is not a device name" in refused.stderr
+    assert "Traceback" not in refused.stderr
 
 
 def test_a_model_with_exact_box_means_is_compared_without_its_bounds_and_keeps_its_inputs(tmp_path):
