@@ -210,8 +210,8 @@ finish)
     timeout 180 "$PYTHON" -m imagetx.evaluate --ckpt "$2" "${VAL[@]}" --device "$DEVICE" \
         --batch_size "$EVAL_BATCH" >"$WORK/logs/$1.log" 2>&1 && tail -1 "$WORK/logs/$1.log" >"$WORK/results/$1.json"
   }
-  if "$PYTHON" -c 'import json, sys; sys.exit(not json.load(open(sys.argv[1]))["encoder_layers"])' \
-      "$WORK/export/config.json"; then
+  if "$PYTHON" -c 'import json, sys; from scripts.lease_cards import is_superres; sys.exit(not is_superres(json.load(
+      open(sys.argv[1]))))' "$WORK/export/config.json"; then  # the test home applies too (lease_record.py)
     # Super-resolution (docs/model.md §6): also the same weights with exact_box_means (no tensors: a
     # setting put on at export), the score given another image's 8x8 input (what the input is worth),
     # and 16 val images upsampled | samples at 0.8, 0.9, 1.0 | original, with and without the bounds.

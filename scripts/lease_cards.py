@@ -11,6 +11,8 @@ from pathlib import Path
 
 
 def is_superres(config: dict) -> bool:
+    """Whether a model configuration (config.json as a dict) is a super-resolution model's: it encodes
+    an 8×8 input. gpu_lease.sh finish and lease_record.py home both ask this."""
     return bool(config.get("encoder_layers"))
 
 
