@@ -219,3 +219,34 @@ def test_warmup_stable_decay_refits_its_horizon_at_each_validation_until_its_dec
     train_steps(callback, trainer, module, [refitted.decay_start], seconds=0.2)
     callback.on_validation_end(trainer, module)
     assert module.horizon == refitted
+
+
+def test_a_steered_horizon_goes_on_from_the_progress_it_had_and_survives_a_checkpoint():
+    before = Horizon(decay_start=100, end=200)
+    steered = Horizon(100, 300, steered_at=(150, before.progress(150)))
+    assert steered.progress(150) == before.progress(150) == 0.5
+    assert steered.progress(225) == pytest.approx(0.75) and steered.progress(300) == steered.progress(400) == 1.0
+    assert steered.progress(100) == 0.5, "before its anchor a steered decay is where the anchor was"
+    # Stored as a checkpoint stores it (a list where the tuple was), and read back.
+    assert Horizon(**steered.to_dict()) == steered
+    assert before.to_dict() == {"decay_start": 100, "end": 200}  # unsteered: as checkpoints always held it
+
+
+@pytest.mark.parametrize("decay_fraction, lr_horizon, max_steps, steered",
+                         [(0.2, "budget", -1, True), (0.2, "budget", 8_000, True), (None, "budget", -1, False),
+                          (0.2, "steps", -1, False)])
+def test_only_a_budgets_warmup_stable_decay_is_steered_and_never_past_max_steps(decay_fraction, lr_horizon,
+                                                                               max_steps, steered):
+    # 100 s left at about 0.01 s a step: about 10,000 steps, where the horizon says 1,000.
+    trainer, module = fake_run(max_steps=max_steps)
+    module.decay_fraction, module.hparams.lr_horizon = decay_fraction, lr_horizon
+    module.horizon = first = Horizon(decay_start=900, end=1000)
+    callback = BudgetHorizon(steer_every=5)
+    train_steps(callback, trainer, module, range(890, 906))  # steered after step 905: steps 901-905 timed
+    if not steered:
+        assert module.horizon == first
+        return
+    horizon = module.horizon
+    assert horizon.decay_start == 900 and horizon.steered_at[0] == 906  # the rate of update 906 was set
+    assert horizon.steered_at[1] == pytest.approx(first.progress(906))
+    assert 5_000 < horizon.end <= (max_steps if max_steps > 0 else 20_000)

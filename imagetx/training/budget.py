@@ -13,16 +13,22 @@ decay starts, from the mean time of every step since the run's second (validatio
 checkpoints included): the first validation's measurement alone had a 14-minute `quick` run
 expect 3,482 steps where 2,789 came, so the budget ran out as its decay was to start
 (docs/experiments.md, entry 18). Before the decay the learning rate is the peak whatever the
-horizon, so moving it changes nothing already done; the cosine starts at once and keeps its
-first fit. The horizon is stored in every checkpoint and a run resumed with the same budget
-uses it, so that it ends exactly as an uninterrupted run would (resume.py: another budget).
+horizon, so moving it changes nothing already done. Once its decay has begun, warmup–stable–decay
+is steered every 50 steps and after each validation: its end fitted again from the median of
+the last steps and the time left, the decay going on from the progress it had, so that it ends
+when the budget does whatever a refit could not foresee (entry 28: a one-off taken for a cost of
+every step ended a decay 352 steps early). The cosine starts at once and keeps its first fit.
+The horizon is stored in every checkpoint and a run resumed with the same budget uses it, so
+that a cosine ends exactly as an uninterrupted run would (resume.py: another budget); a decay
+steered goes on steering.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, replace
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback, Timer
@@ -31,13 +37,26 @@ from lightning.pytorch.callbacks import Callback, Timer
 @dataclass(frozen=True)
 class Horizon:
     """The decay of a ``warmup_then_decay`` schedule (schedule.py): from ``decay_start`` (the
-    multiplier still 1) to ``end`` (the multiplier 0), in optimiser steps."""
+    multiplier still 1) to ``end`` (the multiplier 0), in optimiser steps. A decay steered to the
+    budget (``BudgetHorizon.steer``) goes on from the progress it had reached at ``steered_at``
+    (step, progress) to 1 at its new ``end``, so that the learning rate never jumps."""
 
     decay_start: int
     end: int
+    steered_at: tuple[int, float] | None = None
 
-    def to_dict(self) -> dict[str, int]:
-        return {"decay_start": self.decay_start, "end": self.end}
+    def __post_init__(self) -> None:  # a checkpoint's JSON-like copy holds a list
+        if self.steered_at is not None:
+            object.__setattr__(self, "steered_at", (int(self.steered_at[0]), float(self.steered_at[1])))
+
+    def progress(self, step: int) -> float:
+        """How far the decay is at ``step``: 0 at ``decay_start``, 1 from ``end`` on."""
+        start, done = self.steered_at or (self.decay_start, 0.0)
+        return min(done + (1.0 - done) * max(step - start, 0) / max(self.end - start, 1), 1.0)
+
+    def to_dict(self) -> dict:
+        steered = {} if self.steered_at is None else {"steered_at": list(self.steered_at)}
+        return {"decay_start": self.decay_start, "end": self.end, **steered}
 
 
 def place_decay(end: int, earliest: int, warmup_steps: int, first_step: int = 0,
@@ -103,10 +122,12 @@ class BudgetHorizon(Callback):
     checkpoints) is spread over the steps as overhead. Both moments fall at the same step in
     every process, so that all can take rank 0's measurement."""
 
-    def __init__(self, fix_by_step: int = 200) -> None:
+    def __init__(self, fix_by_step: int = 200, steer_every: int = 50) -> None:
         self.fix_by_step = fix_by_step
+        self.steer_every = steer_every  # steps between two steerings of a decay (steer; 0: never)
         self.starts: list[float] = []  # monotonic time at the start of each timed step
         self.since: tuple[int, float] | None = None  # (step, monotonic time) of the first timed step
+        self.recent: deque[float] = deque(maxlen=steer_every + 1)  # the decay's last steps' start times
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.global_step >= pl_module.first_step + 1:
@@ -115,6 +136,8 @@ class BudgetHorizon(Callback):
                 self.since = (trainer.global_step, now)
             if pl_module.horizon is None:
                 self.starts.append(now)
+            elif self.steers(trainer, pl_module):
+                self.recent.append(now)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         # Strictly after: a validation due at step fix_by_step runs after this hook, and its
@@ -122,6 +145,8 @@ class BudgetHorizon(Callback):
         steps = trainer.max_steps - pl_module.first_step if trainer.max_steps > 0 else -1
         if trainer.global_step - pl_module.first_step > self.fix_by(steps):
             self.fix(trainer, pl_module)
+        if self.steers(trainer, pl_module) and trainer.global_step % self.steer_every == 0:
+            self.steer(trainer, pl_module)
 
     def fix_by(self, max_steps: int) -> int:
         """The step of the run after which the horizon is fixed without waiting for a validation:
@@ -134,6 +159,8 @@ class BudgetHorizon(Callback):
         if not trainer.sanity_checking:
             if pl_module.horizon is None:
                 self.fix(trainer, pl_module)
+            elif self.steers(trainer, pl_module):  # a validation in the decay: its cost counted at once
+                self.steer(trainer, pl_module)
             else:
                 self.refit(trainer, pl_module)
 
@@ -154,6 +181,37 @@ class BudgetHorizon(Callback):
             pl_module.print(f"learning-rate horizon refitted at step {trainer.global_step}: the decay runs from "
                             f"step {refitted.decay_start} to {refitted.end} ({seconds_per_step:.3f} s per step "
                             f"since step {step}, all included)")
+
+    def steers(self, trainer: L.Trainer, pl_module) -> bool:
+        """Whether the decay under way is steered to the budget (``steer``): warmup–stable–decay
+        with a budget horizon (``lr_horizon: budget`` and a ``max_time``), past its decay's start."""
+        horizon = pl_module.horizon
+        return (self.steer_every > 0 and horizon is not None and pl_module.decay_fraction is not None
+                and pl_module.hparams.lr_horizon == "budget" and budget_timer(trainer) is not None
+                and trainer.global_step > horizon.decay_start)
+
+    def steer(self, trainer: L.Trainer, pl_module) -> None:
+        """Warmup–stable–decay in its decay: the end again, every ``steer_every`` steps and after
+        each validation, from the median time of the last steps and the time left, so that the
+        decay ends when the budget does. The fit before the decay cannot know all that is to
+        come: a resumed run's first validation took 25 s in one lease, and that refit spread it
+        over every later step (the decay ended 352 steps early, the rest at learning rate 0;
+        docs/experiments.md entry 28); a sample grid in the decay is the opposite case. The
+        median leaves one-off and periodic work out; what they cost shows in the time left at the
+        next steering. The rate of update ``step + 1`` is already set: the new course starts
+        there, from the progress it had."""
+        if len(self.recent) < 3:  # the same in every process: each has timed the same steps
+            return
+        times = list(self.recent)
+        seconds_per_step = statistics.median(b - a for a, b in zip(times, times[1:]))
+        horizon, anchor = pl_module.horizon, trainer.global_step + 1
+        end = anchor + int(budget_timer(trainer).time_remaining() / seconds_per_step)
+        if trainer.max_steps > 0:
+            end = min(end, trainer.max_steps)
+        steered = replace(horizon, end=max(end, anchor + 1), steered_at=(anchor, horizon.progress(anchor)))
+        steered = trainer.strategy.broadcast(steered, src=0)  # rank 0's measurement decides
+        if steered.end != horizon.end:
+            pl_module.horizon = steered
 
     def fix(self, trainer: L.Trainer, pl_module) -> None:
         if pl_module.horizon is not None or len(self.starts) < 3:  # every later step: nothing to look up

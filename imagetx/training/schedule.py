@@ -53,8 +53,7 @@ def warmup_then_decay(step: int, warmup_steps: int, horizon: Horizon | None, dec
         return scale * step / warmup_steps
     if horizon is None or step <= horizon.decay_start:
         return scale
-    progress = min((step - horizon.decay_start) / (horizon.end - horizon.decay_start), 1.0)
-    return scale * DECAYS[decay](progress)
+    return scale * DECAYS[decay](horizon.progress(step))
 
 
 def warmup_cosine(step: int, warmup_steps: int, horizon: Horizon | None) -> float:
