@@ -86,6 +86,19 @@ def run_budget(trainer: L.Trainer) -> dict[str, int | None]:
     return {"max_steps": trainer.max_steps, "max_time": seconds}
 
 
+def median_step_seconds(starts: list[float]) -> float:
+    """The cost of a step: the median time from one step's start to the next (a validation, a
+    grid or a compilation between two steps moves it little)."""
+    return statistics.median(b - a for a, b in zip(starts, starts[1:]))
+
+
+def last_step_in_time(step: int, remaining_seconds: float, seconds_per_step: float, max_steps: int) -> int:
+    """The step the time left runs out at, ``step`` updates into the run at ``seconds_per_step``
+    each; never past ``max_steps`` (when > 0)."""
+    end = step + max(int(remaining_seconds / seconds_per_step), 0)
+    return min(end, max_steps) if max_steps > 0 else end
+
+
 def fit_horizon(step: int, remaining_seconds: float, seconds_per_step: float, overhead_per_step: float,
                 warmup_steps: int, max_steps: int, first_step: int = 0,
                 decay_fraction: float | None = None) -> Horizon:
@@ -94,11 +107,16 @@ def fit_horizon(step: int, remaining_seconds: float, seconds_per_step: float, ov
     share of the periodic work (validations, sample grids, checkpoints) that falls to one step.
     Never past ``max_steps`` (when > 0). The decay starts at update step + 1 at the earliest,
     whose rate the scheduler has already set (to the peak); where, ``place_decay`` says."""
-    steps_left = max(int(remaining_seconds / (seconds_per_step + overhead_per_step)), 0)
-    end = step + steps_left
-    if max_steps > 0:
-        end = min(end, max_steps)
+    end = last_step_in_time(step, remaining_seconds, seconds_per_step + overhead_per_step, max_steps)
     return place_decay(end, step + 1, warmup_steps, first_step, decay_fraction)
+
+
+def wsd_on_budget(trainer: L.Trainer, pl_module) -> bool:
+    """Whether the run's schedule is warmup–stable–decay with its horizon on a time budget
+    (``lr_horizon: budget`` and a ``max_time``): the one that is refitted before its decay and
+    steered in it (BudgetHorizon)."""
+    return (pl_module.decay_fraction is not None and pl_module.hparams.lr_horizon == "budget"
+            and budget_timer(trainer) is not None)
 
 
 def agreed_horizon(trainer: L.Trainer, pl_module, remaining_seconds: float, seconds_per_step: float,
@@ -168,14 +186,13 @@ class BudgetHorizon(Callback):
         """Warmup–stable–decay before its decay: the horizon again, from the mean cost of every
         step timed so far (the periodic work included, so no overhead is added). Not for a
         horizon of steps (``lr_horizon: steps``), which a time budget does not move."""
-        timer, horizon = budget_timer(trainer), pl_module.horizon
-        if (timer is None or pl_module.decay_fraction is None or pl_module.hparams.lr_horizon != "budget"
-                or self.since is None or trainer.global_step >= horizon.decay_start
-                or trainer.global_step <= self.since[0]):
+        horizon = pl_module.horizon
+        if (self.since is None or trainer.global_step >= horizon.decay_start
+                or trainer.global_step <= self.since[0] or not wsd_on_budget(trainer, pl_module)):
             return
         step, started = self.since
         seconds_per_step = (time.monotonic() - started) / (trainer.global_step - step)
-        refitted = agreed_horizon(trainer, pl_module, timer.time_remaining(), seconds_per_step, 0.0)
+        refitted = agreed_horizon(trainer, pl_module, budget_timer(trainer).time_remaining(), seconds_per_step, 0.0)
         if refitted != horizon:
             pl_module.horizon = refitted
             pl_module.print(f"learning-rate horizon refitted at step {trainer.global_step}: the decay runs from "
@@ -186,9 +203,8 @@ class BudgetHorizon(Callback):
         """Whether the decay under way is steered to the budget (``steer``): warmup–stable–decay
         with a budget horizon (``lr_horizon: budget`` and a ``max_time``), past its decay's start."""
         horizon = pl_module.horizon
-        return (self.steer_every > 0 and horizon is not None and pl_module.decay_fraction is not None
-                and pl_module.hparams.lr_horizon == "budget" and budget_timer(trainer) is not None
-                and trainer.global_step > horizon.decay_start)
+        return (self.steer_every > 0 and horizon is not None and trainer.global_step > horizon.decay_start
+                and wsd_on_budget(trainer, pl_module))
 
     def steer(self, trainer: L.Trainer, pl_module) -> None:
         """Warmup–stable–decay in its decay: the end again, every ``steer_every`` steps and after
@@ -202,12 +218,9 @@ class BudgetHorizon(Callback):
         there, from the progress it had."""
         if len(self.recent) < 3:  # the same in every process: each has timed the same steps
             return
-        times = list(self.recent)
-        seconds_per_step = statistics.median(b - a for a, b in zip(times, times[1:]))
         horizon, anchor = pl_module.horizon, trainer.global_step + 1
-        end = anchor + int(budget_timer(trainer).time_remaining() / seconds_per_step)
-        if trainer.max_steps > 0:
-            end = min(end, trainer.max_steps)
+        end = last_step_in_time(anchor, budget_timer(trainer).time_remaining(), median_step_seconds(list(self.recent)),
+                                trainer.max_steps)
         steered = replace(horizon, end=max(end, anchor + 1), steered_at=(anchor, horizon.progress(anchor)))
         steered = trainer.strategy.broadcast(steered, src=0)  # rank 0's measurement decides
         if steered.end != horizon.end:
@@ -220,7 +233,7 @@ class BudgetHorizon(Callback):
         if timer is None:
             return
         now = time.monotonic()
-        seconds_per_step = statistics.median(b - a for a, b in zip(self.starts, self.starts[1:]))
+        seconds_per_step = median_step_seconds(self.starts)
         overhead = max(now - self.starts[0] - seconds_per_step * len(self.starts), 0.0) / len(self.starts)
         remaining = timer.time_remaining()
         pl_module.horizon = agreed_horizon(trainer, pl_module, remaining, seconds_per_step, overhead)
