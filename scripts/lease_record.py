@@ -95,8 +95,9 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None) -> dict:
             tar.extractall(scratch, filter="data")  # plain files only, nothing outside scratch
         lease = json.loads((scratch / "lease.json").read_text())
         config = json.loads((scratch / "config.json").read_text())
-        lease.update(scores(scratch, is_superres(config)))
-        if is_superres(config):  # shipped with the bounds: the same weights, samples keep their input's box means
+        superres = is_superres(config)
+        lease.update(scores(scratch, superres))
+        if superres:  # shipped with the bounds: the same weights, samples keep their input's box means
             config["exact_box_means"] = True
         continuation = into / "continuation"
         if (scratch / MANIFEST).exists():  # check the parts before anything of the old lineage is replaced
@@ -124,7 +125,7 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None) -> dict:
         for name in ("metrics.csv", "train.log"):
             if (scratch / name).exists():
                 shutil.copy(scratch / name, folder)
-        grids = scratch / ("grids_bounded" if is_superres(config) else "grids")  # the shipped model's
+        grids = scratch / ("grids_bounded" if superres else "grids")  # the shipped model's
         for grid in grids.glob("*.png") if grids.exists() else []:
             shutil.copy(grid, into)
         lineage.append(lease)
