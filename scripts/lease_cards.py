@@ -118,9 +118,9 @@ python -m imagetx.sample --ckpt pretrained/{name} --task complete --images photo
 
 {lineage_notes(lineage)}
 
-Samples of the newest lease's model, on its GPU (seed 0): 64 images drawn from nothing
-(`generate.png`), and 8 val images completed from their top 16 rows, 3 samples each beside the
-original (`complete.png`).
+Samples of the newest lease's model (seed 0; drawn on its GPU unless its notes say otherwise):
+64 images drawn from nothing (`generate.png`), and 8 val images completed from their top 16 rows,
+3 samples each beside the original (`complete.png`).
 
 ![64 samples](generate.png)
 

@@ -1,9 +1,16 @@
-"""The opt-in torch.compile switch (performance issue): same numbers, same checkpoint keys."""
+"""The opt-in torch.compile switch (performance issue): same numbers, same checkpoint keys, one graph."""
 
+from pathlib import Path
+
+import pytest
 import torch
+import yaml
 
-from imagetx import ModelConfig
+from imagetx import ImageTransformer, ModelConfig
+from imagetx.model.inputs import downsample_area
 from imagetx.training.module import ImageTransformerModule
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def test_compiled_module_matches_eager_and_keeps_parameter_names():
@@ -20,3 +27,28 @@ def test_compiled_module_matches_eager_and_keeps_parameter_names():
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
     got.mean().backward()
     assert all(p.grad is not None for p in compiled.parameters())
+
+
+@pytest.mark.parametrize("preset, built", [("cifar10_dmol_25min.yaml", True), ("superres.yaml", True),
+                                           ("cifar10_dmol_25min.yaml", False)],
+                         ids=["1D, built first", "2D, encoder, cross-attention, built first", "control: none built"])
+def test_a_model_with_its_patterns_built_compiles_as_one_graph(preset, built):
+    """Training builds every pattern before its first compiled pass (the module's on_fit_start), so
+    that a resumed run traces the graphs a fresh run's sanity validation left in Inductor's cache
+    (docs/experiments.md entry 29). fullgraph=True fails on any graph break; the eager backend
+    traces as torch.compile does, without generating code. Shrunk presets: self-attention 1D and
+    2D, the encoder, cross-attention."""
+    settings = yaml.safe_load((REPO / "configs" / preset).read_text())["model"]["config"]
+    settings.update(n_layers=1, d_model=16, n_heads=2, d_filter=32,
+                    encoder_layers=min(settings.get("encoder_layers", 0), 1))
+    model = ImageTransformer(ModelConfig.from_dict(settings)).eval()  # no dropout: two passes compared
+    images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
+    low_res = downsample_area(images, 8) if model.encoder is not None else None
+    if built:
+        model.build_patterns("cpu")
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    if built:
+        torch.testing.assert_close(compiled(images, low_res=low_res), model(images, low_res=low_res))
+    else:  # the first pass builds them: a graph break, which fullgraph refuses
+        with pytest.raises(Exception, match="disable"):
+            compiled(images, low_res=low_res)

@@ -4,13 +4,15 @@ Each loads through the safe-weights path, scores the 32 fixed val images of
 tests/data/cifar10_val_first32.npz (the first 32 of the last 5,000 CIFAR-10 training images,
 ``train-4.npz[5000:5032]`` of ../shared/cifar10, with their labels) within 0.01 bits/dim of
 the figure recorded here when it was exported, and does its job: a completion keeps its given
-rows bit-identical, a super-resolved sample box-averages back to its 8×8 input exactly."""
+rows bit-identical, a super-resolved sample box-averages back to its 8×8 input exactly. Each GPU
+model's continuation passes ``--resume``'s checks under its lease preset."""
 
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 from PIL import Image
 
 from imagetx.model.inputs import downsample_area
@@ -18,13 +20,15 @@ from imagetx.model.scoring import evaluate
 from imagetx.sample import main as sample_main
 from imagetx.model.sampler import sample
 from imagetx.io.load import load_model
+from imagetx.model.config import ModelConfig
+from imagetx.training.resume import checkpoint_to_resume
 
 REPO = Path(__file__).resolve().parents[1]
 VAL_IMAGES = Path(__file__).parent / "data" / "cifar10_val_first32.npz"
 
 # bits/dim over the 32 fixed val images, measured with `evaluate` (float32, CPU) when the weights
 # were exported, or for cifar10_gpu and superres_gpu when their lease's weights came home
-RECORDED_BPD = {"cifar10_gpu": 3.1443, "completion": 3.3874, "superres": 3.0688, "superres_gpu": 2.8997}
+RECORDED_BPD = {"cifar10_gpu": 3.1018, "completion": 3.3874, "superres": 3.0688, "superres_gpu": 2.8997}
 # A recorded figure is the same weights on the same images: only float summation order may
 # differ between machines, far below this.
 BPD_TOLERANCE = 0.01
@@ -116,3 +120,18 @@ def test_each_model_card_carries_the_hubs_metadata(shipped):
     (result,) = card.data.eval_results
     assert result.metric_type == "bits_per_dim"
     assert f"**{result.metric_value}**" in card.text  # the figure the card's table states
+
+
+# The preset each GPU model's leases train with (docs/gpu.md; CONFIG in scripts/gpu_lease.sh).
+LEASE_PRESETS = {"cifar10_gpu": "cifar10_dmol_25min.yaml", "superres_gpu": "superres_gpu.yaml"}
+
+
+@pytest.mark.parametrize("name", sorted(LEASE_PRESETS))
+def test_each_shipped_continuation_resumes_with_its_preset(tmp_path, name):
+    """The next lease goes on from the repository's continuation: it must pass --resume's checks
+    under today's code and preset. cifar10_gpu's lease 2 lost a call to a KeyError here (a field
+    added to ModelConfig after the continuation was written); this finds such a thing in CI."""
+    preset = yaml.safe_load((REPO / "configs" / LEASE_PRESETS[name]).read_text())
+    config = ModelConfig.from_dict(preset["model"]["config"])
+    continuation = REPO / "pretrained" / name / "continuation"
+    assert Path(checkpoint_to_resume(str(continuation), tmp_path, config)).is_file()

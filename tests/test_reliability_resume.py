@@ -186,6 +186,31 @@ def test_resume_with_another_model_configuration_is_a_clear_error(tmp_path, data
     assert "Traceback" not in "\n".join(err)
 
 
+@pytest.mark.parametrize("missing", ["exact_box_means", "dropout"])
+def test_resume_from_a_checkpoint_written_before_a_field_existed(tmp_path, data_root, capsys, missing):
+    """A checkpoint lacks a field added to ModelConfig since it was written (cifar10_gpu's continuation
+    lacked exact_box_means: its lease 2 stopped on a KeyError): it trained with the field's default.
+    exact_box_means: this run uses the default too, so it resumes. dropout: this run's 0.1 is not
+    the default 0.3, so it is refused as another model (the control)."""
+    run_dir = tmp_path / "run"
+    train(tmp_path, run_dir, data_root, max_steps=1)
+    last = run_dir / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    del checkpoint["imagetx"]["model_config"][missing]
+    torch.save(checkpoint, last)
+    capsys.readouterr()
+    if missing == "exact_box_means":
+        resumed = train(tmp_path, run_dir, data_root, max_steps=2, extra=("--resume", "last"))
+        assert resumed["global_step"] == 2
+        return
+    config = write_train_config(tmp_path / "again.yaml", run_dir, data_root, 2, **SETTINGS)
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(config), "--wandb", "disabled", "--resume", "last"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: --resume") and "dropout=0.3 there, 0.1 here" in err[-1], err
+
+
 def test_resume_with_another_batch_size_is_a_clear_error(tmp_path, data_root, capsys):
     run_dir = tmp_path / "run"
     train(tmp_path, run_dir, data_root, max_steps=1)

@@ -21,12 +21,14 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from .attention import CrossAttention, SelfAttention
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
 from .cross_pattern import CrossPattern
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
 from .inputs import check_image_tensor, check_labels
+from .kernels import prepare
 from .layers import Encoder, LayerCache, TransformerLayer, zero_start
 from .order import images_to_sequence
 from .patterns import pattern_for
@@ -125,6 +127,17 @@ class ImageTransformer(nn.Module):
         writers = [layer.cross_attn.to_out for layer in self.layers if layer.cross_attn is not None]
         writers += [layer.cell_add.proj for layer in self.layers if layer.cell_add is not None]
         return writers + ([self.cell_remainder.proj] if self.cell_remainder is not None else [])
+
+    def build_patterns(self, device: torch.device | str) -> None:
+        """Build every attention layer's pattern on ``device`` now, eagerly. Under torch.compile
+        the first pass that builds one breaks its graph there (patterns.BuiltOnce): a run whose
+        first compiled pass found none built (a resumed run, which has no sanity validation)
+        traced other graphs than a run whose sanity validation had built them, and Inductor's
+        cache, filled by a lease's ``warm``, missed (docs/experiments.md entry 29). Built first,
+        every run traces the same graphs, with no break."""
+        for module in self.modules():
+            if isinstance(module, (SelfAttention, CrossAttention)):
+                prepare(module.pattern, module.kernel, torch.device(device), module.head_size)
 
     # ----- inputs -----------------------------------------------------------
     def targets(self, images: Tensor) -> Tensor:

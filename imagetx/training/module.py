@@ -120,6 +120,7 @@ class ImageTransformerModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self.flops = count_flops(self.model, self.device)
+        self.model.build_patterns(self.device)  # before any compiled pass: the same graphs in every run
 
     def on_train_start(self) -> None:
         """The next update's learning rate from this run's schedule. A resumed optimiser holds the

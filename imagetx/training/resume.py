@@ -45,9 +45,10 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
     if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
         raise CheckpointError(f"--resume {path}: this checkpoint holds weights only (no optimiser or loop state); "
                               "resume from a checkpoint written by imagetx.train, e.g. checkpoints/last.ckpt")
-    stored = checkpoint["imagetx"].get("model_config", {})
+    # A key the checkpoint lacks is a field added since it was written: it trained with the field's default.
+    stored = {**ModelConfig().to_dict(), **checkpoint["imagetx"].get("model_config", {})}
     wanted = config.to_dict()
-    differ = [f"{key}={stored[key]!r} there, {wanted[key]!r} here" for key in wanted if stored.get(key) != wanted[key]]
+    differ = [f"{key}={stored[key]!r} there, {wanted[key]!r} here" for key in wanted if stored[key] != wanted[key]]
     if differ:
         raise CheckpointError(f"--resume {path}: the checkpoint's model differs from this run's "
                               f"({'; '.join(differ[:3])}): resume with the configuration it was trained with, "
