@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..io.checkpoint import CHECKPOINT_DIR, LAST, read_checkpoint
+from ..io.checkpoint import CHECKPOINT_DIR, LAST, model_config_of, read_checkpoint
 from ..io.errors import CheckpointError
 from ..model.config import ModelConfig
 from .continuation import CONTINUE, is_packed, unpack
@@ -45,8 +45,7 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
     if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
         raise CheckpointError(f"--resume {path}: this checkpoint holds weights only (no optimiser or loop state); "
                               "resume from a checkpoint written by imagetx.train, e.g. checkpoints/last.ckpt")
-    # A key the checkpoint lacks is a field added since it was written: it trained with the field's default.
-    stored = {**ModelConfig().to_dict(), **checkpoint["imagetx"].get("model_config", {})}
+    stored = model_config_of(checkpoint).to_dict()  # a field added since it was written: its default
     wanted = config.to_dict()
     differ = [f"{key}={stored[key]!r} there, {wanted[key]!r} here" for key in wanted if stored[key] != wanted[key]]
     if differ:
