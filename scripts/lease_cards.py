@@ -96,7 +96,7 @@ this folder, its lineage (`lineage.json`, each lease's `leases/lease_N/metrics.c
 `train.log`) and this card."""
 
 
-def generation_card(name: str, lineage: list[dict], minutes: float) -> str:
+def generation_card(name: str, lineage: list[dict], minutes: str) -> str:
     return f"""{metadata(name, "unconditional-image-generation", "Unconditional image generation", lineage[-1].get("val_bpd"))}
 # `{name}`: the paper's CIFAR-10 DMOL model, trained a GPU lease at a time
 
@@ -105,7 +105,7 @@ blocks with the row above as memory, DMOL with 10 logistics; 7.4 M parameters), 
 training images 0–44,999 with warmup–stable–decay: each lease goes on from the previous lease's
 continuation (the state before its decay, `continuation/`) and ends with a decay of its own;
 `model.safetensors` (bf16) is the newest lease's decayed model. {len(lineage)} lease(s),
-{minutes:.1f} GPU minutes of training so far. Val bits/dim: all 5,000 val images (training images
+{minutes}. Val bits/dim: all 5,000 val images (training images
 45,000–49,999, never trained on), scored by `python -m imagetx.evaluate` from these bf16 weights.
 
 ```bash
@@ -130,7 +130,7 @@ Samples of the newest lease's model (seed 0; drawn on its GPU unless its notes s
 """
 
 
-def superres_card(name: str, lineage: list[dict], minutes: float) -> str:
+def superres_card(name: str, lineage: list[dict], minutes: str) -> str:
     return f"""{metadata(name, "image-to-image", "Super-resolution 8×8 → 32×32", lineage[-1].get("val_bpd"))}
 # `{name}`: 8×8 → 32×32 super-resolution on CIFAR-10, trained a GPU lease at a time
 
@@ -142,8 +142,8 @@ to (the cell remainder input); 8.0 M parameters. Shipped with `exact_box_means`:
 drawn from what keeps its 4×4 cell's mean equal to the input's, so every sample averages back to
 its input exactly. Trained on CIFAR-10 training images 0–44,999 with warmup–stable–decay, each
 lease going on from the previous lease's continuation (`continuation/`); `model.safetensors` (bf16)
-is the newest lease's decayed model. {len(lineage)} lease(s), {minutes:.1f} GPU minutes of training
-so far. Val bits/dim: all 5,000 val images (training images 45,000–49,999, never trained on), each
+is the newest lease's decayed model. {len(lineage)} lease(s), {minutes}.
+Val bits/dim: all 5,000 val images (training images 45,000–49,999, never trained on), each
 given its own 8×8 input (its 4×4 box means), scored by `python -m imagetx.evaluate` from these bf16
 weights; "given another image's" is the same weights without the bounds (which give another
 image's input no mass at all), each image scored with the next one's input
@@ -168,10 +168,22 @@ one sample at each of the temperatures 0.8, 0.9 and 1.0, and the original.
 """
 
 
+def minutes_sentence(lineage: list[dict]) -> str:
+    """The GPU minutes of every lease, and those on the path to the shipped weights: each earlier
+    lease up to its continuation (the next lease went on from there; its decay was left behind),
+    then the newest lease whole. Equal GPU minutes between two models are minutes on their paths."""
+    total = sum(lease.get("training_minutes") or 0 for lease in lineage)
+    earlier = [lease.get("minutes_to_continuation") for lease in lineage[:-1]]
+    if None in earlier:
+        return f"{total:.1f} GPU minutes of training so far"
+    path = sum(earlier) + (lineage[-1].get("training_minutes") or 0)
+    return (f"{total:.1f} GPU minutes of training so far, {path:.1f} of them on the path to these weights "
+            f"(each earlier lease up to its continuation, then the newest)")
+
+
 def card(name: str, config: dict, lineage: list[dict]) -> str:
     """The model card of the folder ``name``, whose model has ``config`` (its config.json)."""
-    minutes = sum(lease.get("training_minutes") or 0 for lease in lineage)
-    return (superres_card if is_superres(config) else generation_card)(name, lineage, minutes)
+    return (superres_card if is_superres(config) else generation_card)(name, lineage, minutes_sentence(lineage))
 
 
 def write_card(into: Path, lineage: list[dict] | None = None) -> None:

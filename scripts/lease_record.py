@@ -7,7 +7,7 @@ model"). Two models are trained so: pretrained/cifar10_gpu and pretrained/superr
 
 ``summary`` (run by ``scripts/gpu_lease.sh finish``) reads the run's last checkpoint and metrics:
 steps (from where this lease started to its end), images seen by the model since its first lease,
-training minutes, images/s, MFU, peak memory, the val curve, the GPU and torch. ``home`` takes
+training minutes (and those up to its continuation), images/s, MFU, peak memory, the val curve, the GPU and torch. ``home`` takes
 what the lease brought back (the decayed bf16 model, the packed continuation, results.tar),
 checks the continuation's parts against its manifest, installs all of it into the shipped-weights
 folder, appends the lease to ``lineage.json`` and writes the model card (README.md, with the
@@ -60,6 +60,11 @@ def summary(run: Path, device: str) -> dict:
         values = [float(row[column]) for row in rows if row.get(column)]
         medians[name] = round(statistics.median(values), 4) if values else None
     timer = last.get("callbacks", {}).get("Timer", {}).get("time_elapsed", {})
+    continuation = run / "checkpoints" / CONTINUE
+    # The training minutes up to the continuation: what this lease adds to the path of the next
+    # lease's weights (the rest of its minutes, its decay, is left behind with its own weights).
+    to_continuation = (load_weights_only(continuation, mmap=True).get("callbacks", {}).get("Timer", {})
+                       .get("time_elapsed", {}).get("train") if continuation.exists() else None)
     return {
         "date": datetime.date.today().isoformat(),
         "device": torch.cuda.get_device_name() if device == "cuda" and torch.cuda.is_available() else device,
@@ -67,6 +72,7 @@ def summary(run: Path, device: str) -> dict:
         "first_step": meta.get("first_step", 0), "last_step": last["global_step"],
         "images_seen": meta.get("images_seen"),
         "training_minutes": round(timer.get("train", 0.0) / 60, 1),
+        "minutes_to_continuation": None if to_continuation is None else round(to_continuation / 60, 2),
         **medians,
         "val_curve": [(int(row["step"]), float(row["val/bpd"])) for row in rows if row.get("val/bpd")],
     }

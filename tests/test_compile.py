@@ -8,7 +8,7 @@ import yaml
 
 from imagetx import ImageTransformer, ModelConfig
 from imagetx.model.inputs import downsample_area
-from imagetx.training.module import ImageTransformerModule
+from imagetx.training.module import COMPILE_OPTIONS, ImageTransformerModule
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -52,3 +52,37 @@ def test_a_model_with_its_patterns_built_compiles_as_one_graph(preset, built):
     else:  # the first pass builds them: a graph break, which fullgraph refuses
         with pytest.raises(Exception, match="disable"):
             compiled(images, low_res=low_res)
+
+
+def traced_batch_sizes(order: str, **options) -> list[tuple]:
+    """The graphs torch.compile traces for a shrunk GPU recipe run in ``order`` (``e``: an eval pass
+    of 6 images, ``t``: a training pass of 4), compiled with ``options``: per graph, the training
+    flag and the size of each input that is not a plain number (a symbolic one where dynamic)."""
+    settings = yaml.safe_load((REPO / "configs" / "cifar10_dmol_25min.yaml").read_text())["model"]["config"]
+    settings.update(n_layers=1, d_model=16, n_heads=2, d_filter=32)
+    model = ImageTransformer(ModelConfig.from_dict(settings))
+    model.build_patterns("cpu")
+    traced = []
+
+    def recording_backend(graph, example_inputs):
+        traced.append((model.training, tuple(type(x).__name__ for x in example_inputs if not isinstance(x, torch.Tensor))))
+        return graph.forward
+
+    torch._dynamo.reset()  # graphs of an earlier test would be reused, not traced
+    model.compile(backend=recording_backend, **options)
+    for mode in order:
+        model.train(mode == "t")
+        with torch.set_grad_enabled(mode == "t"):
+            model(torch.randint(0, 256, (6 if mode == "e" else 4, 32, 32, 3), dtype=torch.uint8))
+    return sorted(traced)
+
+
+def test_a_resumed_run_traces_the_graphs_of_a_fresh_one():
+    """A fresh run validates first (its sanity check), a resumed run trains first; the module's
+    compile options must trace the same graphs either way, or the resumed run misses the Inductor
+    cache a lease's `warm` filled (docs/experiments.md entry 30). Control: automatic dynamic shapes
+    make the second graph's batch size symbolic, so the two orders differ."""
+    fresh, resumed = traced_batch_sizes("ett", **COMPILE_OPTIONS), traced_batch_sizes("tte", **COMPILE_OPTIONS)
+    assert fresh == resumed == [(False, ()), (True, ())]  # one static graph per mode
+    fresh, resumed = traced_batch_sizes("ett", dynamic=None), traced_batch_sizes("tte", dynamic=None)
+    assert fresh != resumed and ("SymInt",) in {inputs for _, inputs in fresh}

@@ -19,6 +19,7 @@ import torch
 import yaml
 
 from helpers import train_metrics, write_cifar_npz, write_train_config
+from scripts.lease_cards import minutes_sentence
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "scripts" / "gpu_lease.sh"
@@ -90,6 +91,8 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     first = bring_home(out, model)[0]
     assert first["first_step"] == 0 and first["last_step"] == 10 and first["continuation_step"] == 8
     assert first["val_bpd"] > 0 and first["images_seen"] == 20
+    # the continuation's own timer: up to step 8 of the lease's 10, so within its training minutes
+    assert 0 < first["minutes_to_continuation"] <= first["training_minutes"] + 0.05
 
     # The next lease: a fresh machine, the shards and the repository's continuation carried in.
     stage = Path(dry_env["STAGE"])
@@ -116,6 +119,18 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
         == {"epoch": 3, "samples": 2}
     card = (model / "README.md").read_text()
     assert "| 2 |" in card and f"value: {second['val_bpd']:.3f}" in card
+    assert minutes_sentence(lineage) in card
+
+
+def test_the_card_counts_the_minutes_on_the_weights_path():
+    """Equal GPU minutes between two models are minutes on their weights' paths: each earlier lease
+    up to its continuation, then the newest lease whole; unknown where an earlier lease lacks it."""
+    lineage = [{"training_minutes": 5.7, "minutes_to_continuation": 4.55},
+               {"training_minutes": 5.0, "minutes_to_continuation": 4.07}, {"training_minutes": 2.3}]
+    assert minutes_sentence(lineage).startswith("13.0 GPU minutes of training so far, 10.9 of them on the path")
+    lineage[1]["minutes_to_continuation"] = None
+    assert minutes_sentence(lineage) == "13.0 GPU minutes of training so far"
+    assert minutes_sentence([{"training_minutes": 6.3}]).startswith("6.3 GPU minutes of training so far, 6.3 of them")
 
 
 def test_a_failing_step_fails_the_call(dry_env):

@@ -36,6 +36,14 @@ from .schedule import noam, warmup_then_decay
 from ..data.seeding import mix_seed, run_seed
 
 
+# torch.compile's options for the network. Static shapes: under automatic dynamic shapes the graph
+# compiled second (training after a fresh run's sanity validation, validation after a resumed run's
+# first steps) takes a symbolic batch size, so a fresh and a resumed run trace different graphs and
+# the resumed one misses the Inductor cache a lease's `warm` filled (docs/experiments.md entry 30).
+# Each batch shape compiles once; the GPU presets' batch sizes divide their data.
+COMPILE_OPTIONS = {"dynamic": False}
+
+
 class ImageTransformerModule(L.LightningModule):
     def __init__(
         self,
@@ -80,7 +88,7 @@ class ImageTransformerModule(L.LightningModule):
         self.stored_budget: dict | None = None  # the budget of the run a resumed checkpoint came from
         if compile:
             # In place, so parameter names (and checkpoints) stay those of the plain model.
-            self.model.compile()
+            self.model.compile(**COMPILE_OPTIONS)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
