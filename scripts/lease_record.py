@@ -8,11 +8,12 @@ model"). Two models are trained so: pretrained/cifar10_gpu and pretrained/superr
 ``summary`` (run by ``scripts/gpu_lease.sh finish``) reads the run's last checkpoint and metrics:
 steps (from where this lease started to its end), images seen by the model since its first lease,
 training minutes (and those up to its continuation, from that checkpoint's timer), images/s, MFU,
-peak memory, the val curve, the GPU and torch. ``home`` takes what the lease brought back (the decayed bf16 model, the packed continuation, results.tar),
-checks the continuation's parts against its manifest, installs all of it into the shipped-weights
-folder, appends the lease to ``lineage.json`` and writes the model card (README.md, with the
-Hub's metadata; scripts/lease_cards.py) from the whole lineage. Nothing of the previous lease is kept in the folder but
-its line in the lineage: git holds the earlier files.
+peak memory, the val curve, the GPU and torch. ``home`` takes what the lease brought back (the
+decayed bf16 model, the packed continuation, results.tar), checks the continuation's parts against
+its manifest, installs all of it into the shipped-weights folder, appends the lease to
+``lineage.json`` and writes the model card (README.md, with the Hub's metadata;
+scripts/lease_cards.py) from the whole lineage. Nothing of the previous lease is kept in the
+folder but its line in the lineage: git holds the earlier files.
 """
 
 from __future__ import annotations
