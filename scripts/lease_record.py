@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 
 from imagetx.io.checkpoint import load_weights_only  # noqa: E402
 from imagetx.io.errors import CheckpointError  # noqa: E402
-from imagetx.training.continuation import CONTINUE, MANIFEST, unpack  # noqa: E402
+from imagetx.training.continuation import CONTINUE, MANIFEST, TIMER_STATE, unpack  # noqa: E402
 from scripts.lease_cards import is_superres, write_card  # noqa: E402
 
 GPU_MODEL = REPO / "pretrained" / "cifar10_gpu"  # the shipped-weights folder a lease goes home to by default
@@ -49,6 +49,11 @@ def metric_rows(run: Path) -> list[dict]:
     return rows
 
 
+def training_seconds(checkpoint: dict) -> float | None:
+    """The training time Lightning's Timer had counted when ``checkpoint`` was written (None without it)."""
+    return checkpoint.get("callbacks", {}).get(TIMER_STATE, {}).get("time_elapsed", {}).get("train")
+
+
 def summary(run: Path, device: str) -> dict:
     import torch
 
@@ -60,19 +65,17 @@ def summary(run: Path, device: str) -> dict:
     for name, column in THROUGHPUT.items():
         values = [float(row[column]) for row in rows if row.get(column)]
         medians[name] = round(statistics.median(values), 4) if values else None
-    timer = last.get("callbacks", {}).get("Timer", {}).get("time_elapsed", {})
     continuation = run / "checkpoints" / CONTINUE
     # The training minutes up to the continuation: what this lease adds to the path of the next
     # lease's weights (the rest of its minutes, its decay, is left behind with its own weights).
-    to_continuation = (load_weights_only(continuation, mmap=True).get("callbacks", {}).get("Timer", {})
-                       .get("time_elapsed", {}).get("train") if continuation.exists() else None)
+    to_continuation = training_seconds(load_weights_only(continuation, mmap=True)) if continuation.exists() else None
     return {
         "date": datetime.date.today().isoformat(),
         "device": torch.cuda.get_device_name() if device == "cuda" and torch.cuda.is_available() else device,
         "torch": torch.__version__,
         "first_step": meta.get("first_step", 0), "last_step": last["global_step"],
         "images_seen": meta.get("images_seen"),
-        "training_minutes": round(timer.get("train", 0.0) / 60, 1),
+        "training_minutes": round((training_seconds(last) or 0.0) / 60, 1),
         "minutes_to_continuation": None if to_continuation is None else round(to_continuation / 60, 2),
         **medians,
         "val_curve": [(int(row["step"]), float(row["val/bpd"])) for row in rows if row.get("val/bpd")],

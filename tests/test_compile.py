@@ -68,7 +68,7 @@ def traced_batch_sizes(order: str, **options) -> list[tuple]:
         traced.append((model.training, tuple(type(x).__name__ for x in example_inputs if not isinstance(x, torch.Tensor))))
         return graph.forward
 
-    torch._dynamo.reset()  # graphs of an earlier test would be reused, not traced
+    torch.compiler.reset()  # graphs of an earlier test would be reused, not traced
     model.compile(backend=recording_backend, **options)
     for mode in order:
         model.train(mode == "t")
