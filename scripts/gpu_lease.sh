@@ -4,7 +4,9 @@
 #   bash scripts/gpu_lease.sh setup                       # wheels, the shards and continuation carried in .stage/*/
 #   bash scripts/gpu_lease.sh tests                       # the CUDA correctness tests; the run needs them passed
 #   bash scripts/gpu_lease.sh warm [OVERRIDES]            # compile the preset's graphs into Inductor's cache
-#   bash scripts/gpu_lease.sh first [OVERRIDES]           # call 1: tests and warm side by side; both must pass
+#   bash scripts/gpu_lease.sh first [OVERRIDES]           # tests and warm side by side; both must pass
+#   bash scripts/gpu_lease.sh begin [OVERRIDES]           # call 1: `first`, detached, beside the calls staging data
+#   bash scripts/gpu_lease.sh await SECONDS               # wait for `begin`'s first; fails as it did
 #   bash scripts/gpu_lease.sh pilot MAX_TIME [OVERRIDES]  # the preset on the shards staged so far
 #   bash scripts/gpu_lease.sh launch MAX_TIME [OVERRIDES] # the run, detached (setsid): outlives the call
 #   bash scripts/gpu_lease.sh wait SECONDS                # progress every 30 s until the run ends or SECONDS pass
@@ -53,6 +55,9 @@ MOMENTS=${MOMENTS:-none}             # the packed continuation's Adam moments: n
 # The run's own process id, written at launch. (Matching command lines with `pgrep -f` also
 # matches the shell of any call whose command names the module, which then waits on itself.)
 running() { [ -f "$RUN/train.pid" ] && kill -0 "$(cat "$RUN/train.pid")" 2>/dev/null; }
+first_going() { [ -f "$WORK/first.pid" ] && kill -0 "$(cat "$WORK/first.pid")" 2>/dev/null; }  # `begin`'s job
+
+device_name() { "$PYTHON" -c 'import torch; print(torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")'; }
 
 latest_metrics() {  # the newest value of each throughput column, and the val curve
   "$PYTHON" - "$1" <<'EOF'
@@ -72,8 +77,8 @@ in_out() { cp "$@" "$OUT"/ && echo "in \$OUT: $*"; }  # results go back as soon 
 
 results_tar() {  # the small results in one file (the 8-file limit), remade as more of them exist
   local files=() name
-  for name in continuation.json config.json lease.json metrics.csv train.log eval_val.json eval_val_bounded.json \
-      input_use.json grids grids_bounded; do
+  for name in continuation.json config.json lease.json metrics.csv train.log cuda_suite_passed.json eval_val.json \
+      eval_val_bounded.json input_use.json grids grids_bounded; do
     [ -e "$WORK/results/$name" ] && files+=("$name")
   done
   tar -C "$WORK/results" -cf "$OUT/results.tar" "${files[@]}" && echo "in \$OUT: results.tar (${files[*]})"
@@ -106,23 +111,30 @@ setup)
   done
   [ -e "$CONTINUATION/continuation.json" ] && echo "continuation staged: $(cat "$CONTINUATION/continuation.json" \
       | "$PYTHON" -c 'import json, sys; m = json.load(sys.stdin); print("step", m["step"], "images", m["images_seen"])')"
-  running || { rm -rf "$CODE" && mkdir -p "$CODE" && cp -r imagetx "$CODE"/; }
+  running || first_going || { rm -rf "$CODE" && mkdir -p "$CODE" && cp -r imagetx "$CODE"/; }
   ls -la "$DATA"
   "$PYTHON" -c "import torch, lightning, jsonargparse, torchdata, huggingface_hub, imagetx; print(torch.__version__, \
 lightning.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no CUDA')"
   ;;
 tests)
   rm -f "$TESTS_PASSED"
+  # The whole CUDA suite when a file it covers changed since it last passed on a GPU, else the checks
+  # the run depends on (scripts/cuda_suite.py, tests/cuda_suite_passed.json).
+  mapfile -t SELECTION < <("$PYTHON" scripts/cuda_suite.py selection)
+  echo "CUDA tests: ${SELECTION[0]} (${SELECTION[*]:1})"
   if [ "$DRY_RUN" = 1 ]; then  # no CUDA here: that pytest runs from the copied code is what can be checked
     # (with a file of the reference masks' tests, one of the quickest: CI runs this step twice)
-    PYTHONPATH=$PWD:$SITE timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_can_attend.py
+    PYTHONPATH=$PWD:$SITE timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_can_attend.py \
+        | tee "$WORK/cuda_tests.log" | tail -3
   else
-    # -k cuda: the CUDA-only tests (FlexAttention values and gradients against the dense reference,
-    # the CUDA-graph decoding step, sampling without per-step syncs); -rs lists any skip, and a
-    # skipped one fails the step: on the GPU each of them must run.
-    PYTHONPATH=$PWD:$SITE timeout 300 "$PYTHON" -m pytest -q -rs -p no:cacheprovider \
-        tests/test_sampler.py tests/test_flex_attention.py -k cuda 2>&1 | tee "$WORK/cuda_tests.log" | tail -30
+    # -rs lists any skip, and a skipped one fails the step: on the GPU each of them must run.
+    PYTHONPATH=$PWD:$SITE timeout 300 "$PYTHON" -m pytest -q -rs -p no:cacheprovider "${SELECTION[@]:1}" 2>&1 \
+        | tee "$WORK/cuda_tests.log" | tail -30
     ! grep -q "SKIPPED" "$WORK/cuda_tests.log" || { echo "CUDA tests were skipped: is the GPU visible?" >&2; exit 1; }
+  fi
+  if [ "${SELECTION[0]}" = whole ] && [ "$DRY_RUN" != 1 ]; then  # brought home by `finish`, installed by `home`
+    "$PYTHON" scripts/cuda_suite.py record "$WORK/cuda_suite_passed.json" --device "$(device_name)" \
+        --passed "$(grep -oE '[0-9]+ passed' "$WORK/cuda_tests.log" | tail -1 | cut -d' ' -f1)"
   fi
   touch "$TESTS_PASSED"
   ;;
@@ -143,6 +155,34 @@ first)
   tail -8 "$WORK/warm.out"
   [ "$tests_status" = 0 ] && [ "$warm_status" = 0 ] || {
     echo "first: tests exit $tests_status, warm exit $warm_status" >&2; exit 1; }
+  ;;
+begin)
+  # Call 1's work when more calls stage data after it: `first`, detached, from a copy of the tree (later
+  # calls re-send the working tree), so that the calls staging the shards run beside the tests and the
+  # warm-up; `await` (in the call that launches) waits for it and fails as `first` did.
+  if first_going; then echo "first is going already (pid $(cat "$WORK/first.pid"))" >&2; exit 1; fi
+  rm -rf "$WORK/tree" "$WORK/first.rc" "$WORK/first.pid" && mkdir -p "$WORK/tree"
+  cp -r imagetx tests configs scripts experiments pyproject.toml "$WORK/tree"/
+  # The detached shell writes its own process id: the `$!` of a backgrounded `cd && setsid ...` names
+  # the subshell around it, which can exit as soon as setsid has forked.
+  (cd "$WORK/tree" && setsid nohup bash -c 'echo $$ >"$0/first.pid"; bash scripts/gpu_lease.sh first "${@:1}" \
+      >"$0/first.out" 2>&1; echo $? >"$0/first.rc"' "$WORK" "${@:2}" </dev/null >/dev/null 2>&1 &)
+  for _ in $(seq 50); do [ -s "$WORK/first.pid" ] && break; sleep 0.2; done
+  first_going || [ -s "$WORK/first.rc" ] || { echo "begin: first did not start" >&2; exit 1; }
+  echo "first: started (pid $(cat "$WORK/first.pid")); 'bash scripts/gpu_lease.sh await SECONDS' waits for it"
+  ;;
+await)
+  end=$((SECONDS + $2))
+  until [ -s "$WORK/first.rc" ]; do
+    if [ $SECONDS -ge $end ] || ! first_going && [ ! -s "$WORK/first.rc" ]; then
+      tail -20 "$WORK/first.out" 2>/dev/null || true
+      echo "await: first has not ended well within $2 s (or was never begun)" >&2; exit 1
+    fi
+    sleep 2
+  done
+  tail -20 "$WORK/first.out"
+  echo "await: first ended (exit $(cat "$WORK/first.rc")) ${SECONDS} s after this call began"
+  exit "$(cat "$WORK/first.rc")"
   ;;
 pilot)
   needs_tests
@@ -198,6 +238,7 @@ finish)
   fi
   "$PYTHON" scripts/lease_record.py summary "$RUN" "$WORK/results/lease.json" --device "$DEVICE"
   cp "$WORK/export/config.json" "$RUN/train.log" "$WORK/results/"
+  [ ! -e "$WORK/cuda_suite_passed.json" ] || cp "$WORK/cuda_suite_passed.json" "$WORK/results/"
   cp "$(ls "$RUN"/csv/version_*/metrics.csv | tail -1)" "$WORK/results/"
   results_tar
   # The shipped (bf16) weights on all val images, through FlexAttention (auto on CUDA), and the
@@ -244,6 +285,6 @@ finish)
   exit "$failed"
   ;;
 *)
-  echo "usage: bash scripts/gpu_lease.sh setup|tests|warm|first|pilot|launch|wait|finish ..." >&2; exit 2
+  echo "usage: bash scripts/gpu_lease.sh setup|tests|warm|first|begin|await|pilot|launch|wait|finish ..." >&2; exit 2
   ;;
 esac

@@ -58,7 +58,8 @@ prepare)
 home)
   [ -d "${2:-}" ] || { echo "usage: bash scripts/lease_files.sh home FILES_AT (the folder the last call's files are in)" >&2; exit 2; }
   if [ -f "$EXCLUDE" ]; then grep -vxF "/$HELD_BACK/" "$EXCLUDE" >"$EXCLUDE.new" || true; mv "$EXCLUDE.new" "$EXCLUDE"; fi
-  "$PYTHON" scripts/lease_record.py home "$2" --into "$GPU_MODEL" "${@:3}"  # [--note TEXT ...]
+  "$PYTHON" scripts/lease_record.py home "$2" --into "$GPU_MODEL" --suite-record tests/cuda_suite_passed.json \
+      "${@:3}"  # [--note TEXT ...]
   git add "$HELD_BACK"
   git status --short "$HELD_BACK"
   ;;

@@ -76,7 +76,7 @@ def summary(run: Path, device: str) -> dict:
         "first_step": meta.get("first_step", 0), "last_step": last["global_step"],
         "images_seen": meta.get("images_seen"),
         "training_minutes": round((training_seconds(last) or 0.0) / 60, 1),
-        "minutes_to_continuation": None if to_continuation is None else round(to_continuation / 60, 2),
+        "minutes_to_continuation": None if to_continuation is None else round(to_continuation / 60, 4),
         **medians,
         "val_curve": [(int(row["step"]), float(row["val/bpd"])) for row in rows if row.get("val/bpd")],
     }
@@ -96,9 +96,11 @@ def scores(results: Path, superres: bool) -> dict:
             "val_bpd_other_input": read("input_use.json", "bpd_other_image_input")}
 
 
-def home(files_at: Path, into: Path, notes: list[str] | None = None) -> dict:
+def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_record: Path | None = None) -> dict:
     """Install a lease's results into ``into``; returns the lease's lineage entry. ``notes``: what the
-    figures alone do not say (a test that failed, a step run by hand), kept in the lineage and the card."""
+    figures alone do not say (a test that failed, a step run by hand), kept in the lineage and the card.
+    ``suite_record``: where a record of the whole CUDA suite's pass goes, when the lease ran it
+    (scripts/cuda_suite.py)."""
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         with tarfile.open(files_at / "results.tar") as tar:
@@ -138,6 +140,8 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None) -> dict:
         grids = scratch / ("grids_bounded" if superres else "grids")  # the shipped model's
         for grid in grids.glob("*.png") if grids.exists() else []:
             shutil.copy(grid, into)
+        if suite_record is not None and (scratch / "cuda_suite_passed.json").exists():
+            shutil.copy(scratch / "cuda_suite_passed.json", suite_record)
         lineage.append(lease)
         lineage_path.write_text(json.dumps(lineage, indent=1) + "\n")
         write_card(into, lineage)
@@ -155,6 +159,7 @@ def main(argv: list[str] | None = None) -> None:
     h.add_argument("files_at", type=Path)
     h.add_argument("--into", type=Path, default=GPU_MODEL)
     h.add_argument("--note", action="append", help="a line for the lineage and the card (repeatable)")
+    h.add_argument("--suite-record", type=Path, help="where a whole CUDA suite pass's record goes, if the lease ran it")
     c = verbs.add_parser("card", help="here: write the model card again from lineage.json")
     c.add_argument("--into", type=Path, default=GPU_MODEL)
     options = parser.parse_args(argv)
@@ -166,7 +171,7 @@ def main(argv: list[str] | None = None) -> None:
             write_card(options.into)
             print(f"card written: {options.into / 'README.md'}")
         else:
-            lease = home(options.files_at, options.into, options.note)
+            lease = home(options.files_at, options.into, options.note, options.suite_record)
             print(f"lease {lease['lease']} installed in {options.into}: val bits/dim {lease['val_bpd']}, "
                   f"steps {lease['first_step']} → {lease['last_step']}")
     except (CheckpointError, OSError, KeyError, ValueError, tarfile.TarError) as error:

@@ -50,15 +50,18 @@ def dry_env(tmp_path):
                 WARM_STEPS="2", GRID_SAMPLES="2", COMPLETIONS="2", EVAL_BATCH="2", VAL_SIZE="2", WANDB_MODE="disabled")
 
 
-def run_lease(env: dict, *launch: str, check: tuple[str, ...] = ("first", "--data.val_size", "2")) -> None:
-    """One lease's steps on the machine; ``check``: call 1's step (``first``: the tests beside the warm-up)."""
-    for step in ([*check],
+def run_lease(env: dict, *launch: str, check: tuple[list[str], ...] = (["begin", "--data.val_size", "2"],
+                                                                       ["await", "300"])) -> None:
+    """One lease's steps on the machine; ``check``: the steps before the launch (``begin``: the tests beside
+    the warm-up, detached, as call 1 starts them; ``await``: the launching call waits for them)."""
+    for step in (*check,
                  ["launch", "00:00:02:00", "--data.val_size", "2", *launch], ["wait", "120"],
                  ["finish", "60"]):
         done = lease(step, env)
         assert done.returncode == 0, f"{step}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
-        if step[0] == "first":  # the warm-up beside the tests trained its steps in a folder of its own
+        if step[0] == "await":  # the warm-up beside the tests trained its steps in a folder of its own
             assert "warm: compiled and ran 2 steps" in done.stdout, done.stdout[-3000:]
+            assert "CUDA tests: " in done.stdout, done.stdout[-3000:]  # which ones (scripts/cuda_suite.py)
 
 
 def bring_home(out: Path, into: Path) -> list[dict]:
@@ -103,7 +106,7 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     done = lease(["setup"], second_env)
     assert done.returncode == 0 and "continuation staged: step 8 images 16" in done.stdout, done.stdout + done.stderr
     # on from step 8 to 16: the decay over its last 20 %; the tests alone (the first lease ran `first`)
-    run_lease(second_env, "--trainer.max_steps", "16", check=("tests",))
+    run_lease(second_env, "--trainer.max_steps", "16", check=(["tests"],))
     lineage = bring_home(out, model)
     second = lineage[1]
     assert [entry["lease"] for entry in lineage] == [1, 2]
