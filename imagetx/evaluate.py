@@ -44,7 +44,7 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--bits_map", type=str | None, default=None,
                         help=f"a folder: the first {MAP_IMAGES} images beside the bits each pixel costs (PNGs)")
     parser.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu, cuda or cuda:N (default: cuda where there is a GPU)")
+                        help="cpu, cuda or cuda:N: cuda where this machine has a GPU, else cpu")
     return parser
 
 

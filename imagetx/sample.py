@@ -70,7 +70,7 @@ def build_parser() -> ArgumentParser:
     add_data_arguments(parser)
     add_split_argument(parser)
     parser.add_argument("--device", type=str, default="cuda" if torch.cuda.is_available() else "cpu",
-                        help="cpu, cuda or cuda:N (default: cuda where there is a GPU)")
+                        help="cpu, cuda or cuda:N: cuda where this machine has a GPU, else cpu")
     return parser
 
 

@@ -211,6 +211,27 @@ def test_a_hub_repository_that_cannot_be_fetched_is_one_error(tmp_path):
         from_pretrained("someone/imagetx-cifar10", local_files_only=True, cache_dir=tmp_path)
 
 
+@pytest.mark.parametrize("name", ["pretrained/typo", "./typo", "typo", "a/b/c", "~/typo"])
+def test_a_missing_local_path_is_refused_as_such_without_asking_the_hub(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "pretrained").mkdir()  # the first folder of pretrained/typo exists here
+    asked = []
+
+    def offline(repo_id, **options):
+        asked.append(repo_id)
+        raise ConnectionError("no network in the tests")
+
+    monkeypatch.setattr("imagetx.io.hub.snapshot_download", offline)
+    with pytest.raises(CheckpointError, match=r"no such folder \(a local path"):
+        from_pretrained(name)
+    with pytest.raises(CheckpointError, match="no such folder"):
+        from_pretrained(Path(name))
+    assert asked == []
+    with pytest.raises(CheckpointError, match="fetching it from the Hugging Face Hub failed"):
+        from_pretrained("someone/typo")  # owner/name, owner no folder here: a Hub id (the control)
+    assert asked == ["someone/typo"]
+
+
 def test_resume_from_a_weights_folder_is_refused(tmp_path, capsys, data_root):
     folder = tmp_path / "weights"
     save_pretrained(tiny_model(image_size=32, head="dmol"), folder)

@@ -9,7 +9,9 @@ folder or a Hub repository, ``push_to_hub`` uploads the folder::
     push_to_hub(model, "you/my-model")                 # the same folder, to the Hub
 
 A local folder is read as it is (nothing is downloaded); of a Hub repository only the two files
-are downloaded, into huggingface_hub's cache, then read as a folder, with the same checks.
+are downloaded, into huggingface_hub's cache, then read as a folder, with the same checks. A name
+meant as a local path that names no folder (``pretrained/typo``) is refused as such, not looked up
+on the Hub.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ def from_pretrained(name_or_path: str | os.PathLike, map_location: str | torch.d
     in float32 whatever precision the folder stores. Any failure is one CheckpointError."""
     if Path(name_or_path).is_dir():
         return model_from_folder(name_or_path, map_location)
+    if meant_as_local_path(name_or_path):
+        raise CheckpointError(f"{name_or_path}: no such folder (a local path: its first folder exists here, or it "
+                              "starts with /, ./, ../ or ~); a Hub repository is named by its id, owner/name")
     try:
         folder = snapshot_download(str(name_or_path), allow_patterns=[WEIGHTS_FILE, CONFIG_FILE], **hub_options)
     except Exception as error:  # huggingface_hub's: no network, no such repository, a bad id, ...
@@ -71,6 +76,16 @@ def from_pretrained(name_or_path: str | os.PathLike, map_location: str | torch.d
                               f"failed ({type(error).__name__}: {str(error).splitlines()[0]}); pass a folder "
                               "written by save_pretrained or imagetx.export") from error
     return model_from_folder(folder, map_location)
+
+
+def meant_as_local_path(name: str | os.PathLike) -> bool:
+    """Whether ``name`` can only be a path on this machine: a Path, absolute, starting with ./, ../
+    or ~, more than one '/' (a Hub id is owner/name), or whose first part is a folder here
+    (pretrained/typo, where pretrained/ exists). Anything else may be a Hub repository id."""
+    text = os.fspath(name)
+    if isinstance(name, Path) or text.startswith(("/", "./", "../", "~")) or text.count("/") != 1:
+        return True
+    return Path(text.split("/")[0]).is_dir()
 
 
 def push_to_hub(model: ImageTransformer, repo_id: str, *, token: str | None = None, private: bool | None = None,
