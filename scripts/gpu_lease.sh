@@ -4,7 +4,8 @@
 #   bash scripts/gpu_lease.sh setup                       # wheels, the shards and continuation carried in .stage/*/
 #   bash scripts/gpu_lease.sh tests                       # the CUDA correctness tests; the run needs them passed
 #   bash scripts/gpu_lease.sh warm [OVERRIDES]            # compile the preset's graphs into Inductor's cache
-#   bash scripts/gpu_lease.sh first [OVERRIDES]           # tests and warm side by side; both must pass
+#   bash scripts/gpu_lease.sh speed [STEP_CHECK ARGS]     # the speed check of the preset's training step
+#   bash scripts/gpu_lease.sh first [OVERRIDES]           # tests and warm side by side (both must pass), then speed
 #   bash scripts/gpu_lease.sh begin [OVERRIDES]           # call 1: `first`, detached, beside the calls staging data
 #   bash scripts/gpu_lease.sh await SECONDS               # wait for `begin`'s first; fails as it did
 #   bash scripts/gpu_lease.sh pilot MAX_TIME [OVERRIDES]  # the preset on the shards staged so far
@@ -77,7 +78,8 @@ in_out() { cp "$@" "$OUT"/ && echo "in \$OUT: $*"; }  # results go back as soon 
 
 results_tar() {  # the small results in one file (the 8-file limit), remade as more of them exist
   local files=() name
-  for name in continuation.json config.json lease.json metrics.csv train.log cuda_suite_passed.json eval_val.json \
+  for name in continuation.json config.json lease.json metrics.csv train.log cuda_suite_passed.json step_check.json \
+      eval_val.json \
       eval_val_bounded.json input_use.json grids grids_bounded; do
     [ -e "$WORK/results/$name" ] && files+=("$name")
   done
@@ -146,15 +148,29 @@ warm)
   short_run "$WORK/warm" --trainer.max_steps "${WARM_STEPS:-20}" "${@:2}"
   echo "warm: compiled and ran ${WARM_STEPS:-20} steps in $SECONDS s"
   ;;
+speed)
+  # The preset's training step alone (scripts/step_check.py): images/s, MFU, memory, compiled graphs,
+  # graph breaks, the costliest kernels; after `warm`, whose Inductor cache serves its compilation.
+  if [ "$DRY_RUN" = 1 ]; then  # tiny and eager on the CPU: that the step and its JSON work
+    SPEED=(--device cpu --no-compile --set n_layers=1 --set d_model=32 --set n_heads=2 --set d_filter=64 --batch 2 \
+        --warmup 1 --steps 2)
+  else
+    SPEED=(--device cuda)
+  fi
+  timeout 240 "$PYTHON" -m scripts.step_check --preset "$CONFIG" "${SPEED[@]}" --json "$WORK/step_check.json" \
+      "${@:2}" 2>&1 | grep -v "^USDT\|^ERROR:.*gpuGetDeviceCount"
+  ;;
 first)
-  # The first call's work: the CUDA tests and, beside them (the GPU has room for both), the warm-up;
-  # the step fails if either does, after both have ended.
+  # The first call's work: the CUDA tests and, beside them (the GPU has room for both), the warm-up,
+  # then the speed check of the step (alone on the GPU, so that its timing is the step's); the step
+  # fails if any of them does, after the first two have ended.
   bash "$0" warm "${@:2}" >"$WORK/warm.out" 2>&1 & warming=$!
   tests_status=0; bash "$0" tests || tests_status=$?
   warm_status=0; wait "$warming" || warm_status=$?
   tail -8 "$WORK/warm.out"
   [ "$tests_status" = 0 ] && [ "$warm_status" = 0 ] || {
     echo "first: tests exit $tests_status, warm exit $warm_status" >&2; exit 1; }
+  bash "$0" speed
   ;;
 begin)
   # Call 1's work when more calls stage data after it: `first`, detached, from a copy of the tree (later
@@ -238,7 +254,7 @@ finish)
   fi
   "$PYTHON" scripts/lease_record.py summary "$RUN" "$WORK/results/lease.json" --device "$DEVICE"
   cp "$WORK/export/config.json" "$RUN/train.log" "$WORK/results/"
-  [ ! -e "$WORK/cuda_suite_passed.json" ] || cp "$WORK/cuda_suite_passed.json" "$WORK/results/"
+  for kept in cuda_suite_passed.json step_check.json; do [ ! -e "$WORK/$kept" ] || cp "$WORK/$kept" "$WORK/results/"; done
   cp "$(ls "$RUN"/csv/version_*/metrics.csv | tail -1)" "$WORK/results/"
   results_tar
   # The shipped (bf16) weights on all val images, through FlexAttention (auto on CUDA), and the
@@ -285,6 +301,6 @@ finish)
   exit "$failed"
   ;;
 *)
-  echo "usage: bash scripts/gpu_lease.sh setup|tests|warm|first|begin|await|pilot|launch|wait|finish ..." >&2; exit 2
+  echo "usage: bash scripts/gpu_lease.sh setup|tests|warm|speed|first|begin|await|pilot|launch|wait|finish ..." >&2; exit 2
   ;;
 esac

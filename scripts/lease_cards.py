@@ -44,6 +44,16 @@ def table(lineage: list[dict], superres: bool) -> str:
     return f"{columns}\n{'|---' * (columns.count('|') - 1)}|\n{lineage_rows(lineage, superres)}"
 
 
+def step_check_sentence(check: dict) -> str:
+    """The lease's speed check of the training step (scripts/step_check.py), in one line."""
+    mfu = "–" if check.get("mfu") is None else f"{check['mfu']:.1%}"
+    kernels = "; ".join(f"{k['name'][:60]} {k['ms_per_step']:.1f} ms" for k in check.get("top_kernels", [])[:3])
+    return (f"Speed check (the step alone, random images, {check.get('device_name', '?')}): "
+            f"{check['images_per_s']:,.0f} images/s at batch {check['batch']}, MFU {mfu}, "
+            f"{check['peak_mib'] / 1024:.1f} GiB, {check['compiled_graphs']} compiled graphs, "
+            f"{check['graph_breaks']} graph breaks; costliest kernels a step: {kernels or '–'}.")
+
+
 def lineage_notes(lineage: list[dict]) -> str:
     """Each lease's val curve (step: bits/dim, training's validations in bf16) and its notes."""
     lines = []
@@ -52,6 +62,8 @@ def lineage_notes(lineage: list[dict]) -> str:
         unbounded = lease.get("val_bpd_without_bounds")
         without = "" if unbounded is None else f" The shipped weights without exact_box_means: {unbounded:.3f}."
         lines.append(f"- Lease {lease['lease']}: validations during training (step: val bits/dim) {curve or '–'}.{without}")
+        if lease.get("step_check"):
+            lines.append(f"  - {step_check_sentence(lease['step_check'])}")
         lines += [f"  - {note}" for note in lease.get("notes", [])]
     return "\n".join(lines)
 

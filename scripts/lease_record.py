@@ -140,6 +140,8 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_recor
         grids = scratch / ("grids_bounded" if superres else "grids")  # the shipped model's
         for grid in grids.glob("*.png") if grids.exists() else []:
             shutil.copy(grid, into)
+        if (scratch / "step_check.json").exists():  # the first call's speed check (scripts/step_check.py)
+            lease["step_check"] = json.loads((scratch / "step_check.json").read_text())
         if suite_record is not None and (scratch / "cuda_suite_passed.json").exists():
             shutil.copy(scratch / "cuda_suite_passed.json", suite_record)
         lineage.append(lease)

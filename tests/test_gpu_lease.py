@@ -94,6 +94,9 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     first = bring_home(out, model)[0]
     assert first["first_step"] == 0 and first["last_step"] == 10 and first["continuation_step"] == 8
     assert first["val_bpd"] > 0 and first["images_seen"] == 20
+    # the first call's speed check of the step (scripts/step_check.py), kept in the lineage and the card
+    assert first["step_check"]["images_per_s"] > 0 and first["step_check"]["batch"] == 2
+    assert "Speed check (the step alone" in (model / "README.md").read_text()
     # the continuation's own timer: up to step 8 of the lease's 10, so within its training minutes
     assert 0 < first["minutes_to_continuation"] <= first["training_minutes"] + 0.05
 
