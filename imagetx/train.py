@@ -19,6 +19,12 @@ Crashes: ``last.ckpt`` is rewritten (atomically) at every validation, every
 ``--checkpoint_every_n_steps`` optimiser steps and at the step where training stops, so a
 killed run loses at most that many steps; ``--resume last`` continues it exactly where the
 checkpoint was taken (data/datamodule.py: the training order; training/module.py: the dropout of each step).
+Ctrl-C stops a run with one line saying the step ``last.ckpt`` holds, and exit code 130.
+
+From the command line, training on the CPU takes one torch thread per core that other jobs leave
+free, and says so in one line (training/threads.py; ``OMP_NUM_THREADS`` decides instead).
+A setting that would fail only once training started (``--trainer.max_time``, ``--data.batch_size``)
+is refused first, and a run that fails before writing anything leaves no run folder behind.
 """
 
 from __future__ import annotations
@@ -29,10 +35,13 @@ from operator import attrgetter
 import logging
 import shlex
 import sys
+import warnings
 from pathlib import Path
 
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ModelSummary, Timer
 from lightning.pytorch.cli import LightningCLI
+from lightning.pytorch.utilities import rank_zero_info
 
 from .cli.common import ConfigError, HelpFormatter, program, run_or_exit
 from .cli.errors import describe_parse_error
@@ -49,7 +58,8 @@ from .training.checkpoint_io import AtomicCheckpointIO
 from .training.continuation import ContinuationCheckpoint
 from .training.module import ImageTransformerModule
 from .training.nonfinite import NonFiniteLossError
-from .training.resume import checkpoint_to_resume, last_good_checkpoint
+from .training.resume import checkpoint_to_resume, interrupted_at, last_good_checkpoint
+from .training.threads import choose_training_threads
 from .training.throughput import ThroughputWithPeak
 from .training.tracking import WANDB_MODES, make_loggers
 from .training.trainer import Trainer
@@ -67,6 +77,50 @@ def refuse_to_overwrite(root: Path, resume: str | None) -> None:
     if resume is None and (root / CHECKPOINT_DIR / LAST).exists():
         raise ConfigError(f"{root} already holds a run ({root / CHECKPOINT_DIR / LAST}): continue it with --resume last, "
                           f"or start a new run in a new folder with --trainer.default_root_dir NEW")
+
+
+def check_max_time(value) -> None:
+    """``--trainer.max_time`` as Lightning's Timer reads it, or one ConfigError naming the forms it
+    takes: Lightning refused ``3min`` or ``00:03:00`` only while building the trainer, in a
+    50-line traceback, after the run folder was made."""
+    if value is None:
+        return
+    try:
+        Timer(duration=value)
+    except (MisconfigurationException, TypeError, ValueError):
+        raise ConfigError(f"--trainer.max_time {value!r} is not a duration: give days:hours:minutes:seconds, e.g. "
+                          "00:00:03:00 for 3 minutes, or a mapping such as '{minutes: 3}'") from None
+
+
+def check_data_settings(data) -> None:
+    """The data settings the loaders would refuse only once training has started, after the loggers
+    made the run's csv/ and wandb/ folders: refused first, in one line."""
+    for key, least, what in (("batch_size", 1, "training images per step and device"),
+                             ("eval_batch_size", 1, "images per validation batch (or leave it out: batch_size)"),
+                             ("num_workers", 0, "data-loading worker processes (0: none)")):
+        value = data.get(key)
+        if value is not None and value < least:
+            raise ConfigError(f"--data.{key} {value} is invalid: give the {what}, {least} or more")
+
+
+def missing_folders(path: Path) -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, deepest first: what making it makes."""
+    missing = []
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing.append(folder)
+    return missing
+
+
+def remove_if_empty(folders: list[Path]) -> None:
+    """Remove ``folders`` (deepest first) while they are empty: a run that failed before writing
+    anything leaves no run folder behind; one that wrote something keeps all of it."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:  # not empty (or already gone)
+            return
 
 
 def check_data_first(cli: LightningCLI) -> None:
@@ -95,10 +149,14 @@ class CountedModelSummary(ModelSummary):
 
 class NoTips(logging.Filter):
     """Drops Lightning's advertisements ("💡 Tip: ... litlogger", "... litmodels"): they say nothing
-    about the run, and a newcomer reads them as something to act on."""
+    about the run, and a newcomer reads them as something to act on; and its "Detected
+    KeyboardInterrupt, attempting graceful shutdown ...", which the one ``stopped:`` line of a
+    training stopped by Ctrl-C replaces (``train``)."""
+
+    DROPPED = ("💡 Tip", "Detected KeyboardInterrupt")
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith("💡 Tip")
+        return not str(record.msg).lstrip().startswith(self.DROPPED)
 
 
 # where Lightning's rank_zero_info logs: lightning_utilities' logger, which lightning.fabric and then
@@ -108,8 +166,37 @@ for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utiliti
     logging.getLogger(_name).addFilter(NoTips())
 
 
+def quiet_known_warnings() -> None:
+    """Warnings of other libraries that every run printed, each harmless here; filtered
+    by its own words only, so that any other warning still shows. (Python drops a repeated filter.)"""
+    # Lightning's CombinedLoader builds torch's leaf TreeSpec under its deprecated name (torch 2.10+
+    # warns, twice a run); the object is the same. Lightning's to change.
+    warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+                            category=FutureWarning)
+    # ModelCheckpoint on a resumed run's folder, or on a continued run's that holds the joined
+    # continuation: imagetx refuses a new run in a folder that holds one (refuse_to_overwrite), so
+    # what is there is this run's own.
+    warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
+
+
+class Interruption(Callback):
+    """Notes a Ctrl-C during ``fit``: Lightning catches the KeyboardInterrupt, shuts down and exits
+    with code 1 (``sys.exit(1)``), which ``train`` turns into one ``stopped:`` line and exit 130.
+    ``on_exception`` is Lightning's hook for an exception in fit; the checkpoints written before it
+    (last.ckpt at every validation and every --checkpoint_every_n_steps) are intact."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None  # the step at the interrupt, once there was one
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        if isinstance(exception, KeyboardInterrupt):
+            self.step = trainer.global_step
+
+
 class ImagetxCLI(LightningCLI):
     """LightningCLI with imagetx's own options, one-line parse errors and what every run has."""
+
+    made_folders: list[Path] = []  # the run folder and its parents that this run made (before_instantiate_classes)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--resume", type=str | None, default=None, help="continue a run: 'last' "
@@ -148,9 +235,23 @@ class ImagetxCLI(LightningCLI):
         if self.config.resume is not None and self.config.init_from is not None:
             raise ConfigError("--resume and --init_from both given: --resume continues a run (its weights included); "
                               "--init_from starts a new one from another model's weights. Give one")
+        check_max_time(self.config.trainer.max_time)
+        check_data_settings(self.config.data)
+        self.made_folders = missing_folders(Path(self.config.trainer.default_root_dir))
         root = check_writable(self.config.trainer.default_root_dir, "--trainer.default_root_dir")
         refuse_to_overwrite(root, self.config.resume)
         remove_stale_temporaries(root / CHECKPOINT_DIR)  # from a run killed mid-write
+
+    def remove_unused_folders(self) -> None:
+        """The run folder (and parents) this run made, where a failure left them empty."""
+        remove_if_empty(self.made_folders)
+
+    def instantiate_classes(self) -> None:
+        try:
+            super().instantiate_classes()
+        except BaseException:  # e.g. a model setting refused: no empty run folder left behind
+            self.remove_unused_folders()
+            raise
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         """The configured trainer plus what every run has: checkpoints, loggers, throughput."""
@@ -166,6 +267,7 @@ class ImagetxCLI(LightningCLI):
             LearningRateMonitor(logging_interval="step"),
             BudgetHorizon(),
             ThroughputWithPeak(batch_size_fn=count_images, window_size=10),
+            Interruption(),
         ]
         if configured.enable_model_summary is not False:  # (a summary callback with it False is refused)
             callbacks.append(CountedModelSummary())
@@ -192,18 +294,37 @@ def make_cli(args: list[str] | None = None) -> ImagetxCLI:
                                      "exit_on_error": False, "formatter_class": HelpFormatter})
 
 
-def train(args: list[str] | None = None) -> None:
+def train(args: list[str] | None = None, choose_threads: bool = False) -> None:
+    """Train as ``args`` say (None: the command line). ``choose_threads``: set torch's CPU threads
+    for the run (training/threads.py); the command line does, a Python caller keeps its own."""
+    quiet_known_warnings()
     cli = make_cli(args)
+    try:
+        run_training(cli, choose_threads)
+    except BaseException:
+        cli.remove_unused_folders()  # a run that failed (or was stopped) before writing anything
+        raise
+
+
+def run_training(cli: ImagetxCLI, choose_threads: bool) -> None:
+    """``train``'s work once the command line is read: the checks, then Lightning's fit."""
     root = Path(cli.trainer.default_root_dir)
     ckpt_path = checkpoint_to_resume(cli.config.resume, root, cli.model.config, run_budget(cli.trainer))
     if cli.config.init_from is not None:
         print(start_from(cli.model.model, cli.config.init_from))
     check_data_first(cli)
+    if choose_threads and cli.trainer.strategy.root_device.type == "cpu":
+        rank_zero_info(choose_training_threads(cli.trainer.num_devices))
+    interruption = next(callback for callback in cli.trainer.callbacks if isinstance(callback, Interruption))
     try:
         # checkpoint_to_resume has read the file weights-only; Lightning must read it no other way
         cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
     except NonFiniteLossError as error:
         raise NonFiniteLossError(f"{error}; {last_good_checkpoint(root)}") from error
+    except SystemExit:
+        if interruption.step is None:
+            raise
+        raise KeyboardInterrupt(interrupted_at(root, interruption.step)) from None  # run_or_exit: one line, 130
     if cli.trainer.is_global_zero:
         last = root / CHECKPOINT_DIR / LAST
         print(f"checkpoints in {last.parent}; evaluate with: {evaluate_command(last, cli.config.data)}")
@@ -223,13 +344,16 @@ def evaluate_command(ckpt: Path, data) -> str:
 
 
 def main(args: list[str] | None = None) -> None:
+    """The command: ``args`` None reads the command line and chooses the CPU threads (threads.py);
+    given from Python, torch's threads stay as the caller set them."""
+    command_line = args is None
     given = sys.argv[1:] if args is None else args
     resolved = resolve_config_args(given)  # configs/quick.yaml: also from an installed wheel, from any folder
     if resolved != given and args is None:
         sys.argv[1:] = resolved  # (LightningCLI warns when given args while sys.argv has some)
     elif resolved != given:
         args = resolved
-    run_or_exit(lambda: train(args))
+    run_or_exit(lambda: train(args, choose_threads=command_line))
 
 
 if __name__ == "__main__":

@@ -250,3 +250,114 @@ def test_only_a_budgets_warmup_stable_decay_is_steered_and_never_past_max_steps(
     assert horizon.decay_start == 900 and horizon.steered_at[0] == 906  # the rate of update 906 was set
     assert horizon.steered_at[1] == pytest.approx(first.progress(906))
     assert 5_000 < horizon.end <= (max_steps if max_steps > 0 else 20_000)
+
+
+# ----- issue 74, item 5: a short budget on a slow machine ends its decay with the budget -------------
+
+class Clock:
+    """A monotonic clock that moves only when the simulated run says so."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def simulated_run(budget_seconds: float, step_seconds, warmup_steps: int, decay_fraction: float | None,
+                  validate_every: int, validation_seconds: float = 5.0) -> dict:
+    """A fresh run of BudgetHorizon and the schedule it shapes on a simulated clock, in the order
+    Lightning calls them: the batch-start hook, the update (at the rate set before it), the
+    scheduler setting the next update's rate, the batch-end hook, the Timer's stop once the budget
+    is spent, a validation when one is due. ``step_seconds(step)``: the cost of the step that
+    makes update ``step``. Returns each update's multiplier of the peak and the last horizon."""
+    from unittest import mock
+
+    from imagetx.training import budget
+    from imagetx.training.schedule import warmup_then_decay
+
+    clock = Clock()
+    timer = Timer(duration=dict(seconds=budget_seconds))
+    timer.time_remaining = lambda *args: budget_seconds - clock.now
+    trainer = SimpleNamespace(callbacks=[timer], global_step=0, max_steps=-1, sanity_checking=False,
+                              strategy=SimpleNamespace(broadcast=lambda value, src: value))
+    module = SimpleNamespace(horizon=None, first_step=0, decay_fraction=decay_fraction, print=lambda *a: None,
+                             hparams=SimpleNamespace(warmup_steps=warmup_steps, lr_horizon="budget"))
+    callback = BudgetHorizon()
+    decay = "cosine" if decay_fraction is None else "wsd"
+
+    def rate(update: int) -> float:
+        return warmup_then_decay(update, warmup_steps, module.horizon, decay)
+
+    multipliers, next_rate, fixed_at = {}, rate(1), None
+    with mock.patch.object(budget, "time", clock):
+        while clock.now < budget_seconds:  # Lightning's Timer stops the run once the budget is spent
+            step = trainer.global_step
+            callback.on_train_batch_start(trainer, module, None, step)
+            clock.now += step_seconds(step + 1)
+            multipliers[step + 1] = next_rate
+            trainer.global_step = step + 1
+            next_rate = rate(step + 2)
+            callback.on_train_batch_end(trainer, module, None, None, step)
+            if fixed_at is None and module.horizon is not None:
+                fixed_at = (trainer.global_step, clock.now)
+            if trainer.global_step % validate_every == 0:
+                clock.now += validation_seconds
+                callback.on_validation_end(trainer, module)
+    return {"multipliers": multipliers, "last_step": trainer.global_step, "horizon": module.horizon,
+            "fixed_at": fixed_at}
+
+
+QUICK_3_MINUTES = dict(budget_seconds=180.0, warmup_steps=100, decay_fraction=0.4, validate_every=200)
+
+
+@pytest.mark.parametrize("machine", ["steady", "slowing", "speeding"])
+def test_a_3_minute_budget_on_a_slow_machine_ends_its_decay_when_the_budget_ends(machine):
+    # The README's quick command with --trainer.max_time 00:00:03:00 on a busy 2-core machine
+    # (issue 74): about 2 s a step, 82 steps in the budget, fewer than quick's 100 warm-up steps, and
+    # no validation (every 200 steps) before the end. The horizon waited for step 200 or the first
+    # validation: it was fixed only at the validation after the stop, and the run ended in warm-up.
+    # "slowing": a neighbour starts a minute in; "speeding": one stops. (Costs that do not divide
+    # the budget: a real run's last step straddles its end.)
+    costs = {"steady": lambda step: 4.1 if step == 1 else 2.05,
+             "slowing": lambda step: 1.45 if step <= 40 else 3.05,
+             "speeding": lambda step: 3.05 if step <= 20 else 1.45}
+    run_ = simulated_run(step_seconds=costs[machine], **QUICK_3_MINUTES)
+    last, multipliers, horizon = run_["last_step"], run_["multipliers"], run_["horizon"]
+    if machine != "speeding":
+        assert last < QUICK_3_MINUTES["warmup_steps"], "the budget holds fewer steps than the warm-up"
+    assert run_["fixed_at"] is not None, "the horizon was never fixed within the budget"
+    assert run_["fixed_at"][1] <= 0.2 * QUICK_3_MINUTES["budget_seconds"], run_["fixed_at"]  # a tenth, to 3 steps
+    # The decay ends with the budget: the last update at a rate near 0 (not in warm-up), at most
+    # that one at 0, and the rate never rises again once it falls.
+    assert multipliers[last] < 0.02 and multipliers[last - 1] > 0, [multipliers[s] for s in range(last - 3, last + 1)]
+    decay = [multipliers[step] for step in range(horizon.decay_start + 1, last + 1)]
+    assert len(decay) > 0.2 * last and all(later <= earlier for earlier, later in zip(decay, decay[1:])), decay
+
+
+def test_a_decay_inside_the_warm_up_multiplies_the_two_and_ends_at_the_horizon():
+    from imagetx.training.budget import place_decay
+    from imagetx.training.schedule import warmup_then_decay
+
+    # quick (100 warm-up steps, the decay over the last 40 %) with room for 90 steps: the decay takes
+    # steps 54-90 from inside the warm-up; the cosine starts where the horizon was fitted.
+    assert place_decay(90, 11, 100, decay_fraction=0.4) == Horizon(54, 90)
+    assert place_decay(90, 11, 100) == Horizon(11, 90)
+    assert place_decay(10, 12, 100) == Horizon(12, 13)  # no step left: as before
+    assert place_decay(3000, 1, 100, decay_fraction=0.4) == Horizon(1800, 3000)  # the warm-up fits: as before
+    horizon = Horizon(54, 90)
+    assert warmup_then_decay(54, 100, horizon, "wsd") == 0.54
+    assert warmup_then_decay(90, 100, horizon, "wsd") == 0.0
+    assert warmup_then_decay(70, 100, horizon, "wsd") == pytest.approx(0.70 * (1 - math.sqrt(16 / 36)))
+
+
+def test_no_horizon_is_fixed_once_the_budget_has_run_out():
+    # A validation after the Timer stopped the run (Lightning validates at the stop) used to fix a
+    # horizon with the time left negative ("-20 s of the budget left"): there is nothing to fit.
+    trainer, module = fake_run(max_steps=-1)
+    budget_timer_ = trainer.callbacks[0]
+    callback = BudgetHorizon(fix_by_step=50)
+    train_steps(callback, trainer, module, range(1, 6))
+    budget_timer_.time_remaining = lambda: -20.0
+    callback.on_validation_end(trainer, module)
+    assert module.horizon is None

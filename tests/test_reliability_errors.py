@@ -89,7 +89,28 @@ def test_train_with_a_bad_configuration(tmp_path, capsys, data_root, settings, e
     line = train_error(tmp_path, capsys, data_root, *extra, **settings)
     for needle in needles:
         assert needle in line, line
-    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert not (tmp_path / "run").exists()  # not even an empty run folder (issue 74)
+
+
+@pytest.mark.parametrize("max_time", ["3min", "00:03:00", "{mins: 3}"])
+def test_a_max_time_lightning_cannot_read_is_one_line_and_leaves_nothing(tmp_path, capsys, data_root, max_time):
+    # Lightning refused these while building the trainer: a 50-line MisconfigurationException,
+    # exit 1, and an empty run folder (issue 74).
+    line = train_error(tmp_path, capsys, data_root, "--trainer.max_time", max_time)
+    assert line.startswith("error: --trainer.max_time ") and "is not a duration" in line, line
+    assert max_time.strip("{}").split(":")[0] in line and "00:00:03:00" in line, line  # what was given, and the fix
+    assert "{minutes: 3}" in line, line  # both forms Lightning takes
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("flag, value", [("batch_size", "0"), ("eval_batch_size", "0"), ("num_workers", "-1")])
+def test_a_data_setting_the_loaders_refuse_is_refused_before_the_loggers_start(tmp_path, capsys, data_root, flag,
+                                                                               value):
+    # --data.batch_size 0 failed in the first training step, after csv/ and wandb/ were written.
+    config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, 2)
+    line = one_error_line(capsys, train_main, ["--config", str(config), "--wandb", "offline", f"--data.{flag}", value])
+    assert line.startswith(f"error: --data.{flag} {value} is invalid") and "or more" in line, line
+    assert not (tmp_path / "run").exists()
 
 
 def test_train_with_an_unwritable_run_directory(tmp_path, capsys, data_root):

@@ -3,12 +3,14 @@ check of ``--device``, and one way to fail on bad input (train parses through Li
 
 Bad input (a setting, a file, a checkpoint, a request the model cannot serve) ends the
 command with one line ``error: <the problem and the fix>`` on stderr and exit code 2;
-``IMAGETX_DEBUG=1`` raises instead, with the whole traceback.
+``IMAGETX_DEBUG=1`` raises instead, with the whole traceback. A command stopped by Ctrl-C ends
+with one line ``stopped: ...`` and exit code 130.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from argparse import ArgumentError, RawDescriptionHelpFormatter
 from collections.abc import Callable
@@ -35,8 +37,14 @@ class ConfigError(ValueError):
 BAD_INPUT = (ConfigError, DataError, CheckpointError, FloatingPointError, OSError, ValueError)
 
 
+# The exit code of a command stopped by Ctrl-C, as shells report one: 128 + the signal's number (130).
+INTERRUPTED_EXIT = 128 + signal.SIGINT
+
+
 def run_or_exit(command: Callable[[], T]) -> T:
-    """``command()``, turning bad input into one ``error:`` line and exit code 2."""
+    """``command()``, turning bad input into one ``error:`` line and exit code 2, and Ctrl-C into
+    one ``stopped:`` line (the interrupt's own words, where a command gave it some: what was kept
+    and how to go on) and exit code ``INTERRUPTED_EXIT``."""
     try:
         return command()
     except BAD_INPUT as error:
@@ -44,6 +52,11 @@ def run_or_exit(command: Callable[[], T]) -> T:
             raise
         print("error: " + " ".join(str(error).split()), file=sys.stderr)
         sys.exit(2)
+    except KeyboardInterrupt as interrupt:
+        if os.environ.get("IMAGETX_DEBUG"):
+            raise
+        print("stopped: " + (" ".join(str(interrupt).split()) or "interrupted (Ctrl-C)"), file=sys.stderr)
+        sys.exit(INTERRUPTED_EXIT)
 
 
 def check_device(device: str | torch.device) -> None:

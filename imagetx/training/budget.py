@@ -4,20 +4,25 @@ machine.
 A decay fitted to a step count only ends well on a machine of the speed it was fitted on:
 slower, the run stops with the learning rate still high; faster, it finishes early and leaves
 minutes unused. With a time budget, the horizon is measured instead: training runs at the peak
-learning rate (after warm-up) until the first validation has ended; by then the steps, one
-validation and whatever else the run does between them (sample grids, checkpoint writes) have
-been timed, and the step at which the budget runs out is fixed. The decay then ends at that
-step (the cosine starts at once; warmup–stable–decay keeps the peak until the budget's last
-fraction). Warmup–stable–decay's horizon is then fitted again at each validation until its
-decay starts, from the mean time of every step since the run's second (validations, grids and
-checkpoints included): the first validation's measurement alone had a 14-minute `quick` run
-expect 3,482 steps where 2,789 came, so the budget ran out as its decay was to start
-(docs/experiments.md, entry 18). Before the decay the learning rate is the peak whatever the
-horizon, so moving it changes nothing already done. Once its decay has begun, warmup–stable–decay
-is steered every 50 steps and after each validation: its end fitted again from the median of
-the last steps and the time left, the decay going on from the progress it had, so that it ends
-when the budget does whatever a refit could not foresee (entry 28: a one-off taken for a cost of
-every step ended a decay 352 steps early). The cosine starts at once and keeps its first fit.
+learning rate (after warm-up) until the first validation has ended, or a tenth of the budget has
+passed, whichever comes first (a 3-minute run on a busy machine never reached its first
+validation, and fixed its horizon after its budget had run out); by then the steps
+(and, at a validation, the validation and whatever else the run does between steps: sample
+grids, checkpoint writes) have been timed, and the step at which the budget runs out is fixed.
+The decay then ends at that step (the cosine starts at once; warmup–stable–decay keeps the peak
+until the budget's last fraction). A budget that holds fewer steps than the warm-up ends its
+decay there too, inside the warm-up (``place_decay``). Warmup–stable–decay's horizon is then
+fitted again, until its decay starts, from the mean time of every step since the run's second
+(validations, grids and checkpoints included), at each validation and every ``adjust_every``
+steps: the first validation's measurement alone had a 14-minute `quick` run expect 3,482 steps
+where 2,789 came, so the budget ran out as its decay was to start (docs/experiments.md, entry
+18). Before the decay the learning rate is the peak whatever the horizon, so moving it changes
+nothing already done. Once its decay has begun, warmup–stable–decay is steered every
+``adjust_every`` steps (50, or a tenth of a shorter decay) and after each validation: its end
+fitted again from the median of the last steps and the time left, the decay going on from the
+progress it had, so that it ends when the budget does whatever a refit could not foresee (entry
+28: a one-off taken for a cost of every step ended a decay 352 steps early). The cosine starts at
+once and keeps its first fit.
 The horizon is stored in every checkpoint and a run resumed with the same budget uses it, so
 that a cosine ends exactly as an uninterrupted run would (resume.py: another budget); a decay
 steered goes on steering.
@@ -64,10 +69,20 @@ def place_decay(end: int, earliest: int, warmup_steps: int, first_step: int = 0,
     """A horizon ending at ``end``. Without ``decay_fraction`` (the cosine) the decay starts as
     early as it may: at ``earliest``, never before warm-up has ended. With it (warmup–stable–decay)
     it takes the last ``decay_fraction`` of this run's steps, those from ``first_step`` (0, or the
-    step a continued run started from) to ``end``, and never starts before ``earliest``."""
+    step a continued run started from) to ``end``, and never starts before ``earliest``.
+
+    A run whose end comes before its warm-up does (a short budget on a slow machine: 3 minutes
+    held 82 of the ``quick`` preset's 100 warm-up steps) still ends its decay at ``end``: the decay
+    starts inside the warm-up (the cosine at ``earliest``, warmup–stable–decay with its last
+    fraction) and the schedule multiplies the two (schedule.warmup_then_decay). Only where no step
+    is left (``end`` at or before ``earliest``) does the horizon pass ``end``, by one step."""
     decay_start = max(earliest, warmup_steps)
     if decay_fraction is not None:
         decay_start = max(decay_start, end - round(decay_fraction * (end - first_step)))
+    if decay_start >= end:  # the warm-up does not fit: the decay starts within it
+        decay_start = earliest
+        if decay_fraction is not None:
+            decay_start = max(earliest, end - round(decay_fraction * (end - first_step)))
     return Horizon(decay_start, max(end, decay_start + 1))
 
 
@@ -120,29 +135,50 @@ def wsd_on_budget(trainer: L.Trainer, pl_module) -> bool:
 
 
 def agreed_horizon(trainer: L.Trainer, pl_module, remaining_seconds: float, seconds_per_step: float,
-                   overhead_per_step: float) -> Horizon:
+                   overhead_per_step: float) -> Horizon | None:
     """``fit_horizon`` at the run's step with the module's schedule settings, the same in every
-    process: rank 0's measurement decides."""
-    horizon = fit_horizon(trainer.global_step, remaining_seconds, seconds_per_step, overhead_per_step,
-                          pl_module.hparams.warmup_steps, trainer.max_steps, pl_module.first_step,
-                          pl_module.decay_fraction)
+    process: rank 0's measurement decides. None where rank 0 has no time left (a validation after
+    the budget ran out): there is nothing left to fit."""
+    horizon = None
+    if remaining_seconds > 0:
+        horizon = fit_horizon(trainer.global_step, remaining_seconds, seconds_per_step, overhead_per_step,
+                              pl_module.hparams.warmup_steps, trainer.max_steps, pl_module.first_step,
+                              pl_module.decay_fraction)
     return trainer.strategy.broadcast(horizon, src=0)
+
+
+# The horizon is fixed at the latest once this share of the budget has passed since the steps
+# began to be timed (when neither the first validation nor ``fix_by``'s step count came first):
+# a tenth, as ``fix_by``'s tenth of max_steps. It leaves the fit nine tenths of the budget, more than
+# warmup–stable–decay's decay takes (its last 20–40 %), and by then a 3-minute run on a busy 2-core
+# machine (about 2 s a step) has timed 9 steps.
+FIX_BY_BUDGET_SHARE = 0.1
+# The fewest step starts a fit or a steering reads: their median needs at least two intervals.
+MIN_TIMED_STEPS = 3
+# The share of the budget is checked every this many steps, at the same steps in every process:
+# under DDP each check is a broadcast of rank 0's verdict (a wait on every process), so not at
+# every step; the fix then comes at most 2 steps after the share has passed.
+SHARE_CHECK_EVERY = 3
 
 
 class BudgetHorizon(Callback):
     """Fixes ``ImageTransformerModule.horizon`` from timings, in a run with a time budget
-    (docs/model.md §8): at the end of the first validation, or, if none has come by then, after
+    (docs/model.md §8): at the end of the first validation or, if none has come by then, after
     ``fix_by_step`` steps or a tenth of ``max_steps``, whichever is less (``fix_by``; then only
-    the steps themselves are timed, and a validation due at that step still counts). Steps are
+    the steps themselves are timed, and a validation due at that step still counts), or once a
+    tenth of the budget has passed (``FIX_BY_BUDGET_SHARE``), whichever comes first. Steps are
     counted from the run's first (``first_step``: 0, or where a continuation started), and timed
-    from the second on (the first includes one-off start-up work, compilation among it): the median time from one step's start
-    to the next is the cost of a step; the rest of the time since then (the validation, grids,
-    checkpoints) is spread over the steps as overhead. Both moments fall at the same step in
-    every process, so that all can take rank 0's measurement."""
+    from the second on (the first includes one-off start-up work, compilation among it): the median
+    time from one step's start to the next is the cost of a step; the rest of the time since then
+    (the validation, grids, checkpoints) is spread over the steps as overhead. Every decision falls
+    at the same step in every process, so that all can take rank 0's measurement.
+
+    Warmup–stable–decay on a budget is then adjusted every ``adjust_every`` steps and after each
+    validation: refitted before its decay (``refit``), steered in it (``steer``)."""
 
     def __init__(self, fix_by_step: int = 200, steer_every: int = 50) -> None:
         self.fix_by_step = fix_by_step
-        self.steer_every = steer_every  # steps between two steerings of a decay (steer; 0: never)
+        self.steer_every = steer_every  # the most steps between two adjustments (adjust_every; 0: none)
         self.starts: list[float] = []  # monotonic time at the start of each timed step
         self.since: tuple[int, float] | None = None  # (step, monotonic time) of the first timed step
         self.recent: deque[float] = deque(maxlen=steer_every + 1)  # the decay's last steps' start times
@@ -161,17 +197,43 @@ class BudgetHorizon(Callback):
         # Strictly after: a validation due at step fix_by_step runs after this hook, and its
         # cost belongs in the measurement (the quick presets validate every 200 steps).
         steps = trainer.max_steps - pl_module.first_step if trainer.max_steps > 0 else -1
-        if trainer.global_step - pl_module.first_step > self.fix_by(steps):
+        if pl_module.horizon is None and (trainer.global_step - pl_module.first_step > self.fix_by(steps)
+                                          or self.budget_share_passed(trainer, pl_module)):
             self.fix(trainer, pl_module)
-        if self.steers(trainer, pl_module) and trainer.global_step % self.steer_every == 0:
-            self.steer(trainer, pl_module)
+        every = self.adjust_every(pl_module.horizon)
+        if every and trainer.global_step % every == 0 and wsd_on_budget(trainer, pl_module):
+            if self.steers(trainer, pl_module):
+                self.steer(trainer, pl_module)
+            else:
+                self.refit(trainer, pl_module, periodic=True)
 
     def fix_by(self, max_steps: int) -> int:
         """The step of the run after which the horizon is fixed without waiting for a validation:
         at most a tenth of the run's ``max_steps`` (-1: none), so that a short run
         (``--trainer.max_steps 200``) still anneals instead of running at the peak until its end,
         which would come first. Never before step 4: ``fix`` needs 3 timed steps (steps 1 to 3)."""
-        return self.fix_by_step if max_steps <= 0 else min(self.fix_by_step, max(max_steps // 10, 4))
+        return self.fix_by_step if max_steps <= 0 else min(self.fix_by_step, max(max_steps // 10, MIN_TIMED_STEPS + 1))
+
+    def budget_share_passed(self, trainer: L.Trainer, pl_module) -> bool:
+        """Whether ``FIX_BY_BUDGET_SHARE`` of the budget has passed since the steps began to be
+        timed (the time spent since then over that plus the time left), as rank 0's clock says;
+        checked every ``SHARE_CHECK_EVERY`` steps. A short budget on a slow machine
+        comes to no validation and to no ``fix_by`` step before it ends (3 minutes held 82 steps of
+        ``quick``, which validates every 200)."""
+        timer = budget_timer(trainer)
+        if timer is None or self.since is None or (trainer.global_step - pl_module.first_step) % SHARE_CHECK_EVERY:
+            return False
+        spent = time.monotonic() - self.since[1]
+        passed = spent >= FIX_BY_BUDGET_SHARE * (spent + timer.time_remaining())
+        return trainer.strategy.broadcast(passed, src=0)
+
+    def adjust_every(self, horizon: Horizon | None) -> int:
+        """Steps between two adjustments of a warmup–stable–decay horizon on a budget (0: none):
+        ``steer_every``, or a tenth of a decay shorter than ten times that, so that a short run's
+        decay is steered too (a 3-minute run's may span 30 steps); at least ``MIN_TIMED_STEPS``."""
+        if horizon is None or self.steer_every <= 0:
+            return 0
+        return max(min(self.steer_every, (horizon.end - horizon.decay_start) // 10), MIN_TIMED_STEPS)
 
     def on_validation_end(self, trainer: L.Trainer, pl_module) -> None:
         if not trainer.sanity_checking:
@@ -182,10 +244,18 @@ class BudgetHorizon(Callback):
             else:
                 self.refit(trainer, pl_module)
 
-    def refit(self, trainer: L.Trainer, pl_module) -> None:
+    def refit(self, trainer: L.Trainer, pl_module, periodic: bool = False) -> None:
         """Warmup–stable–decay before its decay: the horizon again, from the mean cost of every
-        step timed so far (the periodic work included, so no overhead is added). Not for a
-        horizon of steps (``lr_horizon: steps``), which a time budget does not move."""
+        step timed so far (the periodic work included, so no overhead is added), said in a line.
+        Not for a horizon of steps (``lr_horizon: steps``), which a time budget does not move.
+
+        ``periodic`` (every ``adjust_every`` steps between validations): only a horizon whose decay
+        starts earlier is taken, silently. It catches a machine that slowed down before the decay
+        (a short run may see no validation before its budget ends). Taken both ways, such refits
+        chase the end: the mean still holds one-off costs (a resumed run's first validation), each
+        refit finds a little more time than the last, and the decay starts late and short (16 % of
+        lease 2's steps instead of 20 %, experiments/lease_horizon_replay.py); validations refit
+        both ways, as before."""
         horizon = pl_module.horizon
         if (self.since is None or trainer.global_step >= horizon.decay_start
                 or trainer.global_step <= self.since[0] or not wsd_on_budget(trainer, pl_module)):
@@ -193,8 +263,10 @@ class BudgetHorizon(Callback):
         step, started = self.since
         seconds_per_step = (time.monotonic() - started) / (trainer.global_step - step)
         refitted = agreed_horizon(trainer, pl_module, budget_timer(trainer).time_remaining(), seconds_per_step, 0.0)
-        if refitted != horizon:
-            pl_module.horizon = refitted
+        if refitted is None or refitted == horizon or (periodic and refitted.decay_start >= horizon.decay_start):
+            return
+        pl_module.horizon = refitted
+        if not periodic:
             pl_module.print(f"learning-rate horizon refitted at step {trainer.global_step}: the decay runs from "
                             f"step {refitted.decay_start} to {refitted.end} ({seconds_per_step:.3f} s per step "
                             f"since step {step}, all included)")
@@ -207,7 +279,7 @@ class BudgetHorizon(Callback):
                 and wsd_on_budget(trainer, pl_module))
 
     def steer(self, trainer: L.Trainer, pl_module) -> None:
-        """Warmup–stable–decay in its decay: the end again, every ``steer_every`` steps and after
+        """Warmup–stable–decay in its decay: the end again, every ``adjust_every`` steps and after
         each validation, from the median time of the last steps and the time left, so that the
         decay ends when the budget does. The fit before the decay cannot know all that is to
         come: a resumed run's first validation took 25 s in one lease, and that refit spread it
@@ -216,7 +288,7 @@ class BudgetHorizon(Callback):
         median leaves one-off and periodic work out; what they cost shows in the time left at the
         next steering. The rate of update ``step + 1`` is already set: the new course starts
         there, from the progress it had."""
-        if len(self.recent) < 3:  # the same in every process: each has timed the same steps
+        if len(self.recent) < MIN_TIMED_STEPS:  # the same in every process: each has timed the same steps
             return
         horizon, anchor = pl_module.horizon, trainer.global_step + 1
         end = last_step_in_time(anchor, budget_timer(trainer).time_remaining(), median_step_seconds(list(self.recent)),
@@ -227,7 +299,7 @@ class BudgetHorizon(Callback):
             pl_module.horizon = steered
 
     def fix(self, trainer: L.Trainer, pl_module) -> None:
-        if pl_module.horizon is not None or len(self.starts) < 3:  # every later step: nothing to look up
+        if pl_module.horizon is not None or len(self.starts) < MIN_TIMED_STEPS:  # every later step: nothing to look up
             return
         timer = budget_timer(trainer)
         if timer is None:
@@ -236,8 +308,13 @@ class BudgetHorizon(Callback):
         seconds_per_step = median_step_seconds(self.starts)
         overhead = max(now - self.starts[0] - seconds_per_step * len(self.starts), 0.0) / len(self.starts)
         remaining = timer.time_remaining()
-        pl_module.horizon = agreed_horizon(trainer, pl_module, remaining, seconds_per_step, overhead)
+        horizon = agreed_horizon(trainer, pl_module, remaining, seconds_per_step, overhead)
+        if horizon is None:  # the budget has run out (a validation after the stop): nothing to fit
+            return
+        pl_module.horizon = horizon
         self.starts.clear()
+        within = (f", inside the warm-up of {pl_module.hparams.warmup_steps} steps, which the budget does not hold"
+                  if horizon.decay_start < pl_module.hparams.warmup_steps else "")
         pl_module.print(f"learning-rate horizon fixed at step {trainer.global_step}: the decay runs from step "
-                        f"{pl_module.horizon.decay_start} to {pl_module.horizon.end} ({seconds_per_step:.3f} s per step + {overhead:.3f} s of "
-                        f"validations and the rest per step, {remaining:.0f} s of the budget left)")
+                        f"{horizon.decay_start} to {horizon.end}{within} ({seconds_per_step:.3f} s per step + "
+                        f"{overhead:.3f} s of validations and the rest per step, {remaining:.0f} s of the budget left)")

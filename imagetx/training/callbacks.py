@@ -1,7 +1,8 @@
 """Training callbacks: ``last.ckpt`` for resuming, and sample grids.
 
 * ``LastCheckpoint`` keeps ``checkpoints/last.ckpt`` fresh, including at the step where a
-  run stops, so that ``--resume last`` continues it exactly.
+  run stops, so that ``--resume last`` continues it exactly; a run resumed from another folder's
+  checkpoint keeps its own best checkpoints.
 * ``SampleGrid`` draws images with the cached sampler every N steps, writes a PNG
   into the run directory and, when a W&B logger is active, logs the grid there.
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 
 from ..io.checkpoint import LAST
@@ -56,6 +57,19 @@ class LastCheckpoint(Checkpoint):
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.save(trainer)  # the epochs ran out (max_epochs): the checkpoint marks the last one finished
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        """A checkpoint written in another run folder (a continuation, a copied ``last.ckpt``)
+        brings the best checkpoints of that folder: this run keeps its own, from its first
+        validation. Lightning's ModelCheckpoint would reload only their path, warning that "the
+        dirpath has changed" on every continued run: its state is dropped here, as every
+        callback's ``on_load_checkpoint`` runs before any callback reads its state."""
+        states = checkpoint.get("callbacks", {})
+        for callback in trainer.checkpoint_callbacks:
+            if isinstance(callback, ModelCheckpoint):
+                state = states.get(callback.state_key)
+                if state is not None and state.get("dirpath") != callback.dirpath:
+                    del states[callback.state_key]
 
 
 def count_images(batch: dict[str, torch.Tensor]) -> int:

@@ -68,8 +68,8 @@ class ContinuationCheckpoint(Checkpoint):
             trainer.save_checkpoint(self.path, weights_only=False)  # Lightning's option: all the state
         finally:
             pl_module.writing_continuation = False
-        pl_module.print(f"continuation checkpoint {self.path} (step {trainer.global_step}, the last at the peak "
-                        f"learning rate): train on from it with --resume {self.path} --trainer.max_time ...")
+        pl_module.print(f"continuation checkpoint {self.path} (step {trainer.global_step}, the last before the "
+                        f"decay): train on from it with --resume {self.path} --trainer.max_time ...")
 
 
 def slim_moments(checkpoint: dict, moments: str) -> None:

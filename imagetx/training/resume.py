@@ -72,12 +72,28 @@ def check_budget(path: Path, checkpoint: dict, budget: dict | None) -> None:
             "or resume with the run's own budget")
 
 
+def saved_step(root: Path) -> int | None:
+    """The step ``root``'s ``last.ckpt`` was written after, or None where there is none (or it
+    cannot be read)."""
+    try:
+        return read_checkpoint(root / CHECKPOINT_DIR / LAST, mmap=True).get("global_step")
+    except CheckpointError:
+        return None
+
+
 def last_good_checkpoint(root: Path) -> str:
     """Where to continue from after a non-finite loss, in words."""
-    last = root / CHECKPOINT_DIR / LAST
-    try:
-        step = read_checkpoint(last, mmap=True).get("global_step")
-    except CheckpointError:
+    step = saved_step(root)
+    if step is None:
         return "no checkpoint was written yet: lower --model.peak_lr or set --trainer.gradient_clip_val and start again"
-    return (f"the last good checkpoint is {last} (after step {step}): continue with --resume last, perhaps with a "
-            "lower --model.peak_lr or --trainer.gradient_clip_val")
+    return (f"the last good checkpoint is {root / CHECKPOINT_DIR / LAST} (after step {step}): continue with --resume "
+            "last, perhaps with a lower --model.peak_lr or --trainer.gradient_clip_val")
+
+
+def interrupted_at(root: Path, step: int) -> str:
+    """What a run stopped by Ctrl-C after ``step`` steps kept, and how to go on, in words."""
+    saved = saved_step(root)
+    if saved is None:
+        return f"training interrupted (Ctrl-C) after step {step}, before any checkpoint was written: start it again"
+    return (f"training interrupted (Ctrl-C) after step {step}; {root / CHECKPOINT_DIR / LAST} holds step {saved}: "
+            "continue with --resume last")

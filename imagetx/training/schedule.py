@@ -44,13 +44,17 @@ def warmup_then_decay(step: int, warmup_steps: int, horizon: Horizon | None, dec
     """Linear warm-up to the peak, the peak until ``horizon.decay_start``, then ``DECAYS[decay]``
     to 0 at ``horizon.end``; at the peak while the horizon is not yet known (budget.py measures it
     early in a run with a time budget). ``rewarmup`` = (first step, length): a second linear
-    warm-up, for a run continued without the optimiser's moments (continuation.py)."""
+    warm-up, for a run continued without the optimiser's moments (continuation.py).
+
+    A decay that starts inside the warm-up (a budget that holds fewer steps than the warm-up,
+    budget.place_decay) multiplies the two, so that the rate still reaches 0 at ``horizon.end``
+    and never jumps; a decay after the warm-up (every other horizon) is as before."""
     step = max(step, 1)
     scale = 1.0
     if rewarmup is not None and step < rewarmup[0] + rewarmup[1]:
         scale = max(step - rewarmup[0], 1) / rewarmup[1]
     if step < warmup_steps:
-        return scale * step / warmup_steps
+        scale = scale * step / warmup_steps  # in this order, as before: the same floats as every earlier run
     if horizon is None or step <= horizon.decay_start:
         return scale
     return scale * DECAYS[decay](horizon.progress(step))

@@ -17,9 +17,16 @@ from functools import wraps
 from pathlib import Path
 
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
+from lightning.pytorch.trainer.states import RunningStage
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 WANDB_HOST = "api.wandb.ai"
+# Lightning's ThroughputMonitor logs the validation's throughput ("validate/samples_per_sec", ...)
+# at a step that counts validation batches (1 to 8 at a quick preset's first validation, 9 to 16 at
+# its second), not optimiser steps: metrics.csv's step column ran backwards at every validation
+#. imagetx's loggers leave those out; the training throughput ("train/...") is logged
+# at training steps as before.
+VALIDATION_THROUGHPUT = f"{RunningStage.VALIDATING.value}/"
 
 
 def has_wandb_key() -> bool:
@@ -56,7 +63,7 @@ def choose_wandb_mode(requested: str = "auto") -> str:
 def make_loggers(root: Path, wandb_choice: str, project: str) -> list:
     """CSV metrics always (for plots and for runs with W&B off), plus W&B unless disabled.
     W&B trouble (not installed, no network, a failing call) never stops training."""
-    loggers: list = [CSVLogger(save_dir=str(root), name="csv")]
+    loggers: list = [RunCSVLogger(save_dir=str(root), name="csv")]
     if choose_wandb_mode(wandb_choice) != "disabled":
         try:
             loggers.append(SafeWandbLogger(project=project, save_dir=str(root), log_model=False))
@@ -64,6 +71,19 @@ def make_loggers(root: Path, wandb_choice: str, project: str) -> list:
             print(f"W&B: cannot start ({type(error).__name__}: {error}); training without it, "
                   "metrics still go to csv/", file=sys.stderr)
     return loggers
+
+
+class TrainingSteps:
+    """For a Lightning logger: every metric at an optimiser step (``VALIDATION_THROUGHPUT`` left out)."""
+
+    def log_metrics(self, metrics: dict, step: int | None = None) -> None:
+        kept = {key: value for key, value in metrics.items() if not key.startswith(VALIDATION_THROUGHPUT)}
+        if kept:
+            super().log_metrics(kept, step)
+
+
+class RunCSVLogger(TrainingSteps, CSVLogger):
+    """Lightning's CSVLogger, its rows at optimiser steps only (``TrainingSteps``)."""
 
 
 # ----- a W&B logger that never costs a run ----------------------------------------------
@@ -86,15 +106,17 @@ def _guarded(name: str):
     return call
 
 
-class SafeWandbLogger(WandbLogger):
+class SafeWandbLogger(TrainingSteps, WandbLogger):
     """WandbLogger whose every logging call catches its own errors: the first failure is
     reported once on stderr and turns W&B off for the rest of the run (CSV and checkpoints
     carry on). Starting the W&B run (``experiment``, which Lightning touches at setup) is
-    guarded the same way, so a failing ``wandb.init`` (no network, a bad key) costs nothing."""
+    guarded the same way, so a failing ``wandb.init`` (no network, a bad key) costs nothing.
+    Its metrics are logged at optimiser steps only (``TrainingSteps``)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.wandb_failed: str | None = None
+        self.set_up = False  # wandb.setup() called (experiment)
 
     def turn_off(self, what: str, error: BaseException) -> None:
         self.wandb_failed = f"{type(error).__name__}: {error}"
@@ -105,6 +127,15 @@ class SafeWandbLogger(WandbLogger):
     def experiment(self):
         if self.wandb_failed is None:
             try:
+                if not self.set_up:
+                    # W&B reads WANDB_SILENT (choose_wandb_mode) when it sets itself up, which
+                    # wandb.init does only after checking its arguments: Lightning's `anonymous=None`
+                    # then printed "The anonymous setting has no effect ..." on every run.
+                    # Set up first, W&B is silent from the start, as asked.
+                    import wandb
+
+                    wandb.setup()
+                    self.set_up = True
                 return WandbLogger.experiment.fget(self)
             except Exception as error:
                 self.turn_off("starting the run", error)
