@@ -4,16 +4,20 @@ model (docs/compress.md); ``python -m imagetx.decompress`` gives them back exact
     python -m imagetx.compress --ckpt pretrained/completion --out images.itx INPUT [INPUT ...]
                                [--batch N] [--threads 1] [--force]
 
-INPUT: pictures (PNG, a JPEG's decoded pixels, ...) or npz files with an array ``images``
-(N, H, W, 3) uint8, each exactly the model's size (nothing is resized). Every image goes into
+INPUT: pictures (PNG, a JPEG's decoded pixels, GIF, BMP, WebP) or npz files with an array
+``images`` (N, H, W, 3) uint8, each exactly the model's size (nothing is resized), coded exactly:
+a picture whose 8-bit RGB pixels would not be the file's own (16-bit, several frames, CMYK,
+transparency) is refused. Each input's line on stderr says what it gave. Every image goes into
 one file, coded in one decoding pass (up to 1,024 images; ``--batch``: passes of that many) on
-``--threads`` torch threads (both recorded in the file, which the decoder uses again). The last line printed is one JSON object:
-the images, the file's bytes and bits/dim.
+``--threads`` torch threads (both recorded in the file, which the decoder uses again). ``--force``
+(or ``--force true``) replaces an existing --out file. The last line printed is one JSON object:
+the images, the file's bytes and bits/dim. Ctrl-C stops it with one line and exit status 130.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
 
 from jsonargparse import ArgumentParser, Namespace
@@ -22,8 +26,7 @@ from .cli.common import parse, parser_for, run_or_exit
 from .cli.shipped import resolve
 from .codec.api import DEFAULT_THREADS, check_model, compress_with_stats
 from .codec.container import MAX_BATCH
-from .codec.files import check_output, read_images
-from .io.atomic import atomic_write
+from .codec.files import check_output, read_images, write_file
 from .io.load import load_model
 
 
@@ -35,7 +38,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--batch", type=int | None, default=None,
                         help=f"images coded together in one pass (default: all, up to {MAX_BATCH})")
     parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch threads while coding")
-    parser.add_argument("--force", type=bool, default=False, help="replace --out if it exists")
+    parser.add_argument("--force", type=bool, nargs="?", const=True, default=False,
+                        help="replace --out if it is a file (a bare flag, or --force true/false)")
     parser.add_argument("--progress", type=bool, default=True, help="a progress bar on stderr")
     return parser
 
@@ -44,11 +48,13 @@ def run(args: Namespace) -> dict:
     out = check_output(args.out, args.force)
     model = load_model(resolve(args.ckpt))  # pretrained/...: also from an installed wheel
     check_model(model)
-    images = read_images(args.inputs, model.config.image_size)
+    images, lines = read_images(args.inputs, model.config.image_size)
+    for line in lines:
+        print(f"input {line}", file=sys.stderr)
     started = time.perf_counter()
     data, stats = compress_with_stats(model, images, args.batch, args.threads, args.progress)
     seconds = time.perf_counter() - started
-    atomic_write(out, lambda handle: handle.write(data))
+    write_file(out, data)
     return {"out": str(out), "images": stats.images, "bytes": stats.file_bytes,
             "bits_per_dim": round(stats.bits_per_dim, 4), "seconds": round(seconds, 2),
             "images_per_second": round(stats.images / seconds, 3), "ckpt": str(args.ckpt)}

@@ -1,26 +1,30 @@
 """``python -m imagetx.decompress``: a file written by ``imagetx.compress`` back to its images,
 exactly (docs/compress.md).
 
-    python -m imagetx.decompress FILE --ckpt pretrained/completion --out DIR|IMAGES.npz [--force]
+    python -m imagetx.decompress FILE --ckpt pretrained/completion --out DIR|IMAGES.npz|IMAGE.png [--force]
 
-``--out`` ending in .npz: one npz with the array ``images`` (N, H, W, 3) uint8; otherwise a
-folder of PNGs 00000.png, 00001.png, ... in the order the images were compressed. A file that is
-not one, is truncated or damaged, or was compressed with another model is refused with one
-``error:`` line (exit code 2) before anything is written; so is a decoding whose pixels do not
-match the file's checksum. The last line printed is one JSON object.
+``--out`` ending in .npz: one npz with the array ``images`` (N, H, W, 3) uint8; in .png: that
+PNG, for a file of one image; otherwise a folder of PNGs 00000.png, 00001.png, ... in the order
+the images were compressed, written whole beside it and then put in its place. ``--force`` (or
+``--force true``) replaces an existing --out: a file, or a folder holding only an earlier
+decode's PNGs, as a whole. A file that is not one, is truncated or damaged, or was compressed
+with another model is refused with one ``error:`` line (exit code 2) before anything is written;
+so is a decoding whose pixels do not match the file's checksum. The last line printed is one
+JSON object. Ctrl-C stops it with one line and exit status 130.
 """
 
 from __future__ import annotations
 
 import json
 import time
+from pathlib import Path
 
 from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import parse, parser_for, run_or_exit
 from .cli.shipped import resolve
 from .codec.api import decompress, read_header
-from .codec.files import check_output, read_compressed, write_images
+from .codec.files import check_output, output_kind, read_compressed, write_images
 from .io.load import load_model
 
 
@@ -28,16 +32,19 @@ def build_parser() -> ArgumentParser:
     parser = parser_for(__doc__)
     parser.add_argument("file", help="a file written by imagetx.compress")
     parser.add_argument("--ckpt", type=str, required=True, help="the model it was compressed with")
-    parser.add_argument("--out", type=str, required=True, help="an .npz file, or a folder for PNGs")
-    parser.add_argument("--force", type=bool, default=False, help="replace --out if it exists")
+    parser.add_argument("--out", type=str, required=True,
+                        help="an .npz file, a .png (a file of one image), or a folder for PNGs")
+    parser.add_argument("--force", type=bool, nargs="?", const=True, default=False,
+                        help="replace --out if it exists (a bare flag, or --force true/false)")
     parser.add_argument("--progress", type=bool, default=True, help="a progress bar on stderr")
     return parser
 
 
 def run(args: Namespace) -> dict:
-    out = check_output(args.out, args.force)
     data = read_compressed(args.file)
     header = read_header(data)  # a file that is not one is refused before the model is loaded
+    folder = output_kind(Path(args.out), header.count) == "folder"
+    out = check_output(args.out, args.force, folder)
     model = load_model(resolve(args.ckpt))  # pretrained/...: also from an installed wheel
     started = time.perf_counter()
     images = decompress(model, data, args.progress)

@@ -14,8 +14,9 @@ import torch
 
 from helpers import random_images, tiny_model
 from imagetx.codec import CodecError, compress, compress_with_stats, decompress, model_fingerprint, read_header
-from imagetx.codec.container import HEADER, MAX_IMAGES, TRAILER
-from imagetx.codec.distributions import TOTAL, PixelDistributions, categorical_probs, quantise
+import imagetx.codec.api as codec_api
+from imagetx.codec.container import FORMAT_VERSION, HEADER, MAX_IMAGES, TRAILER
+from imagetx.codec.distributions import PRECISION, TOTAL, PixelDistributions, categorical_probs, quantise
 from imagetx.io.load import load_model
 
 SHIPPED = Path(__file__).resolve().parents[1] / "pretrained" / "completion"
@@ -66,6 +67,45 @@ def test_file_costs_the_models_bits(head):
     assert stats.ideal_bits == pytest.approx(model_bits, abs=6e-3)
     overhead = len(data) - stats.ideal_bits / 8
     assert HEADER.size + TRAILER.size <= overhead <= HEADER.size + TRAILER.size + 8
+
+
+# The range coder's last words: what a file's payload may hold beyond its symbols' cost.
+CODER_FLUSH_BITS = 64
+
+
+def spiked_model():
+    """A categorical model that gives value 0 almost all the mass at every step: every other
+    value gets the least frequency, 1 of 2**24, so it costs exactly 24 bits."""
+    model = tiny_model(seed=4)
+    with torch.no_grad():
+        model.head.proj.bias[0] = 1e3
+    return model
+
+
+def test_a_value_costs_exactly_what_its_frequency_says():
+    """Issue 74: constriction must code with the quantised integers themselves, not re-quantise
+    them (format 1 did: a value of frequency 1 cost 23 bits). ``ideal_bits`` is then what the
+    file's payload costs, less the coder's last words."""
+    model = spiked_model()
+    images = random_images(3, 4, seed=5).numpy() | 1  # no value 0: every sub-pixel at frequency 1
+    data, stats = compress_with_stats(model, images)
+    assert stats.ideal_bits == pytest.approx(PRECISION * stats.dims)
+    payload_bits = 8 * (len(data) - HEADER.size - TRAILER.size)
+    assert 0 <= payload_bits - stats.ideal_bits <= CODER_FLUSH_BITS
+    assert np.array_equal(decompress(model, data), images)
+
+
+def test_format_1_files_are_decoded_as_they_were_coded(monkeypatch):
+    """Files of format 1 (the frequencies re-quantised by constriction) still decode exactly;
+    compress writes format 2, which spends the 24 bits format 1 did not."""
+    model = spiked_model()
+    images = random_images(3, 4, seed=5).numpy() | 1
+    current = compress(model, images)
+    monkeypatch.setattr(codec_api, "FORMAT_VERSION", 1)  # as compress wrote before issue 74
+    old = compress(model, images)
+    assert (old[4], current[4]) == (1, FORMAT_VERSION) == (1, 2)
+    assert np.array_equal(decompress(model, old), images)
+    assert len(old) < len(current)  # format 1 coded these values at 23 bits
 
 
 def test_shipped_dmol_model_round_trip_and_size():
@@ -190,7 +230,7 @@ def test_crafted_files_never_decode_to_a_wrong_image(coded):
             decompress(model, fix_crc(bytes(crafted)))
     version = bytearray(data)
     version[4] = 9
-    with pytest.raises(CodecError, match="format version 9"):
+    with pytest.raises(CodecError, match="format version 9; this imagetx reads versions 1, 2"):
         decompress(model, fix_crc(bytes(version)))
     assert header.count == 3
 

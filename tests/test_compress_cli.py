@@ -1,9 +1,13 @@
 """``python -m imagetx.compress`` and ``imagetx.decompress``: pictures and npz in, the exact
-pixels out; every bad input or file one ``error:`` line, exit code 2, nothing written."""
+pixels out (or a refusal: never other pixels); every bad input or file one ``error:`` line, exit
+code 2, nothing written; outputs replaced whole; Ctrl-C one line, exit status 130."""
 
 from __future__ import annotations
 
 import json
+import struct
+import zlib
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +16,7 @@ from PIL import Image
 from helpers import one_error_line, random_images, tiny_model
 from imagetx import compress as compress_cli
 from imagetx import decompress as decompress_cli
+from imagetx.codec import files
 from imagetx.io.hub import save_pretrained
 
 
@@ -54,8 +59,30 @@ def test_pictures_and_npz_round_trip(folders, tmp_path, capsys):
     assert np.array_equal(np.stack([np.asarray(Image.open(p)) for p in pngs]), expected)
 
 
+def sixteen_bit_png(path: Path, samples: np.ndarray) -> None:
+    """A 16-bit PNG of (H, W, 3) RGB or (H, W, 4) RGBA uint16 samples, written by hand: PIL
+    writes no 16-bit colour PNG (it reads one as 8 bits, which is the bug this catches)."""
+    height, width, channels = samples.shape
+    colour_type = {3: 2, 4: 6}[channels]  # the PNG colour types of RGB and RGBA
+    rows = b"".join(b"\0" + row.astype(">u2").tobytes() for row in samples)  # filter 0 on every row
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+
+    header = struct.pack(">IIBBBBB", width, height, 16, colour_type, 0, 0, 0)
+    path.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", zlib.compress(rows))
+                     + chunk(b"IEND", b""))
+
+
 def bad_inputs(folders, tmp):
     rng = np.random.default_rng(0)
+    pixels = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
+    sixteen_bit_png(tmp / "rgb16.png", np.full((4, 4, 3), 25707, np.uint16))  # issue 74: came back as 25700
+    sixteen_bit_png(tmp / "rgba16.png", np.full((4, 4, 4), 65535, np.uint16))  # opaque, still 16-bit
+    frames = [Image.fromarray(np.roll(pixels, shift, axis=0)).convert("P") for shift in range(3)]
+    frames[0].save(tmp / "animated.gif", save_all=True, append_images=frames[1:])
+    Image.fromarray(pixels).convert("CMYK").save(tmp / "cmyk.jpg")
+    Image.fromarray(pixels).save(tmp / "picture.tiff")  # PIL reads 16-bit TIFFs as 8 bits: refused
     Image.fromarray(rng.integers(0, 256, (4, 6, 3), dtype=np.uint8)).save(tmp / "wide.png")
     alpha = rng.integers(0, 256, (4, 4, 4), dtype=np.uint8)
     Image.fromarray(alpha).save(tmp / "alpha.png")
@@ -64,7 +91,9 @@ def bad_inputs(folders, tmp):
     np.savez(tmp / "floats.npz", images=np.zeros((1, 4, 4, 3), np.float32))
     np.savez(tmp / "nokey.npz", pixels=np.zeros((1, 4, 4, 3), np.uint8))
     (tmp / "broken.npz").write_bytes(b"PK\x03\x04broken")
-    return {"wide.png": "is 6x4", "alpha.png": "transparent", "grey16.png": "16-bit", "text.png": "not an image",
+    return {"rgb16.png": "samples are 16-bit", "rgba16.png": "samples are 16-bit", "animated.gif": "of its 3 frames",
+            "cmyk.jpg": "converted from CMYK", "picture.tiff": "give it as a PNG",
+            "wide.png": "is 6x4", "alpha.png": "transparent", "grey16.png": "16-bit", "text.png": "not an image",
             "floats.npz": "uint8", "nokey.npz": "no array 'images'", "broken.npz": "not a readable npz",
             "missing.png": "does not exist"}
 
@@ -100,3 +129,157 @@ def test_bad_files_one_error_line(folders, tmp_path, capsys):
     line = one_error_line(capsys, compress_cli.main, [str(folders / "one.png"), "--ckpt", str(folders / "model"),
                                                       "--out", str(good)])
     assert "exists" in line and good.read_bytes() == data  # nothing overwritten without --force
+
+
+def test_each_input_says_what_it_gave_and_lossless_conversions_round_trip(folders, tmp_path, capsys):
+    """Issue 74: what compress accepts, and how it made it RGB without changing a value, is one
+    line per input; the decoded pixels are the file's own."""
+    rng = np.random.default_rng(1)
+    grey = rng.integers(0, 256, (4, 4), dtype=np.uint8)
+    Image.fromarray(grey).save(tmp_path / "grey.png")
+    opaque = np.concatenate([rng.integers(0, 256, (4, 4, 3), dtype=np.uint8), np.full((4, 4, 1), 255, np.uint8)], -1)
+    Image.fromarray(opaque).save(tmp_path / "opaque.png")
+    Image.fromarray(opaque[..., :3]).convert("P").save(tmp_path / "one_frame.gif")
+    inputs = [folders / "palette.png", tmp_path / "grey.png", tmp_path / "opaque.png", tmp_path / "one_frame.gif",
+              folders / "four.npz"]
+    out = tmp_path / "x.itx"
+    compress_cli.main([*map(str, inputs), "--ckpt", str(folders / "model"), "--out", str(out), "--progress", "false"])
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[:5] == [
+        "input palette.png: PNG 4x4 P, coded as RGB with the same values (palette colours looked up)",
+        "input grey.png: PNG 4x4 L, coded as RGB with the same values (grey spread to RGB)",
+        "input opaque.png: PNG 4x4 RGBA, coded as RGB with the same values (its alpha channel, opaque "
+        "everywhere, dropped)",
+        "input one_frame.gif: GIF 4x4 P, coded as RGB with the same values (palette colours looked up)",
+        "input four.npz: 4 images 4x4 RGB (npz array 'images')"], lines
+    back = tmp_path / "back.npz"
+    decompress_cli.main([str(out), "--ckpt", str(folders / "model"), "--out", str(back), "--progress", "false"])
+    expected = [np.asarray(Image.open(inputs[0]).convert("RGB")), grey[..., None].repeat(3, -1), opaque[..., :3],
+                np.asarray(Image.open(inputs[3]).convert("RGB"))]
+    assert np.array_equal(np.load(back)["images"], np.concatenate([np.stack(expected),
+                                                                   np.load(folders / "four.npz")["images"]]))
+
+
+def compress_one(folders, tmp_path, source="one.png") -> Path:
+    out = tmp_path / f"{source}.itx"
+    compress_cli.main([str(folders / source), "--ckpt", str(folders / "model"), "--out", str(out),
+                       "--progress", "false"])
+    return out
+
+
+def decompress_args(folders, data: Path, out: Path, *more: str) -> list[str]:
+    return [str(data), "--ckpt", str(folders / "model"), "--out", str(out), "--progress", "false", *more]
+
+
+def test_force_is_a_bare_flag_and_still_takes_true_or_false(folders, tmp_path, capsys):
+    """Issue 74: ``--force`` alone failed ("expected one argument") though errors say "give --force"."""
+    data = compress_one(folders, tmp_path)
+    out = tmp_path / "one.npz"
+    decompress_cli.main(decompress_args(folders, data, out))
+    for force in (["--force"], ["--force", "true"], ["--force=true"]):
+        decompress_cli.main(decompress_args(folders, data, out, *force))
+    line = one_error_line(capsys, decompress_cli.main, decompress_args(folders, data, out, "--force", "false"))
+    assert "exists" in line and "give --force" in line
+    compress_cli.main([str(folders / "one.png"), "--ckpt", str(folders / "model"), "--out", str(data), "--force",
+                       "--progress", "false"])
+
+
+def test_force_replaces_an_earlier_decode_whole(folders, tmp_path, capsys):
+    """Issue 74: decoding a file of one image over a folder holding a decode of four left the old
+    00001-00003.png beside the new 00000.png. The folder is now replaced as a whole, and a folder
+    holding anything else is not deleted even with --force."""
+    four = tmp_path / "four.itx"
+    compress_cli.main([str(folders / "four.npz"), "--ckpt", str(folders / "model"), "--out", str(four),
+                       "--progress", "false"])
+    one = compress_one(folders, tmp_path)
+    out = tmp_path / "decoded"
+    decompress_cli.main(decompress_args(folders, four, out))
+    assert len(list(out.iterdir())) == 4
+    decompress_cli.main(decompress_args(folders, one, out, "--force", "true"))  # as the issue ran it
+    assert [path.name for path in out.iterdir()] == ["00000.png"]
+    assert np.array_equal(np.asarray(Image.open(out / "00000.png")), np.asarray(Image.open(folders / "one.png")))
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["decoded", "four.itx", "one.png.itx"]  # nothing beside
+    (out / "notes.txt").write_text("mine")
+    line = one_error_line(capsys, decompress_cli.main, decompress_args(folders, four, out, "--force"))
+    assert "not a folder of decoded PNGs only" in line and (out / "notes.txt").exists()
+
+
+def test_out_png_is_one_picture_and_other_picture_suffixes_are_refused(folders, tmp_path, capsys):
+    """Issue 74: ``--out out.png`` made a folder named out.png."""
+    one = compress_one(folders, tmp_path)
+    out = tmp_path / "out.png"
+    result = run_json(decompress_cli, decompress_args(folders, one, out), capsys)
+    assert out.is_file() and result["files"] == 1
+    assert np.array_equal(np.asarray(Image.open(out)), np.asarray(Image.open(folders / "one.png")))
+    four = tmp_path / "four.itx"
+    compress_cli.main([str(folders / "four.npz"), "--ckpt", str(folders / "model"), "--out", str(four),
+                       "--progress", "false"])
+    for name, said in (("many.png", "holds 4 images"), ("out.jpg", "not .jpg")):
+        line = one_error_line(capsys, decompress_cli.main, decompress_args(folders, four, tmp_path / name))
+        assert said in line and not (tmp_path / name).exists(), line
+
+
+def test_an_unwritable_out_is_one_line_naming_it(folders, tmp_path, capsys):
+    """Issue 74: raw OS errors named the temporary file (/proc/.x.itx.....tmp). Refused before
+    any coding, naming the user's path."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    outs = [blocker / "x.itx"] + ([Path("/proc/x.itx")] if Path("/proc").is_dir() else [])
+    for out in outs:
+        line = one_error_line(capsys, compress_cli.main, [str(folders / "one.png"), "--ckpt", str(folders / "model"),
+                                                          "--out", str(out)])
+        assert line.startswith(f"error: cannot write {out}: ") and ".tmp" not in line, line
+    one = compress_one(folders, tmp_path)
+    line = one_error_line(capsys, decompress_cli.main, decompress_args(folders, one, blocker / "pngs"))
+    assert line.startswith(f"error: cannot write {blocker / 'pngs'}: "), line
+
+
+def interrupted(capsys, command, args) -> str:
+    """Run a command that Ctrl-C stops: exit status 130 and one line (cli/common.py's
+    run_or_exit words it), no traceback."""
+    with pytest.raises(SystemExit) as info:
+        try:
+            command(args)
+        except KeyboardInterrupt:  # escaping, it would stop the whole test session
+            pytest.fail("Ctrl-C escaped the command: a traceback, not one line")
+    assert info.value.code == 130
+    captured = capsys.readouterr()
+    assert "Traceback" not in captured.err + captured.out
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert "interrupted (Ctrl-C)" in lines[-1], lines
+    assert all(line.startswith("input ") for line in lines[:-1]), lines  # what it had read, then the one line
+    return lines[-1]
+
+
+def test_ctrl_c_is_one_line_exit_130_and_leaves_nothing_half_written(folders, tmp_path, capsys, monkeypatch):
+    """Issue 74: Ctrl-C printed a 41-line traceback. Stopped while coding or while writing a
+    folder over an earlier decode: nothing new, the earlier output as it was, nothing beside it."""
+    four = tmp_path / "four.itx"
+    compress_cli.main([str(folders / "four.npz"), "--ckpt", str(folders / "model"), "--out", str(four),
+                       "--progress", "false"])
+    out = tmp_path / "decoded"
+    decompress_cli.main(decompress_args(folders, four, out))
+    before = {path.name: path.read_bytes() for path in out.iterdir()}
+    one = compress_one(folders, tmp_path)
+    capsys.readouterr()
+
+    def ctrl_c(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(compress_cli, "compress_with_stats", ctrl_c)
+    interrupted(capsys, compress_cli.main, [str(folders / "one.png"), "--ckpt", str(folders / "model"),
+                                            "--out", str(tmp_path / "new.itx")])
+    written = []
+
+    def png_then_ctrl_c(image):  # Ctrl-C while the third PNG of the new folder is written
+        if len(written) == 2:
+            raise KeyboardInterrupt
+        written.append(image)
+        return png_bytes(image)
+
+    png_bytes = files.png_bytes
+    monkeypatch.setattr(files, "png_bytes", png_then_ctrl_c)
+    interrupted(capsys, decompress_cli.main, decompress_args(folders, four, out, "--force"))
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == before
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["decoded", "four.itx", "one.png.itx"]
+    assert one.exists()

@@ -9,6 +9,10 @@ same), with the same batch of images, on the same number of torch threads, in ev
 CPU: the same floating-point computation, so the same parameters, so the same integers
 (``distributions.quantise``). Nothing else is shared: the order of symbols in the stream is
 step by step, and inside a step channel by channel (DMOL), image after image.
+
+The range coder codes with exactly those integers (``coder_masses``): a value of frequency f
+costs -log2(f / 2**24) bits, which ``encode_values`` adds up; the payload is that, up to the
+coder's own rounding and last words (docs/compress.md, "How it codes").
 """
 
 from __future__ import annotations
@@ -28,13 +32,26 @@ from ..model.modes import eval_mode
 from ..model.sampler import first_input
 from ..model.transformer import ImageTransformer
 from .container import CodecError
-from .distributions import TOTAL, PixelDistributions, categorical_probs, quantise
+from .distributions import MIN_FREQUENCY, PRECISION, TOTAL, PixelDistributions, categorical_probs, quantise
 
 # (frequencies (N, 256) int64, the step, the channel or None) -> the N values coded (long).
 CodeSymbols = Callable[[Tensor, int, int | None], Tensor]
 # A progress bar whose output is not a terminal redraws at most once every this many seconds
 # (each redraw is a line in a log file).
 LOG_PROGRESS_SECONDS = 30.0
+# constriction 0.5's Python API has no categorical model taking integer frequencies. Its lazy
+# categorical model, Categorical(perfect=False), makes fixed point of float masses p_0..p_255 as
+#     left cumulative of value v = floor(sum(p_j for j < v) * (2**24 - 256) / sum(p)) + v
+# (LazyContiguousCategoricalEntropyModel::from_floating_point_probabilities_fast, 24-bit
+# precision): every value gets LEAK = 1 more than its share. Handed each frequency less LEAK, the
+# masses sum to 2**24 - 256, the scale is exactly 1.0, and every partial sum (an integer below
+# 2**24) is exact in float64, so the model's frequency of v is exactly f_v (``coder_masses``).
+# pyproject.toml pins constriction to 0.5.x: its bit stream is part of the file format.
+LEAK = 1
+FAMILY = constriction.stream.model.Categorical(perfect=False)
+# Format 1 handed the frequencies themselves, which constriction re-quantised (a value of frequency
+# 1 cost 23 bits, not 24). Its files are still decoded as they were coded.
+REQUANTISED_VERSION = 1
 
 
 @contextmanager
@@ -52,6 +69,19 @@ def torch_threads(threads: int) -> Iterator[None]:
 def progress_bar(total: int, description: str, enabled: bool) -> tqdm:
     interval = {} if sys.stderr.isatty() else {"mininterval": LOG_PROGRESS_SECONDS}
     return tqdm(total=total, desc=description, unit="step", disable=not enabled, leave=False, **interval)
+
+
+def coder_masses(freq: Tensor, version: int) -> np.ndarray:
+    """(N, 256) int64 frequencies (each >= 1, each row summing to TOTAL) -> the float64 masses
+    that make ``FAMILY`` code with exactly these frequencies (format ``version`` >= 2; format 1:
+    the masses its files were coded with)."""
+    if version == REQUANTISED_VERSION:
+        return freq.numpy().astype(np.float64)
+    return (freq - LEAK).numpy().astype(np.float64)
+
+
+# What ``coder_masses`` relies on: constriction's 24-bit precision, and no mass below zero.
+assert PRECISION == 24 and MIN_FREQUENCY >= LEAK
 
 
 @torch.no_grad()  # not inference_mode: tensors the model caches (attention blocks) stay usable by autograd later
@@ -81,16 +111,15 @@ def code_pass(model: ImageTransformer, count: int, code: CodeSymbols, bar: tqdm 
 
 
 def encode_values(model: ImageTransformer, targets: Tensor, encoder: constriction.stream.queue.RangeEncoder,
-                  bar: tqdm | None = None) -> float:
-    """Code ``targets`` (the model's ``targets(images)``: (N, T) or (N, T, 3)) into ``encoder``.
-    -> the ideal cost of the quantised distributions, in bits (what a perfect coder would
-    spend: the sum of -log2(frequency / TOTAL))."""
-    family = constriction.stream.model.Categorical(perfect=False)
+                  version: int, bar: tqdm | None = None) -> float:
+    """Code ``targets`` (the model's ``targets(images)``: (N, T) or (N, T, 3)) into ``encoder``
+    as format ``version`` codes them. -> their cost in bits, the sum of -log2(frequency /
+    TOTAL): what the range coder spends on them (format >= 2), up to its rounding and last words."""
     cost = [0.0]
 
     def code(freq: Tensor, step: int, channel: int | None) -> Tensor:
         symbols = targets[:, step] if channel is None else targets[:, step, channel]
-        encoder.encode(symbols.numpy().astype(np.int32), family, freq.numpy().astype(np.float64))
+        encoder.encode(symbols.numpy().astype(np.int32), FAMILY, coder_masses(freq, version))
         cost[0] -= float(torch.log2(freq.gather(1, symbols[:, None]).double() / TOTAL).sum())
         return symbols
 
@@ -101,13 +130,13 @@ def encode_values(model: ImageTransformer, targets: Tensor, encoder: constrictio
 
 
 def decode_values(model: ImageTransformer, count: int, decoder: constriction.stream.queue.RangeDecoder,
-                  bar: tqdm | None = None) -> Tensor:
-    """``count`` images' values, (N, T) or (N, T, 3) long, decoded from ``decoder``."""
-    family = constriction.stream.model.Categorical(perfect=False)
+                  version: int, bar: tqdm | None = None) -> Tensor:
+    """``count`` images' values, (N, T) or (N, T, 3) long, decoded from ``decoder`` as format
+    ``version`` coded them."""
 
     def code(freq: Tensor, step: int, channel: int | None) -> Tensor:
         try:
-            symbols = decoder.decode(family, freq.numpy().astype(np.float64))
+            symbols = decoder.decode(FAMILY, coder_masses(freq, version))
         except (ValueError, RuntimeError, AssertionError) as error:  # constriction's refusal of its data
             raise CodecError(f"the payload cannot be decoded ({error})") from None
         return torch.from_numpy(np.asarray(symbols, dtype=np.int64))

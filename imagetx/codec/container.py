@@ -3,7 +3,7 @@ coder's words, and a checksum (docs/compress.md, "The file").
 
     offset  bytes  field (little-endian)
     0       4      magic b"ITXC"
-    4       1      format version (FORMAT_VERSION)
+    4       1      format version (FORMAT_VERSION; READ_VERSIONS are decoded)
     5       1      probability precision in bits (distributions.PRECISION)
     6       1      torch threads the decoding ran on
     7       1      head: 0 categorical, 1 DMOL
@@ -37,7 +37,11 @@ import torch
 from ..model.transformer import ImageTransformer
 
 MAGIC = b"ITXC"
-FORMAT_VERSION = 1
+# Version 2: the range coder codes with exactly the quantised frequencies. Version 1,
+# the same layout, had constriction re-quantise them (coder.py, REQUANTISED_VERSION); its files
+# are still decoded, as they were coded.
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
 HEADER = struct.Struct("<4sBBBBIHHH16s8sI")
 TRAILER = struct.Struct("<I")
 HEADS = ("categorical", "dmol")
@@ -59,6 +63,7 @@ class CodecError(ValueError):
 
 @dataclass(frozen=True)
 class Header:
+    version: int
     precision: int
     threads: int
     head: str
@@ -89,7 +94,7 @@ def pixel_digest(images: np.ndarray) -> bytes:
 
 def pack(header: Header, payload: bytes) -> bytes:
     """The whole file: header, payload, CRC-32."""
-    head = HEADER.pack(MAGIC, FORMAT_VERSION, header.precision, header.threads, HEADS.index(header.head),
+    head = HEADER.pack(MAGIC, header.version, header.precision, header.threads, HEADS.index(header.head),
                        header.count, header.height, header.width, header.batch, header.fingerprint,
                        header.digest, len(payload))
     body = head + payload
@@ -105,8 +110,9 @@ def unpack(data: bytes) -> tuple[Header, bytes]:
                          f"{HEADER.size + TRAILER.size}-byte header and checksum")
     (_, version, precision, threads, head, count, height, width, batch, fingerprint, digest,
      length) = HEADER.unpack_from(data)
-    if version != FORMAT_VERSION:
-        raise CodecError(f"the file is in format version {version}; this imagetx reads version {FORMAT_VERSION}")
+    if version not in READ_VERSIONS:
+        raise CodecError(f"the file is in format version {version}; this imagetx reads versions "
+                         f"{', '.join(map(str, READ_VERSIONS))}")
     expected = HEADER.size + length + TRAILER.size
     if len(data) != expected:
         state = "truncated" if len(data) < expected else "longer than its header says"
@@ -120,5 +126,5 @@ def unpack(data: bytes) -> tuple[Header, bytes]:
             or not 1 <= threads <= MAX_THREADS or not height or not width or length % 4:
         raise CodecError("the file's header is invalid (head, image count, batch, threads or payload length "
                          "out of range)")
-    header = Header(precision, threads, HEADS[head], count, height, width, batch, fingerprint, digest)
+    header = Header(version, precision, threads, HEADS[head], count, height, width, batch, fingerprint, digest)
     return header, body[HEADER.size:]

@@ -1,33 +1,62 @@
-"""The commands' files: pictures and npz arrays in (``read_images``), and decoded images out
-(``write_images``: an npz, or a folder of PNGs), every write whole or not at all.
+"""The commands' files: pictures and npz arrays in (``read_images``), decoded images out
+(``write_images``: an npz, one PNG, or a folder of PNGs), every output written whole or not at
+all, even when Ctrl-C stops the command (which cli/common.py's ``run_or_exit`` then ends in one
+line, exit code 130).
 
-Lossless means the pixels coded are the file's own: a picture is read by ``read_picture``
-(limits on size, the same RGB rules as everywhere else), and refused where making it RGB would
-change its values (16-bit, transparency) or where it is not the model's size (nothing is
-resized or cropped). A JPEG is coded as the pixels it decodes to.
+Lossless means the pixels coded are the file's own: a picture is read by ``read_picture`` (limits
+on size, the same RGB rules as everywhere else) and coded only where its RGB pixels are exactly
+the file's: refused where it has more than 8 bits a sample, several frames, or a conversion that
+changes values (CMYK, transparency), and where it is not the model's size (nothing is resized or
+cropped). A JPEG is coded as the pixels it decodes to. What each input gave is said in one line.
 """
 
 from __future__ import annotations
 
 import io
+import os
+import re
+import shutil
+import signal
+import tempfile
+import threading
 import zipfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from ..data.images import PictureError, read_picture
-from ..io.atomic import atomic_write
+from ..data.images import ALPHA_MODES, PictureError, read_picture
+from ..io.atomic import TEMPORARY_SUFFIX, atomic_write
 from .container import MAX_IMAGES, CodecError
 
 NPZ_KEY = "images"  # the array an npz holds its images in (as the CIFAR-10 shards do)
-# Notes of read_picture (data/images.py) for conversions that change pixel values: such a
-# picture cannot be given back exactly, so it is refused. tests/test_compress_cli.py feeds
-# both kinds, so a change of these words fails there rather than letting one through.
-LOSSY_NOTES = ("16-bit", "transparent")
+NPZ_SUFFIX, PNG_SUFFIX = ".npz", ".png"
+# Picture formats whose samples PIL gives as stored, 8 bits or fewer (fewer: spread exactly over
+# 0..255): JPEG, GIF and WebP have no deeper samples and BMP no deeper channels; a PNG's depth is
+# read from its header (``png_bit_depth``). PIL reads a 16-bit RGB PNG, TIFF or PPM as 8-bit RGB
+# without a word, so formats it cannot be checked for are refused rather than trusted.
+EXACT_FORMATS = ("PNG", "JPEG", "GIF", "BMP", "WEBP")
+EIGHT_BITS = 8
+# The bit depth's offset in a PNG: after the 8-byte signature, IHDR's 4-byte length and 4-byte
+# type, and its 4-byte width and height (the PNG specification puts IHDR first).
+PNG_DEPTH_OFFSET = 24
+# Notes of read_picture (data/images.py) for conversions that keep every value: such a picture is
+# coded as the RGB pixels it gives (an upright turn moves pixels, a palette lookup gives the colours
+# the file shows). Any other note (an animation's first frame, CMYK converted, 16-bit values
+# scaled, transparency laid on white) means the file's own pixels would not come back: refused.
+# tests/test_compress_cli.py feeds every kind, so a change of these words fails there.
+LOSSLESS_NOTES = ("turned upright", "palette colours looked up")
+# Modes made RGB without changing a value (to_rgb spreads grey to three channels, and drops an
+# alpha channel that it found opaque everywhere), as the input's line says it.
+GREY_MODES = ("1", "L", "LA", "La")
 # A compressed file larger than this is not one the codec writes: 100,000 images (MAX_IMAGES) of
 # 32×32 at the worst 24 bits a sub-pixel are 0.92 GB. Checked before the file is read.
 MAX_COMPRESSED_BYTES = 1_000_000_000
+# A decoded folder's PNGs, in file order: five digits hold every index below MAX_IMAGES.
+PNG_NAME = "{:05d}.png"
+DECODED_PNG = re.compile(r"\d{5}\.png")
 
 
 def read_npz(path: Path, size: int) -> np.ndarray:
@@ -47,17 +76,43 @@ def read_npz(path: Path, size: int) -> np.ndarray:
     return images
 
 
-def read_picture_exactly(path: Path, size: int) -> np.ndarray:
+def png_bit_depth(path: Path) -> int:
+    """The bits a sample of a PNG file (1, 2, 4, 8 or 16), from its header."""
+    with path.open("rb") as handle:
+        header = handle.read(PNG_DEPTH_OFFSET + 1)
+    return header[PNG_DEPTH_OFFSET] if len(header) > PNG_DEPTH_OFFSET else 0
+
+
+def read_picture_exactly(path: Path, size: int) -> tuple[np.ndarray, str]:
+    """A picture's pixels, (1, size, size, 3) uint8, exactly the file's, and the line that says
+    what was read; a CodecError where the RGB pixels would not be the file's own."""
     try:
         picture, notes = read_picture(path)
     except PictureError as error:
         raise CodecError(str(error)) from None
-    lossy = [note for note in notes if any(word in note for word in LOSSY_NOTES)]
-    if lossy:
-        raise CodecError(f"{path.name}: making it 8-bit RGB would change its values ({'; '.join(lossy)}), "
-                         "so it cannot be given back exactly; convert it to 8-bit RGB first")
+    with Image.open(path) as opened:  # read_picture read it whole; this is its header again
+        kind, mode = opened.format, opened.mode
+    refuse = f"{path.name}: lossless compression codes a file's own pixels"
+    if kind not in EXACT_FORMATS:
+        raise CodecError(f"{refuse}, and PIL may read a {kind} file's deeper samples as 8 bits without saying: "
+                         f"give it as a PNG (pictures taken: {', '.join(EXACT_FORMATS)})")
+    depth = png_bit_depth(path) if kind == "PNG" else EIGHT_BITS
+    if depth > EIGHT_BITS:
+        raise CodecError(f"{refuse}, and its samples are {depth}-bit where the codec codes 8-bit ones: "
+                         "cutting them to 8 bits would lose values; convert it to 8-bit first")
+    changed = [note for note in notes if not note.startswith(LOSSLESS_NOTES)]
+    if changed:
+        raise CodecError(f"{refuse}, and reading it as 8-bit RGB would not give them back ({'; '.join(changed)}): "
+                         "give one 8-bit RGB or grey picture, e.g. a PNG")
     check_size(path.name, *picture.size, size)
-    return np.asarray(picture, dtype=np.uint8)[None]
+    if mode in GREY_MODES:
+        notes.append("grey spread to RGB")
+    if mode in ALPHA_MODES:
+        notes.append("its alpha channel, opaque everywhere, dropped")
+    line = f"{path.name}: {kind} {picture.width}x{picture.height} {mode}"
+    if notes:
+        line += f", coded as RGB with the same values ({', '.join(notes)})"
+    return np.asarray(picture, dtype=np.uint8)[None], line
 
 
 def check_size(name: str, width: int, height: int, size: int) -> None:
@@ -66,18 +121,26 @@ def check_size(name: str, width: int, height: int, size: int) -> None:
                          f"compression resizes nothing: crop or resize it to {size}x{size} first")
 
 
-def read_images(paths: list[str], size: int) -> np.ndarray:
+def read_images(paths: list[str], size: int) -> tuple[np.ndarray, list[str]]:
     """Every image of the given files (npz: its array ``images``; any other: a picture), in
-    order -> (N, size, size, 3) uint8, or a CodecError naming the file and the problem."""
-    parts = []
+    order -> ((N, size, size, 3) uint8, one line per file saying what it gave), or a CodecError
+    naming the file and the problem."""
+    parts, lines = [], []
     for name in paths:
         path = Path(name)
         if not path.is_file():
             raise CodecError(f"input file {name} does not exist")
-        parts.append(read_npz(path, size) if path.suffix.lower() == ".npz" else read_picture_exactly(path, size))
+        if path.suffix.lower() == NPZ_SUFFIX:
+            images = read_npz(path, size)
+            parts.append(images)
+            lines.append(f"{path.name}: {len(images)} images {size}x{size} RGB (npz array '{NPZ_KEY}')")
+        else:
+            picture, line = read_picture_exactly(path, size)
+            parts.append(picture)
+            lines.append(line)
         if sum(len(part) for part in parts) > MAX_IMAGES:
             raise CodecError(f"more than {MAX_IMAGES:,} images: a file holds at most that many; compress them in parts")
-    return np.concatenate(parts)
+    return np.concatenate(parts), lines
 
 
 def read_compressed(name: str) -> bytes:
@@ -89,13 +152,74 @@ def read_compressed(name: str) -> bytes:
     return path.read_bytes()
 
 
-def check_output(name: str, force: bool) -> Path:
-    """The output path, refused where something is there already (unless ``force``): nothing
-    a user has is overwritten by mistake."""
+def output_kind(out: Path, count: int) -> str:
+    """What ``--out`` names for ``count`` decoded images: "npz" (.npz), "png" (.png: one image),
+    or "folder" (of PNGs); a CodecError for a .png given several images or another picture suffix
+    (decoded images are only ever written losslessly, as PNGs)."""
+    suffix = out.suffix.lower()
+    if suffix == NPZ_SUFFIX:
+        return "npz"
+    if suffix == PNG_SUFFIX:
+        if count != 1:
+            raise CodecError(f"--out {out} names one PNG, but the file holds {count} images: give a folder "
+                             f"(PNGs {PNG_NAME.format(0)}, ...) or an .npz")
+        return "png"
+    if suffix in Image.registered_extensions():
+        raise CodecError(f"--out {out}: decoded images are written as PNG (lossless) or npz, not {suffix}: give "
+                         f"a .png (one image), a folder or an .npz")
+    return "folder"
+
+
+def is_decoded_folder(path: Path) -> bool:
+    """A folder holding nothing but a decode's PNGs (00000.png, ...): one --force may replace."""
+    return path.is_dir() and all(entry.is_file() and DECODED_PNG.fullmatch(entry.name) for entry in path.iterdir())
+
+
+def check_output(name: str, force: bool, folder: bool = False) -> Path:
+    """The output path, checked before any work: refused where something is there already (unless
+    ``force``, and then only a file for a file, or for a folder of PNGs an earlier decode's folder,
+    so that --force never deletes other files), or where its folder cannot be written in."""
     path = Path(name)
-    if path.exists() and not force:
-        raise CodecError(f"{name} exists: choose another --out, or give --force to replace it")
+    if path.exists() or path.is_symlink():
+        if not force:
+            raise CodecError(f"{name} exists: choose another --out, or give --force to replace it")
+        if folder and not is_decoded_folder(path):
+            raise CodecError(f"{name} is not a folder of decoded PNGs only (00000.png, ...): --force replaces "
+                             "such a folder whole but not other files; choose another --out")
+        if not folder and path.is_dir():
+            raise CodecError(f"{name} is a folder: --force replaces a file, not a folder; choose another --out")
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    try:
+        if not ancestor.is_dir():
+            raise NotADirectoryError(f"{ancestor} is a file, not a folder")
+        with tempfile.TemporaryFile(dir=ancestor):  # unnamed where the system allows: nothing to clean up
+            pass
+    except OSError as error:
+        raise OSError(f"cannot write {name}: {error.strerror or error}; choose another --out") from None
     return path
+
+
+@contextmanager
+def writing(out: Path) -> Iterator[None]:
+    """A failed write as one line naming the user's path, not the temporary file it went to."""
+    try:
+        yield
+    except OSError as error:
+        raise OSError(f"cannot write {out}: {error.strerror or error}; nothing was written") from None
+
+
+def write_file(out: Path, data: bytes) -> None:
+    """``data`` to ``out`` whole or not at all (``atomic_write``); errors name ``out``."""
+    with writing(out):
+        atomic_write(out, lambda handle: handle.write(data))
+
+
+def npz_bytes(images: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.savez(buffer, **{NPZ_KEY: images})
+    return buffer.getvalue()
 
 
 def png_bytes(image: np.ndarray) -> bytes:
@@ -105,18 +229,58 @@ def png_bytes(image: np.ndarray) -> bytes:
 
 
 def write_images(images: np.ndarray, out: Path) -> list[Path]:
-    """(N, H, W, 3) uint8 -> ``out`` as an npz (array ``images``) when it ends in .npz, else a
-    folder of PNGs 00000.png, 00001.png, ... in file order. Each file written whole."""
-    if out.suffix.lower() == ".npz":
-        buffer = io.BytesIO()
-        np.savez(buffer, **{NPZ_KEY: images})
-        atomic_write(out, lambda handle: handle.write(buffer.getvalue()))
+    """(N, H, W, 3) uint8 -> ``out`` as ``output_kind`` says: an npz (array ``images``), one PNG,
+    or a folder of PNGs 00000.png, 00001.png, ... in file order. A folder is written whole beside
+    ``out``, then takes its place (``replace_folder``): an earlier decode there is replaced, never
+    mixed with. A failed or interrupted write leaves ``out`` as it was and nothing beside it."""
+    kind = output_kind(out, len(images))
+    if kind != "folder":
+        write_file(out, npz_bytes(images) if kind == "npz" else png_bytes(images[0]))
         return [out]
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for index, image in enumerate(images):
-        path = out / f"{index:05d}.png"
-        data = png_bytes(image)
-        atomic_write(path, lambda handle, data=data: handle.write(data))
-        written.append(path)
-    return written
+    with writing(out):
+        out.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=TEMPORARY_SUFFIX, dir=out.parent))
+        try:
+            for index, image in enumerate(images):
+                data = png_bytes(image)
+                atomic_write(staging / PNG_NAME.format(index), lambda handle, data=data: handle.write(data))
+            replace_folder(staging, out)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+    return [out / PNG_NAME.format(index) for index in range(len(images))]
+
+
+def replace_folder(staging: Path, out: Path) -> None:
+    """The complete folder ``staging`` renamed to ``out``; a folder already there is moved aside
+    first and removed after (moved back if the rename fails). Ctrl-C waits until it is done, so
+    that it never leaves ``out`` missing or the old folder's remains beside it."""
+    with interrupts_deferred():
+        if not out.exists():
+            os.rename(staging, out)
+            return
+        aside = staging.with_name(staging.name + ".old")
+        os.rename(out, aside)
+        try:
+            os.rename(staging, out)
+        except BaseException:
+            os.rename(aside, out)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)  # the new folder is in place whatever is left of the old
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C (SIGINT) held back until the block is done, then raised (in the main thread, the
+    only one Python delivers signals to; elsewhere the block runs as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: received.append(number))
+    try:
+        yield
+    finally:  # None: a handler not set from Python; Python's own is what raises KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if received:
+        raise KeyboardInterrupt
