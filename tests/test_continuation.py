@@ -120,6 +120,21 @@ def test_a_continuation_packed_with_second_moments_only_goes_on_at_the_peak(tmp_
     assert 0 < change < 0.1
 
 
+@pytest.mark.parametrize("rewarmup", [None, 4])
+def test_a_continuation_without_moments_rewarms_adam_over_rewarmup_steps(tmp_path, data_root, rewarmup):
+    train(wsd_config(tmp_path, "first", data_root, 10, 0.2))
+    packed = tmp_path / "lease"
+    pack(tmp_path / "first" / "checkpoints" / CONTINUE, packed, moments="none")
+    extra = [] if rewarmup is None else ["--model.rewarmup_steps", str(rewarmup)]
+    train(wsd_config(tmp_path, "second", data_root, 14, 0.2), "--resume", str(packed), *extra)
+    rates = train_metrics(tmp_path / "second", "lr-AdamW")
+    length = WARMUP if rewarmup is None else rewarmup  # None: the first warm-up's length
+    assert min(rates) == 8
+    for step in range(8, 8 + length):  # the rate of update step + 1: (step + 1 - 8) / length of the peak
+        assert rates[step] == pytest.approx(PEAK * (step + 1 - 8) / length), (step, rates)
+    assert rates[8 + length - 1] == PEAK
+
+
 def test_packing_keeps_the_moments_as_asked_and_restores_them_for_adam():
     state = {"step": torch.tensor(5.0), "exp_avg": torch.randn(3), "exp_avg_sq": torch.rand(3)}
     checkpoint = {"optimizer_states": [{"state": {0: dict(state)}, "param_groups": []}], "imagetx": {}}

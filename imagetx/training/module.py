@@ -51,6 +51,10 @@ class ImageTransformerModule(L.LightningModule):
         optimizer: Literal["adam_noam", "adamw_cosine", "adamw_wsd"] = "adam_noam",
         peak_lr: float = 3.5e-3,  # T2T's CIFAR-10 categorical peak; see schedule.py
         warmup_steps: int = 4000,
+        # A continuation without Adam's moments warms up again over this many steps (None:
+        # warmup_steps). Adam's second moment, with beta2 0.98, averages over ~1/(1-0.98) = 50
+        # steps: a re-warm-up of 100 covers it twice, however long the first warm-up was.
+        rewarmup_steps: int | None = None,
         betas: tuple[float, float] = (0.9, 0.98),
         eps: float = 1e-9,
         weight_decay: float = 0.0,  # the paper uses none
@@ -289,7 +293,8 @@ class ImageTransformerModule(L.LightningModule):
             self.horizon, self.first_step = None, int(checkpoint["global_step"])
             checkpoint.get("callbacks", {}).pop(TIMER_STATE, None)  # max_time is this run's own
             if not continued_moments(checkpoint):  # Adam starts afresh: warm up again
-                self.rewarmup = (self.first_step, self.hparams.warmup_steps)
+                length = self.hparams.rewarmup_steps
+                self.rewarmup = (self.first_step, self.hparams.warmup_steps if length is None else length)
         self.stored_budget = None if stored.get("continuation") else stored.get("budget")
 
 
