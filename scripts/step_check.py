@@ -6,8 +6,8 @@ images, with the figures that say what changed since the last lease.
     python -m scripts.step_check --preset configs/cifar10_dmol_25min.yaml --name heads64 \\
         --set n_heads=4 --batch 240                    # a candidate: ModelConfig fields, another batch
 
-One training step is scripts/bench_worker.py's (the preset's optimiser; bf16 autocast where the
-preset trains in bf16), with the network compiled by ``COMPILE_OPTIONS`` of the training module
+One training step is scripts/bench_worker.py's ``training_step`` (the preset's optimiser; bf16
+autocast where the preset trains in bf16), with the network compiled by ``COMPILE_OPTIONS`` of the training module
 after its attention patterns are built, as a run does. Reported: images/s (median step), MFU
 against the device's dense peak (FLOPs counted by ``imagetx.model.flops``, as the throughput
 monitor counts them), peak memory, the compiled graphs and graph breaks (torch._dynamo's
@@ -22,7 +22,7 @@ import statistics
 import time
 from pathlib import Path
 
-from scripts.bench_worker import flops_per_image, make_inputs, read_preset, training_memory
+from scripts.bench_worker import flops_per_image, read_preset, training_memory, training_step
 from scripts.common import PeakMemory, timed
 
 TOP_KERNELS = 10  # rows of the profile kept: enough to see attention, matmuls and the elementwise tail
@@ -66,8 +66,8 @@ def check(preset: str, overrides: dict, batch: int | None, device_name: str, war
     import torch
     from torch._dynamo.utils import counters
 
-    from imagetx import ImageTransformer, ModelConfig
-    from imagetx.training.module import COMPILE_OPTIONS, make_optimizer, optimizer_settings
+    from imagetx import ModelConfig
+    from imagetx.training.module import COMPILE_OPTIONS
     from imagetx.training.throughput import table_peak
 
     values = read_preset(preset)
@@ -75,22 +75,11 @@ def check(preset: str, overrides: dict, batch: int | None, device_name: str, war
     batch = batch or values["data"]["batch_size"]
     bf16 = str(values.get("trainer", {}).get("precision", "32")).startswith("bf16")
     device = torch.device(device_name)
-    torch.manual_seed(0)
-    model = ImageTransformer(cfg).to(device).train()
-    optimizer = make_optimizer(model, **optimizer_settings(values["model"]))
-    images, labels, low_res = make_inputs(cfg, batch, device)
-    model.build_patterns(device)
+    model, step, losses = training_step({"preset": preset, "batch": batch, "precision": "bf16" if bf16 else "fp32"},
+                                        cfg, device)
+    model.build_patterns(device)  # as the training module does, before the first compiled pass
     if compile_model:
-        model.compile(**COMPILE_OPTIONS)
-    losses = []
-
-    def step() -> None:
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = model.bits_per_dim(images, labels, low_res).mean()
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
+        model.compile(**COMPILE_OPTIONS)  # in place: ``step`` calls the compiled network
 
     memory = PeakMemory(device)
     started = time.perf_counter()
