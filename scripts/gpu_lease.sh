@@ -79,8 +79,7 @@ in_out() { cp "$@" "$OUT"/ && echo "in \$OUT: $*"; }  # results go back as soon 
 results_tar() {  # the small results in one file (the 8-file limit), remade as more of them exist
   local files=() name
   for name in continuation.json config.json lease.json metrics.csv train.log cuda_suite_passed.json step_check.json \
-      eval_val.json \
-      eval_val_bounded.json input_use.json grids grids_bounded; do
+      eval_val.json eval_val_bounded.json input_use.json grids grids_bounded; do
     [ -e "$WORK/results/$name" ] && files+=("$name")
   done
   tar -C "$WORK/results" -cf "$OUT/results.tar" "${files[@]}" && echo "in \$OUT: results.tar (${files[*]})"
@@ -150,7 +149,7 @@ warm)
   ;;
 speed)
   # The preset's training step alone (scripts/step_check.py): images/s, MFU, memory, compiled graphs,
-  # graph breaks, the costliest kernels; after `warm`, whose Inductor cache serves its compilation.
+  # graph breaks, the costliest kernels; after `warm`, whose Inductor cache can serve its compilation.
   if [ "$DRY_RUN" = 1 ]; then  # tiny and eager on the CPU: that the step and its JSON work
     SPEED=(--device cpu --no-compile --set n_layers=1 --set d_model=32 --set n_heads=2 --set d_filter=64 --batch 2 \
         --warmup 1 --steps 2)
@@ -162,15 +161,16 @@ speed)
   ;;
 first)
   # The first call's work: the CUDA tests and, beside them (the GPU has room for both), the warm-up,
-  # then the speed check of the step (alone on the GPU, so that its timing is the step's); the step
-  # fails if any of them does, after the first two have ended.
+  # then the speed check of the step (alone on the GPU, so that its timing is the step's). The step
+  # fails if the tests or the warm-up do, after both have ended; a failed speed check is reported and
+  # costs the run nothing (it measures, the run does not depend on it).
   bash "$0" warm "${@:2}" >"$WORK/warm.out" 2>&1 & warming=$!
   tests_status=0; bash "$0" tests || tests_status=$?
   warm_status=0; wait "$warming" || warm_status=$?
   tail -8 "$WORK/warm.out"
   [ "$tests_status" = 0 ] && [ "$warm_status" = 0 ] || {
     echo "first: tests exit $tests_status, warm exit $warm_status" >&2; exit 1; }
-  bash "$0" speed
+  bash "$0" speed || echo "first: the speed check failed (above); the run does not depend on it" >&2
   ;;
 begin)
   # Call 1's work when more calls stage data after it: `first`, detached, from a copy of the tree (later
