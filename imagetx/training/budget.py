@@ -77,12 +77,10 @@ def place_decay(end: int, earliest: int, warmup_steps: int, first_step: int = 0,
     fraction) and the schedule multiplies the two (schedule.warmup_then_decay). Only where no step
     is left (``end`` at or before ``earliest``) does the horizon pass ``end``, by one step."""
     decay_start = max(earliest, warmup_steps)
-    if decay_fraction is not None:
-        decay_start = max(decay_start, end - round(decay_fraction * (end - first_step)))
     if decay_start >= end:  # the warm-up does not fit: the decay starts within it
         decay_start = earliest
-        if decay_fraction is not None:
-            decay_start = max(earliest, end - round(decay_fraction * (end - first_step)))
+    if decay_fraction is not None:
+        decay_start = max(decay_start, end - round(decay_fraction * (end - first_step)))
     return Horizon(decay_start, max(end, decay_start + 1))
 
 
