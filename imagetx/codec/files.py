@@ -13,12 +13,9 @@ cropped). A JPEG is coded as the pixels it decodes to. What each input gave is s
 from __future__ import annotations
 
 import io
-import os
 import re
 import shutil
-import signal
 import tempfile
-import threading
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -28,7 +25,7 @@ import numpy as np
 from PIL import Image
 
 from ..data.images import ALPHA_MODES, PictureError, read_picture
-from ..io.atomic import TEMPORARY_SUFFIX, atomic_write
+from ..io.atomic import TEMPORARY_SUFFIX, atomic_write, replace_folder
 from .container import MAX_IMAGES, CodecError
 
 NPZ_KEY = "images"  # the array an npz holds its images in (as the CIFAR-10 shards do)
@@ -249,38 +246,3 @@ def write_images(images: np.ndarray, out: Path) -> list[Path]:
             shutil.rmtree(staging, ignore_errors=True)
             raise
     return [out / PNG_NAME.format(index) for index in range(len(images))]
-
-
-def replace_folder(staging: Path, out: Path) -> None:
-    """The complete folder ``staging`` renamed to ``out``; a folder already there is moved aside
-    first and removed after (moved back if the rename fails). Ctrl-C waits until it is done, so
-    that it never leaves ``out`` missing or the old folder's remains beside it."""
-    with interrupts_deferred():
-        if not out.exists():
-            os.rename(staging, out)
-            return
-        aside = staging.with_name(staging.name + ".old")
-        os.rename(out, aside)
-        try:
-            os.rename(staging, out)
-        except BaseException:
-            os.rename(aside, out)
-            raise
-        shutil.rmtree(aside, ignore_errors=True)  # the new folder is in place whatever is left of the old
-
-
-@contextmanager
-def interrupts_deferred() -> Iterator[None]:
-    """Ctrl-C (SIGINT) held back until the block is done, then raised (in the main thread, the
-    only one Python delivers signals to; elsewhere the block runs as it is)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received = []
-    previous = signal.signal(signal.SIGINT, lambda number, frame: received.append(number))
-    try:
-        yield
-    finally:  # None: a handler not set from Python; Python's own is what raises KeyboardInterrupt
-        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
-    if received:
-        raise KeyboardInterrupt

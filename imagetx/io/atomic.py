@@ -1,5 +1,6 @@
-"""Files written whole or not at all (checkpoints, converted data shards, their manifests),
-and the check that a folder can be written at all before a command starts its work.
+"""Files written whole or not at all (checkpoints, converted data shards, their manifests), a
+folder put in place of another whole (``replace_folder``: decoded images), and the check that a
+folder can be written at all before a command starts its work.
 
 ``atomic_write`` writes into a temporary file beside the target (``.NAME.XXXX.tmp``),
 fsyncs it, renames it over the target and fsyncs the directory, so that a killed process,
@@ -11,8 +12,12 @@ caller to clean up with ``remove_stale_temporaries`` (training, the folder conve
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import tempfile
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import BinaryIO
 
@@ -85,3 +90,38 @@ def fsync_directory(directory: Path) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def replace_folder(staging: Path, out: Path) -> None:
+    """The complete folder ``staging`` renamed to ``out``; a folder already there is moved aside
+    first and removed after (moved back if the rename fails). Ctrl-C waits until it is done, so
+    that it never leaves ``out`` missing or the old folder's remains beside it."""
+    with interrupts_deferred():
+        if not out.exists():
+            os.rename(staging, out)
+            return
+        aside = staging.with_name(staging.name + ".old")
+        os.rename(out, aside)
+        try:
+            os.rename(staging, out)
+        except BaseException:
+            os.rename(aside, out)
+            raise
+        shutil.rmtree(aside, ignore_errors=True)  # the new folder is in place whatever is left of the old
+
+
+@contextmanager
+def interrupts_deferred() -> Iterator[None]:
+    """Ctrl-C (SIGINT) held back until the block is done, then raised (in the main thread, the
+    only one Python delivers signals to; elsewhere the block runs as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received = []
+    previous = signal.signal(signal.SIGINT, lambda number, frame: received.append(number))
+    try:
+        yield
+    finally:  # None: a handler not set from Python; Python's own is what raises KeyboardInterrupt
+        signal.signal(signal.SIGINT, signal.default_int_handler if previous is None else previous)
+    if received:
+        raise KeyboardInterrupt
