@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from pathlib import Path
 
 import pytest
@@ -20,7 +21,7 @@ import torch
 import imagetx.training.checkpoint_io as checkpoint_io
 from helpers import write_train_config
 from imagetx import load_model
-from imagetx.io.atomic import remove_stale_temporaries
+from imagetx.io.atomic import check_writable, remove_stale_temporaries
 from imagetx.io.checkpoint import atomic_torch_save
 from imagetx.train import main
 
@@ -151,3 +152,23 @@ def test_a_continued_run_rewrites_last_ckpt_in_place(tmp_path, data_root):
     names = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
     assert "last-v1.ckpt" not in names and "last.ckpt" in names
     assert torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["global_step"] == 3
+
+
+def test_commands_checking_one_folder_at_once_never_refuse_each_other(tmp_path):
+    """check_writable's probe is its own: a lease's two sample grids check one folder at the same
+    time (with one fixed probe name, one removed the other's and was refused: 'No such file')."""
+    refused = []
+
+    def check_many() -> None:
+        for _ in range(500):
+            try:
+                check_writable(tmp_path / "grids", "--out")
+            except OSError as error:
+                refused.append(error)
+
+    threads = [threading.Thread(target=check_many) for _ in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert refused == [] and list((tmp_path / "grids").iterdir()) == []  # no probe left behind

@@ -63,9 +63,10 @@ def check_writable(directory: str | os.PathLike, setting: str) -> Path:
     directory = Path(directory)
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        probe = directory / ".imagetx-write-test"
-        probe.write_bytes(b"")
-        probe.unlink()
+        # A probe of its own (unnamed where the system allows): two commands checking one folder at
+        # once (a lease's two sample grids) must not remove each other's.
+        with tempfile.TemporaryFile(dir=directory):
+            pass
     except OSError as error:
         raise OSError(f"cannot write to {directory} ({error.strerror or error}); "
                       f"choose another with {setting} DIR") from None
