@@ -5,7 +5,9 @@
 #   bash scripts/gpu_lease.sh tests                       # the CUDA correctness tests; the run needs them passed
 #   bash scripts/gpu_lease.sh warm [OVERRIDES]            # compile the preset's graphs into Inductor's cache
 #   bash scripts/gpu_lease.sh speed [STEP_CHECK ARGS]     # the speed check of the preset's training step
+#   bash scripts/gpu_lease.sh candidates SECONDS          # the step of each scripts/speed_candidates.txt line, in SECONDS
 #   bash scripts/gpu_lease.sh first [OVERRIDES]           # tests and warm side by side (both must pass), then speed
+#                                                         # (and candidates for $CANDIDATES_SECONDS, where set)
 #   bash scripts/gpu_lease.sh begin [OVERRIDES]           # call 1: `first`, detached, beside the calls staging data
 #   bash scripts/gpu_lease.sh await SECONDS               # wait for `begin`'s first; fails as it did
 #   bash scripts/gpu_lease.sh pilot MAX_TIME [OVERRIDES]  # the preset on the shards staged so far
@@ -79,7 +81,7 @@ in_out() { cp "$@" "$OUT"/ && echo "in \$OUT: $*"; }  # results go back as soon 
 results_tar() {  # the small results in one file (the 8-file limit), remade as more of them exist
   local files=() name
   for name in continuation.json config.json lease.json metrics.csv train.log cuda_suite_passed.json step_check.json \
-      eval_val.json eval_val_bounded.json input_use.json grids grids_bounded; do
+      step_candidates.json eval_val.json eval_val_bounded.json input_use.json grids grids_bounded; do
     [ -e "$WORK/results/$name" ] && files+=("$name")
   done
   tar -C "$WORK/results" -cf "$OUT/results.tar" "${files[@]}" && echo "in \$OUT: results.tar (${files[*]})"
@@ -159,6 +161,33 @@ speed)
   timeout 240 "$PYTHON" -m scripts.step_check --preset "$CONFIG" "${SPEED[@]}" --json "$WORK/step_check.json" \
       "${@:2}" 2>&1 | grep -v "^USDT\|^ERROR:.*gpuGetDeviceCount"
   ;;
+candidates)
+  # Candidates for a faster step (scripts/speed_candidates.txt: NAME and step_check arguments a line), each
+  # step_check'd in its own process, in the file's order, until SECONDS have passed: one JSON object a line
+  # in step_candidates.json. A candidate that fails or outlives what is left is recorded as such.
+  end=$((SECONDS + $2))
+  mkdir -p "$WORK" && : >"$WORK/step_candidates.json"
+  if [ "$DRY_RUN" = 1 ]; then  # each candidate made tiny and eager on the CPU: that the loop and its JSON work
+    TINY=(--device cpu --no-compile --set n_layers=1 --set d_model=32 --set n_heads=2 --set d_filter=64 --batch 2 \
+        --warmup 1 --steps 2)
+  else
+    TINY=(--device cuda --warmup 3 --steps 10)
+  fi
+  while read -r name args; do
+    case "$name" in ''|'#'*) continue ;; esac
+    left=$((end - SECONDS))
+    [ "$left" -gt 10 ] || { echo "candidates: out of time before $name" >&2; break; }
+    # shellcheck disable=SC2086  # a candidate's arguments are words
+    if ! timeout "$left" "$PYTHON" -m scripts.step_check --preset "$CONFIG" --name "$name" $args "${TINY[@]}" \
+        --json "$WORK/candidate.json" >"$WORK/candidate.out" 2>&1; then
+      tail -3 "$WORK/candidate.out" >&2
+      printf '{"name": "%s", "failed": true}\n' "$name" >>"$WORK/step_candidates.json"; continue
+    fi
+    grep -m1 "^$name: " "$WORK/candidate.out" || true
+    "$PYTHON" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$WORK/candidate.json" \
+        >>"$WORK/step_candidates.json"
+  done <"${CANDIDATES:-scripts/speed_candidates.txt}"
+  ;;
 first)
   # The first call's work: the CUDA tests and, beside them (the GPU has room for both), the warm-up,
   # then the speed check of the step (alone on the GPU, so that its timing is the step's). The step
@@ -171,6 +200,7 @@ first)
   [ "$tests_status" = 0 ] && [ "$warm_status" = 0 ] || {
     echo "first: tests exit $tests_status, warm exit $warm_status" >&2; exit 1; }
   bash "$0" speed || echo "first: the speed check failed (above); the run does not depend on it" >&2
+  if [ "${CANDIDATES_SECONDS:-0}" -gt 0 ]; then bash "$0" candidates "$CANDIDATES_SECONDS" || true; fi
   ;;
 begin)
   # Call 1's work when more calls stage data after it: `first`, detached, from a copy of the tree (later
@@ -254,7 +284,7 @@ finish)
   fi
   "$PYTHON" scripts/lease_record.py summary "$RUN" "$WORK/results/lease.json" --device "$DEVICE"
   cp "$WORK/export/config.json" "$RUN/train.log" "$WORK/results/"
-  for kept in cuda_suite_passed.json step_check.json; do [ ! -e "$WORK/$kept" ] || cp "$WORK/$kept" "$WORK/results/"; done
+  for kept in cuda_suite_passed.json step_check.json step_candidates.json; do [ ! -e "$WORK/$kept" ] || cp "$WORK/$kept" "$WORK/results/"; done
   cp "$(ls "$RUN"/csv/version_*/metrics.csv | tail -1)" "$WORK/results/"
   results_tar
   # The shipped (bf16) weights on all val images, through FlexAttention (auto on CUDA), and the

@@ -253,3 +253,13 @@ def test_the_cell_add_needs_an_encoder_and_no_cross_attention_radius():
     assert_rejected("low_res_reading", image_size=8, low_res_reading="cell_add")
     assert_rejected("cross_attention_radius", image_size=8, encoder_layers=1, low_res_size=4,
                     low_res_reading="cell_add", cross_attention_radius=0)
+
+
+@pytest.mark.parametrize("size", [8, 48, 256, 32.0])
+def test_flex_block_size_must_be_a_kernel_tile(size):
+    assert_rejected("flex_block_size", flex_block_size=size)
+
+
+def test_flex_block_size_reaches_the_self_attention_pattern():
+    for size in (16, 128):
+        assert pattern_for(tiny_config(flex_block_size=size)).flex_block_size == size

@@ -119,24 +119,59 @@ def test_a_wrong_mask_mod_is_caught():
     assert not torch.allclose(wrong.double(), dense_reference(pattern, q, k, v), atol=1e-3)
 
 
-@pytest.mark.parametrize("pattern", PATTERNS + [Local1D(GenerationOrder(32, 32), 32, 1)], ids=lambda p: p.describe())
-def test_block_mask_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern):
-    # Kernel blocks with no allowed pair are skipped, those with some are run, and only those
-    # the rule allows whole (128 × 128 real pairs) are run without the mask_mod: read off
-    # can_attend, tile by tile, the end padding counted as not allowed.
+def assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, block: int) -> None:
+    """Kernel blocks (block × block pairs) with no allowed pair are skipped, those with some are
+    run, and only those the rule allows whole are run without the mask_mod: read off can_attend,
+    tile by tile, the end padding counted as not allowed."""
     mask = pattern.block_mask("cpu")
     assert mask is pattern.block_mask("cpu")  # built once
-    tiles = -(-pattern.length // KERNEL_BLOCK) * KERNEL_BLOCK
+    assert mask.BLOCK_SIZE == (block, block)
+    tiles = -(-pattern.length // block) * block
     allowed = torch.zeros(tiles, tiles, dtype=torch.bool)
     allowed[: pattern.length, : pattern.length] = pattern.can_attend()
-    per_tile = allowed.view(tiles // KERNEL_BLOCK, KERNEL_BLOCK, -1, KERNEL_BLOCK).transpose(1, 2)
+    per_tile = allowed.view(tiles // block, block, -1, block).transpose(1, 2)
     assert torch.equal(mask.to_dense()[0, 0].bool(), per_tile.any(-1).any(-1))
     full = torch.zeros_like(per_tile[..., 0, 0])
     for row, count in enumerate(mask.full_kv_num_blocks[0, 0].tolist()):
         full[row, mask.full_kv_indices[0, 0, row, :count]] = True
     assert torch.equal(full, per_tile.all(-1).all(-1))
+
+
+@pytest.mark.parametrize("pattern", PATTERNS + [Local1D(GenerationOrder(32, 32), 32, 1)], ids=lambda p: p.describe())
+def test_block_mask_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern):
+    assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, KERNEL_BLOCK)
     if pattern.length == 1024:  # 1D blocks of one 32-wide row: 8 kernel blocks, each needs 2
-        assert int(mask.to_dense().sum()) == 8 + 7
+        assert int(pattern.block_mask("cpu").to_dense().sum()) == 8 + 7
+
+
+# Kernel blocks smaller than FlexAttention's default (ModelConfig.flex_block_size): the one-row
+# pattern of the GPU recipe (32 x 32 pixels, blocks of one row over the row above) in blocks of
+# a half, one and two rows; a 2D pattern and full attention in blocks that do not divide T.
+FINE_BLOCKS = [Local1D(GenerationOrder(32, 32), 32, 1, size) for size in (16, 32, 64)] + [
+    Local2D(GenerationOrder(16, 24, (4, 8)), (4, 8), 32), FullCausal(GenerationOrder(10, 13), 16)]
+
+
+@pytest.mark.parametrize("pattern", FINE_BLOCKS, ids=lambda p: f"{p.describe()}-block{p.flex_block_size}")
+def test_smaller_kernel_blocks_equal_the_dense_reference(pattern):
+    q, k, v = rand_qkv(pattern.length)
+    bias = bias_of("fixed", pattern.order)
+    with torch.no_grad():
+        got = attend(q.float(), k.float(), v.float(), pattern, "flex", bias)
+    torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v, bias), atol=2e-6, rtol=0)
+    assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, pattern.flex_block_size)
+    if isinstance(pattern, Local1D) and pattern.flex_block_size == 32:
+        # one block per row: the first row's diagonal block, then 2 for each later row; of the
+        # 128-pair default's 8 x 2 - 1 blocks of 16,384 pairs, a quarter of the pairs
+        assert int(pattern.block_mask("cpu").to_dense().sum()) == 32 + 31
+
+
+def test_tile_options_pin_cuda_tiles_to_blocks_smaller_than_the_default():
+    # The CUDA kernel's tiles must divide the mask's blocks (and N1 % M1 == M2 % N2 == 0).
+    fine, default = (Local1D(GenerationOrder(32, 32), 32, 1, size).block_mask("cpu") for size in (32, 128))
+    options = kernels.tile_options(fine, torch.device("cuda"))
+    assert options == {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 32}
+    assert kernels.tile_options(default, torch.device("cuda")) is None  # the kernel's own tiles
+    assert kernels.tile_options(fine, torch.device("cpu")) is None  # the CPU kernel has no tiles to pin
 
 
 @pytest.mark.parametrize("radius", [0, 1])
@@ -192,6 +227,9 @@ MODELS = {
                                      relative_positions="rotary_distance"),
     "local_2d_distance": dict(head="categorical", attention="local_2d", image_size=8, query_block_shape=(2, 4),
                               memory_flange=(1, 2), relative_positions="distance"),
+    # the GPU recipe's kind in miniature: one-row blocks, rotary, DMOL, kernel blocks of one row
+    "local_1d_rotary_row_blocks": dict(head="dmol", attention="local_1d", image_size=16, query_block_length=16,
+                                       relative_positions="rotary", flex_block_size=16),
 }
 
 
@@ -270,7 +308,8 @@ def steps_to_perturb(length: int) -> list[int]:
     return sorted({0, 1, length // 3, length // 2 - 1, length // 2, length - 2})
 
 
-@pytest.mark.parametrize("name", ["local_1d_bias", "local_2d_cross", "full_bias", "local_1d_rotary_distance"])
+@pytest.mark.parametrize("name", ["local_1d_bias", "local_2d_cross", "full_bias", "local_1d_rotary_distance",
+                                  "local_1d_rotary_row_blocks"])
 def test_flex_is_causal_by_perturbation(name):
     model, images, labels, low_res = model_and_inputs(name, "flex")
     emb = model.embed_values(model.targets(images)).detach()
@@ -317,7 +356,7 @@ def test_compiled_model_through_flex_equals_eager():
 
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason=f"FlexAttention has no backward on the CPU (torch {torch.__version__}); runs on a GPU")
-@pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: p.describe())
+@pytest.mark.parametrize("pattern", PATTERNS + FINE_BLOCKS, ids=lambda p: f"{p.describe()}-block{p.flex_block_size}")
 @pytest.mark.parametrize("bias_kind", ["plain", "learned", "fixed"])
 def test_flex_values_and_gradients_equal_dense_on_cuda(pattern, bias_kind):
     device = torch.device("cuda")

@@ -139,6 +139,18 @@ def test_the_card_counts_the_minutes_on_the_weights_path():
     assert minutes_sentence([{"training_minutes": 6.3}]).startswith("6.3 GPU minutes of training so far, 6.3 of them")
 
 
+def test_candidates_are_each_measured_and_a_failure_recorded(dry_env, tmp_path):
+    candidates = tmp_path / "candidates.txt"
+    candidates.write_text("# a comment, then a blank line\n\nfine --batch 3\nbroken --set flex_block_size=48\n")
+    done = lease(["candidates", "120"], dict(dry_env, CANDIDATES=str(candidates)))
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = (Path(dry_env["WORK"]) / "step_candidates.json").read_text().splitlines()
+    fine, broken = (json.loads(line) for line in lines)
+    assert fine["name"] == "fine" and fine["images_per_s"] > 0 and fine["batch"] == 2  # the dry run's tiny batch
+    assert broken == {"name": "broken", "failed": True}
+    assert "flex_block_size" in done.stderr
+
+
 def test_a_failing_step_fails_the_call(dry_env):
     finish = lease(["finish", "5"], dry_env)  # no run, no checkpoint: export fails, and so does the step
     assert finish.returncode != 0

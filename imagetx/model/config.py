@@ -22,6 +22,8 @@ RelativePositions = Literal["none", "table", "distance", "rotary", "rotary_dista
 HEADS, ATTENTIONS, POSITION_ENCODINGS, NORMS, ATTENTION_KERNELS, LOW_RES_READINGS, RELATIVE_POSITIONS = (
     get_args(choice) for choice in (Head, Attention, PositionEncodingKind, Norm, AttentionKernel, LowResReading,
                                     RelativePositions))
+# FlexAttention's kernel blocks: powers of two (its tiles), from its CUDA kernel's smallest to its default.
+FLEX_BLOCK_SIZES = (16, 32, 64, 128)
 CHANNELS = 3  # RGB
 LEVELS = 256  # values of one sub-pixel
 # Half the value range, 127.5: v / HALF_RANGE - 1 maps the integers 0..255 onto [-1, 1]
@@ -89,6 +91,11 @@ class ModelConfig:
     # the gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
     # elsewhere (FlexAttention has no backward on the CPU). Same numbers either way.
     attention_kernel: AttentionKernel = "auto"
+    # FlexAttention's kernel blocks for decoder self-attention: queries × keys, a power of two from
+    # 16 (the smallest tile its CUDA kernel computes) to 128 (its default). Blocks a pattern allows
+    # none of are skipped, so blocks the size of a one-row query block compute fewer masked pairs;
+    # larger blocks keep the GPU's matrix units busier. Same numbers for every size.
+    flex_block_size: int = 128
 
     def __post_init__(self) -> None:
         # YAML and JSON hand us lists; the dataclass promises tuples.
@@ -190,6 +197,9 @@ class ModelConfig:
     def _check_attention_blocks(self) -> None:
         """The blocks of local self-attention against the generation grid."""
         rows, cols = self.grid_shape
+        size = self.flex_block_size
+        if not isinstance(size, int) or size not in FLEX_BLOCK_SIZES:
+            _invalid("flex_block_size", size, f"choose one of {', '.join(map(str, FLEX_BLOCK_SIZES))}")
         if self.attention == "local_1d":
             if self.query_block_length < 1:
                 _invalid("query_block_length", self.query_block_length, "must be a positive integer")

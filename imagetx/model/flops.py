@@ -18,9 +18,10 @@ computes them), never the dense T² it does not:
   (``low_res_reading: cell_add``) is no attention: its map runs once per low-resolution pixel.
 
 Where FlexAttention runs instead (``attention_kernel`` flex, or auto on CUDA: ``kernels.uses_flex``),
-a pattern's attention is every 128×128 tile of its block mask that the kernel does not skip,
-computed whole: fewer pairs than the gathered blocks where a block's keys are mostly outside
-the image (2D), more where blocks are narrower than a tile (``quick``'s 32-pixel rows).
+a pattern's attention is every tile (``flex_block_size`` squared pairs) of its block mask that
+the kernel does not skip, computed whole: fewer pairs than the gathered blocks where a block's
+keys are mostly outside the image (2D), more where blocks are narrower than a tile (``quick``'s
+32-pixel rows).
 
 Training = forward + backward. The backward of a product is twice its forward (the gradients of
 both operands), except for the layers that read raw data (the DMOL pixel embedding, the cell

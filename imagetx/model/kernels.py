@@ -28,7 +28,7 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from .config import ATTENTION_KERNELS
-from .patterns import AttentionPattern, BlockIndex, CausalPattern, FullCausal, Local1D
+from .patterns import FLEX_BLOCK_SIZE, AttentionPattern, BlockIndex, CausalPattern, FullCausal, Local1D
 from .position_bias import RelativePositionBias, distance_bias
 
 # FlexAttention's (score, batch, head, query, key) -> the score to use.
@@ -222,6 +222,20 @@ def compiled_flex_attention():
     return torch.compile(flex_attention, dynamic=False)
 
 
+def tile_options(block_mask: BlockMask, device: torch.device) -> dict | None:
+    """The CUDA kernel's tiles for a block mask finer than its default tiles: one tile per block,
+    pinned, since its tiles must divide the mask's blocks and a default tile larger than a block
+    is refused; None (the kernel's own choice) otherwise."""
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    if device.type != "cuda" or min(q_block, kv_block) >= FLEX_BLOCK_SIZE:
+        return None
+    # forward: M queries × N keys; backward: dK/dV over N1 keys by M1 queries, dQ over M2 queries
+    # by N2 keys, where the kernel needs N1 a multiple of M1 and M2 a multiple of N2
+    both = min(q_block, kv_block)
+    return {"BLOCK_M": q_block, "BLOCK_N": kv_block, "BLOCK_M1": both, "BLOCK_N1": kv_block,
+            "BLOCK_M2": q_block, "BLOCK_N2": both}
+
+
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, score_mod: ScoreMod | None = None,
                 n_heads: int = 1) -> Tensor:
     """q (Tq, N, e), k and v (Tk, N, e) -> (Tq, N, e) under ``block_mask`` (and ``score_mod``).
@@ -233,5 +247,5 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, score_mo
     q, k, v = (rearrange(t, "t (b h) e -> b h t e", h=n_heads).contiguous() for t in (q, k, v))
     # Inside a compiled model the model's compilation builds the kernel.
     kernel = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
-    out = kernel(q, k, v, score_mod=score_mod, block_mask=block_mask)
+    out = kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=tile_options(block_mask, q.device))
     return rearrange(out, "b h t e -> t (b h) e")

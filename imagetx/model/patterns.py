@@ -47,17 +47,22 @@ def dense_mask(rule: MaskRule, query_length: int, key_length: int) -> Tensor:
     return rule(torch.arange(query_length)[:, None], torch.arange(key_length)[None, :])
 
 
-def build_block_mask(rule: MaskRule, query_length: int, key_length: int, device: torch.device | str) -> BlockMask:
+# FlexAttention's own block size: kernel blocks of 128 queries × 128 keys.
+FLEX_BLOCK_SIZE = 128
+
+
+def build_block_mask(rule: MaskRule, query_length: int, key_length: int, device: torch.device | str,
+                     block_size: int = FLEX_BLOCK_SIZE) -> BlockMask:
     """FlexAttention's ``BlockMask`` of ``rule``, broadcast over batch and heads: which kernel
-    blocks of 128 × 128 pairs to skip, which to run whole, which to mask. Kernel blocks the rule
-    allows only in part keep it as their ``mask_mod``, so a pattern finer than a kernel block (a
-    one-row 1D block, a narrow 2D flange) stays exact. Hundreds of µs to build: a pattern builds
-    it once per device (``block_mask``) and every layer reuses it."""
+    blocks of ``block_size`` × ``block_size`` pairs to skip, which to run whole, which to mask.
+    Kernel blocks the rule allows only in part keep it as their ``mask_mod``, so a pattern finer
+    than a kernel block (a one-row 1D block, a narrow 2D flange) stays exact. Hundreds of µs to
+    build: a pattern builds it once per device (``block_mask``) and every layer reuses it."""
 
     def mask_mod(batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
         return rule(query, key)
 
-    return create_block_mask(mask_mod, None, None, query_length, key_length, device=device)
+    return create_block_mask(mask_mod, None, None, query_length, key_length, device=device, BLOCK_SIZE=block_size)
 
 
 # ----- a pattern's sparsity, built once ------------------------------------------------------
@@ -172,8 +177,9 @@ class AttentionPattern:
     """Which of ``key_length`` keys each of ``query_length`` queries sees. Subclasses define the
     rule (``mask_rule``) and their blocks (``build_blocks``); the rest derives from them."""
 
-    def __init__(self, query_length: int, key_length: int) -> None:
+    def __init__(self, query_length: int, key_length: int, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
         self.query_length, self.key_length = query_length, key_length
+        self.flex_block_size = flex_block_size  # the block mask's kernel blocks (ModelConfig.flex_block_size)
         self.built = BuiltOnce()
 
     def mask_rule(self) -> MaskRule:
@@ -194,8 +200,8 @@ class AttentionPattern:
 
     def block_mask(self, device: torch.device | str) -> BlockMask:
         """FlexAttention's block mask of the rule, on ``device``."""
-        return self.built.once("block_mask", device,
-                               lambda: build_block_mask(self.mask_rule(), self.query_length, self.key_length, device))
+        return self.built.once("block_mask", device, lambda: build_block_mask(
+            self.mask_rule(), self.query_length, self.key_length, device, self.flex_block_size))
 
     def describe(self) -> str:
         return type(self).__name__
@@ -205,8 +211,8 @@ class CausalPattern(AttentionPattern):
     """A decoder's self-attention pattern over the steps of ``order``: causal, with a relative
     position of every query-key pair and a ring buffer for decoding one step at a time."""
 
-    def __init__(self, order: GenerationOrder) -> None:
-        super().__init__(order.length, order.length)
+    def __init__(self, order: GenerationOrder, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
+        super().__init__(order.length, order.length, flex_block_size)
         self.order = order
 
     @property
@@ -258,8 +264,9 @@ class Local1D(CausalPattern):
     every real position, so causality alone keeps it unseen.
     """
 
-    def __init__(self, order: GenerationOrder, block_length: int, memory_blocks: int = 1) -> None:
-        super().__init__(order)
+    def __init__(self, order: GenerationOrder, block_length: int, memory_blocks: int = 1,
+                 flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
+        super().__init__(order, flex_block_size)
         self.block_length, self.memory_blocks = block_length, memory_blocks
 
     def mask_rule(self) -> MaskRule:
@@ -293,10 +300,10 @@ class Local2D(CausalPattern):
     are never attended.
     """
 
-    def __init__(self, order: GenerationOrder, flange: tuple[int, int]) -> None:
+    def __init__(self, order: GenerationOrder, flange: tuple[int, int], flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
         if order.block is None:
             raise ValueError("2D local attention needs a block-raster order: GenerationOrder(rows, cols, block)")
-        super().__init__(order)
+        super().__init__(order, flex_block_size)
         self.block, self.flange = tuple(order.block), tuple(flange)
 
     def mask_rule(self) -> MaskRule:
@@ -345,9 +352,9 @@ class Local2D(CausalPattern):
 def pattern_for(config) -> CausalPattern:
     """The self-attention pattern (and, with it, the generation order) of a decoder built
     from ``config``: raster order for 1D and full attention, block-raster order for 2D."""
-    order = GenerationOrder.for_config(config)
+    order, tiles = GenerationOrder.for_config(config), config.flex_block_size
     if config.attention == "full":
-        return FullCausal(order)
+        return FullCausal(order, tiles)
     if config.attention == "local_1d":
-        return Local1D(order, config.query_block_length, config.memory_blocks)
-    return Local2D(order, config.memory_flange)
+        return Local1D(order, config.query_block_length, config.memory_blocks, tiles)
+    return Local2D(order, config.memory_flange, tiles)
