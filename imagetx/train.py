@@ -169,8 +169,8 @@ for _name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utiliti
 def quiet_known_warnings() -> None:
     """Warnings of other libraries that every run printed, each harmless here; filtered
     by its own words only, so that any other warning still shows. (Python drops a repeated filter.)"""
-    # Lightning's CombinedLoader builds torch's leaf TreeSpec under its deprecated name (torch 2.10+
-    # warns, twice a run); the object is the same. Lightning's to change.
+    # Lightning's CombinedLoader builds torch's leaf TreeSpec under its deprecated name (torch warns,
+    # twice a run); the object is the same. Lightning's to change.
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning)
     # ModelCheckpoint on a resumed run's folder, or on a continued run's that holds the joined

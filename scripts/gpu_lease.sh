@@ -275,8 +275,9 @@ finish)
   "$PYTHON" -m imagetx.export --ckpt "$RUN/checkpoints/last.ckpt" --out "$WORK/export" --dtype bf16 | tail -1
   in_out "$WORK/export/model.safetensors"
   if [ -e "$RUN/checkpoints/continue.ckpt" ]; then
+    # parts of 15 MiB: the device tool brings back files of at most 16 MiB
     "$PYTHON" -m imagetx.training.continuation pack "$RUN/checkpoints/continue.ckpt" "$WORK/packed" \
-        --moments "$MOMENTS"
+        --moments "$MOMENTS" --part-mib 15
     in_out "$WORK"/packed/continue.ckpt.part*
     cp "$WORK/packed/continuation.json" "$WORK/results/"
   else

@@ -151,10 +151,18 @@ def test_packing_keeps_the_moments_as_asked_and_restores_them_for_adam():
         slim_moments(checkpoint, "fp16")
 
 
+def manifest_bytes(tmp_path) -> int:
+    """The size of the first run's continuation packed in one part."""
+    return pack(tmp_path / "first" / "checkpoints" / CONTINUE, tmp_path / "one-part")["bytes"]
+
+
 def test_a_packed_continuation_with_a_bad_part_is_refused(tmp_path, data_root, capsys):
     train(wsd_config(tmp_path, "first", data_root, 10, 0.2))
     packed = tmp_path / "lease"
-    manifest = pack(tmp_path / "first" / "checkpoints" / CONTINUE, packed)
+    manifest = pack(tmp_path / "first" / "checkpoints" / CONTINUE, packed, part_bytes=manifest_bytes(tmp_path) // 3)
+    assert len(manifest["parts"]) in (3, 4)  # parts of a third, and what rounding leaves
+    joined = unpack(packed, tmp_path / "whole.ckpt")
+    assert joined.stat().st_size == manifest["bytes"]
     part = packed / manifest["parts"][0]
     data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 1

@@ -20,7 +20,8 @@ from ..codec.classical import available, sizes
 from ..codec.container import CodecError
 from .tasks import Models, refused, seconds, shown
 
-# The table's codecs beside imagetx's: those the issue names (JPEG 2000 is in docs/results.md).
+# The table's codecs beside imagetx's: the lossless formats people use for pictures (JPEG 2000 is in
+# docs/results.md).
 SHOWN_CODECS = ("PNG", "WebP", "JPEG XL")
 
 

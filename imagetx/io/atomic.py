@@ -64,7 +64,7 @@ def check_writable(directory: str | os.PathLike, setting: str) -> Path:
     try:
         directory.mkdir(parents=True, exist_ok=True)
         # A probe of its own (unnamed where the system allows): two commands checking one folder at
-        # once (a lease's two sample grids) must not remove each other's.
+        # once (two sample grids drawn side by side) must not remove each other's.
         with tempfile.TemporaryFile(dir=directory):
             pass
     except OSError as error:

@@ -8,8 +8,8 @@ attention they allow is decided here, once:
 
 * FlexAttention (``ModelConfig.attention_kernel`` flex, or auto on CUDA: ``uses_flex``): the
   pattern's block mask, and a relative position bias as a ``score_mod``. ``auto`` is the
-  gathered-block SDPA path elsewhere, because FlexAttention on the CPU (torch 2.15) has a
-  compiled forward but no backward: it raises for inputs that require a gradient; and on CUDA
+  gathered-block SDPA path elsewhere, because FlexAttention on the CPU has a compiled
+  forward but no backward: it raises for inputs that require a gradient; and on CUDA
   for heads narrower than ``FLEX_MIN_HEAD_SIZE``, which its compiled CUDA kernel refuses.
 * SDPA: full causal attention without a bias in one causal call; 1D local attention without a
   bias on views of windows (``attend_windows``); anything else on the pattern's gathered blocks
@@ -36,8 +36,7 @@ ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 # FlexAttention's compiled CUDA kernel (Inductor's lowering) refuses heads of fewer channels: "NYI:
-# embedding dimension of the query, key, and value must be at least 16" (torch 2.11, an H200, with a
-# tiny test model's 8-channel heads). Its CPU kernel takes them.
+# embedding dimension of the query, key, and value must be at least 16". Its CPU kernel takes them.
 FLEX_MIN_HEAD_SIZE = 16
 
 
@@ -76,7 +75,7 @@ def prepare(pattern: AttentionPattern | None, kernel: str, device: torch.device,
     is a graph break (``BuiltOnce``): the layers call this before their projections, so that it
     breaks a frame that holds no tensors. Inside ``attend`` it would break ``attend``'s own frame, which self- and
     cross-attention share: compiled for one's shapes, then again for the other's with dynamic
-    shapes, which FlexAttention's CPU kernel cannot build (torch 2.15)."""
+    shapes, which FlexAttention's CPU kernel cannot build."""
     if pattern is not None:
         pattern.block_mask(device) if uses_flex(kernel, device, head_size) else pattern.blocks(device)
 
@@ -217,8 +216,8 @@ def score_mod(pattern: AttentionPattern, position_bias: RelativePositionBias | N
 def compiled_flex_attention():
     """``flex_attention`` compiled, once per process: uncompiled it computes every score
     densely (and warns), which defeats the point. Shapes are static: each new (batch, length)
-    compiles once more, and the CPU kernel that dynamic shapes generate does not build in
-    torch 2.15 (a C++ compile error: an undeclared ``cur_qSplitSize``)."""
+    compiles once more, and the CPU kernel that dynamic shapes generate does not build (a C++
+    compile error: an undeclared ``cur_qSplitSize``)."""
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -242,8 +241,8 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, score_mo
 
     N = batch·``n_heads``: heads are split out of N so that a ``score_mod`` reads each one's
     index; without one (n_heads 1) the N images·heads are the kernel's batch. Copied contiguous:
-    in a compiled model, Inductor's CPU lowering rejects views of a graph's inputs (torch 2.15),
-    and the copy is small next to the attention."""
+    in a compiled model, Inductor's CPU lowering rejects views of a graph's inputs, and the copy
+    is small next to the attention."""
     q, k, v = (rearrange(t, "t (b h) e -> b h t e", h=n_heads).contiguous() for t in (q, k, v))
     # Inside a compiled model the model's compilation builds the kernel.
     kernel = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()

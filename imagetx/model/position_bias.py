@@ -15,8 +15,7 @@ looking at a neighbourhood of its own size.
 * learned ("table"): a table of one entry per head and offset, trained from the prior;
 * fixed ("distance", "rotary_distance"): the prior itself, nothing learned. FlexAttention then
   computes it from the step indices inside the kernel (``kernels.score_mod``): no tensor read,
-  no gradient accumulated per score, which inside the kernel is slow (docs/experiments.md
-  entry 14).
+  no gradient accumulated per score, which inside the kernel is slow.
 
 The bias depends only on positions, never on values, so it cannot let a query see a key its
 ``can_attend`` hides: it is added before the mask, which still sets hidden keys to −∞.

@@ -132,9 +132,9 @@ class ImageTransformer(nn.Module):
         """Build every attention layer's pattern on ``device`` now, eagerly. Under torch.compile
         the first pass that builds one breaks its graph there (patterns.BuiltOnce): a run whose
         first compiled pass found none built (a resumed run, which has no sanity validation)
-        traced other graphs than a run whose sanity validation had built them, and Inductor's
-        cache, filled by a lease's ``warm``, missed (docs/experiments.md entry 29). Built first,
-        every run traces the same graphs, with no break."""
+        traced other graphs than a run whose sanity validation had built them, and missed the
+        graphs an earlier run left in Inductor's cache. Built first, every run traces the same
+        graphs, with no break."""
         for module in self.modules():
             if isinstance(module, (SelfAttention, CrossAttention)):
                 prepare(module.pattern, module.kernel, torch.device(device), module.head_size)

@@ -15,13 +15,12 @@ decay there too, inside the warm-up (``place_decay``). Warmup–stable–decay's
 fitted again, until its decay starts, from the mean time of every step since the run's second
 (validations, grids and checkpoints included), at each validation and every ``adjust_every``
 steps: the first validation's measurement alone had a 14-minute `quick` run expect 3,482 steps
-where 2,789 came, so the budget ran out as its decay was to start (docs/experiments.md, entry
-18). Before the decay the learning rate is the peak whatever the horizon, so moving it changes
+where 2,789 came, so the budget ran out as its decay was to start. Before the decay the learning rate is the peak whatever the horizon, so moving it changes
 nothing already done. Once its decay has begun, warmup–stable–decay is steered every
 ``adjust_every`` steps (50, or a tenth of a shorter decay) and after each validation: its end
 fitted again from the median of the last steps and the time left, the decay going on from the
-progress it had, so that it ends when the budget does whatever a refit could not foresee (entry
-28: a one-off taken for a cost of every step ended a decay 352 steps early). The cosine starts at
+progress it had, so that it ends when the budget does whatever a refit could not foresee (a
+one-off taken for a cost of every step ended a decay 352 steps early). The cosine starts at
 once and keeps its first fit.
 The horizon is stored in every checkpoint and a run resumed with the same budget uses it, so
 that a cosine ends exactly as an uninterrupted run would (resume.py: another budget); a decay
@@ -252,8 +251,8 @@ class BudgetHorizon(Callback):
         (a short run may see no validation before its budget ends). Taken both ways, such refits
         chase the end: the mean still holds one-off costs (a resumed run's first validation), each
         refit finds a little more time than the last, and the decay starts late and short (16 % of
-        lease 2's steps instead of 20 %, experiments/lease_horizon_replay.py); validations refit
-        both ways, as before."""
+        a resumed run's steps instead of 20 %, experiments/lease_horizon_replay.py); validations
+        refit both ways, as before."""
         horizon = pl_module.horizon
         if (self.since is None or trainer.global_step >= horizon.decay_start
                 or trainer.global_step <= self.since[0] or not wsd_on_budget(trainer, pl_module)):
@@ -280,9 +279,8 @@ class BudgetHorizon(Callback):
         """Warmup–stable–decay in its decay: the end again, every ``adjust_every`` steps and after
         each validation, from the median time of the last steps and the time left, so that the
         decay ends when the budget does. The fit before the decay cannot know all that is to
-        come: a resumed run's first validation took 25 s in one lease, and that refit spread it
-        over every later step (the decay ended 352 steps early, the rest at learning rate 0;
-        docs/experiments.md entry 28); a sample grid in the decay is the opposite case. The
+        come: a resumed run's first validation took 25 s on a GPU, and that refit spread it over
+        every later step (the decay ended 352 steps early, the rest at learning rate 0); a sample grid in the decay is the opposite case. The
         median leaves one-off and periodic work out; what they cost shows in the time left at the
         next steering. The rate of update ``step + 1`` is already set: the new course starts
         there, from the progress it had."""

@@ -11,12 +11,12 @@ goes on from that step, data position and optimiser state, and fits a new schedu
 then the decay) to the new budget: ``max_time`` is the new run's own time; ``max_steps`` counts,
 as Lightning's, from the first run's start.
 
-For GPU leases (docs/gpu.md) a continuation travels and is kept as a **folder**: the checkpoint
-with the optimiser's moments slimmed (``MOMENTS``), split into parts of at most ``PART_BYTES``,
-and ``continuation.json`` (step, images seen, the whole file's size and SHA-256). ``--resume``
-takes the folder too: the parts are joined and checked first (``unpack``).
+To travel and be kept (docs/gpu.md), a continuation is packed into a **folder**: the checkpoint
+with the optimiser's moments slimmed (``MOMENTS``), in parts of a size a transfer or a file host
+takes, and ``continuation.json`` (step, images seen, the whole file's size and SHA-256).
+``--resume`` takes the folder too: the parts are joined and checked first (``unpack``).
 
-    python -m imagetx.training.continuation pack CKPT FOLDER [--moments none]
+    python -m imagetx.training.continuation pack CKPT FOLDER [--moments none] [--part-mib N]
 """
 
 from __future__ import annotations
@@ -39,14 +39,13 @@ MANIFEST = "continuation.json"
 # Lightning's Timer keeps the time a run has trained under this key of checkpoint["callbacks"];
 # a continuation drops it, so that its max_time is its own.
 TIMER_STATE = "Timer"
-# The device tool brings back files of at most 16 MiB; parts of 15 MiB leave room to spare.
-PART_BYTES = 15 * 2**20
+MiB = 2**20
 # How a packed continuation keeps Adam's moments, with the float32 weights: fp32 as trained
 # (12 bytes a parameter), bf16 both (8), second: only the second moment, in bf16 (6: the first
 # restarts from zero and is back within ~1/(1-beta1) = 10 steps), none: Adam starts afresh with a
-# re-warm-up of model.warmup_steps (4). Measured on the CPU (docs/results.md, "A schedule that can
+# re-warm-up of model.rewarmup_steps (4). Measured on the CPU (docs/results.md, "A schedule that can
 # be continued"): none and fp32 ended within 0.002 bits/dim of each other, second 0.009 above
-# (one seed each), so a lease keeps none: the smallest, 28 MiB for the GPU recipe's model.
+# (one seed each), so the default is none: the smallest, 28 MiB for the GPU recipe's model.
 MOMENTS = ("fp32", "bf16", "second", "none")
 
 
@@ -101,9 +100,9 @@ def continued_moments(checkpoint: dict) -> bool:
     return checkpoint["imagetx"].get("continuation_moments", "fp32") != "none"
 
 
-def pack(checkpoint_path: str | Path, folder: str | Path, moments: str = "none") -> dict:
-    """Write the continuation checkpoint at ``checkpoint_path`` into ``folder`` in the lease
-    format (parts + ``continuation.json``); returns the manifest."""
+def pack(checkpoint_path: str | Path, folder: str | Path, moments: str = "none", part_bytes: int | None = None) -> dict:
+    """Write the continuation checkpoint at ``checkpoint_path`` into ``folder``: parts of at most
+    ``part_bytes`` (None: one part) and ``continuation.json``; returns the manifest."""
     checkpoint = load_weights_only(checkpoint_path)
     if not checkpoint.get("imagetx", {}).get("continuation"):
         raise CheckpointError(f"{checkpoint_path} is not a continuation checkpoint: pack the {CONTINUE} that a "
@@ -114,10 +113,12 @@ def pack(checkpoint_path: str | Path, folder: str | Path, moments: str = "none")
     data = buffer.getvalue()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    parts = []
-    for index, start in enumerate(range(0, len(data), PART_BYTES)):
+    parts, size = [], part_bytes or len(data)
+    if size < 1:
+        raise ValueError(f"part_bytes={part_bytes}: must be positive")
+    for index, start in enumerate(range(0, len(data), size)):
         name = f"{CONTINUE}.part{index:02d}"
-        atomic_write(folder / name, lambda handle, chunk=data[start:start + PART_BYTES]: handle.write(chunk))
+        atomic_write(folder / name, lambda handle, chunk=data[start:start + size]: handle.write(chunk))
         parts.append(name)
     meta = checkpoint["imagetx"]
     manifest = {"step": checkpoint["global_step"], "images_seen": meta.get("images_seen"), "moments": moments,
@@ -154,14 +155,18 @@ def unpack(folder: str | Path, to: str | Path, option: str = "--resume") -> Path
 
 def main(args: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m imagetx.training.continuation",
-                                     description="Pack a continuation checkpoint into the lease format.")
+                                     description="Pack a continuation checkpoint into a folder of parts.")
     parser.add_argument("verb", choices=["pack"])
     parser.add_argument("checkpoint", help=f"the {CONTINUE} a run wrote")
     parser.add_argument("folder", help="where the parts and continuation.json go")
     parser.add_argument("--moments", choices=MOMENTS, default="none", help="how Adam's moments are kept")
+    parser.add_argument("--part-mib", type=float, default=None, help="parts of at most this many MiB (default: one)")
     options = parser.parse_args(args)
+    if options.part_mib is not None and options.part_mib <= 0:
+        parser.error(f"--part-mib {options.part_mib}: must be positive")
+    part_bytes = None if options.part_mib is None else int(options.part_mib * MiB)
     try:
-        manifest = pack(options.checkpoint, options.folder, options.moments)
+        manifest = pack(options.checkpoint, options.folder, options.moments, part_bytes)
     except CheckpointError as error:
         raise SystemExit(f"error: {error}") from None
     print(json.dumps({key: manifest[key] for key in ("step", "images_seen", "moments", "bytes", "parts")}))

@@ -39,8 +39,8 @@ from ..data.seeding import mix_seed, run_seed
 # torch.compile's options for the network. Static shapes: under automatic dynamic shapes the graph
 # compiled second (training after a fresh run's sanity validation, validation after a resumed run's
 # first steps) takes a symbolic batch size, so a fresh and a resumed run trace different graphs and
-# the resumed one misses the Inductor cache a lease's `warm` filled (docs/experiments.md entry 30).
-# Each batch shape compiles once; the GPU presets' batch sizes divide their data.
+# the resumed one misses the graphs a fresh run left in Inductor's cache. Each batch shape compiles
+# once; the GPU presets' batch sizes divide their data.
 COMPILE_OPTIONS = {"dynamic": False}
 
 

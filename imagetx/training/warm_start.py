@@ -1,7 +1,7 @@
 """``--init_from``: a new run that starts from another model's weights instead of a random start.
 
-What it is for: a super-resolution model started from an unconditional model of the same decoder
-(docs/experiments.md, entry 21), and a deeper model started from a shallower one (entry 26).
+What it is for: a super-resolution model started from an unconditional model of the same decoder,
+and a deeper model started from a shallower one.
 Every tensor of the source is copied into the new model, which must have it, with the same shape;
 the tensors the new model has beyond the source's may only be those that read the low-resolution
 input (``ImageTransformer.low_res_modules``), which keep their own start, and those of decoder
