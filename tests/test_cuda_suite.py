@@ -1,4 +1,4 @@
-"""scripts/cuda_suite.py: a lease runs the whole CUDA suite when a file it covers changed since the
+"""ops/cuda_suite.py: a lease runs the whole CUDA suite when a file it covers changed since the
 recorded pass, else the checks its training run depends on."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
-from scripts import cuda_suite
+from ops import cuda_suite
 
 REPO = Path(__file__).resolve().parents[1]
 

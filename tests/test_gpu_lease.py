@@ -1,7 +1,7 @@
-"""scripts/gpu_lease.sh end to end on the CPU (``DRY_RUN=1``), with a tiny preset, as a lent GPU
+"""ops/gpu_lease.sh end to end on the CPU (``DRY_RUN=1``), with a tiny preset, as a lent GPU
 machine's calls run it (docs/gpu.md): setup, first (the tests and the warm-up side by side), launch,
 wait, finish; then two leases in a row, the second going on from the continuation the first brought
-home (scripts/lease_record.py), as the repository keeps it. So that a typo or a step that hides its
+home (ops/lease_record.py), as the repository keeps it. So that a typo or a step that hides its
 failure is found here, not in the 15 minutes of a lease."""
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import torch
 import yaml
 
 from helpers import train_metrics, write_cifar_npz, write_train_config
-from scripts.lease_cards import minutes_sentence
+from ops.lease_cards import minutes_sentence
 
 REPO = Path(__file__).resolve().parents[1]
-SCRIPT = REPO / "scripts" / "gpu_lease.sh"
+SCRIPT = REPO / "ops" / "gpu_lease.sh"
 PEAK = 0.003
 MiB = 2**20
 
@@ -61,11 +61,11 @@ def run_lease(env: dict, *launch: str, check: tuple[list[str], ...] = (["begin",
         assert done.returncode == 0, f"{step}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
         if step[0] == "await":  # the warm-up beside the tests trained its steps in a folder of its own
             assert "warm: compiled and ran 2 steps" in done.stdout, done.stdout[-3000:]
-            assert "CUDA tests: " in done.stdout, done.stdout[-3000:]  # which ones (scripts/cuda_suite.py)
+            assert "CUDA tests: " in done.stdout, done.stdout[-3000:]  # which ones (ops/cuda_suite.py)
 
 
 def bring_home(out: Path, into: Path) -> list[dict]:
-    done = subprocess.run([sys.executable, str(REPO / "scripts" / "lease_record.py"), "home", str(out), "--into",
+    done = subprocess.run([sys.executable, str(REPO / "ops" / "lease_record.py"), "home", str(out), "--into",
                            str(into)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads((into / "lineage.json").read_text())

@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # One training run on a lent GPU machine, in steps that each fit one device call (docs/gpu.md,
 # "A lease, call by call"). Run from the repository root there:
-#   bash scripts/gpu_lease.sh setup                       # wheels, the shards and continuation carried in .stage/*/
-#   bash scripts/gpu_lease.sh tests                       # the CUDA correctness tests; the run needs them passed
-#   bash scripts/gpu_lease.sh warm [OVERRIDES]            # compile the preset's graphs into Inductor's cache
-#   bash scripts/gpu_lease.sh speed [STEP_CHECK ARGS]     # the speed check of the preset's training step
-#   bash scripts/gpu_lease.sh candidates SECONDS          # the step of each scripts/speed_candidates.txt line, in SECONDS
-#   bash scripts/gpu_lease.sh first [OVERRIDES]           # tests and warm side by side (both must pass), then speed
+#   bash ops/gpu_lease.sh setup                       # wheels, the shards and continuation carried in .stage/*/
+#   bash ops/gpu_lease.sh tests                       # the CUDA correctness tests; the run needs them passed
+#   bash ops/gpu_lease.sh warm [OVERRIDES]            # compile the preset's graphs into Inductor's cache
+#   bash ops/gpu_lease.sh speed [STEP_CHECK ARGS]     # the speed check of the preset's training step
+#   bash ops/gpu_lease.sh candidates SECONDS          # the step of each ops/speed_candidates.txt line, in SECONDS
+#   bash ops/gpu_lease.sh first [OVERRIDES]           # tests and warm side by side (both must pass), then speed
 #                                                         # (and candidates for $CANDIDATES_SECONDS, where set)
-#   bash scripts/gpu_lease.sh begin [OVERRIDES]           # call 1: `first`, detached, beside the calls staging data
-#   bash scripts/gpu_lease.sh await SECONDS               # wait for `begin`'s first; fails as it did
-#   bash scripts/gpu_lease.sh pilot MAX_TIME [OVERRIDES]  # the preset on the shards staged so far
-#   bash scripts/gpu_lease.sh launch MAX_TIME [OVERRIDES] # the run, detached (setsid): outlives the call
-#   bash scripts/gpu_lease.sh wait SECONDS                # progress every 30 s until the run ends or SECONDS pass
-#   bash scripts/gpu_lease.sh finish SECONDS              # the model and continuation into $OUT first; then scores
+#   bash ops/gpu_lease.sh begin [OVERRIDES]           # call 1: `first`, detached, beside the calls staging data
+#   bash ops/gpu_lease.sh await SECONDS               # wait for `begin`'s first; fails as it did
+#   bash ops/gpu_lease.sh pilot MAX_TIME [OVERRIDES]  # the preset on the shards staged so far
+#   bash ops/gpu_lease.sh launch MAX_TIME [OVERRIDES] # the run, detached (setsid): outlives the call
+#   bash ops/gpu_lease.sh wait SECONDS                # progress every 30 s until the run ends or SECONDS pass
+#   bash ops/gpu_lease.sh finish SECONDS              # the model and continuation into $OUT first; then scores
 # CONFIG (environment) picks the preset; MAX_TIME is Lightning's DD:HH:MM:SS, this run's own training time.
 # Every lease adds to one model: where a packed continuation was staged (.stage/*/continuation/, from
-# the repository's pretrained/cifar10_gpu/continuation by scripts/lease_files.sh prepare), the run goes
+# the repository's pretrained/cifar10_gpu/continuation by ops/lease_files.sh prepare), the run goes
 # on from it (--resume) with a schedule of its own; else it starts the recipe. Either way the run's
 # schedule is warmup-stable-decay, so it writes checkpoints/continue.ckpt before its decay, and
 # `finish` brings back the decayed model (model.safetensors, bf16), that continuation packed
@@ -89,7 +89,7 @@ results_tar() {  # the small results in one file (the 8-file limit), remade as m
 
 needs_tests() {
   [ -f "$TESTS_PASSED" ] || { echo "the CUDA correctness tests have not passed on this machine:" \
-      "run 'bash scripts/gpu_lease.sh tests' first" >&2; exit 1; }
+      "run 'bash ops/gpu_lease.sh tests' first" >&2; exit 1; }
 }
 
 TRAIN=("$PYTHON" -m imagetx.train --config "$CONFIG" --data.root "$DATA" --wandb disabled)  # the preset, W&B off
@@ -122,8 +122,8 @@ lightning.__version__, torch.cuda.get_device_name() if torch.cuda.is_available()
 tests)
   rm -f "$TESTS_PASSED"
   # The whole CUDA suite when a file it covers changed since it last passed on a GPU, else the checks
-  # the run depends on (scripts/cuda_suite.py, tests/cuda_suite_passed.json).
-  mapfile -t SELECTION < <("$PYTHON" scripts/cuda_suite.py selection)
+  # the run depends on (ops/cuda_suite.py, ops/cuda_suite_passed.json).
+  mapfile -t SELECTION < <("$PYTHON" ops/cuda_suite.py selection)
   echo "CUDA tests: ${SELECTION[0]} (${SELECTION[*]:1})"
   if [ "$DRY_RUN" = 1 ]; then  # no CUDA here: that pytest runs from the copied code is what can be checked
     # (with a file of the reference masks' tests, one of the quickest: CI runs this step twice)
@@ -136,7 +136,7 @@ tests)
     ! grep -q "SKIPPED" "$WORK/cuda_tests.log" || { echo "CUDA tests were skipped: is the GPU visible?" >&2; exit 1; }
   fi
   if [ "${SELECTION[0]}" = whole ] && [ "$DRY_RUN" != 1 ]; then  # brought home by `finish`, installed by `home`
-    "$PYTHON" scripts/cuda_suite.py record "$WORK/cuda_suite_passed.json" --device "$(device_name)" \
+    "$PYTHON" ops/cuda_suite.py record "$WORK/cuda_suite_passed.json" --device "$(device_name)" \
         --passed "$(grep -oE '[0-9]+ passed' "$WORK/cuda_tests.log" | tail -1 | cut -d' ' -f1)"
   fi
   touch "$TESTS_PASSED"
@@ -162,7 +162,7 @@ speed)
       "${@:2}" 2>&1 | grep -v "^USDT\|^ERROR:.*gpuGetDeviceCount"
   ;;
 candidates)
-  # Candidates for a faster step (scripts/speed_candidates.txt: NAME and step_check arguments a line), each
+  # Candidates for a faster step (ops/speed_candidates.txt: NAME and step_check arguments a line), each
   # step_check'd in its own process, in the file's order, until SECONDS have passed: one JSON object a line
   # in step_candidates.json. A candidate that fails or outlives what is left is recorded as such.
   end=$((SECONDS + $2))
@@ -186,7 +186,7 @@ candidates)
     grep -m1 "^$name: " "$WORK/candidate.out" || true
     "$PYTHON" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$WORK/candidate.json" \
         >>"$WORK/step_candidates.json"
-  done <"${CANDIDATES:-scripts/speed_candidates.txt}"
+  done <"${CANDIDATES:-ops/speed_candidates.txt}"
   ;;
 first)
   # The first call's work: the CUDA tests and, beside them (the GPU has room for both), the warm-up,
@@ -208,14 +208,14 @@ begin)
   # warm-up; `await` (in the call that launches) waits for it and fails as `first` did.
   if first_going; then echo "first is going already (pid $(cat "$WORK/first.pid"))" >&2; exit 1; fi
   rm -rf "$WORK/tree" "$WORK/first.rc" "$WORK/first.pid" && mkdir -p "$WORK/tree"
-  cp -r imagetx tests configs scripts experiments pyproject.toml "$WORK/tree"/
+  cp -r imagetx tests configs scripts ops experiments pyproject.toml "$WORK/tree"/
   # The detached shell writes its own process id: the `$!` of a backgrounded `cd && setsid ...` names
   # the subshell around it, which can exit as soon as setsid has forked.
-  (cd "$WORK/tree" && setsid nohup bash -c 'echo $$ >"$0/first.pid"; bash scripts/gpu_lease.sh first "${@:1}" \
+  (cd "$WORK/tree" && setsid nohup bash -c 'echo $$ >"$0/first.pid"; bash ops/gpu_lease.sh first "${@:1}" \
       >"$0/first.out" 2>&1; echo $? >"$0/first.rc"' "$WORK" "${@:2}" </dev/null >/dev/null 2>&1 &)
   for _ in $(seq 50); do [ -s "$WORK/first.pid" ] && break; sleep 0.2; done
   first_going || [ -s "$WORK/first.rc" ] || { echo "begin: first did not start" >&2; exit 1; }
-  echo "first: started (pid $(cat "$WORK/first.pid")); 'bash scripts/gpu_lease.sh await SECONDS' waits for it"
+  echo "first: started (pid $(cat "$WORK/first.pid")); 'bash ops/gpu_lease.sh await SECONDS' waits for it"
   ;;
 await)
   end=$((SECONDS + $2))
@@ -283,7 +283,7 @@ finish)
   else
     echo "no continue.ckpt: the run ended before its decay began; the next lease starts where the last began" >&2
   fi
-  "$PYTHON" scripts/lease_record.py summary "$RUN" "$WORK/results/lease.json" --device "$DEVICE"
+  "$PYTHON" ops/lease_record.py summary "$RUN" "$WORK/results/lease.json" --device "$DEVICE"
   cp "$WORK/export/config.json" "$RUN/train.log" "$WORK/results/"
   for kept in cuda_suite_passed.json step_check.json step_candidates.json; do [ ! -e "$WORK/$kept" ] || cp "$WORK/$kept" "$WORK/results/"; done
   cp "$(ls "$RUN"/csv/version_*/metrics.csv | tail -1)" "$WORK/results/"
@@ -298,7 +298,7 @@ finish)
     timeout 180 "$PYTHON" -m imagetx.evaluate --ckpt "$2" "${VAL[@]}" --device "$DEVICE" \
         --batch_size "$EVAL_BATCH" >"$WORK/logs/$1.log" 2>&1 && tail -1 "$WORK/logs/$1.log" >"$WORK/results/$1.json"
   }
-  if "$PYTHON" -c 'import json, sys; from scripts.lease_cards import is_superres; sys.exit(not is_superres(json.load(
+  if "$PYTHON" -c 'import json, sys; from ops.lease_cards import is_superres; sys.exit(not is_superres(json.load(
       open(sys.argv[1]))))' "$WORK/export/config.json"; then  # the test home applies too (lease_record.py)
     # Super-resolution (docs/model.md §6): also the same weights with exact_box_means (no tensors: a
     # setting put on at export), the score given another image's 8x8 input (what the input is worth),
@@ -332,6 +332,6 @@ finish)
   exit "$failed"
   ;;
 *)
-  echo "usage: bash scripts/gpu_lease.sh setup|tests|warm|speed|first|begin|await|pilot|launch|wait|finish ..." >&2; exit 2
+  echo "usage: bash ops/gpu_lease.sh setup|tests|warm|speed|first|begin|await|pilot|launch|wait|finish ..." >&2; exit 2
   ;;
 esac

@@ -1,4 +1,4 @@
-"""The model card of a model trained a GPU lease at a time (scripts/lease_record.py), written from
+"""The model card of a model trained a GPU lease at a time (ops/lease_record.py), written from
 its lineage: the Hub's metadata (the newest lease's val bits/dim), one table row a lease, each
 lease's val curve and notes, the newest lease's grids. Two kinds of model have one: generation
 (`pretrained/cifar10_gpu`) and super-resolution (`pretrained/superres_gpu`, whose rows also give
@@ -101,9 +101,9 @@ metrics:
 """
 
 
-HOW_A_LEASE_RUNS = """Each lease runs docs/gpu.md's call plan ("A lease, call by call"; `scripts/gpu_lease.sh`):
-`bash scripts/lease_files.sh prepare` here; on the lent machine `setup`, `tests` beside `warm`,
-`launch MAX_TIME` and `finish`; then `bash scripts/lease_files.sh home FILES_AT` here, which writes
+HOW_A_LEASE_RUNS = """Each lease runs docs/gpu.md's call plan ("A lease, call by call"; `ops/gpu_lease.sh`):
+`bash ops/lease_files.sh prepare` here; on the lent machine `setup`, `tests` beside `warm`,
+`launch MAX_TIME` and `finish`; then `bash ops/lease_files.sh home FILES_AT` here, which writes
 this folder, its lineage (`lineage.json`, each lease's `leases/lease_N/metrics.csv` and
 `train.log`) and this card."""
 

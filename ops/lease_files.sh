@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # What a GPU lease carries and brings home, on this machine (docs/gpu.md, "A lease, call by call"):
-#   bash scripts/lease_files.sh prepare           # before the first call: .whl/, .stage/{cont,a,b,c}
-#   bash scripts/lease_files.sh home FILES_AT [--note TEXT ...]  # after the last: pretrained/cifar10_gpu, lineage, card
+#   bash ops/lease_files.sh prepare           # before the first call: .whl/, .stage/{cont,a,b,c}
+#   bash ops/lease_files.sh home FILES_AT [--note TEXT ...]  # after the last: pretrained/cifar10_gpu, lineage, card
 # GPU_MODEL=pretrained/superres_gpu (environment) for the super-resolution model's lease (CONFIG=configs/superres_gpu.yaml
 # on the lent machine).
 #
@@ -56,14 +56,14 @@ prepare)
       | tail -1 | cut -f1) MiB (+ what it carries; 64 MiB in all)"
   ;;
 home)
-  [ -d "${2:-}" ] || { echo "usage: bash scripts/lease_files.sh home FILES_AT (the folder the last call's files are in)" >&2; exit 2; }
+  [ -d "${2:-}" ] || { echo "usage: bash ops/lease_files.sh home FILES_AT (the folder the last call's files are in)" >&2; exit 2; }
   if [ -f "$EXCLUDE" ]; then grep -vxF "/$HELD_BACK/" "$EXCLUDE" >"$EXCLUDE.new" || true; mv "$EXCLUDE.new" "$EXCLUDE"; fi
-  "$PYTHON" scripts/lease_record.py home "$2" --into "$GPU_MODEL" --suite-record tests/cuda_suite_passed.json \
+  "$PYTHON" ops/lease_record.py home "$2" --into "$GPU_MODEL" --suite-record ops/cuda_suite_passed.json \
       "${@:3}"  # [--note TEXT ...]
   git add "$HELD_BACK"
   git status --short "$HELD_BACK"
   ;;
 *)
-  echo "usage: bash scripts/lease_files.sh prepare | home FILES_AT" >&2; exit 2
+  echo "usage: bash ops/lease_files.sh prepare | home FILES_AT" >&2; exit 2
   ;;
 esac

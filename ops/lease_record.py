@@ -1,18 +1,18 @@
 """A GPU-trained model's lineage: what each lease added to it (docs/gpu.md, "Every lease adds to one
 model"). Two models are trained so: pretrained/cifar10_gpu and pretrained/superres_gpu (--into).
 
-    python scripts/lease_record.py summary RUN_DIR OUT.json [--device cuda]   # on the lent machine
-    python scripts/lease_record.py home FILES_AT [--into pretrained/cifar10_gpu] [--note TEXT ...]  # here, after it
-    python scripts/lease_record.py card [--into pretrained/cifar10_gpu]          # the card again, from the lineage
+    python ops/lease_record.py summary RUN_DIR OUT.json [--device cuda]   # on the lent machine
+    python ops/lease_record.py home FILES_AT [--into pretrained/cifar10_gpu] [--note TEXT ...]  # here, after it
+    python ops/lease_record.py card [--into pretrained/cifar10_gpu]          # the card again, from the lineage
 
-``summary`` (run by ``scripts/gpu_lease.sh finish``) reads the run's last checkpoint and metrics:
+``summary`` (run by ``ops/gpu_lease.sh finish``) reads the run's last checkpoint and metrics:
 steps (from where this lease started to its end), images seen by the model since its first lease,
 training minutes (and those up to its continuation, from that checkpoint's timer), images/s, MFU,
 peak memory, the val curve, the GPU and torch. ``home`` takes what the lease brought back (the
 decayed bf16 model, the packed continuation, results.tar), checks the continuation's parts against
 its manifest, installs all of it into the shipped-weights folder, appends the lease to
 ``lineage.json`` and writes the model card (README.md, with the Hub's metadata;
-scripts/lease_cards.py) from the whole lineage. Nothing of the previous lease is kept in the
+ops/lease_cards.py) from the whole lineage. Nothing of the previous lease is kept in the
 folder but its line in the lineage: git holds the earlier files.
 """
 
@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO))
 from imagetx.io.checkpoint import load_weights_only  # noqa: E402
 from imagetx.io.errors import CheckpointError  # noqa: E402
 from imagetx.training.continuation import CONTINUE, MANIFEST, TIMER_STATE, unpack  # noqa: E402
-from scripts.lease_cards import is_superres, write_card  # noqa: E402
+from ops.lease_cards import is_superres, write_card  # noqa: E402
 
 GPU_MODEL = REPO / "pretrained" / "cifar10_gpu"  # the shipped-weights folder a lease goes home to by default
 THROUGHPUT = {"images_per_s": "train/device/samples_per_sec", "mfu": "train/device/mfu",
@@ -100,7 +100,7 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_recor
     """Install a lease's results into ``into``; returns the lease's lineage entry. ``notes``: what the
     figures alone do not say (a test that failed, a step run by hand), kept in the lineage and the card.
     ``suite_record``: where a record of the whole CUDA suite's pass goes, when the lease ran it
-    (scripts/cuda_suite.py)."""
+    (ops/cuda_suite.py)."""
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         with tarfile.open(files_at / "results.tar") as tar:

@@ -3,13 +3,13 @@
 The whole CUDA suite (FlexAttention's values and gradients against the dense reference for every
 pattern and bias, the CUDA-graph decoding step, sampling without per-step syncs) takes about four
 minutes of a 15-minute lease. It is run again only when a file it covers has changed since it last
-passed on a GPU, as `tests/cuda_suite_passed.json` records (a SHA-256 of those files); otherwise a
+passed on a GPU, as `ops/cuda_suite_passed.json` records (a SHA-256 of those files); otherwise a
 lease runs the checks its training run depends on: the one-row recipe's kernel, FlexAttention's
 values and gradients against the dense reference without a bias (rotary positions are applied
 outside the kernel), and which kernel `auto` picks.
 
-    python scripts/cuda_suite.py selection             # the pytest arguments for this tree
-    python scripts/cuda_suite.py record OUT --device D --passed N   # after a whole-suite pass
+    python ops/cuda_suite.py selection             # the pytest arguments for this tree
+    python ops/cuda_suite.py record OUT --device D --passed N   # after a whole-suite pass
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-RECORD = REPO / "tests" / "cuda_suite_passed.json"
+RECORD = REPO / "ops" / "cuda_suite_passed.json"
 # What the CUDA tests exercise: the model package, the two test files and what they import.
 COVERED = ("imagetx/model/*.py", "tests/test_flex_attention.py", "tests/test_sampler.py", "tests/helpers.py",
            "tests/conftest.py", "scripts/common.py")
