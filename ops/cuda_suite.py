@@ -1,12 +1,12 @@
 """Which CUDA tests a GPU lease runs (docs/gpu.md, "A lease, call by call").
 
 The whole CUDA suite (FlexAttention's values and gradients against the dense reference for every
-pattern and bias, the CUDA-graph decoding step, sampling without per-step syncs) takes about four
+pattern and kernel block size, the CUDA-graph decoding step, sampling without per-step syncs) takes
 minutes of a 15-minute lease. It is run again only when a file it covers has changed since it last
 passed on a GPU, as `ops/cuda_suite_passed.json` records (a SHA-256 of those files); otherwise a
-lease runs the checks its training run depends on: the one-row recipe's kernel, FlexAttention's
-values and gradients against the dense reference without a bias (rotary positions are applied
-outside the kernel), and which kernel `auto` picks.
+lease runs the checks its training run depends on: FlexAttention's values and gradients against
+the dense reference for every pattern and block size (rotary positions are applied outside the
+kernel), its tile options, and which kernel `auto` picks.
 
     python ops/cuda_suite.py selection             # the pytest arguments for this tree
     python ops/cuda_suite.py record OUT --device D --passed N   # after a whole-suite pass
@@ -27,7 +27,7 @@ RECORD = REPO / "ops" / "cuda_suite_passed.json"
 COVERED = ("imagetx/model/*.py", "tests/test_flex_attention.py", "tests/test_sampler.py", "tests/helpers.py",
            "tests/conftest.py", "scripts/common.py")
 WHOLE_SUITE = ["tests/test_sampler.py", "tests/test_flex_attention.py", "-k", "cuda"]
-RUN_CHECKS = ["tests/test_flex_attention.py", "-k", "cuda and not learned and not fixed"]
+RUN_CHECKS = ["tests/test_flex_attention.py", "-k", "cuda"]
 
 
 def covered_files(root: Path = REPO) -> list[Path]:

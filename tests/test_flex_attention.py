@@ -1,9 +1,8 @@
 """FlexAttention (imagetx/model/kernels.py, ``ModelConfig.attention_kernel``) against the dense
 reference (docs/model.md §4).
 
-torch 2.15 runs FlexAttention's compiled forward on the CPU but has no backward there, so on
-the CPU these tests check values: every pattern (with and without relative position bias,
-float32 and bfloat16) and local cross-attention equal ``dense_attention`` with
+FlexAttention runs its compiled forward on the CPU but has no backward there, so on the CPU
+these tests check values: every pattern (float32 and bfloat16) and local cross-attention equal ``dense_attention`` with
 ``can_attend``, including patterns finer than the kernel's 128 × 128 blocks and lengths that
 are not a multiple of 128; bits/dim, causality (by perturbing the future) and the cached
 sampler through the flex kernel. Gradients are checked by a test that runs where CUDA is.
@@ -25,7 +24,6 @@ from imagetx.model.inputs import downsample_area
 from imagetx.model.kernels import attend, uses_flex
 from imagetx.model.order import GenerationOrder
 from imagetx.model.patterns import FullCausal, Local1D, Local2D
-from imagetx.model.position_bias import RelativePositionBias
 from test_sampler import cached_params
 
 HEADS = 2
@@ -60,54 +58,30 @@ def rand_qkv(length: int, batch: int = 2, dim: int = 8, seed: int = 0, device="c
     return [torch.randn(length, batch * HEADS, dim, generator=gen, dtype=torch.float64).to(device) for _ in range(3)]
 
 
-def random_bias(order: GenerationOrder, seed: int = 0) -> RelativePositionBias:
-    bias = RelativePositionBias(HEADS, order.rows, order.cols)
-    with torch.no_grad():  # random, so that a wrong offset anywhere shows
-        bias.table.copy_(torch.randn(bias.table.shape, generator=torch.Generator().manual_seed(seed)))
-    return bias
-
-
-def bias_of(kind: str, order: GenerationOrder) -> RelativePositionBias | None:
-    """None ("plain"), a learned table off its prior ("learned"), or the fixed distance bias,
-    which flex computes from the indices ("fixed")."""
-    if kind == "plain":
-        return None
-    if kind == "learned":
-        return random_bias(order)
-    return RelativePositionBias(HEADS, order.rows, order.cols, learned=False)
-
-
-def dense_reference(pattern, q, k, v, bias: RelativePositionBias | None = None) -> torch.Tensor:
-    """``dense_attention`` with the pattern's ``can_attend`` (and every pair's bias), float64."""
-    if bias is None:
-        return dense_attention(q, k, v, pattern.can_attend().to(q.device))
-    steps = torch.arange(pattern.length, device=q.device)
-    pair_bias = bias.to(q.device).double()(pattern.order.relative_offsets(steps[:, None], steps[None, :]))
-    return dense_attention(q, k, v, pattern.can_attend().to(q.device), pair_bias)
+def dense_reference(pattern, q, k, v) -> torch.Tensor:
+    """``dense_attention`` with the pattern's ``can_attend``, float64."""
+    return dense_attention(q, k, v, pattern.can_attend().to(q.device))
 
 
 # ----- every pattern equals the dense reference ----------------------------------------------
 
 @pytest.mark.parametrize("pattern", PATTERNS, ids=lambda p: p.describe())
-@pytest.mark.parametrize("bias_kind", ["plain", "learned", "fixed"])
-def test_flex_equals_dense_reference(pattern, bias_kind):
+def test_flex_equals_dense_reference(pattern):
     q, k, v = rand_qkv(pattern.length)
-    bias = bias_of(bias_kind, pattern.order)
     with torch.no_grad():
-        got = attend(q.float(), k.float(), v.float(), pattern, "flex", bias)
+        got = attend(q.float(), k.float(), v.float(), pattern, "flex")
     assert got.dtype == torch.float32 and got.shape == q.shape
-    torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v, bias), atol=2e-6, rtol=0)
+    torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v), atol=2e-6, rtol=0)
 
 
 @pytest.mark.parametrize("pattern", [PATTERNS[0], PATTERNS[2]], ids=lambda p: p.describe())
 def test_flex_in_bfloat16_is_close_to_float64(pattern):
     # bf16 errors include rounding the inputs themselves to 8 bits of mantissa (~4e-3 relative).
     q, k, v = rand_qkv(pattern.length)
-    bias = random_bias(pattern.order)
     with torch.no_grad():
-        got = attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), pattern, "flex", bias)
+        got = attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), pattern, "flex")
     assert got.dtype == torch.bfloat16
-    torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v, bias), atol=3e-2, rtol=0)
+    torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v), atol=3e-2, rtol=0)
 
 
 def test_a_wrong_mask_mod_is_caught():
@@ -154,10 +128,9 @@ FINE_BLOCKS = [Local1D(GenerationOrder(32, 32), 32, 1, size) for size in (16, 32
 @pytest.mark.parametrize("pattern", FINE_BLOCKS, ids=lambda p: f"{p.describe()}-block{p.flex_block_size}")
 def test_smaller_kernel_blocks_equal_the_dense_reference(pattern):
     q, k, v = rand_qkv(pattern.length)
-    bias = bias_of("fixed", pattern.order)
     with torch.no_grad():
-        got = attend(q.float(), k.float(), v.float(), pattern, "flex", bias)
-    torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v, bias), atol=2e-6, rtol=0)
+        got = attend(q.float(), k.float(), v.float(), pattern, "flex")
+    torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v), atol=2e-6, rtol=0)
     assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, pattern.flex_block_size)
     if isinstance(pattern, Local1D) and pattern.flex_block_size == 32:
         # one block per row: the first row's diagonal block, then 2 for each later row; of the
@@ -209,24 +182,24 @@ def test_auto_is_flex_on_cuda_only_for_heads_its_cuda_kernel_takes():
 
 
 # Tiny models that share one batch of 2 (each compiles the kernel once per rule and shape):
-# 1D blocks of one 24-wide grid row with position biases; 2D blocks with a 1-row, 2-column
-# flange, position biases and radius-1 cross-attention; full attention with position biases;
-# 2D with radius-0 cross-attention and the cell remainder input; 1D blocks with rotary
-# positions and the fixed distance bias; 2D with the fixed bias alone.
+# 1D blocks of one 24-wide grid row with classes; 2D blocks with a 1-row, 2-column flange,
+# rotary positions and radius-1 cross-attention; full attention with rotary positions; 2D with
+# radius-0 cross-attention and the cell remainder input; 1D blocks with rotary positions; 2D
+# blocks alone.
 MODELS = {
-    "local_1d_bias": dict(head="categorical", attention="local_1d", image_size=8, query_block_length=24,
-                          relative_positions="table", num_classes=10),
+    "local_1d_classes": dict(head="categorical", attention="local_1d", image_size=8, query_block_length=24,
+                             num_classes=10),
     "local_2d_cross": dict(head="dmol", attention="local_2d", image_size=8, query_block_shape=(2, 4),
                            memory_flange=(1, 2), encoder_layers=1, low_res_size=4, cross_attention_radius=1,
-                           relative_positions="table"),
-    "full_bias": dict(head="categorical", attention="full", relative_positions="table"),
+                           relative_positions="rotary"),
+    "full_rotary": dict(head="categorical", attention="full", relative_positions="rotary"),
     "local_2d_radius_0": dict(head="categorical", attention="local_2d", image_size=8, query_block_shape=(4, 8),
                               memory_flange=(2, 4), encoder_layers=1, low_res_size=4, cross_attention_radius=0,
                               cell_remainder_input=True),
-    "local_1d_rotary_distance": dict(head="dmol", attention="local_1d", image_size=8, query_block_length=8,
-                                     relative_positions="rotary_distance"),
-    "local_2d_distance": dict(head="categorical", attention="local_2d", image_size=8, query_block_shape=(2, 4),
-                              memory_flange=(1, 2), relative_positions="distance"),
+    "local_1d_rotary": dict(head="dmol", attention="local_1d", image_size=8, query_block_length=8,
+                            relative_positions="rotary"),
+    "local_2d": dict(head="categorical", attention="local_2d", image_size=8, query_block_shape=(2, 4),
+                     memory_flange=(1, 2)),
     # the GPU recipe's kind in miniature: one-row blocks, rotary, DMOL, kernel blocks of one row
     "local_1d_rotary_row_blocks": dict(head="dmol", attention="local_1d", image_size=16, query_block_length=16,
                                        relative_positions="rotary", flex_block_size=16),
@@ -235,16 +208,9 @@ MODELS = {
 
 def model_and_inputs(name: str, kernel: str, seed: int = 0):
     """A two-layer tiny model of MODELS[name] running ``kernel``, with images and whatever
-    conditioning it takes; the table of every learned position bias moved off its prior."""
+    conditioning it takes."""
     config = MODELS[name]
     model = tiny_model(seed=seed, n_layers=2, attention_kernel=kernel, **config)
-    gen = torch.Generator().manual_seed(seed)
-    for layer in model.layers:
-        bias = layer.self_attn.position_bias
-        if bias is not None and bias.learned:
-            table = bias.table
-            with torch.no_grad():
-                table.add_(torch.randn(table.shape, generator=gen))
     size = config.get("image_size", 4)
     images = random_images(2, size, seed=seed + 1)
     labels = random_labels(2, 10, seed=seed + 2) if config.get("num_classes") else None
@@ -308,7 +274,7 @@ def steps_to_perturb(length: int) -> list[int]:
     return sorted({0, 1, length // 3, length // 2 - 1, length // 2, length - 2})
 
 
-@pytest.mark.parametrize("name", ["local_1d_bias", "local_2d_cross", "full_bias", "local_1d_rotary_distance",
+@pytest.mark.parametrize("name", ["local_1d_classes", "local_2d_cross", "full_rotary", "local_1d_rotary",
                                   "local_1d_rotary_row_blocks"])
 def test_flex_is_causal_by_perturbation(name):
     model, images, labels, low_res = model_and_inputs(name, "flex")
@@ -322,7 +288,7 @@ def test_flex_is_causal_by_perturbation(name):
 
 def test_perturbation_catches_a_mask_mod_that_sees_the_next_step():
     # Negative control: the same check on a model whose rule also lets each query see the next key.
-    model, images, labels, low_res = model_and_inputs("local_1d_bias", "flex")
+    model, images, labels, low_res = model_and_inputs("local_1d_classes", "flex")
     honest = model.pattern.mask_rule()
     model.pattern.mask_rule = lambda: (lambda query, key: honest(query, key) | (key == query + 1))
     emb = model.embed_values(model.targets(images)).detach()
@@ -330,8 +296,8 @@ def test_perturbation_catches_a_mask_mod_that_sees_the_next_step():
     assert all(leaks)
 
 
-@pytest.mark.parametrize("name", ["local_1d_bias", "local_2d_cross", "full_bias", "local_2d_radius_0",
-                                  "local_1d_rotary_distance", "local_2d_distance"])
+@pytest.mark.parametrize("name", ["local_1d_classes", "local_2d_cross", "full_rotary", "local_2d_radius_0",
+                                  "local_1d_rotary", "local_2d"])
 def test_cached_sampler_equals_the_flex_full_pass(name):
     model, images, labels, low_res = model_and_inputs(name, "flex")
     with torch.no_grad():
@@ -357,23 +323,19 @@ def test_compiled_model_through_flex_equals_eager():
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason=f"FlexAttention has no backward on the CPU (torch {torch.__version__}); runs on a GPU")
 @pytest.mark.parametrize("pattern", PATTERNS + FINE_BLOCKS, ids=lambda p: f"{p.describe()}-block{p.flex_block_size}")
-@pytest.mark.parametrize("bias_kind", ["plain", "learned", "fixed"])
-def test_flex_values_and_gradients_equal_dense_on_cuda(pattern, bias_kind):
+def test_flex_values_and_gradients_equal_dense_on_cuda(pattern):
     device = torch.device("cuda")
     q64, k64, v64 = (t.requires_grad_() for t in rand_qkv(pattern.length, dim=16, device=device))
-    bias64, bias32 = (bias_of(bias_kind, pattern.order) for _ in range(2))
-    bias64, bias32 = (None, None) if bias64 is None else (bias64.to(device).double(), bias32.to(device))
-    learned = bias_kind == "learned"  # a fixed bias has no gradient to check
     projection = torch.randn(q64.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(device)
 
     def grads(out, inputs):
         return torch.autograd.grad((out.double() * projection).sum(), inputs)
 
-    ref = dense_reference(pattern, q64, k64, v64, bias64)
-    ref_grads = grads(ref, [q64, k64, v64] + ([bias64.table] if learned else []))
+    ref = dense_reference(pattern, q64, k64, v64)
+    ref_grads = grads(ref, [q64, k64, v64])
     q, k, v = (t.detach().float().requires_grad_() for t in (q64, k64, v64))
-    got = attend(q, k, v, pattern, "flex", bias32)
-    got_grads = grads(got, [q, k, v] + ([bias32.table] if learned else []))
+    got = attend(q, k, v, pattern, "flex")
+    got_grads = grads(got, [q, k, v])
     torch.testing.assert_close(got.double(), ref, atol=1e-4, rtol=0)
-    for name, g, r in zip(["q", "k", "v", "table"], got_grads, ref_grads):
+    for name, g, r in zip(["q", "k", "v"], got_grads, ref_grads):
         torch.testing.assert_close(g.double(), r, atol=1e-4, rtol=1e-3, msg=lambda m: f"grad {name}: {m}")

@@ -33,14 +33,11 @@ CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 CASES = {
     "1d": dict(),
     "1d, 2 memory blocks, end padding": dict(memory_blocks=2, query_block_length=20),
-    "1d, position bias": dict(relative_positions="table"),
-    "1d, fixed distance bias": dict(relative_positions="distance"),
     "1d, rotary": dict(relative_positions="rotary"),  # elementwise: no matrix product more
     "2d": dict(attention="local_2d", memory_flange=(2, 4)),
-    "2d, position bias": dict(attention="local_2d", memory_flange=(2, 4), relative_positions="table"),
-    "2d, rotary and distance": dict(attention="local_2d", memory_flange=(2, 4), relative_positions="rotary_distance"),
+    "2d, rotary": dict(attention="local_2d", memory_flange=(2, 4), relative_positions="rotary"),
     "full": dict(attention="full"),
-    "full, position bias": dict(attention="full", relative_positions="table"),
+    "full, rotary": dict(attention="full", relative_positions="rotary"),
     "dmol, class-conditional": dict(head="dmol", num_classes=3),
     "encoder, cross-attention to all": dict(head="dmol", encoder_layers=2),
     "encoder, local cross-attention, cell remainder": dict(encoder_layers=1, cross_attention_radius=0,
@@ -52,9 +49,8 @@ CASES = {
 
 def causal_extra_pairs(config: ModelConfig) -> int:
     """Pairs per layer that the math backend computes beyond those the fused kernels compute: the
-    upper triangle of every is_causal call (full attention, and the 1D pattern's first m blocks,
-    without a bias)."""
-    if config.position_bias or config.attention == "local_2d":
+    upper triangle of every is_causal call (full attention, and the 1D pattern's first m blocks)."""
+    if config.attention == "local_2d":
         return 0
     length = config.grid_shape[0] * config.grid_shape[1]
     if config.attention == "full":

@@ -92,9 +92,9 @@ def train(tmp_path, model=None, args=(), **trainer) -> None:
 CASES = {
     "class-conditional, Adam": ({"num_classes": 10}, (), False),
     "class-conditional, Adam, progress bar": ({"num_classes": 10}, (), True),
-    "super-resolution, position biases, AdamW": (
+    "super-resolution, rotary positions, AdamW": (
         {"encoder_layers": 1, "cross_attention_radius": 0, "cell_remainder_input": True, "exact_box_means": True,
-         "relative_positions": "table", "norm": "pre"},
+         "relative_positions": "rotary", "norm": "pre"},
         ("--model.optimizer", "adamw_cosine", "--model.lr_horizon", "steps"), False),
 }
 

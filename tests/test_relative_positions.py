@@ -1,12 +1,10 @@
-"""The kinds of relative positions (``ModelConfig.relative_positions``) besides the learned
-table (test_position_bias.py): the fixed distance bias ("distance") and 2D rotary embeddings
-("rotary"), alone and together ("rotary_distance").
+"""Relative positions (``ModelConfig.relative_positions``): 2D rotary embeddings ("rotary").
 
-Each is checked where the table is: the fast paths against the dense reference, the cached
-decoder against the full pass, causality by gradients with a negative control; and for what
-it claims of its own: rotary scores depend on the grid offset of query and key only, the fixed
-bias is the table's prior and holds nothing to learn. FlexAttention's paths are in
-test_flex_attention.py.
+Checked for what they claim (rotary scores depend on the grid offset of query and key only;
+decoding turns each step as the full pass does; no parameters, decoder self-attention only),
+the cached decoder against the full pass, causality by gradients with a negative control; the
+kinds that lost to rotary are refused, naming the commit that reads them. FlexAttention's paths
+are in test_flex_attention.py.
 """
 
 from __future__ import annotations
@@ -14,18 +12,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import dense_attention, random_images, random_labels, tiny_config, tiny_model
+from helpers import random_images, random_labels, tiny_config, tiny_model
 from imagetx import ImageTransformer
-from imagetx.model.kernels import attend
+from imagetx.model.config import LAST_COMMIT_WITH_THEM, REMOVED_RELATIVE_POSITIONS
 from imagetx.model.order import GenerationOrder
-
-from imagetx.model.position_bias import RelativePositionBias, distance_prior
 from imagetx.model.rotary import Rotary2D
 from test_causality import build, causality_violations, steps_to_check
-from test_position_bias import HEADS, patterns_with_grids
 from test_sampler import check_cached_equals_full
 
-KINDS = ["distance", "rotary", "rotary_distance"]
+KINDS = ["rotary"]
 
 
 @pytest.mark.parametrize("order", [GenerationOrder(4, 6), GenerationOrder(4, 6, (2, 3))], ids=["raster", "blocks"])
@@ -36,8 +31,9 @@ def test_rotary_scores_depend_on_the_grid_offset_only(order):
     turned_q, turned_k = rotary(q), rotary(k)
     torch.testing.assert_close(turned_q.norm(dim=-1), q.norm(dim=-1), rtol=1e-14, atol=0)  # a rotation
     scores = torch.einsum("qne,kne->qk", turned_q, turned_k)
-    steps = torch.arange(order.length)
-    offsets = order.relative_offsets(steps[:, None], steps[None, :])
+    rows, cols = order.grid_cell(torch.arange(order.length))
+    # each (row, column) offset of a query-key pair as one number
+    offsets = (rows[:, None] - rows[None, :]) * (2 * order.cols) + (cols[:, None] - cols[None, :])
     distinct = []
     for offset in offsets.unique():
         same = scores[offsets == offset]
@@ -74,25 +70,12 @@ def test_rotary_turns_the_decoding_step_as_the_full_pass_turns_it():
         torch.testing.assert_close(rotary(x[step:step + 1], torch.tensor([step])), full[step:step + 1], rtol=0, atol=0)
 
 
-def test_fixed_distance_bias_is_the_prior_and_learns_nothing():
-    model = tiny_model(relative_positions="distance", n_heads=2)
-    table_model = tiny_model(relative_positions="table", n_heads=2)
-    bias = model.layers[0].self_attn.position_bias
-    assert not bias.learned and not bias.table.requires_grad
-    torch.testing.assert_close(bias.table, distance_prior(2, *model.config.grid_shape), rtol=0, atol=0)
-    torch.testing.assert_close(bias.table, table_model.layers[0].self_attn.position_bias.table.detach(), rtol=0, atol=0)
-    assert not any("position_bias" in name for name in model.state_dict())
-    plain = tiny_model(n_heads=2)
-    assert sum(p.numel() for p in model.parameters()) == sum(p.numel() for p in plain.parameters())
-
-
 def test_rotary_adds_no_parameters_and_only_turns_decoder_self_attention():
     model = tiny_model(relative_positions="rotary", encoder_layers=1, low_res_size=2)
     plain = tiny_model(encoder_layers=1, low_res_size=2)
     assert [n for n, _ in model.named_parameters()] == [n for n, _ in plain.named_parameters()]
     assert all(layer.self_attn.rotary is model.layers[0].self_attn.rotary for layer in model.layers)
     assert all(layer.self_attn.rotary is None for layer in model.encoder.layers)
-    assert all(layer.self_attn.position_bias is None for layer in model.layers)
 
 
 def test_rotary_needs_head_size_divisible_by_4():
@@ -100,26 +83,11 @@ def test_rotary_needs_head_size_divisible_by_4():
         ImageTransformer(tiny_config(d_model=12, n_heads=2, relative_positions="rotary"))
 
 
-@pytest.mark.parametrize("pattern,order", patterns_with_grids(), ids=lambda p: getattr(p, "describe", lambda: "")())
-def test_fixed_bias_fast_path_equals_dense_reference(pattern, order):
-    bias = RelativePositionBias(HEADS, order.rows, order.cols, learned=False).double()
-    gen = torch.Generator().manual_seed(1)
-    q, k, v = (torch.randn(pattern.length, 3 * HEADS, 4, generator=gen, dtype=torch.float64).requires_grad_()
-               for _ in range(3))
-    steps = torch.arange(pattern.length)
-
-    def run(fn):
-        out = fn(q, k, v)
-        proj = torch.randn(out.shape, generator=torch.Generator().manual_seed(2), dtype=out.dtype)
-        return out, torch.autograd.grad((out * proj).sum(), (q, k, v))
-
-    fast, fast_grads = run(lambda a, b, c: attend(a, b, c, pattern, "sdpa", bias))
-    dense_bias = bias(order.relative_offsets(steps[:, None], steps[None, :]))
-    ref, ref_grads = run(lambda a, b, c: dense_attention(a, b, c, pattern.can_attend(), dense_bias))
-    torch.testing.assert_close(fast, ref, rtol=0, atol=1e-10)
-    for name, got, want in zip("qkv", fast_grads, ref_grads):
-        torch.testing.assert_close(got, want, rtol=0, atol=1e-10, msg=lambda m: f"grad {name}: {m}")
-    assert not torch.allclose(attend(q, k, v, pattern, "sdpa"), fast)  # the bias matters
+@pytest.mark.parametrize("kind", REMOVED_RELATIVE_POSITIONS)
+def test_removed_kinds_are_refused_naming_the_last_commit_that_reads_them(kind):
+    with pytest.raises(ValueError, match=rf"relative_positions='{kind}' is invalid: this kind was removed.*"
+                                         rf"commit {LAST_COMMIT_WITH_THEM}"):
+        ImageTransformer(tiny_config(relative_positions=kind))
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -148,3 +116,18 @@ def test_causal_with_exactly_the_pattern_support(kind, head, attention):
     steps = steps_to_check(model)
     assert causality_violations(model, emb, steps, n_layers=2) == []
     assert any(p.startswith("leak") for p in causality_violations(model, emb, steps, shift=False))
+
+
+def test_a_saved_model_with_a_removed_kind_is_refused_in_one_line(tmp_path):
+    import json
+
+    from imagetx import load_model, save_pretrained
+    from imagetx.io.errors import CheckpointError
+
+    save_pretrained(tiny_model(relative_positions="rotary"), tmp_path / "model")
+    config = tmp_path / "model" / "config.json"
+    config.write_text(json.dumps({**json.loads(config.read_text()), "relative_positions": "table"}))
+    with pytest.raises(CheckpointError) as refused:
+        load_model(tmp_path / "model")
+    line = str(refused.value)
+    assert "\n" not in line and "relative_positions='table'" in line and LAST_COMMIT_WITH_THEM in line

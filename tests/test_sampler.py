@@ -123,10 +123,10 @@ def test_cached_decoder_matches_full_pass_pre_norm():
 
 
 def test_cached_decoder_matches_full_pass_pre_norm_cell_add():
-    # quick_superres's shape of model: pre-norm (no norm after the cell add), position biases,
+    # quick_superres's shape of model: pre-norm (no norm after the cell add), rotary positions,
     # the cell add and the cell remainder over a 4x4 input
     model = tiny_model(seed=10, dtype=torch.float64, head="dmol", attention="local_1d", norm="pre",
-                       relative_positions="table", encoder_layers=1, low_res_size=4, low_res_reading="cell_add",
+                       relative_positions="rotary", encoder_layers=1, low_res_size=4, low_res_reading="cell_add",
                        cell_remainder_input=True, **SMALL_BLOCKS)
     images = random_images(2, 8, seed=11)
     check_cached_equals_full(model, images, low_res=downsample_area(random_images(2, 8, seed=12), 4))
@@ -143,12 +143,12 @@ def own_compile_cache():
         torch._dynamo.reset()
 
 
-# One tiny model for each part of decode_step the compiled graph must hold: the 1D ring with a
-# row of position biases over it, a 2D ring, cross-attention under a radius-0 mask with the
+# One tiny model for each part of decode_step the compiled graph must hold: the 1D ring with
+# rotary positions turning each step, a 2D ring, cross-attention under a radius-0 mask with the
 # cell remainder's running sums (4x4 input: each step sees 3 of its 48 sub-pixels), and the cell
 # add's gather with the value bounds of exact_box_means. A compile takes seconds each.
 COMPILED_CASES = {
-    "1d_position_bias": dict(head="dmol", attention="local_1d", relative_positions="table", num_classes=10),
+    "1d_rotary": dict(head="dmol", attention="local_1d", relative_positions="rotary", num_classes=10),
     "2d": dict(head="categorical", attention="local_2d", query_block_shape=(4, 8)),
     "superres_remainder_radius_0": dict(head="dmol", attention="local_1d", num_classes=10, encoder_layers=1,
                                         low_res_size=4, cross_attention_radius=0, cell_remainder_input=True),
@@ -259,7 +259,7 @@ def test_cuda_graph_step_matches_the_full_pass():
     import torch._inductor.config as inductor_config
     from torch._dynamo.utils import counters
 
-    model = tiny_model(seed=27, dtype=torch.float64, head="dmol", attention="local_1d", relative_positions="table",
+    model = tiny_model(seed=27, dtype=torch.float64, head="dmol", attention="local_1d", relative_positions="rotary",
                        **SMALL_BLOCKS).cuda()
     images = random_images(2, 8, seed=28).cuda()
     skips = counters["inductor"]["cudagraph_skips"]
@@ -274,7 +274,7 @@ def test_cuda_graph_step_matches_the_full_pass():
 def test_sampling_on_cuda_does_not_sync_per_step(compiled):
     import warnings
 
-    model = tiny_model(seed=29, head="categorical", attention="local_1d", relative_positions="table",
+    model = tiny_model(seed=29, head="categorical", attention="local_1d", relative_positions="rotary",
                        **SMALL_BLOCKS).cuda()
     sample(model, 2, compiled=compiled)  # compiles (and captures)
     with warnings.catch_warnings(record=True) as caught:

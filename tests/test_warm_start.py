@@ -64,7 +64,7 @@ def test_a_packed_continuation_is_a_source_and_joining_it_leaves_no_file_behind(
 
 @pytest.mark.parametrize("source_fields, named", [
     (dict(d_model=32, d_filter=64), "shapes that differ: value_embedding"),  # another width
-    (dict(relative_positions="table"), "tensors this model lacks: layers.0.self_attn.position_bias"),
+    (dict(num_classes=10), "tensors this model lacks: class_embedding"),
     (dict(n_layers=2), "tensors this model lacks: layers.1"),
 ])
 def test_a_source_with_another_decoder_is_refused_and_the_model_is_untouched(tmp_path, source_fields, named):

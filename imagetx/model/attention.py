@@ -27,7 +27,6 @@ from torch import Tensor, nn
 from .cross_pattern import CrossPattern
 from .kernels import attend, attend_prefix, attend_slots, prepare
 from .patterns import CausalPattern, DecodeIndex
-from .position_bias import RelativePositionBias
 from .rotary import Rotary2D
 
 
@@ -68,14 +67,13 @@ class CrossAttentionCache:
 
 class SelfAttention(nn.Module):
     """Self-attention under ``pattern`` (the decoder; causal), or over every position without
-    one (the encoder), with optional relative positions (decoder only): a bias added to the
-    scores, and/or queries and keys turned by their grid positions (``rotary``)."""
+    one (the encoder), with optional relative positions (decoder only): queries and keys turned
+    by their grid positions (``rotary``)."""
 
-    def __init__(self, d_model: int, n_heads: int, pattern: CausalPattern | None = None,
-                 position_bias: RelativePositionBias | None = None, kernel: str = "auto",
+    def __init__(self, d_model: int, n_heads: int, pattern: CausalPattern | None = None, kernel: str = "auto",
                  rotary: Rotary2D | None = None) -> None:
         super().__init__()
-        self.n_heads, self.pattern, self.position_bias, self.kernel = n_heads, pattern, position_bias, kernel
+        self.n_heads, self.pattern, self.kernel = n_heads, pattern, kernel
         self.head_size = d_model // n_heads
         self.rotary = rotary
         # T2T's attention projections carry no bias.
@@ -102,7 +100,7 @@ class SelfAttention(nn.Module):
         if self.rotary is not None:  # cached keys are kept turned: each by its own step
             q, k = self.rotary(q, steps), self.rotary(k, steps)
         if cache is None:
-            out = attend(q, k, v, self.pattern, self.kernel, self.position_bias)
+            out = attend(q, k, v, self.pattern, self.kernel)
         elif x.shape[1] == 1:
             out = self.attend_step(q, k, v, cache, steps)
         else:
@@ -117,24 +115,17 @@ class SelfAttention(nn.Module):
         kept = torch.arange(max(0, length - ring), length, device=q.device)
         cache.keys.index_copy_(1, kept % ring, k.index_select(0, kept).transpose(0, 1))
         cache.values.index_copy_(1, kept % ring, v.index_select(0, kept).transpose(0, 1))
-        return attend_prefix(self.pattern, q, k, v, self.position_bias)
+        return attend_prefix(self.pattern, q, k, v)
 
     def attend_step(self, q: Tensor, k: Tensor, v: Tensor, cache: SelfAttentionCache, step: Tensor) -> Tensor:
         """Write the key and value (1, N, e) of ``step`` (a (1,) index) into its ring slot, attend
-        over the slots the step may read (with their position biases)."""
+        over the slots the step may read."""
         index = cache.index
         slot = step % index.ring
         cache.keys.index_copy_(1, slot, k.transpose(0, 1))
         cache.values.index_copy_(1, slot, v.transpose(0, 1))
         readable = index.readable(step)  # (ring,)
-        if self.position_bias is None:
-            return attend_slots(q, cache.keys, cache.values, readable[None])
-        slots = torch.arange(index.ring, device=step.device)
-        key_steps = step - (step - slots) % index.ring  # the step whose key each slot holds now
-        bias = self.position_bias(self.pattern.order.relative_offsets(step, key_steps))  # (h, ring)
-        mask = bias.masked_fill(~readable, float("-inf"))
-        batch = q.shape[1] // self.n_heads
-        return attend_slots(q, cache.keys, cache.values, mask[None].expand(batch, -1, -1).reshape(-1, 1, index.ring))
+        return attend_slots(q, cache.keys, cache.values, readable[None])
 
 
 class CrossAttention(nn.Module):

@@ -18,7 +18,11 @@ PositionEncodingKind = Literal["sinusoidal", "learned"]
 Norm = Literal["post", "pre"]
 AttentionKernel = Literal["auto", "flex", "sdpa"]
 LowResReading = Literal["cross_attention", "cell_add"]
-RelativePositions = Literal["none", "table", "distance", "rotary", "rotary_distance"]
+RelativePositions = Literal["none", "rotary"]
+# Relative positions that lost to rotary ones (0.1 bits/dim at quick's size, three seeds:
+# docs/experiments.md entries 15 and 18) and were removed; the last commit that reads a model with one:
+REMOVED_RELATIVE_POSITIONS = ("table", "distance", "rotary_distance")
+LAST_COMMIT_WITH_THEM = "0bb0603"
 HEADS, ATTENTIONS, POSITION_ENCODINGS, NORMS, ATTENTION_KERNELS, LOW_RES_READINGS, RELATIVE_POSITIONS = (
     get_args(choice) for choice in (Head, Attention, PositionEncodingKind, Norm, AttentionKernel, LowResReading,
                                     RelativePositions))
@@ -81,11 +85,8 @@ class ModelConfig:
     # not depend on its input until it learns to read it. Not in the paper.
     low_res_zero_start: bool = False
     # How decoder self-attention sees where each key lies relative to its query (§4; not in the
-    # paper, whose inputs carry absolute positions only): "none"; "table", a learned bias per
-    # head and (row, column) offset added to the scores, starting from a distance prior
-    # (imagetx/model/position_bias.py); "distance", that prior fixed (nothing learned; FlexAttention
-    # computes it from the indices); "rotary", 2D rotary embeddings of queries and keys
-    # (imagetx/model/rotary.py: nothing added to the scores); "rotary_distance", both of the last two.
+    # paper, whose inputs carry absolute positions only): "none", or "rotary", 2D rotary embeddings
+    # of queries and keys (imagetx/model/rotary.py: nothing added to the scores).
     relative_positions: RelativePositions = "none"
     # §4: how attention runs: "flex" = FlexAttention, block-sparse (imagetx/model/kernels.py); "sdpa" =
     # the gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
@@ -111,14 +112,9 @@ class ModelConfig:
         return self.image_size, self.image_size
 
     @property
-    def position_bias(self) -> str | None:
-        """The bias decoder self-attention adds to its scores: "learned", "fixed" or None."""
-        return {"table": "learned", "distance": "fixed", "rotary_distance": "fixed"}.get(self.relative_positions)
-
-    @property
     def rotary(self) -> bool:
         """Whether decoder self-attention turns its queries and keys by their grid positions."""
-        return self.relative_positions in ("rotary", "rotary_distance")
+        return self.relative_positions == "rotary"
 
     @property
     def head_size(self) -> int:
@@ -140,6 +136,10 @@ class ModelConfig:
         return self
 
     def _check_choices(self) -> None:
+        if self.relative_positions in REMOVED_RELATIVE_POSITIONS:
+            _invalid("relative_positions", self.relative_positions,
+                     "this kind was removed (rotary positions learn faster at no kernel cost); use 'rotary' or "
+                     f"'none', or commit {LAST_COMMIT_WITH_THEM} of imagetx to read a model trained with it")
         for name, choices in (
             ("head", HEADS),
             ("attention", ATTENTIONS),

@@ -78,7 +78,7 @@ def decoder_attention_pairs(model: ImageTransformer, device: torch.device | str 
     """Query-key pairs one decoder self-attention layer computes per image and head on ``device``."""
     if uses_flex(model.config.attention_kernel, torch.device(device), model.config.head_size):
         return tile_pairs(model.pattern.block_mask(device))
-    return pairs_computed(model.pattern, with_bias=model.config.position_bias is not None)
+    return pairs_computed(model.pattern)
 
 
 def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> Flops:
@@ -117,7 +117,7 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
         cross = steps * context
         if model.cross_pattern is not None:
             pattern = model.cross_pattern
-            cross = tile_pairs(pattern.block_mask(device)) if flex else pairs_computed(pattern, with_bias=False)
+            cross = tile_pairs(pattern.block_mask(device)) if flex else pairs_computed(pattern)
         crossing = sum(layer.cross_attn is not None for layer in model.layers)
         pairs += cfg.encoder_layers * context * context + crossing * cross
     return Flops(projections, inputs, per_pair * pairs)

@@ -7,19 +7,18 @@ Patterns (``patterns.py``, ``cross_pattern.py``) are geometry only; which kernel
 attention they allow is decided here, once:
 
 * FlexAttention (``ModelConfig.attention_kernel`` flex, or auto on CUDA: ``uses_flex``): the
-  pattern's block mask, and a relative position bias as a ``score_mod``. ``auto`` is the
+  pattern's block mask. ``auto`` is the
   gathered-block SDPA path elsewhere, because FlexAttention on the CPU has a compiled
   forward but no backward: it raises for inputs that require a gradient; and on CUDA
   for heads narrower than ``FLEX_MIN_HEAD_SIZE``, which its compiled CUDA kernel refuses.
-* SDPA: full causal attention without a bias in one causal call; 1D local attention without a
-  bias on views of windows (``attend_windows``); anything else on the pattern's gathered blocks
-  (``attend_in_blocks``). ``pairs_computed`` counts what each of these computes (FLOPs, §8).
+* SDPA: full causal attention in one causal call; 1D local attention on views of windows
+  (``attend_windows``); 2D local attention and local cross-attention on the pattern's gathered
+  blocks (``attend_in_blocks``). ``pairs_computed`` counts what each of these computes (FLOPs, §8).
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -29,11 +28,6 @@ from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from .config import ATTENTION_KERNELS
 from .patterns import FLEX_BLOCK_SIZE, AttentionPattern, BlockIndex, CausalPattern, FullCausal, Local1D
-from .position_bias import RelativePositionBias, distance_bias
-
-# FlexAttention's (score, batch, head, query, key) -> the score to use.
-ScoreMod = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], Tensor]
-
 
 # FlexAttention's compiled CUDA kernel (Inductor's lowering) refuses heads of fewer channels: "NYI:
 # embedding dimension of the query, key, and value must be at least 16". Its CPU kernel takes them.
@@ -52,21 +46,18 @@ def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
     return kernel == "flex" or (kernel == "auto" and device.type == "cuda" and not narrow)
 
 
-def attend(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern | None = None, kernel: str = "auto",
-           position_bias: RelativePositionBias | None = None) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, pattern: AttentionPattern | None = None, kernel: str = "auto") -> Tensor:
     """q (Tq, N, e) over k, v (Tk, N, e) -> (Tq, N, e): every key (no ``pattern``), or those the
-    pattern allows, equal to the dense reference with its ``can_attend()`` (and, with a position
-    bias, the bias of every query-key pair added to its score), through ``kernel``."""
+    pattern allows, equal to the dense reference with its ``can_attend()``, through ``kernel``."""
     if pattern is None:
         return fused_attention(q, k, v)
     if uses_flex(kernel, q.device, q.shape[-1]):
-        return flex_attend(q, k, v, pattern.block_mask(q.device), *score_mod(pattern, position_bias))
-    if position_bias is None and isinstance(pattern, FullCausal):
+        return flex_attend(q, k, v, pattern.block_mask(q.device))
+    if isinstance(pattern, FullCausal):
         return fused_attention(q, k, v, causal=True)
-    if position_bias is None and isinstance(pattern, Local1D):
+    if isinstance(pattern, Local1D):
         return attend_windows(q, k, v, pattern.block_length, pattern.memory_blocks)
-    bias = None if position_bias is None else pattern.bias_in_blocks(position_bias, q.device)
-    return attend_in_blocks(q, k, v, pattern.blocks(q.device), bias)
+    return attend_in_blocks(q, k, v, pattern.blocks(q.device))
 
 
 def prepare(pattern: AttentionPattern | None, kernel: str, device: torch.device, head_size: int) -> None:
@@ -80,12 +71,12 @@ def prepare(pattern: AttentionPattern | None, kernel: str, device: torch.device,
         pattern.block_mask(device) if uses_flex(kernel, device, head_size) else pattern.blocks(device)
 
 
-def pairs_computed(pattern: AttentionPattern, with_bias: bool) -> int:
-    """Query-key pairs ``attend``'s SDPA path computes per image and head under ``pattern``, with a
-    position bias or without (masked pairs included: the kernel computes them)."""
-    if not with_bias and isinstance(pattern, FullCausal):  # SDPA's causal kernels skip the upper tiles
+def pairs_computed(pattern: AttentionPattern) -> int:
+    """Query-key pairs ``attend``'s SDPA path computes per image and head under ``pattern``
+    (masked pairs included: the kernel computes them)."""
+    if isinstance(pattern, FullCausal):  # SDPA's causal kernels skip the upper tiles
         return pattern.length * (pattern.length + 1) // 2
-    if not with_bias and isinstance(pattern, Local1D):
+    if isinstance(pattern, Local1D):
         lq, m = pattern.block_length, pattern.memory_blocks
         n_blocks = -(-pattern.length // lq)
         causal = min(m, n_blocks) * lq  # the first m blocks in one causal call
@@ -102,12 +93,10 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False) -> Te
     return rearrange(F.scaled_dot_product_attention(q, k, v, is_causal=causal), "1 n t e -> t n e")
 
 
-def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex, bias: Tensor | None = None) -> Tensor:
+def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex) -> Tensor:
     """Queries in blocks (``BlockIndex``), each block over its own gathered keys: q (Tq, N, e);
-    k, v (Tk, N, e) with a zero row appended for key step Tk; bias (h, n, L, S) or None.
-
-    The blocks are the batch axis of one fused call; with a bias, a per-head float mask (heads
-    split out of N). -> (Tq, N, e)."""
+    k, v (Tk, N, e) with a zero row appended for key step Tk. The blocks are the batch axis of
+    one fused call. -> (Tq, N, e)."""
     n_blocks, n_keys = blocks.key_steps.shape
     block_len, length = blocks.can_attend.shape[1], q.shape[0]
     if blocks.query_order is not None:
@@ -117,23 +106,17 @@ def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex, bias: 
     keys, values = (rearrange(torch.cat([t, zero]).index_select(0, blocks.key_steps.flatten()),
                               "(b s) n e -> b n s e", s=n_keys) for t in (k, v))
     queries = rearrange(q, "(b l) n e -> b n l e", b=n_blocks)
-    if bias is None:
-        mask = blocks.can_attend[:, None] if blocks.partial else None  # unmasked: SDPA's fused kernel
-        out = rearrange(F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask), "b n l e -> (b l) n e")
-    else:
-        mask = rearrange(bias, "h b l s -> b 1 h l s").masked_fill(~blocks.can_attend[:, None, None], float("-inf"))
-        split = (rearrange(t, "b (B h) l e -> b B h l e", h=bias.shape[0]) for t in (queries, keys, values))
-        out = rearrange(F.scaled_dot_product_attention(*split, attn_mask=mask), "b B h l e -> (b l) (B h) e")
+    mask = blocks.can_attend[:, None] if blocks.partial else None  # unmasked: SDPA's fused kernel
+    out = rearrange(F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask), "b n l e -> (b l) n e")
     return out[:length] if blocks.query_position is None else out.index_select(0, blocks.query_position)
 
 
 def attend_windows(q: Tensor, k: Tensor, v: Tensor, block_length: int, memory_blocks: int) -> Tensor:
-    """1D local attention without a bias, on views: blocks 0..m−1 have every earlier position in
+    """1D local attention on views: blocks 0..m−1 have every earlier position in
     memory: one causal call. Every later block b needs the window of blocks [b−m, b]. Windows
     that start at blocks s, s+(m+1), s+2(m+1), … do not overlap, so for each s in 0..m they are a
     plain view of k and v (no gathered copies); the last block of each window is queried against
-    the whole window with one shared (lq, (m+1)·lq) mask. (A position bias differs from window to
-    window unless lq is a multiple of the grid's width: with one, ``attend_in_blocks`` runs.)"""
+    the whole window with one shared (lq, (m+1)·lq) mask."""
     lq, m, length = block_length, memory_blocks, q.shape[0]
     n_blocks = -(-length // lq)
     pad = n_blocks * lq - length
@@ -162,8 +145,7 @@ def attend_windows(q: Tensor, k: Tensor, v: Tensor, block_length: int, memory_bl
 
 # ----- decoding ----------------------------------------------------------------------------------
 
-def attend_prefix(pattern: CausalPattern, q: Tensor, k: Tensor, v: Tensor,
-                  position_bias: RelativePositionBias | None = None) -> Tensor:
+def attend_prefix(pattern: CausalPattern, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """The first t steps' attention under ``pattern`` (t, N, e) -> (t, N, e), from their own
     queries, keys and values: the full pass's attention of those steps, which by causality
     reads nothing later.
@@ -178,39 +160,17 @@ def attend_prefix(pattern: CausalPattern, q: Tensor, k: Tensor, v: Tensor,
     # attend_in_blocks appends the zero key at index len(k) = t: later steps (and step T, its
     # marker for "no key") all point there
     prefix_blocks = BlockIndex(blocks.key_steps[:used].clamp(max=length), blocks.can_attend[:used])
-    bias = None if position_bias is None else pattern.bias_in_blocks(position_bias, q.device)[:, :used]
-    return attend_in_blocks(q, k, v, prefix_blocks, bias)
+    return attend_in_blocks(q, k, v, prefix_blocks)
 
 
 def attend_slots(q: Tensor, keys: Tensor, values: Tensor, mask: Tensor | None) -> Tensor:
     """The queries of t steps (t, N, e) over cached keys and values (N, S, e) -> (t, N, e).
-    ``mask``: the slots each may read, bool (t, S) or a float mask (N, t, S); None: all."""
+    ``mask``: the slots each may read, bool (t, S); None: all."""
     out = F.scaled_dot_product_attention(q.transpose(0, 1), keys, values, attn_mask=mask)  # (N, t, e)
     return out.transpose(0, 1)
 
 
 # ----- FlexAttention -----------------------------------------------------------------------------
-
-def score_mod(pattern: AttentionPattern, position_bias: RelativePositionBias | None) -> tuple[ScoreMod | None, int]:
-    """(the ``score_mod`` adding ``position_bias`` to every score, the heads it tells apart): a
-    learned bias read from its table (the kernel's backward sums every score's gradient into
-    it), a fixed one computed from the indices alone; (None, 1) without a bias."""
-    if position_bias is None:
-        return None, 1
-    if position_bias.learned:
-        table, offsets = position_bias.table, pattern.order.relative_offsets
-
-        def learned(score: Tensor, batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
-            return score + table[head, offsets(query, key)]
-
-        return learned, position_bias.n_heads
-    grid_offsets = pattern.order.grid_offsets
-
-    def fixed(score: Tensor, batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
-        return score + distance_bias(head, *grid_offsets(query, key))
-
-    return fixed, position_bias.n_heads
-
 
 @functools.cache
 def compiled_flex_attention():
@@ -235,16 +195,12 @@ def tile_options(block_mask: BlockMask, device: torch.device) -> dict | None:
             "BLOCK_M2": q_block, "BLOCK_N2": both}
 
 
-def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask, score_mod: ScoreMod | None = None,
-                n_heads: int = 1) -> Tensor:
-    """q (Tq, N, e), k and v (Tk, N, e) -> (Tq, N, e) under ``block_mask`` (and ``score_mod``).
-
-    N = batch·``n_heads``: heads are split out of N so that a ``score_mod`` reads each one's
-    index; without one (n_heads 1) the N images·heads are the kernel's batch. Copied contiguous:
-    in a compiled model, Inductor's CPU lowering rejects views of a graph's inputs, and the copy
-    is small next to the attention."""
-    q, k, v = (rearrange(t, "t (b h) e -> b h t e", h=n_heads).contiguous() for t in (q, k, v))
+def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
+    """q (Tq, N, e), k and v (Tk, N, e) -> (Tq, N, e) under ``block_mask``: the N images·heads
+    are the kernel's batch. Copied contiguous: in a compiled model, Inductor's CPU lowering
+    rejects views of a graph's inputs, and the copy is small next to the attention."""
+    q, k, v = (rearrange(t, "t n e -> n 1 t e").contiguous() for t in (q, k, v))
     # Inside a compiled model the model's compilation builds the kernel.
     kernel = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
-    out = kernel(q, k, v, score_mod=score_mod, block_mask=block_mask, kernel_options=tile_options(block_mask, q.device))
-    return rearrange(out, "b h t e -> t (b h) e")
+    out = kernel(q, k, v, block_mask=block_mask, kernel_options=tile_options(block_mask, q.device))
+    return rearrange(out, "n 1 t e -> t n e")

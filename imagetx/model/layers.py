@@ -17,7 +17,6 @@ from .cross_pattern import CrossPattern
 from .embedding import PositionEncoding, SubPixelEmbedding
 from .order import GenerationOrder, images_to_sequence
 from .patterns import CausalPattern
-from .position_bias import RelativePositionBias
 from .rotary import Rotary2D
 
 
@@ -53,11 +52,7 @@ class TransformerLayer(nn.Module):
         super().__init__()
         d = config.d_model
         self.pre_norm = config.norm == "pre"
-        position_bias = None
-        if pattern is not None and config.position_bias:
-            position_bias = RelativePositionBias(config.n_heads, *config.grid_shape,
-                                                 learned=config.position_bias == "learned")
-        self.self_attn = SelfAttention(d, config.n_heads, pattern, position_bias, config.attention_kernel, rotary)
+        self.self_attn = SelfAttention(d, config.n_heads, pattern, config.attention_kernel, rotary)
         self.self_norm = nn.LayerNorm(d)
         cross_attention = reads_low_res and config.low_res_reading == "cross_attention"
         self.cross_attn = (CrossAttention(d, config.n_heads, cross_pattern, config.attention_kernel)

@@ -61,26 +61,6 @@ class GenerationOrder:
         blocks_per_row = self.cols // qw
         return block // blocks_per_row * qh + inside // qw, block % blocks_per_row * qw + inside % qw
 
-    @property
-    def offset_count(self) -> int:
-        """Distinct (row, column) offsets between two cells: (2·rows − 1)·(2·cols − 1)."""
-        return (2 * self.rows - 1) * (2 * self.cols - 1)
-
-    def grid_offsets(self, query_steps: torch.Tensor, key_steps: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(query row − key row, query col − key col) of each pair of steps, broadcast over the
-        steps' shapes. Steps outside 0..T−1 (padding, cells outside the grid, ring slots not yet
-        written) are clamped to a real step: the callers mask those pairs anyway."""
-        last = self.length - 1
-        query_rows, query_cols = self.grid_cell(query_steps.clamp(0, last))
-        key_rows, key_cols = self.grid_cell(key_steps.clamp(0, last))
-        return query_rows - key_rows, query_cols - key_cols
-
-    def relative_offsets(self, query_steps: torch.Tensor, key_steps: torch.Tensor) -> torch.Tensor:
-        """``grid_offsets`` as one index in 0..offset_count−1 (row-major over the offsets): where
-        a ``RelativePositionBias`` table keeps each offset's entry."""
-        row_offset, col_offset = self.grid_offsets(query_steps, key_steps)
-        return (row_offset + self.rows - 1) * (2 * self.cols - 1) + col_offset + self.cols - 1
-
 
 def images_to_grid(images: torch.Tensor, head: str) -> torch.Tensor:
     """uint8/long images (B, H, W, 3) -> grid (B, H, 3W) of sub-pixels, or (B, H, W, 3) for DMOL."""

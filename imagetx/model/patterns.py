@@ -12,9 +12,8 @@ One pattern type, ``AttentionPattern``, for self- and cross-attention. A pattern
   every test (``dense_attention`` of tests/helpers.py with it defines the right answer). As
   FlexAttention's ``mask_mod`` it gives ``block_mask(device)``, built once per device.
 * ``blocks(device)``: its sparsity, built once per device: queries in blocks, each block with
-  the steps of its keys and which of them each query may see. The gathered-block kernel, the
-  relative position bias of each query-key pair (``block_bias``) and the ring buffer of
-  decoding (``decode_index``) are all read from it, at a cost of O(T·(keys per block)), never
+  the steps of its keys and which of them each query may see. The gathered-block kernel and the
+  ring buffer of decoding (``decode_index``) are read from it, at a cost of O(T·(keys per block)), never
   O(T²). Tests prove each equal to the reference.
 
 The self-attention patterns (``CausalPattern``: full, 1D and 2D local) are over the steps of a
@@ -34,7 +33,6 @@ from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from .order import GenerationOrder
-from .position_bias import RelativePositionBias
 
 Built = TypeVar("Built")
 # (query steps, key steps) -> bool, True where the query may attend to the key; elementwise
@@ -90,18 +88,6 @@ class BlockIndex:
     def to(self, device: torch.device) -> "BlockIndex":
         order, position = (None if t is None else t.to(device) for t in (self.query_order, self.query_position))
         return BlockIndex(self.key_steps.to(device), self.can_attend.to(device), order, position, self.partial)
-
-
-@dataclass(frozen=True)
-class BlockBias:
-    """The relative grid offset of every query-key pair of every block, as indices into a
-    ``RelativePositionBias`` table, with blocks of equal offsets kept once: ``offsets`` (u, L, S)
-    (pairs a block hides set to 0, so they do not make blocks differ), ``kinds`` (n,) which of
-    the u each block has. 1D blocks of whole grid rows and 2D blocks nearly all share their
-    offsets: the table is gathered, and its gradient scattered, for u ≪ n blocks."""
-
-    offsets: Tensor
-    kinds: Tensor
 
 
 @dataclass(frozen=True)
@@ -208,8 +194,8 @@ class AttentionPattern:
 
 
 class CausalPattern(AttentionPattern):
-    """A decoder's self-attention pattern over the steps of ``order``: causal, with a relative
-    position of every query-key pair and a ring buffer for decoding one step at a time."""
+    """A decoder's self-attention pattern over the steps of ``order``: causal, with a ring buffer
+    for decoding one step at a time."""
 
     def __init__(self, order: GenerationOrder, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
         super().__init__(order.length, order.length, flex_block_size)
@@ -218,21 +204,6 @@ class CausalPattern(AttentionPattern):
     @property
     def length(self) -> int:
         return self.order.length
-
-    def block_bias(self, device: torch.device | str) -> BlockBias:
-        def build() -> BlockBias:
-            blocks = self.blocks("cpu")
-            offsets = self.order.relative_offsets(blocks.query_steps[:, :, None], blocks.key_steps[:, None, :])
-            offsets = offsets.masked_fill(~blocks.can_attend, 0)
-            distinct, kinds = torch.unique(offsets, dim=0, return_inverse=True)
-            return BlockBias(distinct.to(device), kinds.to(device))
-
-        return self.built.once("bias", device, build)
-
-    def bias_in_blocks(self, position_bias: RelativePositionBias, device: torch.device) -> Tensor:
-        """(h, n, L, S): the position bias of every query-key pair of every block."""
-        index = self.block_bias(device)
-        return position_bias(index.offsets).index_select(1, index.kinds)
 
     def decode_index(self, device: torch.device | str) -> DecodeIndex:
         cpu = self.built.once("decode", "cpu", lambda: ring_from_blocks(self.blocks("cpu"), self.length))

@@ -1,5 +1,5 @@
 """2D rotary position embeddings of queries and keys (``ModelConfig.relative_positions``
-"rotary" and "rotary_distance"; not in the paper).
+"rotary"; not in the paper).
 
 RoPE (Su et al. 2021) turns each pair of a head's dimensions by an angle proportional to the
 position, in queries and keys alike, so that q·k depends on positions only through their
@@ -11,9 +11,8 @@ transformers) half of the pairs turn with the grid row, half with the grid colum
 
 The scores then carry the (row, column) offset of every pair, learnt through the projections,
 with no bias term, no table and nothing inside the attention kernel: every kernel (SDPA, the
-fused 1D path, FlexAttention without a ``score_mod``, the decoding step) runs as it does without
-positions. A categorical model's columns are sub-pixel columns (3·pixel column + channel), as
-for the position bias.
+fused 1D path, FlexAttention, the decoding step) runs as it does without positions. A
+categorical model's columns are sub-pixel columns (3·pixel column + channel).
 """
 
 from __future__ import annotations
