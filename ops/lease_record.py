@@ -134,7 +134,7 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_recor
             lease["notes"] = list(notes)
         folder = into / "leases" / f"lease_{lease['lease']}"
         folder.mkdir(parents=True, exist_ok=True)
-        for name in ("metrics.csv", "train.log"):
+        for name in ("metrics.csv", "train.log", "step_candidates.json"):  # the last where the lease measured them
             if (scratch / name).exists():
                 shutil.copy(scratch / name, folder)
         grids = scratch / ("grids_bounded" if superres else "grids")  # the shipped model's
