@@ -19,8 +19,8 @@ Norm = Literal["post", "pre"]
 AttentionKernel = Literal["auto", "flex", "sdpa"]
 LowResReading = Literal["cross_attention", "cell_add"]
 RelativePositions = Literal["none", "rotary"]
-# Relative positions that lost to rotary ones (0.1 bits/dim at quick's size, three seeds:
-# docs/experiments.md entries 15 and 18) and were removed; the last commit that reads a model with one:
+# Relative positions that lost to rotary ones (0.1 bits/dim at quick's size, three seeds) and were
+# removed; the last commit that reads a model with one:
 REMOVED_RELATIVE_POSITIONS = ("table", "distance", "rotary_distance")
 LAST_COMMIT_WITH_THEM = "0bb0603"
 HEADS, ATTENTIONS, POSITION_ENCODINGS, NORMS, ATTENTION_KERNELS, LOW_RES_READINGS, RELATIVE_POSITIONS = (

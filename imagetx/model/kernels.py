@@ -7,10 +7,10 @@ Patterns (``patterns.py``, ``cross_pattern.py``) are geometry only; which kernel
 attention they allow is decided here, once:
 
 * FlexAttention (``ModelConfig.attention_kernel`` flex, or auto on CUDA: ``uses_flex``): the
-  pattern's block mask. ``auto`` is the
-  gathered-block SDPA path elsewhere, because FlexAttention on the CPU has a compiled
-  forward but no backward: it raises for inputs that require a gradient; and on CUDA
-  for heads narrower than ``FLEX_MIN_HEAD_SIZE``, which its compiled CUDA kernel refuses.
+  pattern's block mask. ``auto`` is the gathered-block SDPA path elsewhere, because FlexAttention
+  on the CPU has a compiled forward but no backward: it raises for inputs that require a
+  gradient; and on CUDA for heads narrower than ``FLEX_MIN_HEAD_SIZE``, which its compiled CUDA
+  kernel refuses.
 * SDPA: full causal attention in one causal call; 1D local attention on views of windows
   (``attend_windows``); 2D local attention and local cross-attention on the pattern's gathered
   blocks (``attend_in_blocks``). ``pairs_computed`` counts what each of these computes (FLOPs, §8).
@@ -112,8 +112,8 @@ def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex) -> Ten
 
 
 def attend_windows(q: Tensor, k: Tensor, v: Tensor, block_length: int, memory_blocks: int) -> Tensor:
-    """1D local attention on views: blocks 0..m−1 have every earlier position in
-    memory: one causal call. Every later block b needs the window of blocks [b−m, b]. Windows
+    """1D local attention on views: blocks 0..m−1 have every earlier position in memory: one
+    causal call. Every later block b needs the window of blocks [b−m, b]. Windows
     that start at blocks s, s+(m+1), s+2(m+1), … do not overlap, so for each s in 0..m they are a
     plain view of k and v (no gathered copies); the last block of each window is queried against
     the whole window with one shared (lq, (m+1)·lq) mask."""
