@@ -34,6 +34,9 @@
 # runs it end to end with a tiny preset, so that a typo here is found in CI, not on the GPU.
 set -euo pipefail
 DRY_RUN=${DRY_RUN:-0}
+# DRY_RUN's step_check: the preset made tiny and eager on the CPU, that a step and its JSON work
+TINY_STEP=(--device cpu --no-compile --set n_layers=1 --set d_model=32 --set n_heads=2 --set d_filter=64 --batch 2
+    --warmup 1 --steps 2)
 WORK=${WORK:-/root}
 DATA=$WORK/data
 RUN=$WORK/run
@@ -152,12 +155,7 @@ warm)
 speed)
   # The preset's training step alone (scripts/step_check.py): images/s, MFU, memory, compiled graphs,
   # graph breaks, the costliest kernels; after `warm`, whose Inductor cache can serve its compilation.
-  if [ "$DRY_RUN" = 1 ]; then  # tiny and eager on the CPU: that the step and its JSON work
-    SPEED=(--device cpu --no-compile --set n_layers=1 --set d_model=32 --set n_heads=2 --set d_filter=64 --batch 2 \
-        --warmup 1 --steps 2)
-  else
-    SPEED=(--device cuda)
-  fi
+  if [ "$DRY_RUN" = 1 ]; then SPEED=("${TINY_STEP[@]}"); else SPEED=(--device cuda); fi
   timeout 240 "$PYTHON" -m scripts.step_check --preset "$CONFIG" "${SPEED[@]}" --json "$WORK/step_check.json" \
       "${@:2}" 2>&1 | grep -v "^USDT\|^ERROR:.*gpuGetDeviceCount"
   ;;
@@ -167,18 +165,13 @@ candidates)
   # in step_candidates.json. A candidate that fails or outlives what is left is recorded as such.
   end=$((SECONDS + $2))
   mkdir -p "$WORK" && : >"$WORK/step_candidates.json"
-  if [ "$DRY_RUN" = 1 ]; then  # each candidate made tiny and eager on the CPU: that the loop and its JSON work
-    TINY=(--device cpu --no-compile --set n_layers=1 --set d_model=32 --set n_heads=2 --set d_filter=64 --batch 2 \
-        --warmup 1 --steps 2)
-  else
-    TINY=(--device cuda --warmup 3 --steps 10)
-  fi
+  if [ "$DRY_RUN" = 1 ]; then CHECK=("${TINY_STEP[@]}"); else CHECK=(--device cuda --warmup 3 --steps 10); fi
   while read -r name args; do
     case "$name" in ''|'#'*) continue ;; esac
     left=$((end - SECONDS))
     [ "$left" -gt 10 ] || { echo "candidates: out of time before $name" >&2; break; }
     # shellcheck disable=SC2086  # a candidate's arguments are words
-    if ! timeout "$left" "$PYTHON" -m scripts.step_check --preset "$CONFIG" --name "$name" $args "${TINY[@]}" \
+    if ! timeout "$left" "$PYTHON" -m scripts.step_check --preset "$CONFIG" --name "$name" $args "${CHECK[@]}" \
         --json "$WORK/candidate.json" >"$WORK/candidate.out" 2>&1; then
       tail -3 "$WORK/candidate.out" >&2
       printf '{"name": "%s", "failed": true}\n' "$name" >>"$WORK/step_candidates.json"; continue

@@ -161,6 +161,8 @@ def test_a_packed_continuation_with_a_bad_part_is_refused(tmp_path, data_root, c
     packed = tmp_path / "lease"
     manifest = pack(tmp_path / "first" / "checkpoints" / CONTINUE, packed, part_bytes=manifest_bytes(tmp_path) // 3)
     assert len(manifest["parts"]) in (3, 4)  # parts of a third, and what rounding leaves
+    with pytest.raises(ValueError, match="part_bytes=0"):
+        pack(tmp_path / "first" / "checkpoints" / CONTINUE, tmp_path / "zero", part_bytes=0)
     joined = unpack(packed, tmp_path / "whole.ckpt")
     assert joined.stat().st_size == manifest["bytes"]
     part = packed / manifest["parts"][0]

@@ -26,8 +26,10 @@ LAST_COMMIT_WITH_THEM = "0bb0603"
 HEADS, ATTENTIONS, POSITION_ENCODINGS, NORMS, ATTENTION_KERNELS, LOW_RES_READINGS, RELATIVE_POSITIONS = (
     get_args(choice) for choice in (Head, Attention, PositionEncodingKind, Norm, AttentionKernel, LowResReading,
                                     RelativePositions))
-# FlexAttention's kernel blocks: powers of two (its tiles), from its CUDA kernel's smallest to its default.
-FLEX_BLOCK_SIZES = (16, 32, 64, 128)
+# FlexAttention's kernel blocks: powers of two (its tiles), from its CUDA kernel's smallest to its
+# default, FLEX_BLOCK_SIZE (128 queries × 128 keys).
+FLEX_BLOCK_SIZE = 128
+FLEX_BLOCK_SIZES = (16, 32, 64, FLEX_BLOCK_SIZE)
 CHANNELS = 3  # RGB
 LEVELS = 256  # values of one sub-pixel
 # Half the value range, 127.5: v / HALF_RANGE - 1 maps the integers 0..255 onto [-1, 1]
@@ -96,7 +98,7 @@ class ModelConfig:
     # 16 (the smallest tile its CUDA kernel computes) to 128 (its default). Blocks a pattern allows
     # none of are skipped, so blocks the size of a one-row query block compute fewer masked pairs;
     # larger blocks keep the GPU's matrix units busier. Same numbers for every size.
-    flex_block_size: int = 128
+    flex_block_size: int = FLEX_BLOCK_SIZE
 
     def __post_init__(self) -> None:
         # YAML and JSON hand us lists; the dataclass promises tuples.

@@ -26,8 +26,8 @@ from einops import rearrange
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from .config import ATTENTION_KERNELS
-from .patterns import FLEX_BLOCK_SIZE, AttentionPattern, BlockIndex, CausalPattern, FullCausal, Local1D
+from .config import ATTENTION_KERNELS, FLEX_BLOCK_SIZE
+from .patterns import AttentionPattern, BlockIndex, CausalPattern, FullCausal, Local1D
 
 # FlexAttention's compiled CUDA kernel (Inductor's lowering) refuses heads of fewer channels: "NYI:
 # embedding dimension of the query, key, and value must be at least 16". Its CPU kernel takes them.

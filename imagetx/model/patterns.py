@@ -32,6 +32,7 @@ from einops import rearrange
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
+from .config import FLEX_BLOCK_SIZE
 from .order import GenerationOrder
 
 Built = TypeVar("Built")
@@ -43,10 +44,6 @@ MaskRule = Callable[[Tensor, Tensor], Tensor]
 def dense_mask(rule: MaskRule, query_length: int, key_length: int) -> Tensor:
     """(Tq, Tk) bool: ``rule`` on every query-key pair, on the CPU (the tests' reference)."""
     return rule(torch.arange(query_length)[:, None], torch.arange(key_length)[None, :])
-
-
-# FlexAttention's own block size: kernel blocks of 128 queries × 128 keys.
-FLEX_BLOCK_SIZE = 128
 
 
 def build_block_mask(rule: MaskRule, query_length: int, key_length: int, device: torch.device | str,

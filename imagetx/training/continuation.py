@@ -113,9 +113,9 @@ def pack(checkpoint_path: str | Path, folder: str | Path, moments: str = "none",
     data = buffer.getvalue()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    parts, size = [], part_bytes or len(data)
-    if size < 1:
+    if part_bytes is not None and part_bytes < 1:
         raise ValueError(f"part_bytes={part_bytes}: must be positive")
+    parts, size = [], part_bytes or len(data)
     for index, start in enumerate(range(0, len(data), size)):
         name = f"{CONTINUE}.part{index:02d}"
         atomic_write(folder / name, lambda handle, chunk=data[start:start + size]: handle.write(chunk))
@@ -162,9 +162,9 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--moments", choices=MOMENTS, default="none", help="how Adam's moments are kept")
     parser.add_argument("--part-mib", type=float, default=None, help="parts of at most this many MiB (default: one)")
     options = parser.parse_args(args)
-    if options.part_mib is not None and options.part_mib <= 0:
-        parser.error(f"--part-mib {options.part_mib}: must be positive")
     part_bytes = None if options.part_mib is None else int(options.part_mib * MiB)
+    if part_bytes is not None and part_bytes < 1:
+        parser.error(f"--part-mib {options.part_mib}: must be at least one byte")
     try:
         manifest = pack(options.checkpoint, options.folder, options.moments, part_bytes)
     except CheckpointError as error:
