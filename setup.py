@@ -2,6 +2,8 @@
 the top of the repository, where the README's commands name them, and go into the wheel as
 imagetx/pretrained/ and imagetx/configs/, so that an installed imagetx (pip install ., not
 editable) samples, runs its demo and trains with them (imagetx/cli/shipped.py finds either).
+The models' training history (lineage/: lineages, lease logs, continuations) is named nowhere here
+and stays out of the wheel.
 Every folder of data is named as a package of its own: setuptools installs files only of the
 packages it is told of (and warns about folders it would otherwise guess at)."""
 

@@ -4,11 +4,11 @@ the lease measured, without training anything.
 
     .venv/bin/python -m experiments.lease_horizon_replay [--steer_every 50] [--json PATH]
 
-The default costs are `superres_gpu`'s lease 2 (docs/experiments.md entry 28, from its
-`leases/lease_2/metrics.csv` and `train.log`): a 360 s budget continued from step 5,560, a first
-step of 44 s (compilation), then 0.0525 s a step; validations every 2,500 steps, the first 25 s
-(a resumed run's first, with no sanity validation before it), the others 1 s; a sample grid of
-18.6 s at step 10,000. The lease ran 5,191 steps, the last 352 at learning rate 0.
+The default costs are `superres_gpu`'s lease 2 (docs/experiments.md entry 28, from
+`lineage/superres_gpu/leases/lease_2/`: `metrics.csv` and `train.log`): a 360 s budget continued
+from step 5,560, a first step of 44 s (compilation), then 0.0525 s a step; validations every
+2,500 steps, the first 25 s (a resumed run's first, with no sanity validation before it), the
+others 1 s; a sample grid of 18.6 s at step 10,000. The lease ran 5,191 steps, the last 352 at learning rate 0.
 `--steer_every 0` replays the horizon as it was then (no steering of the decay).
 Prints one JSON object: the steps the budget held, the decay's start and end, how many updates
 ran at learning rate 0, and the last update's multiplier of the peak.

@@ -16,7 +16,7 @@
 #   bash ops/gpu_lease.sh finish SECONDS              # the model and continuation into $OUT first; then scores
 # CONFIG (environment) picks the preset; MAX_TIME is Lightning's DD:HH:MM:SS, this run's own training time.
 # Every lease adds to one model: where a packed continuation was staged (.stage/*/continuation/, from
-# the repository's pretrained/cifar10_gpu/continuation by ops/lease_files.sh prepare), the run goes
+# the repository's lineage/cifar10_gpu/continuation by ops/lease_files.sh prepare), the run goes
 # on from it (--resume) with a schedule of its own; else it starts the recipe. Either way the run's
 # schedule is warmup-stable-decay, so it writes checkpoints/continue.ckpt before its decay, and
 # `finish` brings back the decayed model (model.safetensors, bf16), that continuation packed

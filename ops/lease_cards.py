@@ -2,12 +2,23 @@
 its lineage: the Hub's metadata (the newest lease's val bits/dim), one table row a lease, each
 lease's val curve and notes, the newest lease's grids. Two kinds of model have one: generation
 (`pretrained/cifar10_gpu`) and super-resolution (`pretrained/superres_gpu`, whose rows also give
-the score with another image's 8×8 input: what the input is worth)."""
+the score with another image's 8×8 input: what the input is worth).
+
+A model's folder holds what a user loads (weights, config, card, pictures); its training history
+(`lineage.json`, each lease's logs, the continuation the next lease goes on from) lives beside
+pretrained/ in `lineage/NAME/` (``lineage_folder``)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+LINEAGE = "lineage"  # the folder beside pretrained/ that holds each lease-trained model's history, one folder a model
+
+
+def lineage_folder(model: Path) -> Path:
+    """Where the history of the model in ``model`` (pretrained/NAME) lives: lineage/NAME, beside pretrained/."""
+    return model.parent.parent / LINEAGE / model.name
 
 
 def is_superres(config: dict) -> bool:
@@ -101,11 +112,13 @@ metrics:
 """
 
 
-HOW_A_LEASE_RUNS = """Each lease runs docs/gpu.md's call plan ("A lease, call by call"; `ops/gpu_lease.sh`):
+def how_a_lease_runs(name: str) -> str:
+    return f"""Each lease runs docs/gpu.md's call plan ("A lease, call by call"; `ops/gpu_lease.sh`):
 `bash ops/lease_files.sh prepare` here; on the lent machine `setup`, `tests` beside `warm`,
 `launch MAX_TIME` and `finish`; then `bash ops/lease_files.sh home FILES_AT` here, which writes
-this folder, its lineage (`lineage.json`, each lease's `leases/lease_N/metrics.csv` and
-`train.log`) and this card."""
+this folder (weights, config, this card and its pictures) and the model's training history in the
+repository's `{LINEAGE}/{name}/`: `lineage.json`, each lease's `leases/lease_N/metrics.csv` and
+`train.log`, and `continuation/`, the state the next lease goes on from."""
 
 
 def generation_card(name: str, lineage: list[dict], minutes: str) -> str:
@@ -115,9 +128,9 @@ def generation_card(name: str, lineage: list[dict], minutes: str) -> str:
 `configs/cifar10_dmol_25min.yaml` (14 layers, d 256, 8 heads, rotary 2D positions, one-row query
 blocks with the row above as memory, DMOL with 10 logistics; 7.4 M parameters), trained on CIFAR-10
 training images 0–44,999 with warmup–stable–decay: each lease goes on from the previous lease's
-continuation (the state before its decay, `continuation/`) and ends with a decay of its own;
-`model.safetensors` (bf16) is the newest lease's decayed model. {len(lineage)} lease(s),
-{minutes}. Val bits/dim: all 5,000 val images (training images
+continuation (the state before its decay, in the repository's `{LINEAGE}/{name}/continuation/`)
+and ends with a decay of its own; `model.safetensors` (bf16) is the newest lease's decayed model.
+{len(lineage)} lease(s), {minutes}. Val bits/dim: all 5,000 val images (training images
 45,000–49,999, never trained on), scored by `python -m imagetx.evaluate` from these bf16 weights.
 
 ```bash
@@ -138,7 +151,7 @@ Samples of the newest lease's model (seed 0; drawn on its GPU unless its notes s
 
 ![completions](complete.png)
 
-{HOW_A_LEASE_RUNS}
+{how_a_lease_runs(name)}
 """
 
 
@@ -153,8 +166,9 @@ encoding (the cell add, started at zero), each pixel reading what the rest of it
 to (the cell remainder input); 8.0 M parameters. Shipped with `exact_box_means`: every value is
 drawn from what keeps its 4×4 cell's mean equal to the input's, so every sample averages back to
 its input exactly. Trained on CIFAR-10 training images 0–44,999 with warmup–stable–decay, each
-lease going on from the previous lease's continuation (`continuation/`); `model.safetensors` (bf16)
-is the newest lease's decayed model. {len(lineage)} lease(s), {minutes}.
+lease going on from the previous lease's continuation (in the repository's
+`{LINEAGE}/{name}/continuation/`); `model.safetensors` (bf16) is the newest lease's decayed model.
+{len(lineage)} lease(s), {minutes}.
 Val bits/dim: all 5,000 val images (training images 45,000–49,999, never trained on), each
 given its own 8×8 input (its 4×4 box means), scored by `python -m imagetx.evaluate` from these bf16
 weights; "given another image's" is the same weights without the bounds (which give another
@@ -176,7 +190,7 @@ one sample at each of the temperatures 0.8, 0.9 and 1.0, and the original.
 
 ![16 val images: input, samples at 0.8, 0.9, 1.0, original](superres.png)
 
-{HOW_A_LEASE_RUNS}
+{how_a_lease_runs(name)}
 """
 
 
@@ -199,8 +213,8 @@ def card(name: str, config: dict, lineage: list[dict]) -> str:
 
 
 def write_card(into: Path, lineage: list[dict] | None = None) -> None:
-    """``into``/README.md from ``lineage`` (default: the folder's own lineage.json)."""
+    """``into``/README.md from ``lineage`` (default: the model's lineage.json, in ``lineage_folder(into)``)."""
     if lineage is None:
-        lineage = json.loads((into / "lineage.json").read_text())
+        lineage = json.loads((lineage_folder(into) / "lineage.json").read_text())
     config = json.loads((into / "config.json").read_text())
     (into / "README.md").write_text(card(into.name, config, lineage))

@@ -1,21 +1,25 @@
 #!/usr/bin/env bash
 # What a GPU lease carries and brings home, on this machine (docs/gpu.md, "A lease, call by call"):
 #   bash ops/lease_files.sh prepare           # before the first call: .whl/, .stage/{cont,a,b,c}
-#   bash ops/lease_files.sh home FILES_AT [--note TEXT ...]  # after the last: pretrained/cifar10_gpu, lineage, card
+#   bash ops/lease_files.sh home FILES_AT [--note TEXT ...]  # after the last: pretrained/cifar10_gpu, its card,
+#                                                            # lineage/cifar10_gpu (lineage.json, leases, continuation)
 # GPU_MODEL=pretrained/superres_gpu (environment) for the super-resolution model's lease (CONFIG=configs/superres_gpu.yaml
 # on the lent machine).
 #
 # Every call sends the whole working tree (tracked and untracked-not-ignored files) plus what it
-# carries, 64 MiB in all. The shipped models (pretrained/: the GPU model's bf16 weights and packed
-# continuation, ~42 MiB, and the CPU models, ~7 MiB) would leave no room for the data, so `prepare`
-# copies the GPU model's continuation into .stage/cont/ (carried once, by the first call) and takes
-# pretrained/ out of git's index and into .git/info/exclude for the lease: it stays on disk and in
-# HEAD, and travels with no call (nothing the lent machine runs reads it). `home` puts it back and
-# stages the lease's new files for the commit.
+# carries, 64 MiB in all. The shipped models (pretrained/: the GPU models' bf16 weights, ~15 MiB each,
+# and the CPU models, ~7 MiB) and their training history (lineage/: each GPU model's packed
+# continuation, ~30 MiB) would leave no room for the data, so `prepare` copies the GPU model's
+# continuation into .stage/cont/ (carried once, by the first call) and takes pretrained/ and
+# lineage/ out of git's index and into .git/info/exclude for the lease: they stay on disk and in
+# HEAD, and travel with no call (nothing the lent machine runs reads them). `home` puts them back
+# and stages the lease's new files for the commit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GPU_MODEL=${GPU_MODEL:-pretrained/cifar10_gpu}  # or pretrained/superres_gpu (docs/gpu.md): the model the lease trains on
-HELD_BACK=pretrained
+LINEAGES=lineage  # beside pretrained/: each lease-trained model's training history (ops/lease_cards.py, LINEAGE)
+LINEAGE=$LINEAGES/$(basename "$GPU_MODEL")  # this model's: lineage.json, leases/lease_N/, continuation/
+HELD_BACK=(pretrained "$LINEAGES")  # what no call carries
 SHARDS=${SHARDS:-../shared/cifar10}
 PYTHON=${PYTHON:-.venv/bin/python}
 EXCLUDE=.git/info/exclude
@@ -37,18 +41,18 @@ prepare)
   cp "$SHARDS"/train-0.npz .stage/a/
   cp "$SHARDS"/train-1.npz "$SHARDS"/train-2.npz .stage/b/
   cp "$SHARDS"/train-3.npz "$SHARDS"/train-4.npz .stage/c/
-  if [ -f "$GPU_MODEL/continuation/continuation.json" ]; then
-    cp -r "$GPU_MODEL/continuation" .stage/cont/continuation
-    echo "the lease goes on from $GPU_MODEL/continuation (step $(grep -o '"step": [0-9]*' \
-        "$GPU_MODEL/continuation/continuation.json" | cut -d' ' -f2))"
+  if [ -f "$LINEAGE/continuation/continuation.json" ]; then
+    cp -r "$LINEAGE/continuation" .stage/cont/continuation
+    echo "the lease goes on from $LINEAGE/continuation (step $(grep -o '"step": [0-9]*' \
+        "$LINEAGE/continuation/continuation.json" | cut -d' ' -f2))"
   else
-    echo "no continuation in $GPU_MODEL: the lease starts the recipe"
+    echo "no continuation in $LINEAGE: the lease starts the recipe"
   fi
-  if [ -n "$(git ls-files "$HELD_BACK")" ]; then
-    git rm -r -q --cached "$HELD_BACK"
-    mkdir -p "$(dirname "$EXCLUDE")"  # a fresh clone may have no .git/info
-    grep -qsxF "/$HELD_BACK/" "$EXCLUDE" || echo "/$HELD_BACK/" >>"$EXCLUDE"
-  fi
+  mkdir -p "$(dirname "$EXCLUDE")"  # a fresh clone may have no .git/info
+  for held in "${HELD_BACK[@]}"; do
+    if [ -n "$(git ls-files "$held")" ]; then git rm -r -q --cached "$held"; fi
+    grep -qsxF "/$held/" "$EXCLUDE" || echo "/$held/" >>"$EXCLUDE"
+  done
   for folder in .whl .stage/cont .stage/a .stage/b .stage/c; do
     echo "$folder: $(du -sm "$folder" | cut -f1) MiB"
   done
@@ -57,11 +61,13 @@ prepare)
   ;;
 home)
   [ -d "${2:-}" ] || { echo "usage: bash ops/lease_files.sh home FILES_AT (the folder the last call's files are in)" >&2; exit 2; }
-  if [ -f "$EXCLUDE" ]; then grep -vxF "/$HELD_BACK/" "$EXCLUDE" >"$EXCLUDE.new" || true; mv "$EXCLUDE.new" "$EXCLUDE"; fi
+  if [ -f "$EXCLUDE" ]; then
+    for held in "${HELD_BACK[@]}"; do grep -vxF "/$held/" "$EXCLUDE" >"$EXCLUDE.new" || true; mv "$EXCLUDE.new" "$EXCLUDE"; done
+  fi
   "$PYTHON" ops/lease_record.py home "$2" --into "$GPU_MODEL" --suite-record ops/cuda_suite_passed.json \
-      "${@:3}"  # [--note TEXT ...]
-  git add "$HELD_BACK"
-  git status --short "$HELD_BACK"
+      "${@:3}"  # [--note TEXT ...]: the model into $GPU_MODEL, its history into $LINEAGE
+  git add "${HELD_BACK[@]}"
+  git status --short "${HELD_BACK[@]}"
   ;;
 *)
   echo "usage: bash ops/lease_files.sh prepare | home FILES_AT" >&2; exit 2

@@ -9,11 +9,13 @@ model"). Two models are trained so: pretrained/cifar10_gpu and pretrained/superr
 steps (from where this lease started to its end), images seen by the model since its first lease,
 training minutes (and those up to its continuation, from that checkpoint's timer), images/s, MFU,
 peak memory, the val curve, the GPU and torch. ``home`` takes what the lease brought back (the
-decayed bf16 model, the packed continuation, results.tar), checks the continuation's parts against
-its manifest, installs all of it into the shipped-weights folder, appends the lease to
-``lineage.json`` and writes the model card (README.md, with the Hub's metadata;
-ops/lease_cards.py) from the whole lineage. Nothing of the previous lease is kept in the
-folder but its line in the lineage: git holds the earlier files.
+decayed bf16 model, the packed continuation, results.tar) and checks the continuation's parts
+against its manifest. What a user loads goes into the shipped-weights folder (``--into``,
+pretrained/NAME: weights, config.json, the grids and the model card, README.md with the Hub's
+metadata, ops/lease_cards.py); the training history into the model's lineage folder, lineage/NAME
+beside pretrained/ (ops/lease_cards.py, ``lineage_folder``): the continuation, the lease's logs in
+leases/lease_N/, and the lease appended to ``lineage.json``, from which the card is written. Nothing
+of the previous lease is kept but its line in the lineage and its logs: git holds the earlier files.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ sys.path.insert(0, str(REPO))
 from imagetx.io.checkpoint import load_weights_only  # noqa: E402
 from imagetx.io.errors import CheckpointError  # noqa: E402
 from imagetx.training.continuation import CONTINUE, MANIFEST, TIMER_STATE, unpack  # noqa: E402
-from ops.lease_cards import is_superres, write_card  # noqa: E402
+from ops.lease_cards import is_superres, lineage_folder, write_card  # noqa: E402
 
 GPU_MODEL = REPO / "pretrained" / "cifar10_gpu"  # the shipped-weights folder a lease goes home to by default
 THROUGHPUT = {"images_per_s": "train/device/samples_per_sec", "mfu": "train/device/mfu",
@@ -97,10 +99,10 @@ def scores(results: Path, superres: bool) -> dict:
 
 
 def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_record: Path | None = None) -> dict:
-    """Install a lease's results into ``into``; returns the lease's lineage entry. ``notes``: what the
-    figures alone do not say (a test that failed, a step run by hand), kept in the lineage and the card.
-    ``suite_record``: where a record of the whole CUDA suite's pass goes, when the lease ran it
-    (ops/cuda_suite.py)."""
+    """Install a lease's results into ``into`` (pretrained/NAME) and its lineage folder (lineage/NAME);
+    returns the lease's lineage entry. ``notes``: what the figures alone do not say (a test that failed,
+    a step run by hand), kept in the lineage and the card. ``suite_record``: where a record of the whole
+    CUDA suite's pass goes, when the lease ran it (ops/cuda_suite.py)."""
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         with tarfile.open(files_at / "results.tar") as tar:
@@ -111,7 +113,8 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_recor
         lease.update(scores(scratch, superres))
         if superres:  # shipped with the bounds: the same weights, samples keep their input's box means
             config["exact_box_means"] = True
-        continuation = into / "continuation"
+        history = lineage_folder(into)
+        continuation = history / "continuation"
         if (scratch / MANIFEST).exists():  # check the parts before anything of the old lineage is replaced
             staged = scratch / "continuation"
             staged.mkdir()
@@ -127,12 +130,12 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_recor
         into.mkdir(parents=True, exist_ok=True)
         shutil.copy(files_at / "model.safetensors", into)
         (into / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-        lineage_path = into / "lineage.json"
+        lineage_path = history / "lineage.json"
         lineage = json.loads(lineage_path.read_text()) if lineage_path.exists() else []
         lease["lease"] = len(lineage) + 1
         if notes:
             lease["notes"] = list(notes)
-        folder = into / "leases" / f"lease_{lease['lease']}"
+        folder = history / "leases" / f"lease_{lease['lease']}"
         folder.mkdir(parents=True, exist_ok=True)
         for name in ("metrics.csv", "train.log", "step_candidates.json"):  # the last where the lease measured them
             if (scratch / name).exists():
@@ -162,7 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     h.add_argument("--into", type=Path, default=GPU_MODEL)
     h.add_argument("--note", action="append", help="a line for the lineage and the card (repeatable)")
     h.add_argument("--suite-record", type=Path, help="where a whole CUDA suite pass's record goes, if the lease ran it")
-    c = verbs.add_parser("card", help="here: write the model card again from lineage.json")
+    c = verbs.add_parser("card", help="here: write the model card again from its lineage folder's lineage.json")
     c.add_argument("--into", type=Path, default=GPU_MODEL)
     options = parser.parse_args(argv)
     try:

@@ -1,8 +1,9 @@
 """ops/gpu_lease.sh end to end on the CPU (``DRY_RUN=1``), with a tiny preset, as a lent GPU
 machine's calls run it (docs/gpu.md): setup, first (the tests and the warm-up side by side), launch,
 wait, finish; then two leases in a row, the second going on from the continuation the first brought
-home (ops/lease_record.py), as the repository keeps it. So that a typo or a step that hides its
-failure is found here, not in the 15 minutes of a lease."""
+home (ops/lease_record.py), as the repository keeps it: the model a user loads in pretrained/NAME,
+its training history in lineage/NAME. So that a typo or a step that hides its failure is found here,
+not in the 15 minutes of a lease."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import torch
 import yaml
 
 from helpers import train_metrics, write_cifar_npz, write_train_config
-from ops.lease_cards import minutes_sentence
+from ops.lease_cards import lineage_folder, minutes_sentence
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "ops" / "gpu_lease.sh"
@@ -68,7 +69,7 @@ def bring_home(out: Path, into: Path) -> list[dict]:
     done = subprocess.run([sys.executable, str(REPO / "ops" / "lease_record.py"), "home", str(out), "--into",
                            str(into)], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
-    return json.loads((into / "lineage.json").read_text())
+    return json.loads((lineage_folder(into) / "lineage.json").read_text())
 
 
 @pytest.mark.slow
@@ -92,6 +93,14 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     assert sum(name.endswith(".png") for name in names) == 2, names  # the sample grid and the completion grid
     model = tmp_path / "pretrained" / "cifar10_gpu"
     first = bring_home(out, model)[0]
+    history = tmp_path / "lineage" / "cifar10_gpu"
+    assert lineage_folder(model) == history
+    # the model folder holds what a user loads; the lineage, the lease's logs and the continuation beside it
+    assert sorted(p.name for p in model.iterdir()) == ["README.md", "complete.png", "config.json", "generate.png",
+                                                      "model.safetensors"]
+    assert sorted(p.name for p in history.iterdir()) == ["continuation", "leases", "lineage.json"]
+    assert {p.name for p in (history / "leases" / "lease_1").iterdir()} >= {"metrics.csv", "train.log"}
+    assert "lineage/cifar10_gpu/" in (model / "README.md").read_text()
     assert first["first_step"] == 0 and first["last_step"] == 10 and first["continuation_step"] == 8
     assert first["val_bpd"] > 0 and first["images_seen"] == 20
     # the first call's speed check of the step (scripts/step_check.py), kept in the lineage and the card
@@ -102,7 +111,7 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
 
     # The next lease: a fresh machine, the shards and the repository's continuation carried in.
     stage = Path(dry_env["STAGE"])
-    shutil.copytree(model / "continuation", stage / "cont" / "continuation")
+    shutil.copytree(history / "continuation", stage / "cont" / "continuation")
     for produced in out.iterdir():
         produced.unlink()
     second_env = dict(dry_env, WORK=str(tmp_path / "work2"), SITE=str(tmp_path / "site2"))
@@ -115,6 +124,8 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     assert [entry["lease"] for entry in lineage] == [1, 2]
     assert second["first_step"] == 8 and second["last_step"] == 16 and second["images_seen"] == 32
     assert second["continuation_step"] == 14  # 16 - round(0.2 x 8)
+    assert json.loads((history / "continuation" / "continuation.json").read_text())["step"] == 14
+    assert (history / "leases" / "lease_2" / "metrics.csv").is_file() and not (model / "leases").exists()
     run = tmp_path / "work2" / "run"
     rates = train_metrics(run, "lr-AdamW")
     # the first update after the cut re-warms Adam (the lease keeps no moments): half-way, then the peak
@@ -185,6 +196,7 @@ def test_a_superres_lease_brings_back_what_its_input_is_worth(dry_env, tmp_path)
     assert lease_1["val_bpd"] == scores[1] and lease_1["val_bpd_without_bounds"] == scores[0]
     assert lease_1["val_bpd_other_input"] == use["bpd_other_image_input"]
     assert json.loads((model / "config.json").read_text())["exact_box_means"] is True
-    assert (model / "superres.png").is_file()
+    assert sorted(p.name for p in model.iterdir()) == ["README.md", "config.json", "model.safetensors", "superres.png"]
+    assert (lineage_folder(model) / "continuation" / "continuation.json").is_file()
     card = (model / "README.md").read_text()
     assert "pipeline_tag: image-to-image" in card and f"**{scores[1]:.3f}** | {use['bpd_other_image_input']:.3f} |" in card

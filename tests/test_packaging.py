@@ -29,6 +29,11 @@ def test_the_wheel_holds_the_shipped_models_the_presets_and_the_commands(tmp_pat
     for model in ("completion", "superres"):
         for file in ("model.safetensors", "config.json", "README.md"):
             assert f"imagetx/pretrained/{model}/{file}" in names
+    # the shipped models' training history (lineage/) stays in the repository
+    assert not [name for name in names if name.startswith(("lineage/", "imagetx/lineage/"))]
+    shipped = [name.split("/", 3)[-1] for name in names if name.startswith("imagetx/pretrained/") and name.count("/") > 2]
+    assert shipped and all(name.endswith(".png") or name in ("model.safetensors", "config.json", "README.md")
+                           for name in shipped), shipped
     presets = {p.name for p in (REPO / "configs").glob("*.yaml")}
     assert presets and {f"imagetx/configs/{name}" for name in presets} <= names
     assert {line.split(" = ")[0] for line in entry_points.splitlines() if " = " in line} >= COMMANDS

@@ -5,8 +5,11 @@ tests/data/cifar10_val_first32.npz (the first 32 of the last 5,000 CIFAR-10 trai
 ``train-4.npz[5000:5032]`` of ../shared/cifar10, with their labels) within 0.01 bits/dim of
 the figure recorded here when it was exported, and does its job: a completion keeps its given
 rows bit-identical, a super-resolved sample box-averages back to its 8×8 input exactly. Each GPU
-model's continuation passes ``--resume``'s checks under its lease preset."""
+model's continuation passes ``--resume``'s checks under its lease preset. Each folder holds only
+what a user loads; a model's training history lives beside pretrained/ in lineage/NAME/, which
+its card names (ops/lease_cards.py)."""
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -22,6 +25,7 @@ from imagetx.model.sampler import sample
 from imagetx.io.load import load_model
 from imagetx.model.config import ModelConfig
 from imagetx.training.resume import checkpoint_to_resume
+from ops.lease_cards import LINEAGE, card, lineage_folder
 
 REPO = Path(__file__).resolve().parents[1]
 VAL_IMAGES = Path(__file__).parent / "data" / "cifar10_val_first32.npz"
@@ -133,5 +137,58 @@ def test_each_shipped_continuation_resumes_with_its_preset(tmp_path, name):
     added to ModelConfig after the continuation was written); this finds such a thing in CI."""
     preset = yaml.safe_load((REPO / "configs" / LEASE_PRESETS[name]).read_text())
     config = ModelConfig.from_dict(preset["model"]["config"])
-    continuation = REPO / "pretrained" / name / "continuation"
+    continuation = lineage_folder(REPO / "pretrained" / name) / "continuation"
     assert Path(checkpoint_to_resume(str(continuation), tmp_path, config)).is_file()
+
+
+# What a user loads from pretrained/NAME/: the weights, their config, the card and its pictures.
+USER_FILES = {"model.safetensors", "config.json", "README.md"}
+
+
+def shipped_folders() -> list[Path]:
+    return sorted(path for path in (REPO / "pretrained").iterdir() if path.is_dir())
+
+
+def test_each_model_folder_holds_only_what_a_user_loads():
+    """The wheel carries pretrained/ as it is (setup.py): no lineage, logs or continuation in it."""
+    assert {path.name for path in shipped_folders()} >= set(RECORDED_BPD)
+    assert {path.name for path in (REPO / "pretrained").iterdir() if path.is_file()} == {"README.md"}
+    for folder in shipped_folders():
+        names = {path.name for path in folder.iterdir()}
+        assert USER_FILES <= names, f"{folder.name}: {sorted(USER_FILES - names)} missing"
+        others = sorted(name for name in names - USER_FILES if not name.endswith(".png"))
+        assert not others, f"pretrained/{folder.name} holds {others}: training history goes in {LINEAGE}/{folder.name}/"
+        assert all(path.is_file() for path in folder.iterdir()), f"pretrained/{folder.name} holds a folder"
+
+
+def test_each_lineage_folder_is_a_shipped_models_and_its_card_names_it():
+    lineages = sorted(path for path in (REPO / LINEAGE).iterdir() if path.is_dir())
+    assert {path.name for path in lineages} >= set(LEASE_PRESETS)  # every GPU model's leases
+    for folder in lineages:
+        model = REPO / "pretrained" / folder.name
+        assert model.is_dir(), f"{LINEAGE}/{folder.name}/ has no model in pretrained/"
+        assert lineage_folder(model) == folder
+        assert f"{LINEAGE}/{folder.name}/" in (model / "README.md").read_text(), \
+            f"pretrained/{folder.name}/README.md does not name {LINEAGE}/{folder.name}/"
+        assert (folder / "continuation" / "continuation.json").is_file()
+
+
+@pytest.mark.parametrize("name", sorted(LEASE_PRESETS))
+def test_each_lease_trained_models_card_is_what_its_lineage_writes(name):
+    """ops/lease_record.py writes the card from lineage/NAME/lineage.json: the committed card is that
+    card, so that the next lease's card changes only by what the lease adds."""
+    model = REPO / "pretrained" / name
+    lineage = json.loads((lineage_folder(model) / "lineage.json").read_text())
+    assert [lease["lease"] for lease in lineage] == list(range(1, len(lineage) + 1))
+    for lease in lineage:
+        assert (lineage_folder(model) / "leases" / f"lease_{lease['lease']}" / "metrics.csv").is_file()
+    config = json.loads((model / "config.json").read_text())
+    assert (model / "README.md").read_text() == card(name, config, lineage)
+
+
+def test_the_superres_preset_starts_from_the_completion_models_continuation():
+    """configs/pretrained_superres.yaml's init_from (run from the repository's top) is a packed
+    continuation in the completion model's lineage folder."""
+    preset = yaml.safe_load((REPO / "configs" / "pretrained_superres.yaml").read_text())
+    assert Path(preset["init_from"]) == lineage_folder(Path("pretrained") / "completion") / "continuation"
+    assert (REPO / preset["init_from"] / "continuation.json").is_file()

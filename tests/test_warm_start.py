@@ -44,7 +44,7 @@ def test_a_zero_start_super_resolution_model_started_from_an_unconditional_one_s
 
 
 def test_a_packed_continuation_is_a_source_and_joining_it_leaves_no_file_behind(tmp_path):
-    """The shipped super-resolution model started from pretrained/completion/continuation."""
+    """The shipped super-resolution model started from lineage/completion/continuation."""
     source = tiny_model(seed=1, **DECODER)
     checkpoint = weights_checkpoint(source)
     checkpoint["imagetx"]["continuation"], checkpoint["global_step"] = True, 7
