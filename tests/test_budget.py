@@ -19,13 +19,18 @@ import torch
 
 from helpers import train_metrics, write_train_config
 from imagetx.training.budget import BudgetHorizon, Horizon, fit_horizon
-from imagetx.training.schedule import warmup_cosine
+from imagetx.training.schedule import warmup_then_decay
 from imagetx.train import main
 from test_reliability_resume import assert_identical
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
 PEAK, WARMUP = 0.003, 2
+
+
+def warmup_cosine(step: int, warmup_steps: int, horizon: Horizon | None) -> float:
+    """The cosine schedule (``adamw_cosine``)."""
+    return warmup_then_decay(step, warmup_steps, horizon, "cosine")
 
 
 def test_fit_horizon_counts_the_steps_that_fit_the_time_left():

@@ -5,6 +5,10 @@
   checkpoint keeps its own best checkpoints.
 * ``SampleGrid`` draws images with the cached sampler every N steps, writes a PNG
   into the run directory and, when a W&B logger is active, logs the grid there.
+
+Both kept: ``LastCheckpoint`` for an exact ``--resume last`` (its class says what ModelCheckpoint lacks),
+``SampleGrid`` as Lightning has no callback that samples from a model. The best checkpoint by ``val/bpd``
+is Lightning's ModelCheckpoint (imagetx/train.py).
 """
 
 from __future__ import annotations
@@ -27,9 +31,10 @@ class LastCheckpoint(Checkpoint):
     count), after every validation, at the training step where the run stops (max_steps,
     max_time, a callback's ``should_stop``), and at the end of the last epoch.
 
-    Written by hand because ModelCheckpoint(save_last=True) writes the stopping step's
-    last.ckpt only after the loop has closed the epoch, and a run resumed from it skips
-    the rest of that epoch; written from inside the loop, it resumes mid-epoch exactly.
+    Kept: ModelCheckpoint(save_last=True) writes the stopping step's last.ckpt after the loop has
+    closed the epoch, and a run resumed from it counts that epoch as done (its order and dropout
+    then drawn from the next); from inside the loop, it ends bitwise as the uninterrupted run
+    (docs/training.md, "Crashes"; tests/test_reliability_resume.py).
     A ``Checkpoint``, so Lightning runs it after the other callbacks (the Timer among them)."""
 
     def __init__(self, dirpath: str | Path, every_n_steps: int = 0) -> None:

@@ -1,4 +1,9 @@
-"""Lightning's checkpoint writer, made atomic (``io.checkpoint.atomic_torch_save``)."""
+"""Lightning's checkpoint writer, made atomic (``io.checkpoint.atomic_torch_save``).
+
+Kept: Lightning's TorchCheckpointIO writes through an fsspec transaction, into the system's temporary
+folder and then moved over the target (a copy where that is another filesystem), with no fsync; here the
+file is written beside it, fsynced and renamed, and a full disk says that the previous file is intact
+(docs/training.md, "When things go wrong"; tests/test_reliability_checkpoints.py)."""
 
 from __future__ import annotations
 

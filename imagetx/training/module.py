@@ -7,6 +7,11 @@ training adds around it. One ``shared_step`` serves train and val, scoring each 
 A training step reads nothing back from the device (docs/model.md §8): the data's values were
 checked when the DataModule read them, a non-finite step is skipped on the device
 (``nonfinite.py``), and what is logged is read by Lightning every ``log_every_n_steps``.
+
+Lightning's pattern: the plain network in ``self.model``, the steps, optimiser and ``LambdaLR`` here,
+``load_from_checkpoint`` working; the hooks written here each say what Lightning's own lacks
+(``load_from_checkpoint``: weights-only whatever torch's default; ``configure_gradient_clipping``:
+Lightning refuses to clip a fused optimiser's gradients under bf16-mixed).
 """
 
 from __future__ import annotations

@@ -8,7 +8,11 @@ moments and the step count as they were. ``NonFiniteSteps`` notes the step in a 
 counters; ``read`` takes them to the host (one read) and stops the run, naming the step, once
 more steps were skipped than allowed. Weights that are not finite are never saved either way
 (``non_finite_tensors`` before every checkpoint).
-"""
+
+Kept: Lightning skips no step. ``detect_anomaly`` (autograd's anomaly mode, slow on every step) raises
+at the first NaN of a backward, EarlyStopping's ``check_finite`` stops only at a check, after the update
+has made the weights NaN; here the step is skipped on the device, read at logging steps (docs/model.md §8;
+tests/test_host_reads.py)."""
 
 from __future__ import annotations
 

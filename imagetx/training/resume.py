@@ -10,6 +10,10 @@ A run resumed with its own budget goes on exactly; with another budget (``max_st
 decay, and is refused if it had: a decay cannot be undone, and training on from a decayed (or
 fully decayed: learning rate 0) state would waste the new budget. The state to extend a run from
 is its continuation checkpoint, written just before the decay (continuation.py).
+
+Kept: Lightning's ``ckpt_path`` checks neither the model configuration nor the budget; resumed with
+another budget after its decay, a run trained on at learning rate 0, silently (docs/experiments.md
+entry 16).
 """
 
 from __future__ import annotations

@@ -14,6 +14,9 @@ They differ in where the decay starts and how it falls:
   falls as 1 − √progress, the cool-down shape that paper found best. Until the decay, the run
   can be continued at the same learning rate by any later run (continuation.py): the model after
   the decay is the one to use, the state just before it the one to go on from.
+
+Kept as multipliers of torch's stock ``LambdaLR`` (module.py): torch's LinearLR, CosineAnnealingLR and
+SequentialLR take their lengths when built, and the horizon is fixed and steered during the run (budget.py).
 """
 
 from __future__ import annotations
@@ -58,8 +61,3 @@ def warmup_then_decay(step: int, warmup_steps: int, horizon: Horizon | None, dec
     if horizon is None or step <= horizon.decay_start:
         return scale
     return scale * DECAYS[decay](horizon.progress(step))
-
-
-def warmup_cosine(step: int, warmup_steps: int, horizon: Horizon | None) -> float:
-    """``warmup_then_decay`` with the cosine."""
-    return warmup_then_decay(step, warmup_steps, horizon, "cosine")

@@ -19,6 +19,9 @@ the run it continues rather than bitwise).
 The user's setting wins: ``OMP_NUM_THREADS`` or ``MKL_NUM_THREADS`` in the environment (which
 torch reads itself), and a Python caller's ``torch.set_num_threads`` (only the command line
 chooses: ``imagetx.train.main(args)`` from Python leaves torch's threads as its caller set them).
+
+Kept: Lightning leaves torch on every core: beside two other runs, 2 threads trained at 3-5 images/s
+where 1 thread trained at 22 (above; docs/training.md).
 """
 
 from __future__ import annotations

@@ -7,6 +7,10 @@ and the device's peak FLOP/s, which it looks up by the name torch gives the devi
 an H200 is "NVIDIA H200" to torch, which its table does not parse (it warns "FLOPs not found"),
 so no MFU would be logged. ``ThroughputWithPeak`` then takes the peak from ``DENSE_PEAK_FLOPS``.
 On CUDA it also logs the allocator's peak (``train/device/peak_memory_gib``) on logging steps.
+
+Kept, as a subclass of Lightning's ThroughputMonitor: Lightning's peak table knows no "NVIDIA H200", so
+no MFU would be logged there (docs/model.md §8); the allocator's peak is one column where Lightning's
+DeviceStatsMonitor logs every memory statistic; ``compute_dtype`` as Lightning's own is private.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@
 saying so once; ``offline`` and ``disabled`` force those modes; a ``WANDB_MODE``
 already set in the environment is respected. ``SafeWandbLogger`` keeps W&B failures
 (no network, a failing call) from ever stopping training.
+
+Kept: Lightning's CSVLogger and WandbLogger, less ThroughputMonitor's validation rows (their step counts
+validation batches: metrics.csv's step ran backwards) and with a failing W&B call turning W&B off instead
+of stopping the run (tests/test_train_output.py, tests/test_reliability_wandb.py).
 """
 
 from __future__ import annotations
@@ -23,9 +27,8 @@ WANDB_MODES = ("auto", "online", "offline", "disabled")
 WANDB_HOST = "api.wandb.ai"
 # Lightning's ThroughputMonitor logs the validation's throughput ("validate/samples_per_sec", ...)
 # at a step that counts validation batches (1 to 8 at a quick preset's first validation, 9 to 16 at
-# its second), not optimiser steps: metrics.csv's step column ran backwards at every validation
-#. imagetx's loggers leave those out; the training throughput ("train/...") is logged
-# at training steps as before.
+# its second), not optimiser steps: metrics.csv's step column ran backwards at every validation.
+# imagetx's loggers leave those out; the training throughput ("train/...") is logged at training steps.
 VALIDATION_THROUGHPUT = f"{RunningStage.VALIDATING.value}/"
 
 

@@ -1,5 +1,9 @@
 """The Trainer that ``imagetx.train`` runs: Lightning's, with the batch limits typed for the parser
-and one progress bar whatever is installed."""
+and one progress bar whatever is installed.
+
+Kept: Lightning's annotation reaches the parser as ``float | int`` (a YAML ``limit_val_batches: 1`` became
+1.0, every batch), and Lightning picks Rich's bar where Rich is installed, which writes nothing to a log
+file until the end (the class and ``progress_bar`` say more)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,10 @@ are then a start, not the same model.
 
 Unlike ``--resume``, nothing but the weights is taken: the optimiser, the schedule, the step count
 and the time budget are the new run's own (the schedule warms up from step 0).
+
+Kept: torch's ``load_state_dict(strict=False)`` would take what matches and say nothing of the rest,
+nor start added layers as identity layers; here a source with another decoder is refused in one line,
+and a deeper model scores as its source at step 0 (docs/training.md, "Starting from another model").
 """
 
 from __future__ import annotations
