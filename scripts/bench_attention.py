@@ -18,7 +18,7 @@ same pass for every kernel, so that they compare). Kernels (``--kernels``):
 
 * ``sdpa``: today's path: blocks gathered for ``scaled_dot_product_attention`` (full causal:
   one fused call with ``is_causal=True``);
-* ``flex``: ``torch.compile``d FlexAttention under the pattern's block mask (imagetx/model/kernels.py);
+* ``flex``: ``torch.compile``d FlexAttention under the pattern's block mask (imagetx/model/attention.py);
   the block mask and the compilation happen in the untimed warm-up runs.
 
 Patterns:

@@ -16,9 +16,7 @@ import torch
 from einops import rearrange
 
 from helpers import dense_attention
-from imagetx.model.attention import CrossAttention, SelfAttention, project_heads
-from imagetx.model.cross_pattern import CrossPattern
-from imagetx.model.kernels import attend
+from imagetx.model.attention import CrossAttention, SelfAttention, attend, project_heads
 from imagetx.model.order import GenerationOrder
 from imagetx.model.patterns import FullCausal, Local1D, Local2D
 
@@ -36,7 +34,7 @@ def full_causal(length: int) -> FullCausal:
 
 
 def sdpa_attend(pattern):
-    """(q, k, v) -> the pattern's attention through the SDPA kernels (``kernels.attend``)."""
+    """(q, k, v) -> the pattern's attention through the SDPA reference path (``attention.attend``)."""
     return lambda q, k, v: attend(q, k, v, pattern, "sdpa")
 
 CASES_1D = [
@@ -232,14 +230,21 @@ def test_self_attention_matches_dense_per_head():
 # ----- one step at a time, through the cache --------------------------------------------
 
 
-def decode_step_by_step(attn, x, context=None):
-    """Run x (B, T, d) through ``attn`` one step at a time with a cache: (B, T, d)."""
+def decode_in_chunks(attn, x, chunks, context=None):
+    """Run x (B, T, d) through ``attn`` with a cache, ``chunks`` steps at a time (a list of
+    lengths summing to T: 1s are decoding steps, longer ones prefills): (B, T, d)."""
     cache = attn.start_decoding(x.shape[0]) if context is None else attn.start_decoding(context)
-    outputs = []
-    for t in range(x.shape[1]):
-        step = torch.tensor([t])  # the model's decoding cache owns the counter; a layer is handed its step
-        outputs.append(attn(x[:, t : t + 1], step, cache) if context is None else attn(x[:, t : t + 1], None, cache, step))
+    outputs, start = [], 0
+    for length in chunks:
+        part = x[:, start : start + length]
+        # the model's decoding cache owns the counter: a layer is handed its start, a 0-d tensor
+        outputs.append(attn(part, cache, torch.tensor(start)) if context is None else attn(part, None, cache))
+        start += length
     return torch.cat(outputs, dim=1)
+
+
+def decode_step_by_step(attn, x, context=None):
+    return decode_in_chunks(attn, x, [1] * x.shape[1], context)
 
 
 @pytest.mark.parametrize("pattern", [local_1d(20, 6, 1), local_1d(20, 4, 2), local_2d(4, 6, (2, 3), (1, 2)),
@@ -253,16 +258,44 @@ def test_cached_self_attention_equals_the_full_pass(pattern):
         cached = decode_step_by_step(attn, x)
         cache = attn.start_decoding(3)
     torch.testing.assert_close(cached, full, atol=1e-12, rtol=0)
-    # the ring holds fewer keys than the sequence wherever the pattern is local
-    assert (cache.index.ring < pattern.length) == (not isinstance(pattern, FullCausal))
+    # the ring holds fewer keys than full attention's (all but the last step's) wherever the pattern is local
+    assert (cache.keys.shape[0] < pattern.length - 1) == (not isinstance(pattern, FullCausal))
 
 
-@pytest.mark.parametrize("radius", [None, 0, 1])
-def test_cached_cross_attention_equals_the_full_pass(radius):
+@pytest.mark.parametrize("pattern", [local_1d(20, 6, 1), local_2d(4, 6, (2, 3), (1, 2)), full_causal(20)],
+                         ids=lambda p: p.describe())
+@pytest.mark.parametrize("chunks", [[20], [13, 1, 1, 5], [3, 9, 1, 7], [1, 1, 18]], ids=str)
+def test_prefills_and_steps_mixed_equal_the_full_pass(pattern, chunks):
+    """The same forward takes any number of steps with the cache: a prefill longer than the ring,
+    then steps, then another prefill, leave the ring as single steps would."""
     torch.manual_seed(0)
-    # 4x4 pixels of sub-pixel columns (4x12 queries) over 2x2 low-res pixels (12 sub-pixels)
-    local = None if radius is None else CrossPattern(GenerationOrder(4, 12), 2, 2, radius, sub_pixels=True)
-    attn = CrossAttention(16, 4, local).double()
+    attn = SelfAttention(16, 4, pattern).double()
+    x = torch.randn(2, pattern.length, 16, dtype=torch.float64)
+    with torch.no_grad():
+        rest = [pattern.length - sum(chunks)] if pattern.length > sum(chunks) else []
+        torch.testing.assert_close(decode_in_chunks(attn, x, chunks + rest), attn(x), atol=1e-12, rtol=0)
+
+
+def test_a_cache_that_forgets_a_key_is_caught():
+    """Negative control: a ring one slot short loses the oldest key a step still reads."""
+    torch.manual_seed(0)
+    pattern = local_1d(20, 6, 1)
+    attn = SelfAttention(16, 4, pattern).double()
+    x = torch.randn(2, 20, 16, dtype=torch.float64)
+    start_decoding = attn.start_decoding
+
+    def short_ring(batch):
+        cache = start_decoding(batch)
+        return type(cache)(cache.keys[1:].clone(), cache.values[1:].clone(), cache.steps[1:].clone())
+
+    attn.start_decoding = short_ring
+    with torch.no_grad():
+        assert not torch.allclose(decode_step_by_step(attn, x), attn(x), atol=1e-6)
+
+
+def test_cached_cross_attention_equals_the_full_pass():
+    torch.manual_seed(0)
+    attn = CrossAttention(16, 4).double()
     x, context = torch.randn(2, 48, 16, dtype=torch.float64), torch.randn(2, 12, 16, dtype=torch.float64)
     with torch.no_grad():
         full = attn(x, context)

@@ -186,17 +186,13 @@ def test_blocks_spell_out_exactly_can_attend(pattern):
 
 
 @pytest.mark.parametrize("pattern", all_patterns(), ids=lambda p: f"{p.describe()}-{p.length}")
-def test_decoding_ring_reads_exactly_can_attend(pattern):
-    # At step t, ring slot j holds the key of the latest step s <= t with s % ring == j.
-    index = pattern.decode_index("cpu")
+def test_decoding_ring_is_as_long_as_the_widest_reach(pattern):
+    # A step attends over the ring and its own key, then overwrites the oldest slot: the ring must
+    # hold the keys back to the farthest one any step reads, and need hold no more
+    # (tests/test_attention.py: decoding through it equals the full pass; one slot fewer does not).
     mask = pattern.can_attend()
-    for t in range(pattern.length):
-        slots = index.readable(torch.tensor(t)).nonzero().flatten().tolist()
-        keys = sorted(t - (t - j) % index.ring for j in slots)
-        assert keys == mask[t].nonzero().flatten().tolist(), f"step {t}"
-    if not isinstance(pattern, FullCausal):  # a local pattern's ring is as long as its widest reach
-        reach = max(t - int(mask[t].nonzero().min()) for t in range(pattern.length)) + 1
-        assert index.ring == reach
+    reach = max(t - int(mask[t].nonzero().min()) for t in range(pattern.length))
+    assert pattern.ring() == max(1, reach)
 
 
 @pytest.mark.parametrize("rows,cols,block,flange", CASES_2D)  # tall flanges included

@@ -18,7 +18,7 @@ HEADS_AND_ORDERS = [("categorical", "local_1d"), ("dmol", "local_1d"), ("categor
 
 def remainder_model(head: str, attention: str, seed: int = 0, **overrides):
     values = dict(SMALL_BLOCKS, query_block_shape=block_shape(head), encoder_layers=1, low_res_size=4,
-                  cross_attention_radius=0, cell_remainder_input=True)
+                  low_res_reading="cell_add", cell_remainder_input=True)
     values.update(overrides)
     return tiny_model(seed=seed, dtype=torch.float64, head=head, attention=attention, **values)
 

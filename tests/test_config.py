@@ -19,6 +19,7 @@ import yaml
 from helpers import random_images, tiny_config, tiny_model
 from imagetx import ImageTransformer, ModelConfig
 from imagetx.training.module import ImageTransformerModule
+from imagetx.model.config import LAST_COMMIT_WITH_RADIUS
 from imagetx.model.patterns import pattern_for
 
 
@@ -124,10 +125,14 @@ def test_negative_memory_blocks():
     assert_rejected("memory_blocks", memory_blocks=-1)
 
 
-@pytest.mark.parametrize("radius", [-1, 1.5])
-def test_cross_attention_radius_is_none_or_a_count(radius):
-    assert_rejected("cross_attention_radius", image_size=8, encoder_layers=1, low_res_size=4,
-                    cross_attention_radius=radius)
+@pytest.mark.parametrize("radius", [0, 1])
+def test_a_saved_cross_attention_radius_is_refused_naming_the_last_commit_that_reads_it(radius):
+    values = {**ModelConfig(image_size=8, encoder_layers=1, low_res_size=4).to_dict(), "cross_attention_radius": radius}
+    with pytest.raises(ValueError, match=rf"cross_attention_radius was removed.*commit {LAST_COMMIT_WITH_RADIUS}"):
+        ModelConfig.from_dict(values)
+    # a null radius (every low-res cell: today's cross-attention) still reads
+    assert ModelConfig.from_dict({**values, "cross_attention_radius": None}) == ModelConfig.from_dict(
+        {k: v for k, v in values.items() if k != "cross_attention_radius"})
 
 
 def test_encoder_low_res_must_divide_image_size():
@@ -232,7 +237,7 @@ def test_quick_superres_is_quick_plus_the_low_res_fields():
     # in nothing else.
     quick, superres = (yaml.safe_load((PRESETS[0].parent / name).read_text())
                        for name in ("quick.yaml", "quick_superres.yaml"))
-    low_res_fields = {"encoder_layers", "low_res_size", "cross_attention_radius", "cell_remainder_input",
+    low_res_fields = {"encoder_layers", "low_res_size", "cell_remainder_input",
                       "low_res_reading", "low_res_zero_start"}
     assert {"encoder_layers", "low_res_size"} <= set(superres["model"]["config"])
     decoder = {k: v for k, v in superres["model"]["config"].items() if k not in low_res_fields}
@@ -249,10 +254,8 @@ def test_low_res_reading_is_a_known_one():
     assert_rejected("low_res_reading", image_size=8, encoder_layers=1, low_res_size=4, low_res_reading="cell_mean")
 
 
-def test_the_cell_add_needs_an_encoder_and_no_cross_attention_radius():
+def test_the_cell_add_needs_an_encoder():
     assert_rejected("low_res_reading", image_size=8, low_res_reading="cell_add")
-    assert_rejected("cross_attention_radius", image_size=8, encoder_layers=1, low_res_size=4,
-                    low_res_reading="cell_add", cross_attention_radius=0)
 
 
 @pytest.mark.parametrize("size", [8, 48, 256, 32.0])

@@ -31,7 +31,7 @@ def test_a_matching_record_runs_the_checks_and_any_change_the_whole_suite(tmp_pa
     record = record_for(root, tmp_path / "passed.json")
     assert cuda_suite.selection(root, record) == ("checks", cuda_suite.RUN_CHECKS)
 
-    kernels = root / "imagetx" / "model" / "kernels.py"
+    kernels = root / "imagetx" / "model" / "attention.py"
     kernels.write_text(kernels.read_text() + "\n# changed\n")
     assert cuda_suite.selection(root, record) == ("whole", cuda_suite.WHOLE_SUITE)
 

@@ -1,8 +1,8 @@
-"""FlexAttention (imagetx/model/kernels.py, ``ModelConfig.attention_kernel``) against the dense
+"""FlexAttention (imagetx/model/attention.py, ``ModelConfig.attention_kernel``) against the dense
 reference (docs/model.md §4).
 
 FlexAttention runs its compiled forward on the CPU but has no backward there, so on the CPU
-these tests check values: every pattern (float32 and bfloat16) and local cross-attention equal ``dense_attention`` with
+these tests check values: every pattern (float32 and bfloat16) equals ``dense_attention`` with
 ``can_attend``, including patterns finer than the kernel's 128 × 128 blocks and lengths that
 are not a multiple of 128; bits/dim, causality (by perturbing the future) and the cached
 sampler through the flex kernel. Gradients are checked by a test that runs where CUDA is.
@@ -18,10 +18,9 @@ import torch
 import torch._dynamo
 
 from helpers import dense_attention, random_images, random_labels, tiny_model
-from imagetx.model import kernels, patterns
-from imagetx.model.cross_pattern import CrossPattern
+from imagetx.model import attention, patterns
 from imagetx.model.inputs import downsample_area
-from imagetx.model.kernels import attend, uses_flex
+from imagetx.model.attention import attend, uses_flex
 from imagetx.model.order import GenerationOrder
 from imagetx.model.patterns import FullCausal, Local1D, Local2D
 from test_sampler import cached_params
@@ -141,28 +140,10 @@ def test_smaller_kernel_blocks_equal_the_dense_reference(pattern):
 def test_tile_options_pin_cuda_tiles_to_blocks_smaller_than_the_default():
     # The CUDA kernel's tiles must divide the mask's blocks (and N1 % M1 == M2 % N2 == 0).
     fine, default = (Local1D(GenerationOrder(32, 32), 32, 1, size).block_mask("cpu") for size in (32, 128))
-    options = kernels.tile_options(fine, torch.device("cuda"))
+    options = attention.tile_options(fine, torch.device("cuda"))
     assert options == {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 32}
-    assert kernels.tile_options(default, torch.device("cuda")) is None  # the kernel's own tiles
-    assert kernels.tile_options(fine, torch.device("cpu")) is None  # the CPU kernel has no tiles to pin
-
-
-@pytest.mark.parametrize("radius", [0, 1])
-def test_local_cross_attention_flex_equals_dense(radius):
-    # 8x8 DMOL steps over a 4x4 low-resolution input (48 sub-pixels), as in super-resolution.
-    queries, keys = torch.arange(64), torch.arange(48)
-    query_cells = (queries // 8 // 2, queries % 8 // 2)
-    key_cells = (keys // 12, keys % 12 // 3)
-    local = CrossPattern(GenerationOrder(8, 8), 4, 2, radius, sub_pixels=False)
-    near = lambda a, b: (a[:, None] - b[None, :]).abs() <= radius  # noqa: E731
-    assert torch.equal(local.can_attend(), near(query_cells[0], key_cells[0]) & near(query_cells[1], key_cells[1]))
-    gen = torch.Generator().manual_seed(radius)
-    q = torch.randn(64, 4, 8, generator=gen, dtype=torch.float64)
-    k, v = (torch.randn(48, 4, 8, generator=gen, dtype=torch.float64) for _ in range(2))
-    with torch.no_grad():
-        got = attend(q.float(), k.float(), v.float(), local, "flex")
-    torch.testing.assert_close(got.double(), dense_attention(q, k, v, local.can_attend()), atol=2e-6, rtol=0)
-    assert local.block_mask("cpu") is local.block_mask("cpu")
+    assert attention.tile_options(default, torch.device("cuda")) is None  # the kernel's own tiles
+    assert attention.tile_options(fine, torch.device("cpu")) is None  # the CPU kernel has no tiles to pin
 
 
 # ----- the kernel a model runs ------------------------------------------------------------------
@@ -183,18 +164,17 @@ def test_auto_is_flex_on_cuda_only_for_heads_its_cuda_kernel_takes():
 
 # Tiny models that share one batch of 2 (each compiles the kernel once per rule and shape):
 # 1D blocks of one 24-wide grid row with classes; 2D blocks with a 1-row, 2-column flange,
-# rotary positions and radius-1 cross-attention; full attention with rotary positions; 2D with
-# radius-0 cross-attention and the cell remainder input; 1D blocks with rotary positions; 2D
-# blocks alone.
+# rotary positions and cross-attention; full attention with rotary positions; 2D with the cell add
+# and the cell remainder input; 1D blocks with rotary positions; 2D blocks alone.
 MODELS = {
     "local_1d_classes": dict(head="categorical", attention="local_1d", image_size=8, query_block_length=24,
                              num_classes=10),
     "local_2d_cross": dict(head="dmol", attention="local_2d", image_size=8, query_block_shape=(2, 4),
-                           memory_flange=(1, 2), encoder_layers=1, low_res_size=4, cross_attention_radius=1,
+                           memory_flange=(1, 2), encoder_layers=1, low_res_size=4,
                            relative_positions="rotary"),
     "full_rotary": dict(head="categorical", attention="full", relative_positions="rotary"),
-    "local_2d_radius_0": dict(head="categorical", attention="local_2d", image_size=8, query_block_shape=(4, 8),
-                              memory_flange=(2, 4), encoder_layers=1, low_res_size=4, cross_attention_radius=0,
+    "local_2d_cell_add": dict(head="categorical", attention="local_2d", image_size=8, query_block_shape=(4, 8),
+                              memory_flange=(2, 4), encoder_layers=1, low_res_size=4, low_res_reading="cell_add",
                               cell_remainder_input=True),
     "local_1d_rotary": dict(head="dmol", attention="local_1d", image_size=8, query_block_length=8,
                             relative_positions="rotary"),
@@ -221,13 +201,13 @@ def model_and_inputs(name: str, kernel: str, seed: int = 0):
 
 def count_flex_calls(monkeypatch) -> list[int]:
     calls = [0]
-    original = kernels.flex_attend
+    original = attention.flex_attend
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(kernels, "flex_attend", counted)  # self- and cross-attention: one kernels module
+    monkeypatch.setattr(attention, "flex_attend", counted)
     return calls
 
 
@@ -240,8 +220,7 @@ def test_bits_per_dim_through_flex_equals_sdpa(name, monkeypatch):
         expected = sdpa_model.bits_per_dim(images, labels, low_res)
         assert calls[0] == 0
         got = flex_model.bits_per_dim(images, labels, low_res)
-    cross = flex_model.cross_pattern is not None
-    assert calls[0] == len(flex_model.layers) * (2 if cross else 1)  # every layer ran flex
+    assert calls[0] == len(flex_model.layers)  # every layer's self-attention ran flex (cross-attention: SDPA)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
@@ -254,8 +233,8 @@ def test_block_mask_is_built_once_for_every_layer(monkeypatch):
     with torch.no_grad():
         model.bits_per_dim(images, labels, low_res)
         model.bits_per_dim(images, labels, low_res)
-    assert len(built) == 2  # self-attention's and cross-attention's, for two layers and two passes
-    assert [args[3:5] for args in built] == [(64, 64), (64, 48)]
+    assert len(built) == 1  # one pattern, for two layers and two passes
+    assert [args[3:5] for args in built] == [(64, 64)]
 
 
 def future_changes(model, emb: torch.Tensor, context, labels, step: int) -> tuple[bool, bool]:
@@ -296,7 +275,7 @@ def test_perturbation_catches_a_mask_mod_that_sees_the_next_step():
     assert all(leaks)
 
 
-@pytest.mark.parametrize("name", ["local_1d_classes", "local_2d_cross", "full_rotary", "local_2d_radius_0",
+@pytest.mark.parametrize("name", ["local_1d_classes", "local_2d_cross", "full_rotary", "local_2d_cell_add",
                                   "local_1d_rotary", "local_2d"])
 def test_cached_sampler_equals_the_flex_full_pass(name):
     model, images, labels, low_res = model_and_inputs(name, "flex")
@@ -307,13 +286,12 @@ def test_cached_sampler_equals_the_flex_full_pass(name):
 
 
 def test_compiled_model_through_flex_equals_eager():
-    # The block masks are built outside the model's graph (``BuiltOnce``) and the kernel
+    # The block mask is built outside the model's graph (``BuiltOnce``) and the kernel
     # compiled as part of it.
     model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
     with torch.no_grad():
         expected = model(images, labels, low_res)
-        model.layers[0].self_attn.pattern.built.kept.clear()  # so that the compiled pass builds them
-        model.cross_pattern.built.kept.clear()
+        model.layers[0].self_attn.pattern.built.kept.clear()  # so that the compiled pass builds it
         got = torch.compile(model)(images, labels, low_res)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 

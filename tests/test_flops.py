@@ -8,7 +8,7 @@ counted by every torch (torch 2.14's counter has no formula for the CPU flash ke
 
 Tolerance: none. The two agree exactly, to the FLOP, once one convention is allowed for: the
 math backend computes an ``is_causal`` call densely (T² pairs, the upper triangle masked after),
-where the fused kernels that train compute T(T+1)/2 and the model count counts those. Its
+where the fused kernels that train compute T(T+1)/2 and the model count counts those (full attention). Its
 backward is twice its forward (the gradients of both operands), as model FLOPs count it.
 """
 
@@ -40,8 +40,7 @@ CASES = {
     "full, rotary": dict(attention="full", relative_positions="rotary"),
     "dmol, class-conditional": dict(head="dmol", num_classes=3),
     "encoder, cross-attention to all": dict(head="dmol", encoder_layers=2),
-    "encoder, local cross-attention, cell remainder": dict(encoder_layers=1, cross_attention_radius=0,
-                                                          cell_remainder_input=True),
+    "encoder, cross-attention, cell remainder": dict(encoder_layers=1, cell_remainder_input=True),
     "encoder, cell add, cell remainder": dict(head="dmol", encoder_layers=1, low_res_reading="cell_add",
                                               cell_remainder_input=True),
 }
@@ -49,16 +48,11 @@ CASES = {
 
 def causal_extra_pairs(config: ModelConfig) -> int:
     """Pairs per layer that the math backend computes beyond those the fused kernels compute: the
-    upper triangle of every is_causal call (full attention, and the 1D pattern's first m blocks)."""
-    if config.attention == "local_2d":
+    upper triangle of the is_causal call (full attention; local patterns run masked blocks)."""
+    if config.attention != "full":
         return 0
     length = config.grid_shape[0] * config.grid_shape[1]
-    if config.attention == "full":
-        causal = length
-    else:
-        n_blocks = -(-length // config.query_block_length)
-        causal = min(config.memory_blocks, n_blocks) * config.query_block_length
-    return causal * (causal - 1) // 2
+    return length * (length - 1) // 2
 
 
 def counted(model: ImageTransformer, batch: int = 2) -> tuple[int, int]:
@@ -100,8 +94,8 @@ def test_local_attention_counts_its_blocks_not_the_dense_square():
                    for kind in ("local_1d", "full"))
     assert local.projections == full.projections
     steps = 32 * 96
-    # 1D, lq 64, one memory block: the first block causally, every other one 64 × 128 pairs
-    pairs = 64 * 65 // 2 + (steps // 64 - 1) * 64 * 128
+    # 1D, lq 64, one memory block: every block 64 × 128 pairs (the first's memory, before the image, masked)
+    pairs = steps // 64 * 64 * 128
     assert local.attention == 2 * FLOPS_PER_MAC * 16 * pairs
     assert full.attention == 2 * FLOPS_PER_MAC * 16 * steps * (steps + 1) // 2
     assert local.attention < full.attention / 10  # windows of 128 keys against 1,536 keys on average

@@ -185,7 +185,7 @@ def test_error_missing_checkpoint(tmp_path, capsys):
 @pytest.fixture(scope="module")
 def superres_ckpt(tmp_path_factory):
     model = tiny_model(seed=22, image_size=32, head="dmol", query_block_length=64, encoder_layers=1, low_res_size=8,
-                       cross_attention_radius=0)
+                       low_res_reading="cell_add")
     path = tmp_path_factory.mktemp("ckpt") / "superres"
     save_pretrained(model, path)
     return path

@@ -92,25 +92,24 @@ def test_cached_decoder_matches_full_pass(attention, head, num_classes):
 
 
 def test_ring_buffer_is_shorter_than_the_sequence():
-    # The point of the cache: 1D local attention keeps only (memory + own block) keys.
+    # The point of the cache: 1D local attention keeps only (memory + own block) keys, less the
+    # step's own, which it brings.
     model = tiny_model(head="categorical", attention="local_1d", **SMALL_BLOCKS)
     cache = model.start_decoding(1)
-    assert all(layer.self_attn.index.ring == 32 for layer in cache.layers)
+    assert all(layer.self_attn.keys.shape[0] == 2 * SMALL_BLOCKS["query_block_length"] - 1 for layer in cache.layers)
     assert 32 < model.order.length == 192
     # one step counter, the model's cache's: no layer's cache keeps a copy
     assert not any(hasattr(part, "step") for layer in cache.layers for part in (layer.self_attn, layer.low_res))
 
 
-@pytest.mark.parametrize("head,attention,radius,reading", [
-    ("categorical", "local_2d", None, "cross_attention"), ("dmol", "local_1d", None, "cross_attention"),
-    ("categorical", "local_1d", 0, "cross_attention"), ("dmol", "local_2d", 1, "cross_attention"),
-    ("categorical", "local_1d", None, "cell_add"), ("dmol", "local_2d", None, "cell_add")])
-def test_cached_decoder_matches_full_pass_with_encoder(head, attention, radius, reading):
-    # low_res_size 4 with radius 0 or 1 or the cell add: each step reads part of the 4x4 input directly
-    small_input = radius is None and reading == "cross_attention"
+@pytest.mark.parametrize("head,attention,reading,low_res_size", [
+    ("categorical", "local_2d", "cross_attention", 2), ("dmol", "local_1d", "cross_attention", 2),
+    ("categorical", "local_1d", "cross_attention", 4), ("dmol", "local_2d", "cross_attention", 4),
+    ("categorical", "local_1d", "cell_add", 4), ("dmol", "local_2d", "cell_add", 4)])
+def test_cached_decoder_matches_full_pass_with_encoder(head, attention, reading, low_res_size):
+    # low_res_size 4 with the cell add: each step reads part of the 4x4 input directly
     model = tiny_model(seed=4, dtype=torch.float64, head=head, attention=attention, num_classes=10,
-                       encoder_layers=1, low_res_size=2 if small_input else 4, cross_attention_radius=radius,
-                       low_res_reading=reading, query_block_shape=block_shape(head), **{**SMALL_BLOCKS, "n_layers": 1})
+                       encoder_layers=1, low_res_size=low_res_size, low_res_reading=reading, query_block_shape=block_shape(head), **{**SMALL_BLOCKS, "n_layers": 1})
     images = random_images(2, 8, seed=5)
     low_res = downsample_area(random_images(2, 8, seed=6), model.config.low_res_size)  # not the images' own
     check_cached_equals_full(model, images, random_labels(2, 10, seed=7), low_res)
@@ -144,14 +143,14 @@ def own_compile_cache():
 
 
 # One tiny model for each part of decode_step the compiled graph must hold: the 1D ring with
-# rotary positions turning each step, a 2D ring, cross-attention under a radius-0 mask with the
-# cell remainder's running sums (4x4 input: each step sees 3 of its 48 sub-pixels), and the cell
-# add's gather with the value bounds of exact_box_means. A compile takes seconds each.
+# rotary positions turning each step, a 2D ring, cross-attention with the cell remainder's running
+# sums, and the cell add's gather with the value bounds of exact_box_means. A compile takes seconds
+# each.
 COMPILED_CASES = {
     "1d_rotary": dict(head="dmol", attention="local_1d", relative_positions="rotary", num_classes=10),
     "2d": dict(head="categorical", attention="local_2d", query_block_shape=(4, 8)),
-    "superres_remainder_radius_0": dict(head="dmol", attention="local_1d", num_classes=10, encoder_layers=1,
-                                        low_res_size=4, cross_attention_radius=0, cell_remainder_input=True),
+    "superres_remainder_cross": dict(head="dmol", attention="local_1d", num_classes=10, encoder_layers=1,
+                                     low_res_size=4, cell_remainder_input=True),
     "superres_cell_add": dict(head="dmol", attention="local_1d", encoder_layers=1, low_res_size=4,
                               low_res_reading="cell_add", cell_remainder_input=True, exact_box_means=True),
 }
@@ -232,13 +231,14 @@ def host_reads(monkeypatch, run) -> int:
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.usefixtures("own_compile_cache")
 def test_sampling_reads_the_device_a_fixed_number_of_times_not_per_step(monkeypatch, compiled):
-    # Super-resolution with radius-0 cross-attention and 2D rings: every decoding cache that
-    # is indexed by the step. 48 steps against 192: the reads must not grow with them. A 0-d
-    # step index (can_read[step]) is read back as a Python int, in the graph as a .item().
+    # Super-resolution with the cell add, the cell remainder and 2D rings: every decoding cache
+    # that is indexed by the step. 48 steps against 192: the reads must not grow with them. A 0-d
+    # step index into a table is read back as a Python int, in the graph as a .item().
     reads = []
     for size in (4, 8):
         model = tiny_model(seed=25, image_size=size, attention="local_2d", query_block_shape=(2, 6),
-                           memory_flange=(1, 3), encoder_layers=1, low_res_size=size // 2, cross_attention_radius=0)
+                           memory_flange=(1, 3), encoder_layers=1, low_res_size=size // 2,
+                           low_res_reading="cell_add", cell_remainder_input=True)
         low_res = downsample_area(random_images(2, size, seed=26), size // 2)
         sample(model, 2, low_res=low_res, compiled=compiled)  # compiles, builds each pattern's tables
         reads.append(host_reads(monkeypatch, lambda: sample(model, 2, low_res=low_res, compiled=compiled)))

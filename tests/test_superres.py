@@ -22,11 +22,11 @@ from imagetx.sample import main as sample_main
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
 
-def superres_model(head: str, attention: str, seed: int = 0, radius: int | None = None, **overrides):
+def superres_model(head: str, attention: str, seed: int = 0, **overrides):
     geometry = {"local_1d": dict(query_block_length=16),
                 "local_2d": dict(query_block_shape=(2, 6) if head == "categorical" else (2, 2), memory_flange=(2, 3)),
                 "full": {}}[attention]
-    values = dict(encoder_layers=2, low_res_size=2, cross_attention_radius=radius, **geometry)
+    values = dict(encoder_layers=2, low_res_size=2, **geometry)
     values.update(overrides)
     return tiny_model(seed=seed, dtype=torch.float64, head=head, attention=attention, image_size=8, **values)
 
@@ -43,12 +43,12 @@ class LeafEmbeddings:
         return self.leaf
 
 
-@pytest.mark.parametrize("reading,radius", [("cross_attention", None), ("cross_attention", 0), ("cell_add", None)])
+@pytest.mark.parametrize("reading", ["cross_attention", "cell_add"])
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
 @pytest.mark.parametrize("attention", ["local_1d", "local_2d", "full"])
-def test_decoder_causal_and_every_output_sees_all_of_the_low_res_input(head, attention, reading, radius):
-    # radius 0 and the cell add read one low-res pixel directly, the rest arrives through the encoder
-    model = superres_model(head, attention, radius=radius, low_res_reading=reading)
+def test_decoder_causal_and_every_output_sees_all_of_the_low_res_input(head, attention, reading):
+    # the cell add reads one low-res pixel directly, the rest arrives through the encoder
+    model = superres_model(head, attention, low_res_reading=reading)
     images, low_res = random_images(2, 8, seed=1), random_images(2, 2, seed=2)
     leaf = LeafEmbeddings(model)
     targets = model.targets(images)
@@ -75,11 +75,10 @@ def pixel_of_step(step: int, head: str, side: int) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
-@pytest.mark.parametrize("radius", [0, 1])
-def test_local_cross_attention_reaches_exactly_the_nearby_low_res_pixels(head, radius):
+def test_the_cell_add_reaches_exactly_the_step_s_own_low_res_pixel(head):
     # One decoder layer: step t's output depends on the encoder output only through its own
-    # cross-attention, so the gradient's support is that step's row of can_attend.
-    model = superres_model(head, "local_1d", radius=radius, low_res_size=4, n_layers=1)
+    # cell add, so the gradient's support is the 3 sub-pixels of the low-res pixel under it.
+    model = superres_model(head, "local_1d", low_res_size=4, n_layers=1, low_res_reading="cell_add")
     images, low_res = random_images(1, 8, seed=1), random_images(1, 4, seed=2)
     context = model.encode(low_res).detach().requires_grad_()
     params = model.decode(model.embed_values(model.targets(images)), None, context)
@@ -89,22 +88,21 @@ def test_local_cross_attention_reaches_exactly_the_nearby_low_res_pixels(head, r
         row, col = pixel_of_step(t, head, 8)
         for s in range(context.shape[1]):
             low_row, low_col = pixel_of_step(s, "categorical", 4)  # the encoder reads sub-pixels
-            near = abs(row // 2 - low_row) <= radius and abs(col // 2 - low_col) <= radius
-            assert bool(reached[s]) == near, f"step {t} (pixel {row},{col}) vs low-res sub-pixel {s}"
+            under = row // 2 == low_row and col // 2 == low_col
+            assert bool(reached[s]) == under, f"step {t} (pixel {row},{col}) vs low-res sub-pixel {s}"
 
 
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
-@pytest.mark.parametrize("radius", [0, 1, 2])
-def test_local_cross_attention_equals_the_dense_reference(head, radius):
-    # radius 0: 3 keys for every query, no mask; 1 and 2: edge cells see fewer keys (masked)
-    model = superres_model(head, "local_1d", radius=radius, low_res_size=4)
-    attn, can_attend = model.layers[0].cross_attn, model.cross_pattern.can_attend()
+def test_cross_attention_equals_the_dense_reference(head):
+    model = superres_model(head, "local_1d", low_res_size=4)
+    attn = model.layers[0].cross_attn
     length = model.order.length
     x = torch.randn(2, length, 16, dtype=torch.float64, requires_grad=True)
     context = torch.randn(2, 48, 16, dtype=torch.float64, requires_grad=True)
     (q,) = project_heads(attn.to_q, x, attn.n_heads, 1)
     k, v = project_heads(attn.to_kv, context, attn.n_heads, 2)
-    expected = merge_heads(attn.to_out, dense_attention(q, k, v, can_attend), attn.n_heads)
+    expected = merge_heads(attn.to_out, dense_attention(q, k, v, torch.ones(length, 48, dtype=torch.bool)),
+                           attn.n_heads)
     got = attn(x, context)
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
     weights = torch.randn_like(got)

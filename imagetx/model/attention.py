@@ -1,34 +1,154 @@
-"""Multi-head attention layers (docs/model.md §3): self-attention under a pattern
-(``patterns.py``), or unmasked as in the encoder, and cross-attention to the encoder's output.
+"""Multi-head attention (docs/model.md §3, §4): the layers and the one function that computes
+attention, ``attend``, for training, prefill and decoding alike.
 
-Heads are folded into the batch axis: a (B, T, d) input becomes q, k, v of shape (T, B·h, e),
-the layout of ``patterns.py``. Self-attention projects q, k and v with one fused linear map
-(as nanoGPT and timm); cross-attention projects q from the decoder and k, v (fused) from the
-context. The attention itself is ``kernels.attend``'s (``kernel``, ``ModelConfig.attention_kernel``,
-chooses SDPA or FlexAttention).
+One layout throughout: q, k, v sequence-first (T, N, e), N = batch·heads, e the head size. A
+(B, T, d) input becomes (T, B·h, e) by one fused projection (``project_heads``) and comes back
+through the output projection (``merge_heads``).
 
-Decoding one step at a time, the same ``forward`` takes a cache (``start_decoding``) and the
-``steps`` it runs (the model's decoding cache owns the step counter): a self-attention layer
-writes the step's key and value into a ring buffer laid out by its pattern's ``decode_index``
-and reads the slots the step may see; cross-attention reads the context's keys and values,
-projected once. Given more than one step, a fresh cache is prefilled: the first t steps (the
-given rows of a completion) run at once, as the full pass runs them, and leave the ring as t
-single steps would.
+``attend`` takes what the queries may see as one argument:
+
+* a pattern (``patterns.py``: geometry only): the full pass, through FlexAttention under the
+  pattern's block mask (``ModelConfig.attention_kernel`` flex, or auto on CUDA: ``uses_flex``), or
+  through the SDPA reference path, the pattern's gathered blocks in one fused call
+  (``attend_in_blocks``);
+* a boolean (Tq, Tk) mask: decoding, where the keys are a cache's, their steps known;
+* nothing: every key (the encoder, cross-attention).
+
+Decoding, each layer's ``forward`` takes a cache and the first step of its input (``start``):
+self-attention attends over its ring of cached keys plus the new ones, masked by the pattern's
+own rule on their step numbers, then keeps the newest in the ring; one step or a prefill of many
+is the same code. The tests hold every path to the dense ``can_attend`` reference.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
+from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from .cross_pattern import CrossPattern
-from .kernels import attend, attend_prefix, attend_slots, prepare
-from .patterns import CausalPattern, DecodeIndex
+from .config import ATTENTION_KERNELS, FLEX_BLOCK_SIZE
+from .patterns import BlockIndex, CausalPattern
 from .rotary import Rotary2D
 
+# FlexAttention's compiled CUDA kernel (Inductor's lowering) refuses heads of fewer channels: "NYI:
+# embedding dimension of the query, key, and value must be at least 16". Its CPU kernel takes them.
+FLEX_MIN_HEAD_SIZE = 16
+
+
+# ----- the one entry ----------------------------------------------------------------------------
+
+def attend(q: Tensor, k: Tensor, v: Tensor, allowed: CausalPattern | Tensor | None = None,
+           kernel: str = "auto") -> Tensor:
+    """q (Tq, N, e) over k, v (Tk, N, e) -> (Tq, N, e): over the keys ``allowed`` lets each query
+    see (a pattern; a (Tq, Tk) bool mask; None: every key), equal to the dense reference."""
+    if allowed is None or isinstance(allowed, Tensor):
+        return sdpa(q, k, v, mask=allowed)
+    if uses_flex(kernel, q.device, q.shape[-1]):
+        return flex_attend(q, k, v, allowed.block_mask(q.device))
+    return attend_in_blocks(q, k, v, allowed.blocks(q.device))
+
+
+def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
+    """Whether ``kernel`` (one of ``ATTENTION_KERNELS``) runs FlexAttention on ``device`` for heads of
+    ``head_size`` channels: flex, or auto on CUDA. auto is the SDPA path elsewhere, because
+    FlexAttention on the CPU has a compiled forward but no backward (it raises for inputs that
+    require a gradient). ``flex`` asked for where it cannot run raises, naming the way out."""
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel {kernel!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
+    narrow = device.type == "cuda" and head_size < FLEX_MIN_HEAD_SIZE
+    if kernel == "flex" and narrow:
+        raise ValueError(f"attention_kernel 'flex' needs heads of at least {FLEX_MIN_HEAD_SIZE} channels on CUDA, "
+                         f"got {head_size} (d_model / n_heads): use 'auto' or 'sdpa', or fewer heads")
+    return kernel == "flex" or (kernel == "auto" and device.type == "cuda" and not narrow)
+
+
+def prepare(pattern: CausalPattern | None, kernel: str, device: torch.device, head_size: int) -> None:
+    """Build what ``attend`` reads of ``pattern`` on ``device`` (its block mask, or its blocks),
+    where it is not built yet. Traced by torch.compile, building is a graph break
+    (``patterns.BuiltOnce``): the layers call this before their projections, so that it breaks a
+    frame that holds no tensors rather than ``attend``'s own."""
+    if pattern is not None:
+        pattern.block_mask(device) if uses_flex(kernel, device, head_size) else pattern.blocks(device)
+
+
+def pairs_computed(pattern: CausalPattern) -> int:
+    """Query-key pairs the SDPA path computes per image and head under ``pattern`` (masked pairs
+    included: the kernel computes them; a causal block's upper half is skipped)."""
+    blocks = pattern.blocks("cpu")
+    n_blocks, block_len, n_keys = blocks.can_attend.shape  # L queries × S keys per block
+    if blocks.causal:
+        return n_blocks * block_len * (block_len + 1) // 2
+    return n_blocks * block_len * n_keys
+
+
+# ----- the SDPA reference path --------------------------------------------------------------------
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """(Tq, N, e) queries over the (Tk, N, e) keys ``mask`` (Tq, Tk) allows (None: every key): one
+    fused call on views."""
+    q, k, v = (rearrange(t, "t n e -> 1 n t e") for t in (q, k, v))
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    return rearrange(out, "1 n t e -> t n e")
+
+
+def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex) -> Tensor:
+    """Queries in blocks (``BlockIndex``), each block over its own gathered keys, the blocks the
+    batch axis of one fused call: q (Tq, N, e); k, v (Tk, N, e), a zero row appended for key step
+    Tk (no key). -> (Tq, N, e). Cost O(T·(keys per block)), never O(T²) for local patterns."""
+    n_blocks, n_keys = blocks.key_steps.shape
+    block_len, length = blocks.can_attend.shape[1], q.shape[0]
+    q = F.pad(q, (0, 0, 0, 0, 0, n_blocks * block_len - length))  # end padding: its outputs are dropped
+    zero = q.new_zeros(1, *q.shape[1:])
+    keys, values = (rearrange(torch.cat([t, zero]).index_select(0, blocks.key_steps.flatten()),
+                              "(b s) n e -> b n s e", s=n_keys) for t in (k, v))
+    queries = rearrange(q, "(b l) n e -> b n l e", b=n_blocks)
+    mask = None if blocks.causal else blocks.can_attend[:, None]  # causal: SDPA's own, no mask read
+    out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=blocks.causal)
+    return rearrange(out, "b n l e -> (b l) n e")[:length]
+
+
+# ----- FlexAttention ------------------------------------------------------------------------------
+
+@functools.cache
+def compiled_flex_attention():
+    """``flex_attention`` compiled, once per process: uncompiled it computes every score densely
+    (and warns), which defeats the point. Shapes are static: each new (batch, length) compiles
+    once more, and the CPU kernel that dynamic shapes generate does not build (a C++ compile
+    error: an undeclared ``cur_qSplitSize``)."""
+    return torch.compile(flex_attention, dynamic=False)
+
+
+def tile_options(block_mask: BlockMask, device: torch.device) -> dict | None:
+    """The CUDA kernel's tiles for a block mask finer than its default tiles: one tile per block,
+    pinned, since its tiles must divide the mask's blocks and a default tile larger than a block
+    is refused; None (the kernel's own choice) otherwise."""
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    if device.type != "cuda" or min(q_block, kv_block) >= FLEX_BLOCK_SIZE:
+        return None
+    # forward: M queries × N keys; backward: dK/dV over N1 keys by M1 queries, dQ over M2 queries
+    # by N2 keys, where the kernel needs N1 a multiple of M1 and M2 a multiple of N2
+    both = min(q_block, kv_block)
+    return {"BLOCK_M": q_block, "BLOCK_N": kv_block, "BLOCK_M1": both, "BLOCK_N1": kv_block,
+            "BLOCK_M2": q_block, "BLOCK_N2": both}
+
+
+def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
+    """q (Tq, N, e), k and v (Tk, N, e) -> (Tq, N, e) under ``block_mask``: the N images·heads are
+    the kernel's batch. Copied contiguous: in a compiled model, Inductor's CPU lowering rejects
+    views of a graph's inputs, and the copy is small next to the attention."""
+    q, k, v = (rearrange(t, "t n e -> n 1 t e").contiguous() for t in (q, k, v))
+    # Inside a compiled model the model's compilation builds the kernel.
+    kernel = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
+    out = kernel(q, k, v, block_mask=block_mask, kernel_options=tile_options(block_mask, q.device))
+    return rearrange(out, "n 1 t e -> t n e")
+
+
+# ----- the layers ---------------------------------------------------------------------------------
 
 def project_heads(proj: nn.Linear, x: Tensor, n_heads: int, parts: int) -> tuple[Tensor, ...]:
     """x (B, T, d) through ``proj`` (d -> parts·d) -> ``parts`` tensors (T, B·h, e).
@@ -47,28 +167,34 @@ def merge_heads(proj: nn.Linear, out: Tensor, n_heads: int) -> Tensor:
 
 @dataclass
 class SelfAttentionCache:
-    """One self-attention layer's decoding state: keys and values (N, ring, e) in the ring
-    slots of ``index``."""
-
-    index: DecodeIndex
-    keys: Tensor
-    values: Tensor
-
-
-@dataclass
-class CrossAttentionCache:
-    """The context's keys and values (N, S, e), projected once; ``can_attend`` (Tq, S) bool, the
-    keys each step may read (None: all of them)."""
+    """One self-attention layer's decoding state, written in place: keys and values (ring, N, e)
+    of the last ``ring`` steps, step s in slot s % ring, and ``steps`` (ring,) the step each slot
+    holds (−1: none yet). ring is the pattern's: the fewest slots that hold every key a later
+    query still reads."""
 
     keys: Tensor
     values: Tensor
-    can_attend: Tensor | None
+    steps: Tensor
+
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, steps: Tensor, pattern: CausalPattern) -> Tensor:
+        """The queries, keys and values (t, N, e) of ``steps`` (t,) over the cached keys and their
+        own, masked by ``pattern``'s rule on the keys' steps; then the newest of them kept."""
+        key_steps = torch.cat([self.steps, steps])
+        allowed = (key_steps >= 0) & pattern.mask_rule()(steps[:, None], key_steps[None, :].clamp(min=0))
+        out = attend(q, torch.cat([self.keys, k]), torch.cat([self.values, v]), allowed)
+        ring = self.steps.shape[0]
+        kept = slice(max(0, steps.shape[0] - ring), None)  # a prefill longer than the ring keeps its end
+        slots = steps[kept] % ring
+        self.keys.index_copy_(0, slots, k[kept])
+        self.values.index_copy_(0, slots, v[kept])
+        self.steps.index_copy_(0, slots, steps[kept])
+        return out
 
 
 class SelfAttention(nn.Module):
-    """Self-attention under ``pattern`` (the decoder; causal), or over every position without
-    one (the encoder), with optional relative positions (decoder only): queries and keys turned
-    by their grid positions (``rotary``)."""
+    """Self-attention under ``pattern`` (the decoder; causal), or over every position without one
+    (the encoder), with optional 2D rotary positions (decoder only): queries and keys turned by
+    their grid positions (``rotary``)."""
 
     def __init__(self, d_model: int, n_heads: int, pattern: CausalPattern | None = None, kernel: str = "auto",
                  rotary: Rotary2D | None = None) -> None:
@@ -81,86 +207,56 @@ class SelfAttention(nn.Module):
         self.to_out = nn.Linear(d_model, d_model, bias=False)
 
     def start_decoding(self, batch: int) -> SelfAttentionCache:
-        """Empty rings for ``forward(..., cache=)``, laid out by the pattern's decode index."""
+        """An empty ring for ``forward(..., cache=)``."""
         if self.pattern is None:
             raise ValueError("unmasked self-attention (no pattern) is not causal: it cannot decode step by step")
         weight = self.to_qkv.weight
-        index = self.pattern.decode_index(weight.device)
-        shape = (batch * self.n_heads, index.ring, self.head_size)
-        keys = torch.zeros(shape, device=weight.device, dtype=weight.dtype)
-        return SelfAttentionCache(index, keys, torch.zeros_like(keys))
+        ring = self.pattern.ring()
+        keys = weight.new_zeros(ring, batch * self.n_heads, self.head_size)
+        steps = torch.full((ring,), -1, dtype=torch.long, device=weight.device)
+        return SelfAttentionCache(keys, torch.zeros_like(keys), steps)
 
-    def forward(self, x: Tensor, steps: Tensor | slice = slice(None),
-                cache: SelfAttentionCache | None = None) -> Tensor:
-        """(B, t, d) of ``steps`` -> (B, t, d): every step (no cache), or with ``cache`` one
-        decoding step (``steps`` a (1,) index) or the first t steps into a fresh cache (a prefill)."""
+    def forward(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0) -> Tensor:
+        """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or with
+        ``cache`` the next t steps (one decoding step, or a prefill)."""
         if cache is None:
             prepare(self.pattern, self.kernel, x.device, self.head_size)
-        q, k, v = project_heads(self.to_qkv, x, self.n_heads, 3)
+        q, k, v = project_heads(self.to_qkv, x, self.n_heads, 3)  # each (t, B·h, e)
+        steps = start + torch.arange(x.shape[1], device=x.device)
         if self.rotary is not None:  # cached keys are kept turned: each by its own step
             q, k = self.rotary(q, steps), self.rotary(k, steps)
         if cache is None:
             out = attend(q, k, v, self.pattern, self.kernel)
-        elif x.shape[1] == 1:
-            out = self.attend_step(q, k, v, cache, steps)
         else:
-            out = self.prefill(q, k, v, cache)
-        return merge_heads(self.to_out, out, self.n_heads)
+            out = cache.attend(q, k, v, steps, self.pattern)
+        return merge_heads(self.to_out, out, self.n_heads)  # (B, t, d)
 
-    def prefill(self, q: Tensor, k: Tensor, v: Tensor, cache: SelfAttentionCache) -> Tensor:
-        """The first t steps (t, N, e) at once: their keys and values written into the ring as t
-        single steps would leave it (the last ``ring`` of them: each earlier one was overwritten
-        by the step ``ring`` after it), their attention as the full pass computes it."""
-        ring, length = cache.index.ring, q.shape[0]
-        kept = torch.arange(max(0, length - ring), length, device=q.device)
-        cache.keys.index_copy_(1, kept % ring, k.index_select(0, kept).transpose(0, 1))
-        cache.values.index_copy_(1, kept % ring, v.index_select(0, kept).transpose(0, 1))
-        return attend_prefix(self.pattern, q, k, v)
 
-    def attend_step(self, q: Tensor, k: Tensor, v: Tensor, cache: SelfAttentionCache, step: Tensor) -> Tensor:
-        """Write the key and value (1, N, e) of ``step`` (a (1,) index) into its ring slot, attend
-        over the slots the step may read."""
-        index = cache.index
-        slot = step % index.ring
-        cache.keys.index_copy_(1, slot, k.transpose(0, 1))
-        cache.values.index_copy_(1, slot, v.transpose(0, 1))
-        readable = index.readable(step)  # (ring,)
-        return attend_slots(q, cache.keys, cache.values, readable[None])
+@dataclass
+class CrossAttentionCache:
+    """The context's keys and values (S, N, e), projected once."""
+
+    keys: Tensor
+    values: Tensor
 
 
 class CrossAttention(nn.Module):
-    """Attention of the decoder to a context (the encoder's output): to all of it, or under
-    ``pattern``, only to the keys its ``can_attend`` allows."""
+    """Attention of the decoder to every position of a context (the encoder's output)."""
 
-    def __init__(self, d_model: int, n_heads: int, pattern: CrossPattern | None = None,
-                 kernel: str = "auto") -> None:
+    def __init__(self, d_model: int, n_heads: int) -> None:
         super().__init__()
-        self.n_heads, self.pattern, self.kernel = n_heads, pattern, kernel
-        self.head_size = d_model // n_heads
+        self.n_heads = n_heads
         self.to_q = nn.Linear(d_model, d_model, bias=False)
         self.to_kv = nn.Linear(d_model, 2 * d_model, bias=False)
         self.to_out = nn.Linear(d_model, d_model, bias=False)
 
     def start_decoding(self, context: Tensor) -> CrossAttentionCache:
-        """The context's keys and values (N, S, e), projected here once, and the pattern's
-        ``can_attend`` on their device (built here, not in a compiled step)."""
-        keys, values = (rearrange(t, "s n e -> n s e").contiguous()
-                        for t in project_heads(self.to_kv, context, self.n_heads, 2))
-        can_attend = None if self.pattern is None else self.pattern.on_device(keys.device)
-        return CrossAttentionCache(keys, values, can_attend)
+        """The context's keys and values (S, N, e), projected here once."""
+        return CrossAttentionCache(*project_heads(self.to_kv, context, self.n_heads, 2))
 
-    def forward(self, x: Tensor, context: Tensor | None = None, cache: CrossAttentionCache | None = None,
-                steps: Tensor | slice = slice(None)) -> Tensor:
-        """x (B, t, d) of ``steps``, context (B, S, d) -> (B, t, d); with ``cache``, no ``context``
-        (the cache holds it)."""
-        if cache is None:
-            prepare(self.pattern, self.kernel, x.device, self.head_size)
+    def forward(self, x: Tensor, context: Tensor | None = None, cache: CrossAttentionCache | None = None) -> Tensor:
+        """x (B, t, d), context (B, S, d) -> (B, t, d); with ``cache``, no ``context`` (the cache
+        holds it)."""
         (q,) = project_heads(self.to_q, x, self.n_heads, 1)
-        if cache is not None:
-            # (t, S), read on the device: a decoding step's index is a (1,) tensor, as in DecodeIndex.readable
-            mask = None if cache.can_attend is None else cache.can_attend[steps]
-            out = attend_slots(q, cache.keys, cache.values, mask)
-        else:
-            k, v = project_heads(self.to_kv, context, self.n_heads, 2)
-            out = attend(q, k, v, self.pattern, self.kernel)
-        return merge_heads(self.to_out, out, self.n_heads)
+        k, v = project_heads(self.to_kv, context, self.n_heads, 2) if cache is None else (cache.keys, cache.values)
+        return merge_heads(self.to_out, attend(q, k, v), self.n_heads)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from einops import rearrange
 from torch import Tensor, nn
 
@@ -46,9 +47,11 @@ class CellAdd(nn.Module):
     def start_decoding(self, context: Tensor) -> CellAddCache:
         return CellAddCache(self.map_cells(context))
 
-    def forward(self, context: Tensor | None = None, cache: CellAddCache | None = None,
-                steps: Tensor | slice = slice(None)) -> Tensor:
-        """(B, t, d): each of ``steps`` (every step by default) its low-res pixel's mapped encoding,
-        from ``context`` or, decoding, from ``cache``."""
+    def forward(self, context: Tensor | None = None, cache: CellAddCache | None = None, start: Tensor | int = 0,
+                count: int | None = None) -> Tensor:
+        """(B, t, d): each of ``count`` steps from ``start`` (by default every step) its low-res
+        pixel's mapped encoding, from ``context`` or, decoding, from ``cache``."""
         mapped = self.map_cells(context) if cache is None else cache.mapped
+        count = self.low_res_pixel_of_step.numel() if count is None else count
+        steps = start + torch.arange(count, device=mapped.device)
         return mapped.index_select(1, self.low_res_pixel_of_step[steps])

@@ -23,6 +23,12 @@ RelativePositions = Literal["none", "rotary"]
 # removed; the last commit that reads a model with one:
 REMOVED_RELATIVE_POSITIONS = ("table", "distance", "rotary_distance")
 LAST_COMMIT_WITH_THEM = "0bb0603"
+# Local cross-attention (a radius of low-res cells around each step) lost to the cell add, which
+# reads the step's own low-res pixel as well as radius 0 did in 17 % less time, and was removed;
+# the last commit that reads a model with one. A saved model's null radius (every cell) is today's
+# cross-attention.
+REMOVED_CROSS_ATTENTION_RADIUS = "cross_attention_radius"
+LAST_COMMIT_WITH_RADIUS = "1ba98d3"
 HEADS, ATTENTIONS, POSITION_ENCODINGS, NORMS, ATTENTION_KERNELS, LOW_RES_READINGS, RELATIVE_POSITIONS = (
     get_args(choice) for choice in (Head, Attention, PositionEncodingKind, Norm, AttentionKernel, LowResReading,
                                     RelativePositions))
@@ -64,10 +70,6 @@ class ModelConfig:
     # Super-resolution (§6): 0 = plain decoder; >0 = encoder layers over a low-res image.
     encoder_layers: int = 0
     low_res_size: int = 8  # side of the encoder's input image, in pixels
-    # Reach of cross-attention (§6). None: every low-res sub-pixel, as in T2T. k >= 0:
-    # only the low-res pixels within k cells (rows and columns) of the one under the
-    # query, which a barely trained decoder cannot miss (pretrained_superres uses 0).
-    cross_attention_radius: int | None = None
     # True: each decoder step also gets the mean that the not-yet-generated values of
     # its low-res cell must have for the cell to box-average to the input (exact for
     # the box-mean inputs of §6; imagetx/model/cell_remainder.py). Not in the paper.
@@ -79,8 +81,8 @@ class ModelConfig:
     exact_box_means: bool = False
     # How each decoder layer reads the encoder (§6): "cross_attention" (the paper's), or
     # "cell_add": after self-attention, a linear map of the encoder's outputs for the low-res
-    # pixel the step lies in (imagetx/model/cell_add.py; not in the paper), about as good as radius-0
-    # cross-attention and cheaper: no query or output projection per step.
+    # pixel the step lies in (imagetx/model/cell_add.py; not in the paper), as good as cross-attention
+    # to that pixel alone and cheaper: no query or output projection per step.
     low_res_reading: LowResReading = "cross_attention"
     # True: the maps that write the low-res input into the decoder (cross-attention's output
     # projection, the cell add, the cell remainder's) start at zero, so a new model's outputs do
@@ -90,7 +92,7 @@ class ModelConfig:
     # paper, whose inputs carry absolute positions only): "none", or "rotary", 2D rotary embeddings
     # of queries and keys (imagetx/model/rotary.py: nothing added to the scores).
     relative_positions: RelativePositions = "none"
-    # §4: how attention runs: "flex" = FlexAttention, block-sparse (imagetx/model/kernels.py); "sdpa" =
+    # §4: how attention runs: "flex" = FlexAttention, block-sparse (imagetx/model/attention.py); "sdpa" =
     # the gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
     # elsewhere (FlexAttention has no backward on the CPU). Same numbers either way.
     attention_kernel: AttentionKernel = "auto"
@@ -181,9 +183,6 @@ class ModelConfig:
             _invalid("encoder_layers", self.encoder_layers, "must be 0 (no encoder) or a positive count")
         if self.encoder_layers and (self.low_res_size < 1 or self.image_size % self.low_res_size):
             _invalid("low_res_size", self.low_res_size, f"must divide image_size={self.image_size}")
-        radius = self.cross_attention_radius
-        if radius is not None and (not isinstance(radius, int) or radius < 0):
-            _invalid("cross_attention_radius", radius, "must be None (every low-res cell) or 0 or more cells")
         if self.cell_remainder_input and not self.encoder_layers:
             _invalid("cell_remainder_input", self.cell_remainder_input,
                      "needs a low-resolution input: set encoder_layers > 0")
@@ -192,9 +191,6 @@ class ModelConfig:
                      "reads the cell sums of the cell remainder input: set cell_remainder_input: true")
         if self.low_res_reading == "cell_add" and not self.encoder_layers:
             _invalid("low_res_reading", self.low_res_reading, "needs a low-resolution input: set encoder_layers > 0")
-        if self.low_res_reading == "cell_add" and radius is not None:
-            _invalid("cross_attention_radius", radius,
-                     "is for cross-attention; the cell add reads the step's own low-res pixel: set it to null")
 
     def _check_attention_blocks(self) -> None:
         """The blocks of local self-attention against the generation grid."""
@@ -228,6 +224,11 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
+        values = dict(values)
+        if values.pop(REMOVED_CROSS_ATTENTION_RADIUS, None) is not None:
+            raise ValueError(f"ModelConfig.{REMOVED_CROSS_ATTENTION_RADIUS} was removed (the cell add reads the step's "
+                             "own low-res pixel as well, faster): use low_res_reading 'cell_add' or a null radius, "
+                             f"or commit {LAST_COMMIT_WITH_RADIUS} of imagetx to read a model trained with one")
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:

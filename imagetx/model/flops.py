@@ -10,14 +10,13 @@ are not: they are memory-bound, and FlopCounterMode leaves them out too.
 Attention counts the query-key pairs each call computes, masked pairs included (the kernel
 computes them), never the dense T² it does not:
 
-* decoder self-attention: what ``kernels.attend`` computes under each pattern, as the kernels
-  count it (``kernels.pairs_computed``): its gathered blocks, or the causal calls and windows of
-  the fused paths;
+* decoder self-attention: what ``attention.attend`` computes under each pattern, as the SDPA
+  path counts it (``attention.pairs_computed``): its gathered blocks, or one causal call;
 * the encoder: every pair of its 3·h·w sub-pixels; cross-attention: every decoder step over
-  all of them, or (``cross_attention_radius``) over its group's gathered keys. The cell add
-  (``low_res_reading: cell_add``) is no attention: its map runs once per low-resolution pixel.
+  all of them. The cell add (``low_res_reading: cell_add``) is no attention: its map runs once
+  per low-resolution pixel.
 
-Where FlexAttention runs instead (``attention_kernel`` flex, or auto on CUDA: ``kernels.uses_flex``),
+Where FlexAttention runs instead (``attention_kernel`` flex, or auto on CUDA: ``attention.uses_flex``),
 a pattern's attention is every tile (``flex_block_size`` squared pairs) of its block mask that
 the kernel does not skip, computed whole: fewer pairs than the gathered blocks where a block's
 keys are mostly outside the image (2D), more where blocks are narrower than a tile (``quick``'s
@@ -39,7 +38,7 @@ from torch import nn
 from torch.nn.attention.flex_attention import BlockMask
 
 from .config import CHANNELS
-from .kernels import pairs_computed, uses_flex
+from .attention import pairs_computed, uses_flex
 from .transformer import ImageTransformer
 
 # 2 FLOPs (a multiply and an add) per multiply-add of a matrix product.
@@ -85,7 +84,6 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
     """FLOPs of one image through ``model`` (any ``ModelConfig``: build it with
     ``ImageTransformer(config)``), with the attention kernels it runs on ``device``."""
     cfg = model.config
-    flex = uses_flex(cfg.attention_kernel, torch.device(device), cfg.head_size)
     steps = model.order.length  # decoder positions: sub-pixels or pixels
     context = 0 if model.encoder is None else model.encoder.order.length  # low-resolution sub-pixels
     # Every linear layer runs once per decoder step, except the encoder's and the projection of
@@ -115,9 +113,6 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
     pairs = cfg.n_layers * decoder_attention_pairs(model, device)
     if model.encoder is not None:  # the encoder and cross-attention to all of it: every pair
         cross = steps * context
-        if model.cross_pattern is not None:
-            pattern = model.cross_pattern
-            cross = tile_pairs(pattern.block_mask(device)) if flex else pairs_computed(pattern)
         crossing = sum(layer.cross_attn is not None for layer in model.layers)
         pairs += cfg.encoder_layers * context * context + crossing * cross
     return Flops(projections, inputs, per_pair * pairs)

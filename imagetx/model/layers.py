@@ -13,7 +13,6 @@ from torch import Tensor, nn
 from .attention import CrossAttention, CrossAttentionCache, SelfAttention, SelfAttentionCache
 from .cell_add import CellAdd, CellAddCache
 from .config import CHANNELS, ModelConfig
-from .cross_pattern import CrossPattern
 from .embedding import PositionEncoding, SubPixelEmbedding
 from .order import GenerationOrder, images_to_sequence
 from .patterns import CausalPattern
@@ -42,8 +41,7 @@ class TransformerLayer(nn.Module):
     feed-forward, each with add-and-norm (docs/model.md §3, §6)."""
 
     def __init__(self, config: ModelConfig, pattern: CausalPattern | None = None, rotary: Rotary2D | None = None,
-                 reads_low_res: bool = False, cross_pattern: CrossPattern | None = None,
-                 low_res_pixel_of_step: Tensor | None = None) -> None:
+                 reads_low_res: bool = False, low_res_pixel_of_step: Tensor | None = None) -> None:
         """``pattern``: a decoder layer, causal under it, with ``config.relative_positions``
         (``rotary``: the decoder's one ``Rotary2D``, which every layer shares); without, an
         encoder layer. ``reads_low_res``: a super-resolution decoder layer, reading the encoder
@@ -55,8 +53,7 @@ class TransformerLayer(nn.Module):
         self.self_attn = SelfAttention(d, config.n_heads, pattern, config.attention_kernel, rotary)
         self.self_norm = nn.LayerNorm(d)
         cross_attention = reads_low_res and config.low_res_reading == "cross_attention"
-        self.cross_attn = (CrossAttention(d, config.n_heads, cross_pattern, config.attention_kernel)
-                           if cross_attention else None)
+        self.cross_attn = CrossAttention(d, config.n_heads) if cross_attention else None
         self.cross_norm = nn.LayerNorm(d) if cross_attention else None
         cell_add = reads_low_res and config.low_res_reading == "cell_add"
         self.cell_add = CellAdd(d, low_res_pixel_of_step) if cell_add else None
@@ -88,15 +85,15 @@ class TransformerLayer(nn.Module):
         return LayerCache(self.self_attn.start_decoding(batch), low_res)
 
     def forward(self, x: Tensor, context: Tensor | None = None, cache: LayerCache | None = None,
-                steps: Tensor | slice = slice(None)) -> Tensor:
-        """(B, t, d) of ``steps`` -> (B, t, d): every step, or with ``cache`` (and no ``context``:
-        the cache holds it) one decoding step or a prefill's first t steps."""
+                start: Tensor | int = 0) -> Tensor:
+        """(B, t, d), the steps from ``start`` on -> (B, t, d): every step, or with ``cache`` (and no
+        ``context``: the cache holds it) the next t steps, one decoding step or a prefill."""
         self_cache, low_res_cache = (None, None) if cache is None else (cache.self_attn, cache.low_res)
-        x = self.add_and_norm(x, lambda h: self.self_attn(h, steps, self_cache), self.self_norm)
+        x = self.add_and_norm(x, lambda h: self.self_attn(h, self_cache, start), self.self_norm)
         if self.cross_attn is not None:
-            x = self.add_and_norm(x, lambda h: self.cross_attn(h, context, low_res_cache, steps), self.cross_norm)
+            x = self.add_and_norm(x, lambda h: self.cross_attn(h, context, low_res_cache), self.cross_norm)
         if self.cell_add is not None:
-            x = x + self.dropout(self.cell_add(context, low_res_cache, steps))
+            x = x + self.dropout(self.cell_add(context, low_res_cache, start, x.shape[1]))
             if self.cell_norm is not None:
                 x = self.cell_norm(x)
         return self.add_and_norm(x, self.ffn, self.ffn_norm)
@@ -107,8 +104,8 @@ class Encoder(nn.Module):
 
     Each low-resolution sub-pixel is placed, for its position encoding, at the centre of the
     high-resolution cells it summarises, using the decoder's own position encoding, so that
-    cross-attention can match the low-resolution input under each target cell by position
-    (``cross_attention_radius`` restricts it to nearby cells outright). Its value table starts
+    cross-attention can match the low-resolution input under each target cell by position. Its
+    value table starts
     ordinal (``SubPixelEmbedding``), so intensities are readable from the first step.
     """
 

@@ -1,10 +1,11 @@
-"""Attention patterns: which keys each query may see (docs/model.md §4), as geometry only; the
-kernels that compute attention under them are ``kernels.py``'s (one entry, ``kernels.attend``).
+"""Attention patterns: which keys each query may see (docs/model.md §4), as geometry only;
+``attention.attend`` computes attention under them.
 
 One layout throughout: q, k, v are sequence-first (T, N, e), N = batch·heads and e the head
 size, in generation order.
 
-One pattern type, ``AttentionPattern``, for self- and cross-attention. A pattern answers:
+One pattern type, ``CausalPattern`` (full, 1D and 2D local), over the steps of a
+``GenerationOrder``. A pattern answers:
 
 * ``mask_rule()``: its rule, as arithmetic (or a lookup) on query and key steps (``MaskRule``),
   so that it runs on any device. On index grids it gives ``can_attend()``, the dense boolean
@@ -12,12 +13,9 @@ One pattern type, ``AttentionPattern``, for self- and cross-attention. A pattern
   every test (``dense_attention`` of tests/helpers.py with it defines the right answer). As
   FlexAttention's ``mask_mod`` it gives ``block_mask(device)``, built once per device.
 * ``blocks(device)``: its sparsity, built once per device: queries in blocks, each block with
-  the steps of its keys and which of them each query may see. The gathered-block kernel and the
-  ring buffer of decoding (``decode_index``) are read from it, at a cost of O(T·(keys per block)), never
+  the steps of its keys and which of them each query may see. The SDPA path and the length of
+  decoding's ring buffer (``ring``) are read from it, at a cost of O(T·(keys per block)), never
   O(T²). Tests prove each equal to the reference.
-
-The self-attention patterns (``CausalPattern``: full, 1D and 2D local) are over the steps of a
-``GenerationOrder``; local cross-attention to a low-resolution input is ``CrossPattern``.
 """
 
 from __future__ import annotations
@@ -64,17 +62,15 @@ def build_block_mask(rule: MaskRule, query_length: int, key_length: int, device:
 
 @dataclass(frozen=True)
 class BlockIndex:
-    """Queries in n blocks of L steps, each block over S keys: ``key_steps`` (n, S) long, where
-    step Tk stands for a zero key (before the sequence, outside the grid, end padding);
-    ``can_attend`` (n, L, S) bool. The blocks take the queries in order (steps past Tq − 1 are
-    end padding), or, with ``query_order`` (Tq,), in that order (``query_position``: its inverse).
-    ``partial``: whether some query may not see some key of its block (False: no mask to apply)."""
+    """Queries in n blocks of L steps, in order (steps past Tq − 1 are end padding), each block
+    over S keys: ``key_steps`` (n, S) long, where step Tk stands for a zero key (before the
+    sequence, outside the grid, end padding); ``can_attend`` (n, L, S) bool. ``causal``: each
+    block's queries are its keys and see exactly those up to themselves (SDPA's own causal
+    kernel, no mask to read)."""
 
     key_steps: Tensor
     can_attend: Tensor
-    query_order: Tensor | None = None
-    query_position: Tensor | None = None
-    partial: bool = True
+    causal: bool = False
 
     @property
     def query_steps(self) -> Tensor:
@@ -83,53 +79,23 @@ class BlockIndex:
         return torch.arange(n_blocks * block_len, device=self.key_steps.device).view(n_blocks, block_len)
 
     def to(self, device: torch.device) -> "BlockIndex":
-        order, position = (None if t is None else t.to(device) for t in (self.query_order, self.query_position))
-        return BlockIndex(self.key_steps.to(device), self.can_attend.to(device), order, position, self.partial)
+        return BlockIndex(self.key_steps.to(device), self.can_attend.to(device), self.causal)
 
 
-@dataclass(frozen=True)
-class DecodeIndex:
-    """Ring-buffer geometry for decoding one step at a time: step s's key and value live in slot
-    s % ``ring`` until step s + ring overwrites them; ring is the fewest slots that still hold
-    the oldest key any later query reads. ``can_read`` (T, ring) bool: the slots step t attends
-    to; None for full attention, where ring = T and step t reads slots 0..t."""
-
-    ring: int
-    can_read: Tensor | None
-
-    def readable(self, step: Tensor) -> Tensor:
-        """(ring,) bool: the slots decoding step ``step`` (a 0-d or a (1,) tensor) may read."""
-        if self.can_read is None:
-            return torch.arange(self.ring, device=step.device) <= step.view(1)
-        # Indexed by a 1-element tensor: a 0-d index is read back to the host as a Python int
-        # (under torch.compile, a .item() in the graph and a guard on its value).
-        return self.can_read[step.view(1)][0]
-
-    def to(self, device: torch.device) -> "DecodeIndex":
-        return DecodeIndex(self.ring, None if self.can_read is None else self.can_read.to(device))
-
-
-def ring_from_blocks(blocks: BlockIndex, length: int) -> DecodeIndex:
-    """The decoding ring of a causal pattern, from its blocks, one block at a time (so that the
-    largest tensor is one block's, never T²)."""
-
-    def pairs(queries: Tensor, keys: Tensor, can_attend: Tensor) -> tuple[Tensor, Tensor]:
-        """One block's (query step, key step) pairs that attend, padding left out."""
+def ring_length(blocks: BlockIndex, length: int) -> int:
+    """The fewest slots of a decoding ring (step s in slot s % ring) that still hold the oldest key
+    any later query reads: the longest distance from a query back to a key it sees, since a step
+    attends over the ring before its own key overwrites a slot (``attention.SelfAttentionCache``).
+    Read from the blocks one at a time (the largest tensor one block's, never T²)."""
+    ring = 1
+    for queries, keys, can_attend in zip(blocks.query_steps, blocks.key_steps, blocks.can_attend):
         allowed = can_attend & (queries[:, None] < length) & (keys[None, :] < length)
         query, key = allowed.nonzero(as_tuple=True)
-        return queries[query], keys[key]
-
-    blocks_pairs = list(zip(blocks.query_steps, blocks.key_steps, blocks.can_attend))
-    ring = 1
-    for queries, keys in (pairs(*block) for block in blocks_pairs):
-        if bool((keys > queries).any()):
+        if bool((keys[key] > queries[query]).any()):
             raise ValueError("cached decoding needs a causal pattern: a query sees a later key")
-        if queries.numel():
-            ring = max(ring, int((queries - keys).max()) + 1)
-    can_read = torch.zeros(length, ring, dtype=torch.bool)
-    for queries, keys in (pairs(*block) for block in blocks_pairs):
-        can_read[queries, keys % ring] = True
-    return DecodeIndex(ring, can_read)
+        if query.numel():
+            ring = max(ring, int((queries[query] - keys[key]).max()))
+    return ring
 
 
 class BuiltOnce:
@@ -156,22 +122,26 @@ class BuiltOnce:
 
 # ----- the pattern type --------------------------------------------------------------------------
 
-class AttentionPattern:
-    """Which of ``key_length`` keys each of ``query_length`` queries sees. Subclasses define the
-    rule (``mask_rule``) and their blocks (``build_blocks``); the rest derives from them."""
+class CausalPattern:
+    """Which earlier steps of ``order`` each step's query may see. Subclasses define the rule
+    (``mask_rule``) and their blocks (``build_blocks``); the rest derives from them."""
 
-    def __init__(self, query_length: int, key_length: int, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
-        self.query_length, self.key_length = query_length, key_length
+    def __init__(self, order: GenerationOrder, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
+        self.order = order
         self.flex_block_size = flex_block_size  # the block mask's kernel blocks (ModelConfig.flex_block_size)
         self.built = BuiltOnce()
+
+    @property
+    def length(self) -> int:
+        return self.order.length
 
     def mask_rule(self) -> MaskRule:
         """(query steps, key steps) -> bool, True where the query may attend to the key."""
         raise NotImplementedError
 
     def can_attend(self) -> Tensor:
-        """(Tq, Tk) bool, True where the query (row) may attend to the key (column)."""
-        return dense_mask(self.mask_rule(), self.query_length, self.key_length)
+        """(T, T) bool, True where the query (row) may attend to the key (column)."""
+        return dense_mask(self.mask_rule(), self.length, self.length)
 
     def build_blocks(self) -> BlockIndex:
         """The pattern's blocks, on the CPU (``blocks`` keeps them, per device)."""
@@ -184,27 +154,14 @@ class AttentionPattern:
     def block_mask(self, device: torch.device | str) -> BlockMask:
         """FlexAttention's block mask of the rule, on ``device``."""
         return self.built.once("block_mask", device, lambda: build_block_mask(
-            self.mask_rule(), self.query_length, self.key_length, device, self.flex_block_size))
+            self.mask_rule(), self.length, self.length, device, self.flex_block_size))
+
+    def ring(self) -> int:
+        """Slots of the decoding ring (``attention.SelfAttentionCache``)."""
+        return self.built.once("ring", "cpu", lambda: ring_length(self.blocks("cpu"), self.length))
 
     def describe(self) -> str:
         return type(self).__name__
-
-
-class CausalPattern(AttentionPattern):
-    """A decoder's self-attention pattern over the steps of ``order``: causal, with a ring buffer
-    for decoding one step at a time."""
-
-    def __init__(self, order: GenerationOrder, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
-        super().__init__(order.length, order.length, flex_block_size)
-        self.order = order
-
-    @property
-    def length(self) -> int:
-        return self.order.length
-
-    def decode_index(self, device: torch.device | str) -> DecodeIndex:
-        cpu = self.built.once("decode", "cpu", lambda: ring_from_blocks(self.blocks("cpu"), self.length))
-        return self.built.once("decode", device, lambda: cpu.to(device))
 
 
 class FullCausal(CausalPattern):
@@ -217,11 +174,11 @@ class FullCausal(CausalPattern):
         return rule
 
     def build_blocks(self) -> BlockIndex:
-        # One block holding the whole sequence: full attention's sparsity is no sparsity.
-        return BlockIndex(torch.arange(self.length)[None], self.can_attend()[None])
+        # One causal block holding the whole sequence: full attention's sparsity is no sparsity.
+        return BlockIndex(torch.arange(self.length)[None], self.can_attend()[None], causal=True)
 
-    def decode_index(self, device: torch.device | str) -> DecodeIndex:
-        return DecodeIndex(self.length, None)  # step t reads slots 0..t: nothing to build
+    def ring(self) -> int:
+        return max(1, self.length - 1)  # the last step reads the first
 
 
 class Local1D(CausalPattern):

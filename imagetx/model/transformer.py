@@ -21,14 +21,12 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .attention import CrossAttention, SelfAttention
+from .attention import SelfAttention, prepare
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
-from .cross_pattern import CrossPattern
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
 from .inputs import check_image_tensor, check_labels
-from .kernels import prepare
 from .layers import Encoder, LayerCache, TransformerLayer, zero_start
 from .order import images_to_sequence
 from .patterns import pattern_for
@@ -71,7 +69,6 @@ class ImageTransformer(nn.Module):
         self.class_embedding = nn.Embedding(config.num_classes, d) if config.num_classes else None
         self.input_dropout = nn.Dropout(config.dropout)
         self.encoder = Encoder(config) if config.encoder_layers else None
-        self.cross_pattern = self.local_cross_pattern()
         pixel_of_step = None if self.encoder is None else self.low_res_pixel_of_step()
         self.cell_remainder = None
         if config.cell_remainder_input:
@@ -80,7 +77,7 @@ class ImageTransformer(nn.Module):
         rotary = Rotary2D(d // config.n_heads, self.order) if config.rotary else None
         self.layers = nn.ModuleList(
             TransformerLayer(config, self.pattern, rotary, reads_low_res=self.encoder is not None,
-                             cross_pattern=self.cross_pattern, low_res_pixel_of_step=pixel_of_step)
+                             low_res_pixel_of_step=pixel_of_step)
             for _ in range(config.n_layers)
         )
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
@@ -88,16 +85,6 @@ class ImageTransformer(nn.Module):
         self.head = CategoricalHead(d, bounded) if categorical else DMOLHead(d, config.mixture_components, bounded)
         if config.low_res_zero_start:
             zero_start(self.low_res_writers())
-
-    def local_cross_pattern(self) -> CrossPattern | None:
-        """The pattern of each decoder step's cross-attention to the encoder's sub-pixels within
-        the radius, or None where it sees all of them (no radius, or no encoder)."""
-        radius = self.config.cross_attention_radius
-        if self.encoder is None or radius is None:
-            return None
-        cfg = self.config
-        return CrossPattern(self.order, cfg.low_res_size, cfg.image_size // cfg.low_res_size, radius,
-                            sub_pixels=cfg.head == "categorical")
 
     def step_cells(self) -> tuple[Tensor, Tensor]:
         """(rows, cols), each (T,): the low-resolution pixel each decoder step lies in."""
@@ -129,14 +116,14 @@ class ImageTransformer(nn.Module):
         return writers + ([self.cell_remainder.proj] if self.cell_remainder is not None else [])
 
     def build_patterns(self, device: torch.device | str) -> None:
-        """Build every attention layer's pattern on ``device`` now, eagerly. Under torch.compile
+        """Build the decoder's attention pattern on ``device`` now, eagerly. Under torch.compile
         the first pass that builds one breaks its graph there (patterns.BuiltOnce): a run whose
         first compiled pass found none built (a resumed run, which has no sanity validation)
         traced other graphs than a run whose sanity validation had built them, and missed the
         graphs an earlier run left in Inductor's cache. Built first, every run traces the same
         graphs, with no break."""
         for module in self.modules():
-            if isinstance(module, (SelfAttention, CrossAttention)):
+            if isinstance(module, SelfAttention):
                 prepare(module.pattern, module.kernel, torch.device(device), module.head_size)
 
     # ----- inputs -----------------------------------------------------------
@@ -180,15 +167,15 @@ class ImageTransformer(nn.Module):
             x = x + self.cell_remainder.embed(remainder)  # already causal: built from values before each step only
         return self.input_dropout(x)
 
-    def run_decoder(self, x: Tensor, steps: Tensor | slice, context: Tensor | None = None,
-                    cache: DecodingCache | None = None, bounds: Tensor | None = None) -> Tensor:
-        """The one decoder pass: inputs (B, t, d) of ``steps`` (``decoder_inputs``) through every
-        layer and the head -> (B, t, P). Every step teacher-forced at once, or with ``cache`` the
-        steps ``decode_steps`` runs. ``bounds``: for ``exact_box_means``, the steps' value bounds,
-        which the head's parameters carry (``cell_inputs``)."""
-        caches = [None] * len(self.layers) if cache is None else cache.layers
+    def run_decoder(self, x: Tensor, context: Tensor | None = None, cache: DecodingCache | None = None,
+                    bounds: Tensor | None = None) -> Tensor:
+        """The one decoder pass: inputs (B, t, d) (``decoder_inputs``) through every layer and the
+        head -> (B, t, P). Every step teacher-forced at once, or with ``cache`` the t steps from
+        ``cache.step`` on. ``bounds``: for ``exact_box_means``, the steps' value bounds, which the
+        head's parameters carry (``cell_inputs``)."""
+        caches, start = ([None] * len(self.layers), 0) if cache is None else (cache.layers, cache.step)
         for layer, layer_cache in zip(self.layers, caches):
-            x = layer(x, context, layer_cache, steps)  # (B, t, d)
+            x = layer(x, context, layer_cache, start)  # (B, t, d)
         return self.head(self.final_norm(x), bounds)  # (B, t, P)
 
     def decode(self, value_embeddings: Tensor, labels: Tensor | None = None, context: Tensor | None = None,
@@ -202,7 +189,7 @@ class ImageTransformer(nn.Module):
         from raw values, not embeddings.
         """
         x = self.decoder_inputs(self.shift_right(value_embeddings), slice(None), self.condition(labels), remainder)
-        return self.run_decoder(x, slice(None), context, bounds=bounds)
+        return self.run_decoder(x, context, bounds=bounds)
 
     def cell_inputs(self, targets: Tensor, low_res: Tensor | None, cache: RemainderCache | None = None,
                     steps: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
@@ -243,14 +230,13 @@ class ImageTransformer(nn.Module):
         multiplied by 0, as ``shift_right`` gives step 0 zeros. No branch depends on the step's
         value, so every decoding step runs one graph (``sampler.compile_decoding``)."""
         count = previous.shape[1]
-        # a (1,) index for one step: a 0-d one would be read back to the host (DecodeIndex.readable)
-        steps = cache.step.view(1) if count == 1 else torch.arange(count, device=cache.step.device)
+        steps = cache.step + torch.arange(count, device=cache.step.device)  # (t,)
         channels = self.step_channels[(steps - 1) % self.order.length]  # the channel of each step's input
         shifted = self.embed_values(previous, channels) * (steps > 0)[:, None]
         remainder, bounds = self.cell_inputs(previous, None, cache.remainder, steps)
-        params = self.run_decoder(self.decoder_inputs(shifted, steps, cache.condition, remainder), steps, cache=cache,
+        params = self.run_decoder(self.decoder_inputs(shifted, steps, cache.condition, remainder), cache=cache,
                                   bounds=bounds)
-        cache.step += count  # after the pass: ``steps`` of one step is a view of the counter
+        cache.step += count  # after the pass, whose layers read the counter as their start
         return params
 
     def decode_step(self, previous: Tensor, cache: DecodingCache) -> Tensor:
@@ -267,9 +253,9 @@ class ImageTransformer(nn.Module):
         would leave it, at step P (tests). As in ``forward``, the last value is not read: it is
         the ``previous`` of the next ``decode_step``.
 
-        One teacher-forced pass of the layers over the P steps (each self-attention layer over
-        its pattern's first query blocks only), where P steps would each run every layer: for a
-        completion, its given rows."""
+        One teacher-forced pass of the layers over the P steps (each self-attention layer's
+        queries over their own keys, masked by its pattern's rule), where P steps would each run
+        every layer: for a completion, its given rows."""
         length = given.shape[1]
         if not 0 < length <= self.order.length:
             raise ValueError(f"prefill takes 1..{self.order.length} steps, not {length}")
