@@ -22,7 +22,7 @@ import torch
 import yaml
 
 from experiments.json_result import emit
-from imagetx import ImageTransformer, ModelConfig
+from imagetx import build_model, ModelConfig
 from imagetx.model.scoring import model_inputs
 from imagetx.training.module import make_optimizer, optimizer_settings
 
@@ -41,7 +41,7 @@ def build(preset: dict, overrides: list[str]):
         if not equals:
             raise ValueError(f"override {item!r} is not key=value")
         set_key(preset, key, yaml.safe_load(value))
-    model = ImageTransformer(ModelConfig.from_dict(preset["model"]["config"]))
+    model = build_model(ModelConfig.from_dict(preset["model"]["config"]))
     settings = preset["model"]
     optimizer = make_optimizer(model, **optimizer_settings(settings))
     batch = preset["data"]["batch_size"]

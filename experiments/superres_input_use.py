@@ -102,10 +102,10 @@ def main() -> None:
         baseline = load_model(args.baseline, map_location=args.device) if args.baseline else None
     except CheckpointError as err:
         sys.exit(f"error: {err}")
-    if baseline is not None and (baseline.encoder is not None or baseline.config.image_size != model.config.image_size):
+    if baseline is not None and (baseline.config.encoder_layers or baseline.config.image_size != model.config.image_size):
         sys.exit(f"error: --baseline {args.baseline} must be a {model.config.image_size}x{model.config.image_size} "
                  "model without encoder (encoder_layers=0)")
-    if model.encoder is None:
+    if not model.config.encoder_layers:
         sys.exit(f"error: {args.ckpt} has no encoder (encoder_layers=0); pass a super-resolution checkpoint")
     if args.count < 2 or args.batch_size < 1:
         sys.exit("error: --count must be at least 2 (each image borrows another's input) and --batch_size at least 1")

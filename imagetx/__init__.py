@@ -6,6 +6,7 @@ Lightning)::
 
     from imagetx import ModelConfig, ImageTransformer, from_pretrained, load_model, save_pretrained
     model = ImageTransformer(ModelConfig(n_layers=2, d_model=64, n_heads=2, d_filter=128))
+    # build_model(config) builds either: the decoder, or with encoder_layers the super-resolution model
     nats = model.nll(images)            # uint8 (B, 32, 32, 3) -> (B,) nats per image
     bpd = model.bits_per_dim(images)    # (B,) bits per sub-pixel
     save_pretrained(model, "my-model")  # my-model/model.safetensors + config.json + README.md
@@ -16,9 +17,8 @@ Lightning)::
 from .io.errors import CheckpointError
 from .io.hub import from_pretrained, push_to_hub, save_pretrained
 from .io.load import load_model
-from .model.config import ModelConfig
-from .model.transformer import ImageTransformer
+from .model import ImageTransformer, ModelConfig, SuperResolutionTransformer, build_model
 
-__all__ = ["CheckpointError", "ImageTransformer", "ModelConfig", "from_pretrained", "load_model", "push_to_hub",
-           "save_pretrained"]
+__all__ = ["CheckpointError", "ImageTransformer", "ModelConfig", "SuperResolutionTransformer", "build_model",
+           "from_pretrained", "load_model", "push_to_hub", "save_pretrained"]
 __version__ = "0.1.0"

@@ -35,7 +35,7 @@ from pathlib import Path
 
 import torch
 
-from imagetx import ImageTransformer, load_model
+from imagetx import ImageTransformer, build_model, load_model
 from imagetx.data.sources import Reader, tensors
 from imagetx.model.sampler import compile_decoding, first_input, sample
 from scripts.common import preset_model_config, sample_uncached, sync, timed
@@ -88,7 +88,7 @@ def random_model(args: argparse.Namespace) -> tuple[ImageTransformer, torch.Tens
     low-resolution inputs where it takes them."""
     torch.manual_seed(0)
     config = preset_model_config(args.config)
-    model = ImageTransformer(config).to(args.device, getattr(torch, args.dtype)).eval()
+    model = build_model(config).to(args.device, getattr(torch, args.dtype)).eval()
     labels = torch.arange(args.batch, device=args.device) % config.num_classes if config.num_classes else None
     low_res = None
     if config.encoder_layers:

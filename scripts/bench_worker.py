@@ -162,12 +162,12 @@ def training_step(spec: dict, cfg, device):
     """(model, ``step``: one training step of the configuration, losses: where it appends its loss)."""
     import torch
 
-    from imagetx import ImageTransformer
+    from imagetx import ImageTransformer, build_model
     from imagetx.training.module import make_optimizer, optimizer_settings
 
     hp = read_preset(spec["preset"])["model"]
     torch.manual_seed(0)
-    model = ImageTransformer(cfg).to(device).train()
+    model = build_model(cfg).to(device).train()
     optimizer = make_optimizer(model, **optimizer_settings(hp))
     images, labels, low_res = make_inputs(cfg, spec["batch"], device)
     bf16 = spec["precision"] == "bf16"
@@ -297,13 +297,13 @@ def sample_worker(spec: dict) -> dict:
     """Cached (and, if asked, uncached) sampling speed of one preset, in this process."""
     import torch
 
-    from imagetx import ImageTransformer
+    from imagetx import ImageTransformer, build_model
 
     set_threads(spec)
     device = torch.device(spec["device"])
     cfg = build_config(spec)
     torch.manual_seed(0)
-    model = ImageTransformer(cfg).to(device).eval()
+    model = build_model(cfg).to(device).eval()
     if spec["precision"] == "bf16":
         model = model.to(torch.bfloat16)
     _, labels, low_res = make_inputs(cfg, spec["sample_batch"], device)

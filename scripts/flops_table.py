@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 from imagetx.model.flops import count_flops
-from imagetx.model.transformer import ImageTransformer
+from imagetx import build_model
 from scripts.common import fmt, preset_model_config
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -21,7 +21,7 @@ GIGA = 1e9
 
 
 def preset_flops(path: Path, kernel: str) -> dict:
-    model = ImageTransformer(preset_model_config(path, attention_kernel=kernel))
+    model = build_model(preset_model_config(path, attention_kernel=kernel))
     flops = count_flops(model, "cpu")
     return {"preset": path.stem, "parameters": sum(p.numel() for p in model.parameters()),
             "forward_gflops": flops.forward / GIGA, "training_gflops": flops.training / GIGA,

@@ -14,7 +14,7 @@ import pytest
 import torch
 from einops import rearrange
 
-from imagetx import ImageTransformer, ModelConfig
+from imagetx import ImageTransformer, build_model, ModelConfig
 
 
 # The val bits/dim on the shipped completion model's card (pretrained/completion/README.md), which
@@ -56,7 +56,7 @@ def tiny_config(**overrides) -> ModelConfig:
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> ImageTransformer:
     """A seeded tiny ImageTransformer in eval mode."""
     torch.manual_seed(seed)
-    model = ImageTransformer(tiny_config(**overrides))
+    model = build_model(tiny_config(**overrides))
     return model.to(dtype).eval()
 
 

@@ -10,7 +10,7 @@ import torch
 
 import imagetx
 from helpers import random_images, random_labels, tiny_config, tiny_model, weights_checkpoint
-from imagetx import CheckpointError, ImageTransformer, ModelConfig, load_model, save_pretrained
+from imagetx import CheckpointError, ImageTransformer, build_model, ModelConfig, load_model, save_pretrained
 from imagetx.io.checkpoint import imagetx_metadata
 
 REPO = Path(__file__).resolve().parents[1]
@@ -320,7 +320,7 @@ def test_checkpoint_error_is_a_value_error():
 
 def test_build_from_config_dict():
     cfg = ModelConfig.from_dict({**tiny_config().to_dict(), "n_layers": 2})
-    model = ImageTransformer(cfg)
+    model = build_model(cfg)
     assert len(model.layers) == 2
     with torch.no_grad():
         assert model.eval().nll(random_images(1, 4)).shape == (1,)

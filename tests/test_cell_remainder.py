@@ -98,7 +98,7 @@ def test_cached_decoder_matches_full_pass_with_remainder(head, attention, bounde
 def test_decode_without_the_remainder_says_what_to_pass():
     model = remainder_model("dmol", "local_1d")
     images, low_res = random_images(1, 8, seed=1), random_images(1, 4, seed=2)
-    with pytest.raises(ValueError, match="remainder=model.cell_remainder"):
+    with pytest.raises(ValueError, match=r"side=model.side_inputs\(targets, low_res\)"):
         model.decode(model.embed_values(model.targets(images)), None, model.encode(low_res))
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from helpers import TINY_TRAIN_MODEL, one_error_line, random_images, write_train_config
-from imagetx import CheckpointError, ImageTransformer, ModelConfig, load_model
+from imagetx import CheckpointError, build_model, ModelConfig, load_model
 from imagetx.io.checkpoint import imagetx_metadata
 from imagetx.evaluate import main as evaluate_main
 from imagetx.export import main as export_main
@@ -36,7 +36,7 @@ class CreatesAFile:
 def trapped_checkpoint(path, creates):
     """A file laid out as a training checkpoint of the tiny train model (weights, optimiser and loop
     state, imagetx's metadata), with one callback state that creates ``creates`` when unpickled."""
-    model = ImageTransformer(ModelConfig(**TINY_TRAIN_MODEL))
+    model = build_model(ModelConfig(**TINY_TRAIN_MODEL))
     torch.save({"epoch": 0, "global_step": 2, "imagetx": imagetx_metadata(model.config),
                 "state_dict": {f"model.{name}": value for name, value in model.state_dict().items()},
                 "optimizer_states": [{"state": {}, "param_groups": []}], "loops": {"fit_loop": {}},

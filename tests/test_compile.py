@@ -6,7 +6,7 @@ import pytest
 import torch
 import yaml
 
-from imagetx import ImageTransformer, ModelConfig
+from imagetx import build_model, ModelConfig
 from imagetx.model.inputs import downsample_area
 from imagetx.training.module import COMPILE_OPTIONS, ImageTransformerModule
 
@@ -41,9 +41,9 @@ def test_a_model_with_its_patterns_built_compiles_as_one_graph(preset, built):
     settings = yaml.safe_load((REPO / "configs" / preset).read_text())["model"]["config"]
     settings.update(n_layers=1, d_model=16, n_heads=2, d_filter=32,
                     encoder_layers=min(settings.get("encoder_layers", 0), 1))
-    model = ImageTransformer(ModelConfig.from_dict(settings)).eval()  # no dropout: two passes compared
+    model = build_model(ModelConfig.from_dict(settings)).eval()  # no dropout: two passes compared
     images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
-    low_res = downsample_area(images, 8) if model.encoder is not None else None
+    low_res = downsample_area(images, 8) if model.config.encoder_layers else None
     if built:
         model.build_patterns("cpu")
     compiled = torch.compile(model, fullgraph=True, backend="eager")
@@ -60,7 +60,7 @@ def traced_batch_sizes(order: str, **options) -> list[tuple]:
     flag and the size of each input that is not a plain number (a symbolic one where dynamic)."""
     settings = yaml.safe_load((REPO / "configs" / "cifar10_dmol_25min.yaml").read_text())["model"]["config"]
     settings.update(image_size=8, query_block_length=8, n_layers=1, d_model=16, n_heads=2, d_filter=32)
-    model = ImageTransformer(ModelConfig.from_dict(settings))
+    model = build_model(ModelConfig.from_dict(settings))
     model.build_patterns("cpu")
     traced = []
 

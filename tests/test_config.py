@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from helpers import random_images, tiny_config, tiny_model
-from imagetx import ImageTransformer, ModelConfig
+from imagetx import build_model, ModelConfig
 from imagetx.training.module import ImageTransformerModule
 from imagetx.model.config import LAST_COMMIT_WITH_RADIUS
 from imagetx.model.patterns import pattern_for
@@ -25,14 +25,14 @@ from imagetx.model.patterns import pattern_for
 
 def assert_rejected(field: str, **overrides) -> None:
     with pytest.raises(ValueError, match=rf"\b{field}\b"):
-        ImageTransformer(tiny_config(**overrides))
+        build_model(tiny_config(**overrides))
 
 
 def test_tiny_config_itself_is_valid():
     # The base of every rejection below builds fine: each failure is due to its override.
     for attention in ("local_1d", "local_2d", "full"):
         for head in ("categorical", "dmol"):
-            ImageTransformer(tiny_config(attention=attention, head=head))
+            build_model(tiny_config(attention=attention, head=head))
 
 
 def test_heads_must_divide_d_model():
@@ -73,12 +73,12 @@ def test_2d_block_must_be_positive():
 
 def test_flange_taller_than_the_block_is_accepted():
     # Causal in block-raster order (tests/test_causality.py checks it by gradients).
-    model = ImageTransformer(tiny_config(attention="local_2d", query_block_shape=(1, 3), memory_flange=(3, 1)))
+    model = build_model(tiny_config(attention="local_2d", query_block_shape=(1, 3), memory_flange=(3, 1)))
     assert model.config.memory_flange == (3, 1)
 
 
 def test_flange_height_equal_to_block_height_is_fine():
-    ImageTransformer(tiny_config(attention="local_2d", query_block_shape=(2, 3), memory_flange=(2, 7)))
+    build_model(tiny_config(attention="local_2d", query_block_shape=(2, 3), memory_flange=(2, 7)))
 
 
 @pytest.mark.parametrize("flange", [(-1, 1), (1, -1)])
@@ -140,7 +140,7 @@ def test_encoder_low_res_must_divide_image_size():
 
 
 def test_low_res_size_is_ignored_without_encoder():
-    ImageTransformer(tiny_config(image_size=8, encoder_layers=0, low_res_size=3))
+    build_model(tiny_config(image_size=8, encoder_layers=0, low_res_size=3))
 
 
 def test_unknown_field_in_from_dict():

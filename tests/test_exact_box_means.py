@@ -109,7 +109,7 @@ def test_bounds_hold_the_true_values_and_at_a_cells_last_step_exactly_those_that
     images = random_images(2, 8, seed=5)
     low_res = downsample_area(images, 4)
     targets = model.targets(images)
-    _, bounds = model.cell_inputs(targets, low_res)
+    _, bounds = model.side_inputs(targets, low_res)
     values = targets[..., None] if head == "categorical" else targets  # (B, T, c)
     c = values.shape[-1]
     lowest, highest = bounds[..., :c].long(), bounds[..., c:].long()
@@ -167,9 +167,9 @@ def test_decode_without_the_bounds_says_what_to_pass():
     images = random_images(1, 8, seed=1)
     low_res = downsample_area(images, 4)
     targets = model.targets(images)
-    remainder, _ = model.cell_inputs(targets, low_res)
+    side, _ = model.side_inputs(targets, low_res)
     with pytest.raises(ValueError, match="exact_box_means.*pass the bounds"):
-        model.decode(model.embed_values(targets), None, model.encode(low_res), remainder)
+        model.decode(model.embed_values(targets), None, model.encode(low_res), side)
 
 
 def test_given_rows_that_cannot_fit_the_input_are_refused_and_ones_that_do_are_kept():

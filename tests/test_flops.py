@@ -23,7 +23,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import random_images, random_labels, tiny_config
-from imagetx import ImageTransformer, ModelConfig
+from imagetx import ImageTransformer, build_model, ModelConfig
 from imagetx.model.inputs import downsample_area
 from imagetx.model.flops import FLOPS_PER_MAC, count_flops
 
@@ -76,7 +76,7 @@ def counted(model: ImageTransformer, batch: int = 2) -> tuple[int, int]:
 def test_counted_flops_equal_flop_counter_mode(case):
     cfg = tiny_config(image_size=8, n_layers=2, **CASES[case])
     torch.manual_seed(0)
-    model = ImageTransformer(cfg).train()
+    model = build_model(cfg).train()
     flops = count_flops(model)
     forward, backward = counted(model)
     assert forward > flops.projections + flops.inputs  # the reference counted attention too
@@ -90,7 +90,7 @@ def test_counted_flops_equal_flop_counter_mode(case):
 def test_local_attention_counts_its_blocks_not_the_dense_square():
     """A 1D local pattern at 32×32 computes a fixed window per query: a fraction of full
     attention's pairs, and growing with T, not T²."""
-    local, full = (count_flops(ImageTransformer(tiny_config(image_size=32, attention=kind, query_block_length=64)))
+    local, full = (count_flops(build_model(tiny_config(image_size=32, attention=kind, query_block_length=64)))
                    for kind in ("local_1d", "full"))
     assert local.projections == full.projections
     steps = 32 * 96
@@ -104,7 +104,7 @@ def test_local_attention_counts_its_blocks_not_the_dense_square():
 def test_flex_attention_counts_the_tiles_of_its_block_mask():
     """With FlexAttention the attention is every 128×128 tile the block mask does not skip:
     full causal attention over 192 steps is tiles (0,0), (1,0) and (1,1), each computed whole."""
-    flex, sdpa = (count_flops(ImageTransformer(tiny_config(image_size=8, attention="full", attention_kernel=kernel)))
+    flex, sdpa = (count_flops(build_model(tiny_config(image_size=8, attention="full", attention_kernel=kernel)))
                   for kernel in ("flex", "sdpa"))
     assert flex.projections == sdpa.projections
     assert flex.attention == 2 * FLOPS_PER_MAC * 16 * 3 * 128 * 128
@@ -115,7 +115,7 @@ def test_flex_attention_counts_the_tiles_of_its_block_mask():
 def test_every_preset_counted_as_flop_counter_mode_counts_it(preset):
     """Full-size presets, their forward pass counted on the meta device (shapes only, instant)."""
     cfg = ModelConfig.from_dict(yaml.safe_load((CONFIGS / f"{preset}.yaml").read_text())["model"]["config"])
-    model = ImageTransformer(cfg)
+    model = build_model(cfg)
     flops = count_flops(model)
     model = model.to("meta")
     images = torch.zeros(1, cfg.image_size, cfg.image_size, 3, dtype=torch.uint8, device="meta")

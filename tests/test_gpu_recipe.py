@@ -19,7 +19,7 @@ import yaml
 from torch._dynamo.utils import counters
 
 from helpers import train_metrics
-from imagetx import ImageTransformer, ModelConfig, load_model
+from imagetx import build_model, ModelConfig, load_model
 from imagetx.model.scoring import evaluate
 from imagetx.model.flops import count_flops
 from imagetx.model.sampler import sample
@@ -41,7 +41,7 @@ def test_recipe_sizing_matches_its_arithmetic():
     # model must change them too.
     values = recipe()
     config = ModelConfig.from_dict({**values["model"]["config"], "attention_kernel": "flex"})  # as on CUDA
-    flops = count_flops(ImageTransformer(config))
+    flops = count_flops(build_model(config))
     assert round(flops.training / 1e9, 1) == 55.8 and round(flops.forward / 1e9, 1) == 18.6
     # every batch of one shape: the compiled model never recompiles for a short last batch
     data = values["data"]
@@ -100,7 +100,7 @@ def test_recipe_trains_evaluates_and_samples_on_the_cpu(tmp_path, data_root):
     # GPU's validation with this recipe), against the CPU's SDPA path in float32.
     model = load_model(run_dir / "checkpoints" / "last.ckpt")
     assert model.config.attention_kernel == "auto"  # on this CPU: SDPA
-    flex_model = ImageTransformer(dataclasses.replace(model.config, attention_kernel="flex")).eval()
+    flex_model = build_model(dataclasses.replace(model.config, attention_kernel="flex")).eval()
     flex_model.load_state_dict(model.state_dict())
     flex_model.compile()
     images, labels = load("cifar10", data_root, "val", val_size=2)

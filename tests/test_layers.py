@@ -111,7 +111,7 @@ def test_no_import_cycles():
 def test_the_import_reading_sees_relative_absolute_and_function_level_imports():
     # So that the checks above could fail: what they read of three known modules.
     transformer = imports(MODULES["imagetx.model.transformer"], top_level_only=True)[0]
-    assert {"imagetx.model.config", "imagetx.model.layers"} <= transformer
+    assert {"imagetx.model.config", "imagetx.model.attention"} <= transformer
     hub = imports(MODULES["imagetx.io.hub"], top_level_only=True)
     assert "imagetx.model.transformer" in hub[0] and "huggingface_hub" in hub[1]
     assert layer("imagetx.io.hub") > layer("imagetx.model.transformer")
@@ -130,14 +130,14 @@ def test_loading_scoring_and_sampling_from_python_never_import_the_training_stac
         import sys
         import torch
         import imagetx
-        from imagetx import ImageTransformer, from_pretrained, load_model
+        from imagetx import build_model, from_pretrained, load_model
         from imagetx.model.sampler import sample
         from imagetx.model.scoring import evaluate
 
         model = load_model({str(REPO / "pretrained" / "completion")!r})
         from_pretrained({str(REPO / "pretrained" / "completion")!r})
-        tiny = ImageTransformer(imagetx.ModelConfig(image_size=4, n_layers=1, d_model=16, n_heads=2, d_filter=32,
-                                                    query_block_length=8))
+        tiny = build_model(imagetx.ModelConfig(image_size=4, n_layers=1, d_model=16, n_heads=2, d_filter=32,
+                                               query_block_length=8))
         checkpoint = {{"imagetx": {{"format": 1, "model_config": tiny.config.to_dict()}},
                       "state_dict": {{"model." + k: v for k, v in tiny.state_dict().items()}}}}
         torch.save(checkpoint, {str(tmp_path / "tiny.ckpt")!r})

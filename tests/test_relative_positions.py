@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from helpers import random_images, random_labels, tiny_config, tiny_model
-from imagetx import ImageTransformer
+from imagetx import build_model
 from imagetx.model.config import LAST_COMMIT_WITH_THEM, REMOVED_RELATIVE_POSITIONS
 from imagetx.model.order import GenerationOrder
 from imagetx.model.rotary import Rotary2D
@@ -80,14 +80,14 @@ def test_rotary_adds_no_parameters_and_only_turns_decoder_self_attention():
 
 def test_rotary_needs_head_size_divisible_by_4():
     with pytest.raises(ValueError, match=r"relative_positions='rotary' is invalid: needs a head size .* = 6\) divisible"):
-        ImageTransformer(tiny_config(d_model=12, n_heads=2, relative_positions="rotary"))
+        build_model(tiny_config(d_model=12, n_heads=2, relative_positions="rotary"))
 
 
 @pytest.mark.parametrize("kind", REMOVED_RELATIVE_POSITIONS)
 def test_removed_kinds_are_refused_naming_the_last_commit_that_reads_them(kind):
     with pytest.raises(ValueError, match=rf"relative_positions='{kind}' is invalid: this kind was removed.*"
                                          rf"commit {LAST_COMMIT_WITH_THEM}"):
-        ImageTransformer(tiny_config(relative_positions=kind))
+        build_model(tiny_config(relative_positions=kind))
 
 
 @pytest.mark.parametrize("kind", KINDS)

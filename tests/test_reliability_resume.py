@@ -227,13 +227,13 @@ def test_resume_with_another_batch_size_is_a_clear_error(tmp_path, data_root, ca
 @pytest.mark.parametrize("damage", ["truncated", "not imagetx", "weights only"])
 def test_resume_from_a_bad_checkpoint_is_a_clear_error(tmp_path, data_root, capsys, damage):
     from imagetx.io.checkpoint import imagetx_metadata
-    from imagetx.model.transformer import ImageTransformer
+    from imagetx import build_model
     from imagetx.model.config import ModelConfig
     from helpers import TINY_TRAIN_MODEL
 
     bad = tmp_path / "bad.ckpt"
     if damage == "weights only":  # the model's configuration and weights, no optimiser or loop state
-        model = ImageTransformer(ModelConfig(**TINY_TRAIN_MODEL))
+        model = build_model(ModelConfig(**TINY_TRAIN_MODEL))
         torch.save(weights_checkpoint(model), bad)
     else:
         torch.save({"state_dict": {}} if damage == "not imagetx" else {"x": torch.zeros(1000)}, bad)

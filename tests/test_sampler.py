@@ -12,7 +12,7 @@ import yaml
 
 from helpers import random_images, random_labels, tiny_model
 from imagetx.model.inputs import downsample_area
-from imagetx import ImageTransformer, ModelConfig
+from imagetx import build_model, ModelConfig
 from imagetx.model.order import sequence_to_images
 from imagetx.model.sampler import (ISOLATED, LOG_PROGRESS_SECONDS, compile_decoding, first_input, progress_bar, sample,
                                    sample_progressively)
@@ -99,7 +99,7 @@ def test_ring_buffer_is_shorter_than_the_sequence():
     assert all(layer.self_attn.keys.shape[0] == 2 * SMALL_BLOCKS["query_block_length"] - 1 for layer in cache.layers)
     assert 32 < model.order.length == 192
     # one step counter, the model's cache's: no layer's cache keeps a copy
-    assert not any(hasattr(part, "step") for layer in cache.layers for part in (layer.self_attn, layer.low_res))
+    assert not any(hasattr(part, "step") for layer in cache.layers for part in (layer.self_attn, layer.context))
 
 
 @pytest.mark.parametrize("head,attention,reading,low_res_size", [
@@ -407,7 +407,7 @@ def test_starting_to_decode_the_imagenet64_preset_builds_nothing_of_size_t_squar
     # from the pattern's blocks instead; the dense reference itself is the negative control.
     with open(REPO / "configs" / "imagenet64.yaml") as handle:
         config = ModelConfig.from_dict(yaml.safe_load(handle)["model"]["config"])
-    model = ImageTransformer(config).eval()
+    model = build_model(config).eval()
     t_squared = model.order.length ** 2
     assert largest_allocation(lambda: model.start_decoding(1)) < t_squared // 16
     assert largest_allocation(model.pattern.can_attend) >= t_squared

@@ -3,6 +3,7 @@ and the commands score and sample given the 8×8 input."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -12,7 +13,7 @@ import torch
 from PIL import Image
 
 from helpers import dense_attention, random_images, tiny_model, write_cifar_npz
-from imagetx import load_model, save_pretrained
+from imagetx import ImageTransformer, SuperResolutionTransformer, build_model, load_model, save_pretrained
 from imagetx.model.attention import merge_heads, project_heads
 from imagetx.model.inputs import downsample_area
 from imagetx.data.images import GRID_SCALE
@@ -194,3 +195,15 @@ def test_encoder_embedding_starts_ordinal():
     torch.testing.assert_close(steps, steps[:, :1].expand_as(steps), rtol=0, atol=1e-6)  # built in fp32
     assert torch.all(steps[:, 0].abs().sum(dim=-1) > 0)  # not collapsed to one point
     assert not torch.allclose(table[0], table[1])  # channels keep separate lines
+
+
+def test_the_decoder_alone_refuses_an_encoder_and_build_model_builds_the_extension():
+    config = tiny_model(head="dmol", attention="local_1d", image_size=8, encoder_layers=1, low_res_size=4).config
+    with pytest.raises(ValueError, match=r"encoder_layers=1: a super-resolution model is "
+                                         r"SuperResolutionTransformer\(config\); build_model\(config\) builds either"):
+        ImageTransformer(config)
+    assert type(build_model(config)) is SuperResolutionTransformer
+    assert type(build_model(dataclasses.replace(config, encoder_layers=0))) is ImageTransformer
+    # the extension adds parts and renames none of the decoder's
+    decoder = set(build_model(dataclasses.replace(config, encoder_layers=0)).state_dict())
+    assert decoder < set(build_model(config).state_dict())

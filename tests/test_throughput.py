@@ -12,7 +12,7 @@ from lightning.fabric.utilities.throughput import get_available_flops
 
 import imagetx.training.throughput as throughput
 from helpers import TINY_TRAIN_MODEL, write_cifar_npz, write_train_config
-from imagetx import ImageTransformer, ModelConfig
+from imagetx import build_model, ModelConfig
 from imagetx.model.flops import count_flops
 from imagetx.train import main
 
@@ -78,7 +78,7 @@ def test_training_logs_flops_per_second_and_mfu_against_the_peak(tmp_path, monke
     assert len(rows) == 1  # at step 10: the monitor's window (10 batches) is full
     row = rows[0]
     flops_per_sec, images_per_sec = float(row["train/device/flops_per_sec"]), float(row["train/device/samples_per_sec"])
-    per_image = count_flops(ImageTransformer(ModelConfig(**TINY_TRAIN_MODEL))).training
+    per_image = count_flops(build_model(ModelConfig(**TINY_TRAIN_MODEL))).training
     assert flops_per_sec / images_per_sec == pytest.approx(per_image, rel=1e-9)
     assert float(row["train/device/mfu"]) == pytest.approx(flops_per_sec / peak, rel=1e-9)
 

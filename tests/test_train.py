@@ -281,13 +281,13 @@ def test_the_summary_counts_the_models_flops_and_lightnings_tips_are_dropped(tmp
     from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
 
     from imagetx.model.flops import count_flops
-    from imagetx.model.transformer import ImageTransformer
+    from imagetx import build_model
 
     caplog.set_level(logging.INFO)
     config = write_config(tmp_path, tmp_path / "run", data_root, max_steps=1, enable_model_summary=True)
     main(["--config", str(config), "--wandb", "disabled"])
     printed = "\n".join(record.getMessage() for record in caplog.records)
-    flops = count_flops(ImageTransformer(ModelConfig(**TINY_TRAIN_MODEL))).forward * 2  # batches of 2
+    flops = count_flops(build_model(ModelConfig(**TINY_TRAIN_MODEL))).forward * 2  # batches of 2
     (line,) = [line for line in printed.splitlines() if "total flops" in line.lower()]
     assert flops > 0 and line.split("Total")[0].strip() == get_human_readable_count(flops), line
     assert "Total params" in printed and "Tip:" not in printed

@@ -8,7 +8,7 @@ import torch
 
 from helpers import (TINY_TRAIN_MODEL, one_error_line, random_images, tiny_model, weights_checkpoint,
                      write_train_config)
-from imagetx import ModelConfig, ImageTransformer
+from imagetx import ModelConfig, build_model
 from imagetx.io.errors import CheckpointError
 from imagetx.io.weights import write_weights
 from imagetx.model.inputs import downsample_area
@@ -129,7 +129,7 @@ SUPERRES_TRAIN_MODEL = dict(encoder_layers=1, low_res_size=8, low_res_reading="c
 
 
 def test_train_init_from_starts_the_run_from_the_source_weights(tmp_path, data_root, capsys):
-    source = ImageTransformer(ModelConfig(**TINY_TRAIN_MODEL))
+    source = build_model(ModelConfig(**TINY_TRAIN_MODEL))
     write_weights(tmp_path / "source", source.state_dict(), source.config)
     run_dir = tmp_path / "run"
     # peak_lr 0: Adam's updates are exactly zero, so the trained weights are those the run started from.

@@ -15,7 +15,7 @@ import pytest
 import torch
 import yaml
 
-from imagetx import ImageTransformer, ModelConfig
+from imagetx import ImageTransformer, build_model, ModelConfig
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -35,7 +35,7 @@ TINY_TRAIN_MODEL = dict(image_size=32, head="dmol", mixture_components=2, n_laye
 def tiny_model(seed: int = 0, **overrides) -> ImageTransformer:
     """A seeded tiny ImageTransformer in eval mode; any ModelConfig field can be overridden."""
     torch.manual_seed(seed)
-    return ImageTransformer(ModelConfig(**{**TINY, **overrides})).eval()
+    return build_model(ModelConfig(**{**TINY, **overrides})).eval()
 
 
 def write_cifar_npz(root: Path, train_sizes=(6, 6), seed: int = 0) -> np.ndarray:

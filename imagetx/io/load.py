@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from ..model.superres import build_model
 from ..model.transformer import ImageTransformer
 from .checkpoint import model_from_checkpoint
 from .weights import model_from_folder
@@ -30,7 +31,7 @@ def with_settings(model: ImageTransformer, **settings) -> ImageTransformer:
     for settings that have no tensors of their own (``exact_box_means``, which restricts a trained
     super-resolution model's values to its input's box means). A ValueError for one that would
     add, drop or reshape a tensor."""
-    rebuilt = ImageTransformer(dataclasses.replace(model.config, **settings))
+    rebuilt = build_model(dataclasses.replace(model.config, **settings))
     own, stored = rebuilt.state_dict(), model.state_dict()
     if {name: value.shape for name, value in own.items()} != {name: value.shape for name, value in stored.items()}:
         raise ValueError(f"{', '.join(f'{key}={value!r}' for key, value in settings.items())} changes the model's "

@@ -81,7 +81,7 @@ class ModelConfig:
     exact_box_means: bool = False
     # How each decoder layer reads the encoder (§6): "cross_attention" (the paper's), or
     # "cell_add": after self-attention, a linear map of the encoder's outputs for the low-res
-    # pixel the step lies in (imagetx/model/cell_add.py; not in the paper), as good as cross-attention
+    # pixel the step lies in (imagetx/model/superres.py; not in the paper), as good as cross-attention
     # to that pixel alone and cheaper: no query or output projection per step.
     low_res_reading: LowResReading = "cross_attention"
     # True: the maps that write the low-res input into the decoder (cross-attention's output

@@ -39,6 +39,7 @@ from torch.nn.attention.flex_attention import BlockMask
 
 from .config import CHANNELS
 from .attention import pairs_computed, uses_flex
+from .superres import SuperResolutionTransformer
 from .transformer import ImageTransformer
 
 # 2 FLOPs (a multiply and an add) per multiply-add of a matrix product.
@@ -82,19 +83,21 @@ def decoder_attention_pairs(model: ImageTransformer, device: torch.device | str 
 
 def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> Flops:
     """FLOPs of one image through ``model`` (any ``ModelConfig``: build it with
-    ``ImageTransformer(config)``), with the attention kernels it runs on ``device``."""
+    ``build_model(config)``), with the attention kernels it runs on ``device``."""
     cfg = model.config
     steps = model.order.length  # decoder positions: sub-pixels or pixels
-    context = 0 if model.encoder is None else model.encoder.order.length  # low-resolution sub-pixels
+    raw = {model.value_embedding.proj} if cfg.head == "dmol" else set()
     # Every linear layer runs once per decoder step, except the encoder's and the projection of
     # cross-attention's keys and values, which run once per low-resolution sub-pixel, and the
     # cell add's map, once per low-resolution pixel (its 3 sub-pixels at once).
-    per_context = set() if model.encoder is None else set(model.encoder.modules())
-    per_context |= {layer.cross_attn.to_kv for layer in model.layers if layer.cross_attn is not None}
-    per_low_res_pixel = {layer.cell_add.proj for layer in model.layers if layer.cell_add is not None}
-    raw = {model.cell_remainder.proj} if model.cell_remainder is not None else set()
-    if cfg.head == "dmol":
-        raw.add(model.value_embedding.proj)
+    context, per_context, per_low_res_pixel, crossing = 0, set(), set(), 0
+    if isinstance(model, SuperResolutionTransformer):
+        context = model.encoder.order.length  # low-resolution sub-pixels
+        per_context = set(model.encoder.modules())
+        per_context |= {layer.cross_attn.to_kv for layer in model.layers if layer.cross_attn is not None}
+        per_low_res_pixel = {layer.cell_add.proj for layer in model.layers if layer.cell_add is not None}
+        raw |= {model.cell_remainder.proj} if model.cell_remainder is not None else set()
+        crossing = sum(layer.cross_attn is not None for layer in model.layers)
     projections = inputs = 0
     for module in model.modules():
         if isinstance(module, nn.Linear):
@@ -111,8 +114,6 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
     # Scores (q·k) and values (weights·v): 2 products of e per pair and head, h·e = d.
     per_pair = 2 * FLOPS_PER_MAC * cfg.d_model
     pairs = cfg.n_layers * decoder_attention_pairs(model, device)
-    if model.encoder is not None:  # the encoder and cross-attention to all of it: every pair
-        cross = steps * context
-        crossing = sum(layer.cross_attn is not None for layer in model.layers)
-        pairs += cfg.encoder_layers * context * context + crossing * cross
+    # the encoder and cross-attention to all of it: every pair
+    pairs += cfg.encoder_layers * context * context + crossing * steps * context
     return Flops(projections, inputs, per_pair * pairs)

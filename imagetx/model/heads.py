@@ -67,7 +67,7 @@ def with_bounds(params: Tensor, bounds: Tensor | None, bounded: bool) -> Tensor:
     bounded (the lowest values, then the highest; integers as floats)."""
     if bounded and bounds is None:
         raise ValueError("this model restricts each value to what its cell can still take (exact_box_means): "
-                         "pass the bounds with the hidden state (model.cell_inputs(targets, low_res) gives them)")
+                         "pass the bounds with the hidden state (model.side_inputs(targets, low_res) gives them)")
     if not bounded and bounds is not None:
         raise ValueError("bounds given to a head without them (exact_box_means=False): pass bounds=None")
     return params if bounds is None else torch.cat([params, bounds.to(params.dtype)], dim=-1)

@@ -1,8 +1,10 @@
-"""The Image Transformer network (docs/model.md §1–§3, §5, §6): a plain ``nn.Module``.
+"""The Image Transformer network (docs/model.md §1–§3, §5): a plain ``nn.Module``, the paper's
+decoder. Super-resolution extends it (``superres.py``: an encoder, and a reading of it in every
+layer); ``build_model`` builds either from a configuration.
 
-The decoder embeds images in generation order, shifts them right by one step, runs the local
-attention stack (``layers.py``: the transformer layer and the super-resolution encoder) and
-returns the head's distribution parameters.
+The decoder embeds images in generation order, shifts them right by one step, runs the stack of
+transformer layers (local self-attention and a feed-forward, each with add-and-norm) and returns
+the head's distribution parameters.
 
 One decoder pass (``run_decoder``) over a slice of steps serves everything: the teacher-forced
 pass over every step (``forward``), and, through a ``DecodingCache`` (``start_decoding``, which
@@ -14,23 +16,91 @@ cache at once (``prefill``: a completion's given rows).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
-from .attention import SelfAttention, prepare
-from .cell_remainder import CellRemainder, RemainderCache
+from .attention import CrossAttentionCache, SelfAttention, SelfAttentionCache, prepare
 from .config import CHANNELS, ModelConfig
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
 from .inputs import check_image_tensor, check_labels
-from .layers import Encoder, LayerCache, TransformerLayer, zero_start
 from .order import images_to_sequence
-from .patterns import pattern_for
+from .patterns import CausalPattern, pattern_for
 from .rotary import Rotary2D
+
+
+@dataclass
+class LayerCache:
+    """One decoder layer's decoding state: its self-attention ring, and what reads a context
+    (super-resolution's low-res input), if the layer reads one."""
+
+    self_attn: SelfAttentionCache
+    context: CrossAttentionCache | object | None = None
+
+
+class TransformerLayer(nn.Module):
+    """Self-attention + feed-forward, each with add-and-norm (docs/model.md §3)."""
+
+    def __init__(self, config: ModelConfig, pattern: CausalPattern | None = None, rotary: Rotary2D | None = None,
+                 **reading) -> None:
+        """``pattern``: a decoder layer, causal under it, with ``config.relative_positions``
+        (``rotary``: the decoder's one ``Rotary2D``, which every layer shares); without, an
+        encoder layer. ``reading``: what ``add_reading`` of an extension needs."""
+        super().__init__()
+        d = config.d_model
+        self.pre_norm = config.norm == "pre"
+        self.self_attn = SelfAttention(d, config.n_heads, pattern, config.attention_kernel, rotary)
+        self.self_norm = nn.LayerNorm(d)
+        self.add_reading(config, **reading)
+        self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
+        self.ffn_norm = nn.LayerNorm(d)
+        self.dropout = nn.Dropout(config.dropout)
+
+    def add_reading(self, config: ModelConfig) -> None:
+        """The parts that read a context after self-attention: none here (super-resolution's
+        layers read the encoder, superres.py)."""
+
+    def read_context(self, x: Tensor, context: Tensor | None, cache: object | None, start: Tensor | int) -> Tensor:
+        """(B, t, d) after self-attention -> (B, t, d) with the context read: unchanged here."""
+        return x
+
+    def add_and_norm(self, x: Tensor, branch, norm: nn.LayerNorm) -> Tensor:
+        """x + branch(x) with dropout, normalised after (the paper's) or before (pre-norm)."""
+        if self.pre_norm:
+            return x + self.dropout(branch(norm(x)))
+        return norm(x + self.dropout(branch(x)))
+
+    def residual_writers(self) -> list[nn.Linear]:
+        """The last map of every branch that adds into the residual stream: self-attention's output
+        projection and the feed-forward's second linear. With all of them at zero a pre-norm layer
+        is the identity."""
+        return [self.self_attn.to_out, self.ffn[-1]]
+
+    def start_decoding(self, batch: int, context: Tensor | None = None) -> LayerCache:
+        """This layer's empty decoding cache."""
+        return LayerCache(self.self_attn.start_decoding(batch))
+
+    def forward(self, x: Tensor, context: Tensor | None = None, cache: LayerCache | None = None,
+                start: Tensor | int = 0) -> Tensor:
+        """(B, t, d), the steps from ``start`` on -> (B, t, d): every step, or with ``cache`` (and no
+        ``context``: the cache holds what the layer reads of it) the next t steps, one decoding
+        step or a prefill."""
+        self_cache, context_cache = (None, None) if cache is None else (cache.self_attn, cache.context)
+        x = self.add_and_norm(x, lambda h: self.self_attn(h, self_cache, start), self.self_norm)
+        x = self.read_context(x, context, context_cache, start)
+        return self.add_and_norm(x, self.ffn, self.ffn_norm)
+
+
+def zero_start(linears: Iterable[nn.Linear]) -> None:
+    """Set each map's weight and bias to zero, in place: a branch that writes nothing until it learns to."""
+    for linear in linears:
+        nn.init.zeros_(linear.weight)
+        if linear.bias is not None:
+            nn.init.zeros_(linear.bias)
 
 
 @dataclass
@@ -38,22 +108,25 @@ class DecodingCache:
     """Everything ``ImageTransformer.decode_steps`` keeps between steps, updated in place.
 
     ``step`` (0-d long, on the model's device): the step decoded next, the decoder's one step
-    counter (the layers' caches hold none: each call hands them its steps); ``condition``: the
-    class vector (B, 1, d) or None."""
+    counter (the layers' caches hold none: each call hands them its start); ``condition``: the
+    class vector (B, 1, d) or None; ``inputs``: what the inputs besides values, positions and the
+    class keep between steps (super-resolution's cell sums), or None."""
 
     step: Tensor
     condition: Tensor | None
     layers: list[LayerCache]
-    remainder: RemainderCache | None
+    inputs: object | None = None
 
 
 class ImageTransformer(nn.Module):
-    """Decoder-only (or encoder–decoder) autoregressive model over sub-pixels or pixels.
-    Saving, loading and sharing it: ``imagetx.io`` (``save_pretrained``, ``from_pretrained``,
-    ``push_to_hub``, ``load_model``)."""
+    """Decoder-only autoregressive model over sub-pixels or pixels. Saving, loading and sharing
+    it: ``imagetx.io`` (``save_pretrained``, ``from_pretrained``, ``push_to_hub``, ``load_model``)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        if config.encoder_layers and type(self) is ImageTransformer:
+            raise ValueError(f"encoder_layers={config.encoder_layers}: a super-resolution model is "
+                             "SuperResolutionTransformer(config); build_model(config) builds either")
         self.config = config.validate()
         self.check_values = True  # False inside ``values_verified``: the checks read no value back
         d = config.d_model
@@ -68,52 +141,39 @@ class ImageTransformer(nn.Module):
         self.positions = PositionEncoding(*config.grid_shape, d, config.position_encoding)
         self.class_embedding = nn.Embedding(config.num_classes, d) if config.num_classes else None
         self.input_dropout = nn.Dropout(config.dropout)
-        self.encoder = Encoder(config) if config.encoder_layers else None
-        pixel_of_step = None if self.encoder is None else self.low_res_pixel_of_step()
-        self.cell_remainder = None
-        if config.cell_remainder_input:
-            self.cell_remainder = CellRemainder(config, pixel_of_step, self.step_channels)
+        self.add_inputs(config)
         # No parameters, and T × e/2 angles: one for every layer.
         rotary = Rotary2D(d // config.n_heads, self.order) if config.rotary else None
-        self.layers = nn.ModuleList(
-            TransformerLayer(config, self.pattern, rotary, reads_low_res=self.encoder is not None,
-                             low_res_pixel_of_step=pixel_of_step)
-            for _ in range(config.n_layers)
-        )
+        self.layers = nn.ModuleList(self.new_layer(config, rotary) for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
         bounded = config.exact_box_means
         self.head = CategoricalHead(d, bounded) if categorical else DMOLHead(d, config.mixture_components, bounded)
-        if config.low_res_zero_start:
-            zero_start(self.low_res_writers())
 
-    def step_cells(self) -> tuple[Tensor, Tensor]:
-        """(rows, cols), each (T,): the low-resolution pixel each decoder step lies in."""
-        scale = self.config.image_size // self.config.low_res_size
-        pixel_cols = self.step_cols // CHANNELS if self.config.head == "categorical" else self.step_cols
-        return self.step_rows // scale, pixel_cols // scale
+    # ----- what an extension adds (superres.py) -------------------------------
+    def add_inputs(self, config: ModelConfig) -> None:
+        """Inputs besides the image, its class and the positions: none here."""
 
-    def low_res_pixel_of_step(self) -> Tensor:
-        """(T,): the low-resolution pixel each decoder step lies in, as a raster index (what the
-        cell add and the cell remainder read)."""
-        rows, cols = self.step_cells()
-        return rows * self.config.low_res_size + cols
+    def new_layer(self, config: ModelConfig, rotary: Rotary2D | None) -> TransformerLayer:
+        return TransformerLayer(config, self.pattern, rotary)
+
+    def encode(self, low_res: Tensor | None) -> Tensor | None:
+        """The context every layer reads (an encoded low-resolution image): none here."""
+        return None
+
+    def side_inputs(self, values: Tensor, low_res: Tensor | None = None, state: object | None = None,
+                    steps: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
+        """What each step's input adds besides its value, position and class, (B, t, d), and the
+        head's value bounds, (B, t, 2c): none here. ``values``: the targets (B, T[, 3]), or with a
+        decoding ``state`` the values before ``steps``."""
+        return None, None
+
+    def start_side_inputs(self, low_res: Tensor | None) -> object | None:
+        """The decoding state of ``side_inputs``: none here."""
+        return None
 
     def low_res_modules(self) -> list[nn.Module]:
-        """The parts that read the low-resolution input: the encoder, every layer's
-        cross-attention (and its norm) or cell add (and its norm), the cell remainder input.
-        Empty without an encoder."""
-        readers = [part for layer in self.layers
-                   for part in (layer.cross_attn, layer.cross_norm, layer.cell_add, layer.cell_norm)
-                   if part is not None]
-        return [part for part in (self.encoder, *readers, self.cell_remainder) if part is not None]
-
-    def low_res_writers(self) -> list[nn.Linear]:
-        """The last maps on the way from the low-res input into the decoder's residual stream,
-        which ``low_res_zero_start`` starts at zero: cross-attention's output projections, the
-        cell adds' maps, the cell remainder's projection."""
-        writers = [layer.cross_attn.to_out for layer in self.layers if layer.cross_attn is not None]
-        writers += [layer.cell_add.proj for layer in self.layers if layer.cell_add is not None]
-        return writers + ([self.cell_remainder.proj] if self.cell_remainder is not None else [])
+        """The parts that read a low-resolution input (trained at their own rate): none here."""
+        return []
 
     def build_patterns(self, device: torch.device | str) -> None:
         """Build the decoder's attention pattern on ``device`` now, eagerly. Under torch.compile
@@ -144,9 +204,6 @@ class ImageTransformer(nn.Module):
             return None
         return self.class_embedding(labels).unsqueeze(1)
 
-    def encode(self, low_res: Tensor | None) -> Tensor | None:
-        return None if self.encoder is None else self.encoder(low_res, self.positions)
-
     # ----- the decoder ------------------------------------------------------
     @staticmethod
     def shift_right(x: Tensor) -> Tensor:
@@ -154,17 +211,14 @@ class ImageTransformer(nn.Module):
         return nn.functional.pad(x[:, :-1], (0, 0, 1, 0))
 
     def decoder_inputs(self, shifted: Tensor, steps: Tensor | slice, condition: Tensor | None,
-                       remainder: Tensor | None) -> Tensor:
+                       side: Tensor | None = None) -> Tensor:
         """Shifted value embeddings (B, t, d) of ``steps`` + their positions + the class vector +
-        (with ``cell_remainder_input``) the cell remainder features, then dropout."""
+        the side inputs (``side_inputs``), then dropout."""
         x = shifted + self.positions(self.step_rows[steps], self.step_cols[steps])
         if condition is not None:
             x = x + condition
-        if self.cell_remainder is not None:
-            if remainder is None:
-                raise ValueError("this model reads the cell remainder (cell_remainder_input=True): "
-                                 "pass remainder=model.cell_remainder(targets, low_res)")
-            x = x + self.cell_remainder.embed(remainder)  # already causal: built from values before each step only
+        if side is not None:
+            x = x + side  # already causal: built from values before each step only
         return self.input_dropout(x)
 
     def run_decoder(self, x: Tensor, context: Tensor | None = None, cache: DecodingCache | None = None,
@@ -172,54 +226,41 @@ class ImageTransformer(nn.Module):
         """The one decoder pass: inputs (B, t, d) (``decoder_inputs``) through every layer and the
         head -> (B, t, P). Every step teacher-forced at once, or with ``cache`` the t steps from
         ``cache.step`` on. ``bounds``: for ``exact_box_means``, the steps' value bounds, which the
-        head's parameters carry (``cell_inputs``)."""
+        head's parameters carry (``side_inputs``)."""
         caches, start = ([None] * len(self.layers), 0) if cache is None else (cache.layers, cache.step)
         for layer, layer_cache in zip(self.layers, caches):
             x = layer(x, context, layer_cache, start)  # (B, t, d)
         return self.head(self.final_norm(x), bounds)  # (B, t, P)
 
     def decode(self, value_embeddings: Tensor, labels: Tensor | None = None, context: Tensor | None = None,
-               remainder: Tensor | None = None, bounds: Tensor | None = None) -> Tensor:
+               side: Tensor | None = None, bounds: Tensor | None = None) -> Tensor:
         """(B, T, d) unshifted value embeddings -> (B, T, P) distribution parameters, every
         step teacher-forced at once.
 
         Separate from ``forward`` so that tests can differentiate with respect to the embedded
-        inputs. A model with ``cell_remainder_input`` also needs ``remainder`` (and with
-        ``exact_box_means`` ``bounds``) = ``self.cell_inputs(targets, low_res)``: they are built
-        from raw values, not embeddings.
+        inputs. A model with side inputs also needs ``side`` (and bounds) =
+        ``self.side_inputs(targets, low_res)``: they are built from raw values, not embeddings.
         """
-        x = self.decoder_inputs(self.shift_right(value_embeddings), slice(None), self.condition(labels), remainder)
+        x = self.decoder_inputs(self.shift_right(value_embeddings), slice(None), self.condition(labels), side)
         return self.run_decoder(x, context, bounds=bounds)
-
-    def cell_inputs(self, targets: Tensor, low_res: Tensor | None, cache: RemainderCache | None = None,
-                    steps: Tensor | None = None) -> tuple[Tensor | None, Tensor | None]:
-        """What the cell sums give the decoder (``CellRemainder.cell_state``'s arguments): the
-        remainder features (``cell_remainder_input``) and the value bounds (``exact_box_means``),
-        each (B, t, ·) or None."""
-        if self.cell_remainder is None:
-            return None, None
-        state = self.cell_remainder.cell_state(targets, low_res, cache, steps)
-        bounds = self.cell_remainder.bounds(*state) if self.config.exact_box_means else None
-        return self.cell_remainder.features(*state), bounds
 
     def forward(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
         """uint8 images (B, H, W, 3) -> (B, T, P) distribution parameters in generation order."""
         self.check_inputs(images, labels, low_res)
         targets = self.targets(images)
-        remainder, bounds = self.cell_inputs(targets, low_res)
-        return self.decode(self.embed_values(targets), labels, self.encode(low_res), remainder, bounds)
+        side, bounds = self.side_inputs(targets, low_res)
+        return self.decode(self.embed_values(targets), labels, self.encode(low_res), side, bounds)
 
     # ----- decoding one step at a time -----------------------------------------
     def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None) -> DecodingCache:
         """An empty cache for decoding ``batch`` images one step at a time with ``decode_step``.
-        The encoder runs here, once: cross-attention keeps its keys and values, the cell add
-        its mapped cells."""
+        A context (an encoded low-res image) is encoded here, once, and each layer keeps what it
+        reads of it."""
         self.check_conditioning(batch, labels, low_res)
         step = torch.zeros((), dtype=torch.long, device=self.step_rows.device)
         context = self.encode(low_res)
         layers = [layer.start_decoding(batch, context) for layer in self.layers]
-        remainder = None if self.cell_remainder is None else self.cell_remainder.start_decoding(low_res)
-        return DecodingCache(step, self.condition(labels), layers, remainder)
+        return DecodingCache(step, self.condition(labels), layers, self.start_side_inputs(low_res))
 
     def decode_steps(self, previous: Tensor, cache: DecodingCache) -> Tensor:
         """The next t steps from ``cache.step`` through ``run_decoder``: ``previous`` (B, t[, 3]),
@@ -233,8 +274,8 @@ class ImageTransformer(nn.Module):
         steps = cache.step + torch.arange(count, device=cache.step.device)  # (t,)
         channels = self.step_channels[(steps - 1) % self.order.length]  # the channel of each step's input
         shifted = self.embed_values(previous, channels) * (steps > 0)[:, None]
-        remainder, bounds = self.cell_inputs(previous, None, cache.remainder, steps)
-        params = self.run_decoder(self.decoder_inputs(shifted, steps, cache.condition, remainder), cache=cache,
+        side, bounds = self.side_inputs(previous, None, cache.inputs, steps)
+        params = self.run_decoder(self.decoder_inputs(shifted, steps, cache.condition, side), cache=cache,
                                   bounds=bounds)
         cache.step += count  # after the pass, whose layers read the counter as their start
         return params
@@ -320,15 +361,8 @@ class ImageTransformer(nn.Module):
         self.check_conditioning(images.shape[0], labels, low_res)
 
     def check_conditioning(self, count: int, labels: Tensor | None, low_res: Tensor | None) -> None:
-        """Labels and a low-resolution input as this model needs them, for ``count`` images."""
-        cfg = self.config
-        check_labels(labels, count, cfg.num_classes, values=self.check_values)
-        if self.encoder is not None:
-            if low_res is None:
-                low = cfg.low_res_size
-                raise ValueError(f"this super-resolution model needs low_res images of shape (B, {low}, {low}, 3)")
-            check_image_tensor("low_res", low_res, cfg.low_res_size, self.check_values)
-            if low_res.shape[0] != count:
-                raise ValueError(f"low_res has {low_res.shape[0]} images for {count} targets")
-        elif low_res is not None:
+        """Labels (and a low-resolution input: this model takes none) as this model needs them, for
+        ``count`` images."""
+        check_labels(labels, count, self.config.num_classes, values=self.check_values)
+        if low_res is not None:
             raise ValueError("this model has no encoder (encoder_layers=0): pass low_res=None")

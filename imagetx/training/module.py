@@ -35,6 +35,7 @@ from ..model.config import ModelConfig
 from ..data.datamodule import ImageDataModule
 from ..model.flops import Flops, count_flops
 from ..model.scoring import batch_bits_per_dim
+from ..model.superres import build_model
 from ..model.transformer import ImageTransformer
 from .nonfinite import NonFiniteLossError, NonFiniteSteps, non_finite_tensors, step_kind
 from .schedule import noam, warmup_then_decay
@@ -82,7 +83,7 @@ class ImageTransformerModule(L.LightningModule):
         # plain dict: readable in W&B and YAML (a checkpoint stores it once, on_save_checkpoint).
         config = model_config.to_dict()
         self.save_hyperparameters()
-        self.model = ImageTransformer(model_config)
+        self.model = build_model(model_config)
         self.val_bpd = MeanMetric()
         self.nonfinite = NonFiniteSteps(max_nonfinite_skips)
         self.step_loss: torch.Tensor | None = None  # this optimiser step's loss, until its update is decided

@@ -31,7 +31,7 @@ import torch
 from ..io.errors import CheckpointError
 from ..io.load import load_model
 from ..io.weights import listed
-from ..model.layers import zero_start
+from ..model.transformer import zero_start
 from ..model.transformer import ImageTransformer
 from .continuation import is_packed, unpack
 
