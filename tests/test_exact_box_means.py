@@ -22,12 +22,13 @@ from test_heads import exact_table_sample, pack, total_variation
 LEVELS = 256
 
 
-def bounded_dmol(logits, means, log_scales, coeffs, lowest, highest, count: int = 1) -> tuple[DMOLHead, torch.Tensor]:
-    """A bounded K-component head and ``count`` copies of one step's parameters with its bounds."""
+def bounded_dmol(logits, means, log_scales, coeffs, lowest, highest,
+                 count: int = 1) -> tuple[DMOLHead, torch.Tensor, torch.Tensor]:
+    """A bounded K-component head and ``count`` copies of one step's parameters and of its bounds."""
     head = DMOLHead(8, len(logits), bounded=True)
     params = pack(logits, means, log_scales, coeffs, dtype=torch.float64)
-    bounds = torch.tensor([*lowest, *highest], dtype=torch.float64)
-    return head, torch.cat([params, bounds]).expand(count, -1)
+    bounds = torch.tensor([*lowest, *highest])
+    return head, params.expand(count, -1), bounds.expand(count, -1)
 
 
 def box(lowest, highest) -> torch.Tensor:
@@ -44,58 +45,60 @@ BOXES = {
 }
 
 
-def box_case(name: str, count: int = 1) -> tuple[DMOLHead, torch.Tensor, torch.Tensor]:
+def box_case(name: str, count: int = 1) -> tuple[DMOLHead, torch.Tensor, torch.Tensor, torch.Tensor]:
     logits, means, log_scale, lowest, highest = BOXES[name]
     k = len(logits)
     coeffs = torch.tensor([[0.5, -0.3], [0.2, 0.4], [-0.4, 0.3]], dtype=torch.float64)[:, :k]
-    head, params = bounded_dmol(logits, torch.tensor(means, dtype=torch.float64),
-                                torch.full((3, k), log_scale, dtype=torch.float64), coeffs, lowest, highest, count)
-    return head, params, box(lowest, highest)
+    head, params, bounds = bounded_dmol(logits, torch.tensor(means, dtype=torch.float64),
+                                        torch.full((3, k), log_scale, dtype=torch.float64), coeffs, lowest, highest,
+                                        count)
+    return head, params, bounds, box(lowest, highest)
 
 
 @pytest.mark.parametrize("name", BOXES)
 def test_a_bounded_dmol_pixel_sums_to_one_over_its_bounds_and_is_zero_outside(name):
-    head, params, cells = box_case(name)
-    probs = head.log_prob(params.expand(len(cells), -1), cells).exp()
+    head, params, bounds, cells = box_case(name)
+    params, bounds = params.expand(len(cells), -1), bounds.expand(len(cells), -1)
+    probs = head.log_prob(params, cells, bounds).exp()
     assert abs(probs.sum().item() - 1.0) < 1e-9
     outside = cells.clone()
     outside[:, 1] = torch.where(cells[:, 1] > 0, cells[:, 1].min() - 1, cells[:, 1].max() + 1)
-    assert torch.isneginf(head.log_prob(params.expand(len(cells), -1), outside)).all()
+    assert torch.isneginf(head.log_prob(params, outside, bounds)).all()
 
 
 def test_a_bounded_categorical_step_sums_to_one_over_its_bounds_and_is_zero_outside():
     head = CategoricalHead(8, bounded=True)
     logits = torch.randn(LEVELS, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3
-    params = torch.cat([logits, torch.tensor([40.0, 47.0], dtype=torch.float64)]).expand(LEVELS, -1)
-    probs = head.log_prob(params, torch.arange(LEVELS)).exp()
+    params, bounds = logits.expand(LEVELS, -1), torch.tensor([40, 47]).expand(LEVELS, -1)
+    probs = head.log_prob(params, torch.arange(LEVELS), bounds).exp()
     assert abs(probs.sum().item() - 1.0) < 1e-12
     assert (probs[:40] == 0).all() and (probs[48:] == 0).all()
     torch.testing.assert_close(probs[40:48], torch.softmax(logits[40:48], dim=0))
-    drawn = head.sample(params[:2000], 1.0, torch.Generator().manual_seed(2))
+    drawn = head.sample(params[:2000], 1.0, torch.Generator().manual_seed(2), bounds[:2000])
     assert drawn.min() >= 40 and drawn.max() <= 47
-    assert head.sample(params[:1], 0.0).item() == 40 + int(logits[40:48].argmax())
+    assert head.sample(params[:1], 0.0, bounds=bounds[:1]).item() == 40 + int(logits[40:48].argmax())
 
 
 @pytest.mark.parametrize("name", BOXES)
 def test_bounded_dmol_samples_follow_exp_log_prob_and_clamped_ones_do_not(name):
     """The joint of 10^5 samples is as close to the scored table as an exact sampler's (within 3×
     its total variation); drawing without the bounds and clamping into them is not."""
-    head, params, cells = box_case(name)
-    probs = head.log_prob(params.expand(len(cells), -1), cells).double().exp()
+    head, params, bounds, cells = box_case(name)
+    probs = head.log_prob(params.expand(len(cells), -1), cells, bounds.expand(len(cells), -1)).double().exp()
     n = 100_000
     floor = sum(total_variation(exact_table_sample(cells, probs, n, seed), cells, probs) for seed in range(5)) / 5
-    samples = head.sample(params.expand(n, -1), 1.0, torch.Generator().manual_seed(7))
+    samples = head.sample(params.expand(n, -1), 1.0, torch.Generator().manual_seed(7), bounds.expand(n, -1))
     assert total_variation(samples, cells, probs) < 3 * floor
     free = DMOLHead(8, head.components)
-    clamped = free.sample(params[:, : head.size].expand(n, -1), 1.0, torch.Generator().manual_seed(7))
+    clamped = free.sample(params.expand(n, -1), 1.0, torch.Generator().manual_seed(7))
     clamped = clamped.clamp(cells.min(0).values, cells.max(0).values)
     assert total_variation(clamped, cells, probs) > 3 * floor
 
 
 @pytest.mark.parametrize("name", BOXES)
 def test_bounded_dmol_at_temperature_zero_stays_inside(name):
-    head, params, cells = box_case(name, count=4)
-    drawn = head.sample(params, 0.0)
+    head, params, bounds, cells = box_case(name, count=4)
+    drawn = head.sample(params, 0.0, bounds=bounds)
     assert (drawn >= cells.min(0).values).all() and (drawn <= cells.max(0).values).all()
 
 
@@ -109,7 +112,8 @@ def test_bounds_hold_the_true_values_and_at_a_cells_last_step_exactly_those_that
     images = random_images(2, 8, seed=5)
     low_res = downsample_area(images, 4)
     targets = model.targets(images)
-    _, bounds = model.side_inputs(targets, low_res)
+    bounds = model.value_bounds(targets, low_res)
+    assert torch.equal(model.side_inputs(targets, low_res)[1], bounds)  # what decoding's steps take
     values = targets[..., None] if head == "categorical" else targets  # (B, T, c)
     c = values.shape[-1]
     lowest, highest = bounds[..., :c].long(), bounds[..., c:].long()
@@ -162,14 +166,19 @@ def test_exact_box_means_needs_the_cell_sums():
         tiny_model(encoder_layers=1, low_res_size=2, exact_box_means=True)
 
 
-def test_decode_without_the_bounds_says_what_to_pass():
+def test_scoring_or_drawing_without_the_bounds_says_what_to_pass():
     model = bounded_model("dmol", "local_1d")
     images = random_images(1, 8, seed=1)
     low_res = downsample_area(images, 4)
-    targets = model.targets(images)
-    side, _ = model.side_inputs(targets, low_res)
+    targets, params = model.targets(images), model(images, low_res=low_res)
+    with pytest.raises(ValueError, match=r"exact_box_means.*pass the bounds \(model.value_bounds\(targets, low_res\)"):
+        model.head.log_prob(params, targets)
     with pytest.raises(ValueError, match="exact_box_means.*pass the bounds"):
-        model.decode(model.embed_values(targets), None, model.encode(low_res), side)
+        model.head.sample(params)
+    bounds = model.value_bounds(targets, low_res)
+    torch.testing.assert_close(model.head.log_prob(params, targets, bounds), model.log_prob(images, low_res=low_res))
+    with pytest.raises(ValueError, match="bounds given to a head without them"):
+        remainder_model("dmol", "local_1d").head.log_prob(params, targets, bounds)
 
 
 def test_given_rows_that_cannot_fit_the_input_are_refused_and_ones_that_do_are_kept():

@@ -30,16 +30,23 @@ def block_shape(head):
     return (4, 8) if head == "categorical" else (4, 4)
 
 
-def cached_params(model, images, labels=None, low_res=None, step=None):
-    """Teacher-force ``images`` through ``step`` (``model.decode_step`` by default): (B, T, P) parameters."""
+def cached_outputs(model, images, labels=None, low_res=None, step=None):
+    """Teacher-force ``images`` through ``step`` (``model.decode_step`` by default): (B, T, P)
+    parameters, and (B, T, 2c) the value bounds each step left in the cache (None without)."""
     step = step or model.decode_step
     cache = model.start_decoding(images.shape[0], labels, low_res)
     targets = model.targets(images)
-    params = [step(first_input(model, images.shape[0]), cache)]
+    params, bounds = [step(first_input(model, images.shape[0]), cache)], [cache.bounds]
     for t in range(1, model.order.length):
         params.append(step(targets[:, t - 1], cache))
+        bounds.append(cache.bounds)
     assert int(cache.step) == model.order.length  # one counter, advanced once per step
-    return torch.stack(params, dim=1)
+    return torch.stack(params, dim=1), None if bounds[0] is None else torch.cat(bounds, dim=1)
+
+
+def cached_params(model, images, labels=None, low_res=None, step=None):
+    """Teacher-force ``images`` through ``step`` (``model.decode_step`` by default): (B, T, P) parameters."""
+    return cached_outputs(model, images, labels, low_res, step)[0]
 
 
 def prefilled_params(model, images, given, labels=None, low_res=None, step=None):
@@ -69,12 +76,14 @@ def check_cached_equals_full(model, images, labels=None, low_res=None, step=None
     gives the full pass's parameters."""
     with torch.no_grad():
         full = model(images, labels, low_res)
-        cached = cached_params(model, images, labels, low_res, step)
+        cached, cached_bounds = cached_outputs(model, images, labels, low_res, step)
         targets = model.targets(images)
         assert cached.shape == full.shape
         torch.testing.assert_close(cached, full, rtol=1e-9, atol=1e-9)
-        torch.testing.assert_close(model.head.log_prob(cached, targets), model.log_prob(images, labels, low_res),
-                                   rtol=1e-6, atol=1e-6)
+        bounds = model.value_bounds(targets, low_res)
+        assert (cached_bounds is None) == (bounds is None) and (bounds is None or torch.equal(cached_bounds, bounds))
+        torch.testing.assert_close(model.head.log_prob(cached, targets, cached_bounds),
+                                   model.log_prob(images, labels, low_res), rtol=1e-6, atol=1e-6)
         for given in prefill_lengths(model):
             prefilled = prefilled_params(model, images, given, labels, low_res, step)
             torch.testing.assert_close(prefilled, full, rtol=1e-9, atol=1e-9, msg=lambda m: f"prefill {given}: {m}")

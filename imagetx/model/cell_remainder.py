@@ -147,14 +147,13 @@ class CellRemainder(nn.Module):
         that leave its cell able to meet its rounded box mean m (``exact_box_means``). The cell's
         N values must sum to within [N·m − N/2, N·m + N/2 − 1] (``downsample_area`` rounds half
         up); the n still to come, this one first, each lie in [0, 255]: this one takes at least
-        what the other n − 1 cannot reach at 255, at most what leaves them 0. Floats holding
-        integers, as the head's parameters carry them."""
+        what the other n − 1 cannot reach at 255, at most what leaves them 0."""
         n = still_to_come.to(self.sum_dtype)[:, None]
         low_sum = self.cell_size * low_values - self.cell_size // 2 - earlier_sum
         high_sum = self.cell_size * low_values + self.cell_size // 2 - 1 - earlier_sum
         lowest = (low_sum - (LEVELS - 1) * (n - 1)).clamp(min=0)
         highest = high_sum.clamp(max=LEVELS - 1)
-        return torch.cat([lowest, highest], dim=-1)
+        return torch.cat([lowest, highest], dim=-1).long()  # sums in floats hold integers exactly
 
     def prefill(self, previous: Tensor, cache: RemainderCache) -> tuple[Tensor, Tensor, Tensor]:
         """Steps 0..t−1 at once: ``previous`` (B, t[, 3]) the value before each (step 0's ignored)

@@ -6,10 +6,9 @@ score targets (log-likelihood in nats, per position) and sample with a
 temperature. The head's projection, its scores and its draws run in float32 at least, even
 under bf16 autocast, and in float64 for a float64 model (``precision.py`` says why).
 
-A bounded head (``ModelConfig.exact_box_means``) restricts each step's values to bounds the
-model hands it with the hidden state, renormalised; its parameters carry the bounds at their
-end, so that whoever passes parameters from the model to the head (the sampler, the scorer)
-passes the bounds with them.
+A bounded head (``ModelConfig.exact_box_means``) restricts each step's values to bounds,
+renormalised: its scores and draws take them as their own argument, (..., 2c) long, each step's
+lowest values then its highest (the model's ``value_bounds``; decoding, the cache's ``bounds``).
 """
 
 from __future__ import annotations
@@ -62,21 +61,17 @@ def truncated_logistic(u: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
     return torch.where(mirrored, -z, z)
 
 
-def with_bounds(params: Tensor, bounds: Tensor | None, bounded: bool) -> Tensor:
-    """A head's parameters (..., P) with each step's bounds (..., 2c) after them when it is
-    bounded (the lowest values, then the highest; integers as floats)."""
+def split_bounds(bounded: bool, bounds: Tensor | None) -> tuple[Tensor, Tensor] | None:
+    """(..., 2c) bounds -> (lowest, highest), each (..., c) long; None for a head without bounds.
+    A bounded head given none, or an unbounded one given some, is refused naming what to pass."""
     if bounded and bounds is None:
         raise ValueError("this model restricts each value to what its cell can still take (exact_box_means): "
-                         "pass the bounds with the hidden state (model.side_inputs(targets, low_res) gives them)")
+                         "pass the bounds (model.value_bounds(targets, low_res) gives them)")
     if not bounded and bounds is not None:
         raise ValueError("bounds given to a head without them (exact_box_means=False): pass bounds=None")
-    return params if bounds is None else torch.cat([params, bounds.to(params.dtype)], dim=-1)
-
-
-def stored_bounds(params: Tensor, start: int) -> tuple[Tensor, Tensor]:
-    """The (lowest, highest) values a bounded head's parameters carry after the distribution's
-    first ``start`` (where ``with_bounds`` put them), each (..., c) long."""
-    lowest, highest = params[..., start:].long().chunk(2, dim=-1)
+    if bounds is None:
+        return None
+    lowest, highest = bounds.long().chunk(2, dim=-1)
     return lowest, highest
 
 
@@ -107,37 +102,35 @@ class CategoricalHead(nn.Module):
         self.proj = nn.Linear(d_model, LEVELS)
         self.bounded = bounded
 
-    def forward(self, hidden: Tensor, bounds: Tensor | None = None) -> Tensor:
-        """(B, T, d) [and (B, T, 2) bounds] -> (B, T, 256[+2]) logits [and the bounds]."""
-        return with_bounds(full_precision_linear(self.proj, hidden), bounds, self.bounded)
+    def forward(self, hidden: Tensor) -> Tensor:
+        """(B, T, d) -> (B, T, 256) logits."""
+        return full_precision_linear(self.proj, hidden)
 
-    def bounds(self, params: Tensor) -> tuple[Tensor, Tensor] | None:
-        """A bounded head's lowest and highest value of each step, each (..., 1) long; else None."""
-        return stored_bounds(params, LEVELS) if self.bounded else None
+    def fits(self, targets: Tensor, bounds: Tensor | None) -> Tensor:
+        """(B, T) whether each target lies within its step's bounds (B, T, 2) (all of them: unbounded)."""
+        return all_within(split_bounds(self.bounded, bounds), targets[..., None])
 
-    def fits(self, params: Tensor, targets: Tensor) -> Tensor:
-        """(B, T) whether each target lies within its step's bounds (all of them: unbounded)."""
-        return all_within(self.bounds(params), targets[..., None])
-
-    def logits(self, params: Tensor) -> Tensor:
+    def logits(self, params: Tensor, bounds: Tensor | None = None) -> Tensor:
         """The logits in the scoring precision, those of values outside a bounded step's bounds at −inf."""
-        logits = params[..., :LEVELS].to(scoring_dtype(params))
-        bounds = self.bounds(params)
-        if bounds is None:
+        logits = params.to(scoring_dtype(params))
+        limits = split_bounds(self.bounded, bounds)
+        if limits is None:
             return logits
-        return logits.masked_fill(~within(bounds, torch.arange(LEVELS, device=params.device)), -math.inf)
+        return logits.masked_fill(~within(limits, torch.arange(LEVELS, device=params.device)), -math.inf)
 
-    def log_prob(self, logits: Tensor, targets: Tensor) -> Tensor:
-        """logits (B, T, 256[+2]), targets (B, T) ints -> (B, T) log p in nats (−inf outside the
-        bounds, also where a target's cell cannot meet its input's mean: bounds that hold no value)."""
+    def log_prob(self, logits: Tensor, targets: Tensor, bounds: Tensor | None = None) -> Tensor:
+        """logits (B, T, 256), targets (B, T) ints [, bounds (B, T, 2)] -> (B, T) log p in nats (−inf
+        outside the bounds, also where a target's cell cannot meet its input's mean: bounds that hold
+        no value)."""
         targets = targets.long()
-        log_p = torch.log_softmax(self.logits(logits), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        return log_p if not self.bounded else torch.where(self.fits(logits, targets), log_p, -math.inf)
+        log_p = torch.log_softmax(self.logits(logits, bounds), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return log_p if bounds is None else torch.where(self.fits(targets, bounds), log_p, -math.inf)
 
-    def sample(self, logits: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
-        """(B, T, 256[+2]) -> (B, T) values; temperature 0 takes the arg-max."""
+    def sample(self, logits: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None,
+               bounds: Tensor | None = None) -> Tensor:
+        """(B, T, 256) [, bounds (B, T, 2)] -> (B, T) values; temperature 0 takes the arg-max."""
         check_temperature(temperature)
-        logits = self.logits(logits)
+        logits = self.logits(logits, bounds)
         if temperature == 0:
             return logits.argmax(-1)
         return draw(torch.softmax(logits / temperature, dim=-1), generator)
@@ -153,27 +146,23 @@ class DMOLHead(nn.Module):
     def __init__(self, d_model: int, components: int, bounded: bool = False) -> None:
         super().__init__()
         self.components = components
-        self.size = components * (1 + 3 * CHANNELS)  # parameters of the distribution (bounds aside)
+        self.size = components * (1 + 3 * CHANNELS)  # parameters of the distribution
         self.proj = nn.Linear(d_model, self.size)
         self.bounded = bounded
 
-    def forward(self, hidden: Tensor, bounds: Tensor | None = None) -> Tensor:
-        """(B, T, d) [and (B, T, 6) bounds] -> (B, T, 10K[+6]) parameters [and the bounds]."""
-        return with_bounds(full_precision_linear(self.proj, hidden), bounds, self.bounded)
+    def forward(self, hidden: Tensor) -> Tensor:
+        """(B, T, d) -> (B, T, 10K) parameters."""
+        return full_precision_linear(self.proj, hidden)
 
-    def bounds(self, params: Tensor) -> tuple[Tensor, Tensor] | None:
-        """A bounded head's lowest and highest value of each channel, each (..., 3) long; else None."""
-        return stored_bounds(params, self.size) if self.bounded else None
-
-    def fits(self, params: Tensor, targets: Tensor) -> Tensor:
-        """(B, T) whether each pixel's three values lie within its step's bounds (all: unbounded)."""
-        return all_within(self.bounds(params), targets)
+    def fits(self, targets: Tensor, bounds: Tensor | None) -> Tensor:
+        """(B, T) whether each pixel's three values lie within its step's bounds (B, T, 6) (all: unbounded)."""
+        return all_within(split_bounds(self.bounded, bounds), targets)
 
     def split(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """-> logits (..., K), means, log_scales, coeffs each (..., 3, K)."""
         params = params.to(scoring_dtype(params))
         k = self.components
-        rest = rearrange(params[..., k : self.size], "... (c p k) -> ... c p k", c=CHANNELS, p=3, k=k)
+        rest = rearrange(params[..., k:], "... (c p k) -> ... c p k", c=CHANNELS, p=3, k=k)
         log_scales = rest[..., 1, :].clamp(min=MIN_LOG_SCALE)
         return params[..., :k], rest[..., 0, :], log_scales, torch.tanh(rest[..., 2, :])
 
@@ -185,7 +174,8 @@ class DMOLHead(nn.Module):
         m_b = means[..., 2, :] + coeffs[..., 1, :] * x[..., 0, :] + coeffs[..., 2, :] * x[..., 1, :]
         return torch.stack([m_r, m_g, m_b], dim=-2)
 
-    def channel_log_probs(self, params: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    def channel_log_probs(self, params: Tensor, targets: Tensor,
+                          bounds: Tensor | None = None) -> tuple[Tensor, Tensor]:
         """Per component and channel log p of the target bin: (..., 3, K), and the mixture log-weights (..., K).
 
         Channel c's bin [x − 1/255, x + 1/255] (the lowest and highest bins stretched to
@@ -202,9 +192,9 @@ class DMOLHead(nn.Module):
         inv_s = torch.exp(-log_scales)
         log_p = log_mass(inv_s * (centered - HALF_BIN), inv_s * (centered + HALF_BIN), 2.0 * HALF_BIN * inv_s,
                          values == 0, values == LEVELS - 1)
-        bounds = self.bounds(params)
-        if bounds is not None:
-            lowest, highest = (b.unsqueeze(-1) for b in bounds)  # (..., 3, 1)
+        limits = split_bounds(self.bounded, bounds)
+        if limits is not None:
+            lowest, highest = (b.unsqueeze(-1) for b in limits)  # (..., 3, 1)
             lower = centered - (values - lowest).to(means.dtype) / HALF_RANGE - HALF_BIN
             upper = centered + (highest - values).to(means.dtype) / HALF_RANGE + HALF_BIN
             width = (highest - lowest + 1).to(means.dtype) * 2.0 * HALF_BIN
@@ -212,13 +202,16 @@ class DMOLHead(nn.Module):
             log_p = torch.where(within((lowest, highest), values), log_p - inside, -math.inf)
         return log_p, torch.log_softmax(logits, dim=-1)
 
-    def log_prob(self, params: Tensor, targets: Tensor) -> Tensor:
-        """params (B, T, 10K), targets (B, T, 3) ints -> (B, T) joint log p of each pixel, in nats."""
-        log_p, log_weights = self.channel_log_probs(params, targets)
+    def log_prob(self, params: Tensor, targets: Tensor, bounds: Tensor | None = None) -> Tensor:
+        """params (B, T, 10K), targets (B, T, 3) ints [, bounds (B, T, 6)] -> (B, T) joint log p of
+        each pixel, in nats."""
+        log_p, log_weights = self.channel_log_probs(params, targets, bounds)
         return torch.logsumexp(log_weights + log_p.sum(dim=-2), dim=-1)
 
-    def sample(self, params: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
-        """(B, T, 10K[+6]) -> (B, T, 3) values, drawn from exactly the distribution ``log_prob`` scores.
+    def sample(self, params: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None,
+               bounds: Tensor | None = None) -> Tensor:
+        """(B, T, 10K) [, bounds (B, T, 6)] -> (B, T, 3) values, drawn from exactly the distribution
+        ``log_prob`` scores.
 
         Pick a component, then draw R, G, B in turn: a logistic draw, rounded to its level
         (the bins of ``channel_log_probs``; values beyond ±1 fall in the edge bins), and
@@ -242,7 +235,7 @@ class DMOLHead(nn.Module):
         u = torch.rand(means.shape, generator=generator, device=means.device, dtype=torch.float64)
         u = u.clamp(min=torch.finfo(torch.float64).tiny)
         noise = torch.log(u) - torch.log1p(-u)  # (..., 3) standard logistic draws
-        bounds = self.bounds(params)
+        limits = split_bounds(self.bounded, bounds)
 
         def level(y: Tensor) -> Tensor:  # a point on the [-1, 1] scale -> its bin's level (long)
             return torch.round((y.clamp(-1.0, 1.0) + 1.0) * HALF_RANGE).long()
@@ -255,12 +248,12 @@ class DMOLHead(nn.Module):
             # the coupled mean's terms from the earlier channels' levels: G's α·R; B's β·R, γ·G
             terms = [coeffs[..., c - 1 + i] * scaled(earlier) for i, earlier in enumerate(levels)] if c else []
             z = noise[..., c]
-            if bounds is not None and temperature > 0:  # the draw restricted to the bounds' bins
-                lowest, highest = bounds[0][..., c], bounds[1][..., c]
+            if limits is not None and temperature > 0:  # the draw restricted to the bounds' bins
+                lowest, highest = limits[0][..., c], limits[1][..., c]
                 centre, unit = sum(terms, means[..., c]), torch.exp(log_scales[..., c]) * temperature
                 lower = torch.where(lowest == 0, -math.inf, scaled(lowest) - HALF_BIN)
                 upper = torch.where(highest == LEVELS - 1, math.inf, scaled(highest) + HALF_BIN)
                 z = truncated_logistic(u[..., c], (lower - centre) / unit, (upper - centre) / unit)
             value = level(sum(terms, means[..., c] + torch.exp(log_scales[..., c]) * z * temperature))
-            levels.append(value if bounds is None else value.clamp(bounds[0][..., c], bounds[1][..., c]))
+            levels.append(value if limits is None else value.clamp(limits[0][..., c], limits[1][..., c]))
         return torch.stack(levels, dim=-1)

@@ -87,9 +87,13 @@ class CompiledDecoding:
                 torch._dynamo.mark_static_address(tensor)
             self.marked = weakref.ref(cache)
         # contiguous: strides are part of a static graph; a teacher-forced value (a column of
-        # the prefix) would otherwise compile a second graph. clone: the parameters are the
-        # caller's to keep, and a CUDA graph overwrites its outputs at its next replay.
-        return self.compiled(self.model, previous.contiguous(), cache).clone()
+        # the prefix) would otherwise compile a second graph. clone: the parameters (and the
+        # step's bounds) are the caller's to keep, and a CUDA graph overwrites its outputs at its
+        # next replay.
+        params = self.compiled(self.model, previous.contiguous(), cache).clone()
+        if cache.bounds is not None:
+            cache.bounds = cache.bounds.clone()
+        return params
 
 
 # model -> {mode: its compiled decode_step}. Weak: a model's compilations go with it. What is
@@ -187,11 +191,12 @@ class Drawer:
         order = torch.cat([rows for _, rows in self.groups])
         self.inverse = torch.argsort(order)  # concatenated groups -> image order
 
-    def __call__(self, params: Tensor) -> Tensor:
-        """(B, P) one step's parameters -> (B,) or (B, 3) values."""
+    def __call__(self, params: Tensor, bounds: Tensor | None = None) -> Tensor:
+        """(B, P) one step's parameters [and (B, 1, 2c) its value bounds] -> (B,) or (B, 3) values."""
         if len(self.groups) == 1:
-            return self.head.sample(params[:, None], self.groups[0][0], self.generator)[:, 0]
-        drawn = [self.head.sample(params[rows, None], value, self.generator)[:, 0] for value, rows in self.groups]
+            return self.head.sample(params[:, None], self.groups[0][0], self.generator, bounds)[:, 0]
+        drawn = [self.head.sample(params[rows, None], value, self.generator, None if bounds is None else bounds[rows])
+                 [:, 0] for value, rows in self.groups]
         return torch.cat(drawn).index_select(0, self.inverse)
 
 
@@ -233,12 +238,12 @@ def given_values(model: ImageTransformer, count: int, prefix: Tensor | None, giv
     return model.targets(prefix.to(model.step_rows.device))[:, :given_count]
 
 
-def check_given_fit(model: ImageTransformer, params: Tensor, forced: Tensor) -> None:
+def check_given_fit(model: ImageTransformer, forced: Tensor, bounds: Tensor | None) -> None:
     """With ``exact_box_means``, given values that no image with the low-res input's box means
     could have (a completion's rows from another image) are refused in one line, before any step
-    is drawn: each given value must lie within the bounds its prefill ``params`` carry, which then
-    leave every later step a value to take. One read of the device."""
-    if model.config.exact_box_means and not model.head.fits(params, forced).all():
+    is drawn: each given value must lie within the ``bounds`` of its step (the prefill's), which
+    then leave every later step a value to take. One read of the device."""
+    if bounds is not None and not model.head.fits(forced, bounds).all():
         raise ValueError("the given rows do not fit low_res: no image with its box means has them "
                          "(exact_box_means); give the rows of the image low_res was made from")
 
@@ -253,14 +258,14 @@ def decoded(model: ImageTransformer, count: int, step: DecodeStep, draw: Drawer,
     if forced is not None:  # one teacher-forced pass over the given rows fills every cache
         params = model.prefill(forced, cache)
         finite &= params.isfinite().all()
-        check_given_fit(model, params, forced)
+        check_given_fit(model, forced, cache.bounds)
         values, value = list(forced.unbind(1)), forced[:, -1]
         yield values, finite
     total = model.order.length
     for _ in progress_bar(range(len(values), total), total, progress):
         params = step(value, cache)
         finite &= params.isfinite().all()
-        value = draw(params)
+        value = draw(params, cache.bounds)
         values.append(value)
         yield values, finite
 

@@ -208,6 +208,12 @@ class SuperResolutionTransformer(ImageTransformer):
         bounds = self.cell_remainder.bounds(*cell_state) if self.config.exact_box_means else None
         return self.cell_remainder.embed(self.cell_remainder.features(*cell_state)), bounds
 
+    def value_bounds(self, targets: Tensor, low_res: Tensor | None = None) -> Tensor | None:
+        """(B, T, 2c) the values each step may take (``exact_box_means``), or None."""
+        if not self.config.exact_box_means:
+            return None
+        return self.cell_remainder.bounds(*self.cell_remainder.cell_state(targets, low_res))
+
     def start_side_inputs(self, low_res: Tensor | None) -> RemainderCache | None:
         return None if self.cell_remainder is None else self.cell_remainder.start_decoding(low_res)
 

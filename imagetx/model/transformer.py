@@ -110,12 +110,14 @@ class DecodingCache:
     ``step`` (0-d long, on the model's device): the step decoded next, the decoder's one step
     counter (the layers' caches hold none: each call hands them its start); ``condition``: the
     class vector (B, 1, d) or None; ``inputs``: what the inputs besides values, positions and the
-    class keep between steps (super-resolution's cell sums), or None."""
+    class keep between steps (super-resolution's cell sums), or None; ``bounds``: the value bounds
+    (B, t, 2c) of the steps decoded last, which the head's draws take (``exact_box_means``), or None."""
 
     step: Tensor
     condition: Tensor | None
     layers: list[LayerCache]
     inputs: object | None = None
+    bounds: Tensor | None = None
 
 
 class ImageTransformer(nn.Module):
@@ -166,6 +168,10 @@ class ImageTransformer(nn.Module):
         head's value bounds, (B, t, 2c): none here. ``values``: the targets (B, T[, 3]), or with a
         decoding ``state`` the values before ``steps``."""
         return None, None
+
+    def value_bounds(self, targets: Tensor, low_res: Tensor | None = None) -> Tensor | None:
+        """(B, T, 2c) the values each step may take, which the head's scores take: none here."""
+        return None
 
     def start_side_inputs(self, low_res: Tensor | None) -> object | None:
         """The decoding state of ``side_inputs``: none here."""
@@ -221,35 +227,33 @@ class ImageTransformer(nn.Module):
             x = x + side  # already causal: built from values before each step only
         return self.input_dropout(x)
 
-    def run_decoder(self, x: Tensor, context: Tensor | None = None, cache: DecodingCache | None = None,
-                    bounds: Tensor | None = None) -> Tensor:
+    def run_decoder(self, x: Tensor, context: Tensor | None = None, cache: DecodingCache | None = None) -> Tensor:
         """The one decoder pass: inputs (B, t, d) (``decoder_inputs``) through every layer and the
         head -> (B, t, P). Every step teacher-forced at once, or with ``cache`` the t steps from
-        ``cache.step`` on. ``bounds``: for ``exact_box_means``, the steps' value bounds, which the
-        head's parameters carry (``side_inputs``)."""
+        ``cache.step`` on."""
         caches, start = ([None] * len(self.layers), 0) if cache is None else (cache.layers, cache.step)
         for layer, layer_cache in zip(self.layers, caches):
             x = layer(x, context, layer_cache, start)  # (B, t, d)
-        return self.head(self.final_norm(x), bounds)  # (B, t, P)
+        return self.head(self.final_norm(x))  # (B, t, P)
 
     def decode(self, value_embeddings: Tensor, labels: Tensor | None = None, context: Tensor | None = None,
-               side: Tensor | None = None, bounds: Tensor | None = None) -> Tensor:
+               side: Tensor | None = None) -> Tensor:
         """(B, T, d) unshifted value embeddings -> (B, T, P) distribution parameters, every
         step teacher-forced at once.
 
         Separate from ``forward`` so that tests can differentiate with respect to the embedded
-        inputs. A model with side inputs also needs ``side`` (and bounds) =
-        ``self.side_inputs(targets, low_res)``: they are built from raw values, not embeddings.
+        inputs. A model with side inputs also needs ``side`` = ``self.side_inputs(targets,
+        low_res)[0]``: they are built from raw values, not embeddings.
         """
         x = self.decoder_inputs(self.shift_right(value_embeddings), slice(None), self.condition(labels), side)
-        return self.run_decoder(x, context, bounds=bounds)
+        return self.run_decoder(x, context)
 
     def forward(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
         """uint8 images (B, H, W, 3) -> (B, T, P) distribution parameters in generation order."""
         self.check_inputs(images, labels, low_res)
         targets = self.targets(images)
-        side, bounds = self.side_inputs(targets, low_res)
-        return self.decode(self.embed_values(targets), labels, self.encode(low_res), side, bounds)
+        side, _ = self.side_inputs(targets, low_res)
+        return self.decode(self.embed_values(targets), labels, self.encode(low_res), side)
 
     # ----- decoding one step at a time -----------------------------------------
     def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None) -> DecodingCache:
@@ -264,8 +268,9 @@ class ImageTransformer(nn.Module):
 
     def decode_steps(self, previous: Tensor, cache: DecodingCache) -> Tensor:
         """The next t steps from ``cache.step`` through ``run_decoder``: ``previous`` (B, t[, 3]),
-        the value before each step -> (B, t, P). One step (t = 1), or, on a fresh cache, the first
-        t at once (``prefill``). The cache's counter moves on by t.
+        the value before each step -> (B, t, P), their value bounds left in ``cache.bounds``. One
+        step (t = 1), or, on a fresh cache, the first t at once (``prefill``). The cache's counter
+        moves on by t.
 
         A step's input is the value before it, embedded with that value's channel; step 0's is
         multiplied by 0, as ``shift_right`` gives step 0 zeros. No branch depends on the step's
@@ -274,9 +279,8 @@ class ImageTransformer(nn.Module):
         steps = cache.step + torch.arange(count, device=cache.step.device)  # (t,)
         channels = self.step_channels[(steps - 1) % self.order.length]  # the channel of each step's input
         shifted = self.embed_values(previous, channels) * (steps > 0)[:, None]
-        side, bounds = self.side_inputs(previous, None, cache.inputs, steps)
-        params = self.run_decoder(self.decoder_inputs(shifted, steps, cache.condition, side), cache=cache,
-                                  bounds=bounds)
+        side, cache.bounds = self.side_inputs(previous, None, cache.inputs, steps)
+        params = self.run_decoder(self.decoder_inputs(shifted, steps, cache.condition, side), cache=cache)
         cache.step += count  # after the pass, whose layers read the counter as their start
         return params
 
@@ -308,8 +312,9 @@ class ImageTransformer(nn.Module):
     # ----- likelihoods ------------------------------------------------------
     def log_prob(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
         """(B, T) log-likelihood of every generation step, in nats."""
-        params = self(images, labels, low_res)
-        return self.head.log_prob(params, self.targets(images))
+        params = self(images, labels, low_res)  # (B, T, P); checks the inputs first
+        targets = self.targets(images)
+        return self.head.log_prob(params, targets, self.value_bounds(targets, low_res))
 
     def nll(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
             given_rows: int = 0) -> Tensor:
