@@ -262,18 +262,23 @@ CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(),
 
 @CUDA_ONLY
 @pytest.mark.slow
-def test_cuda_graph_step_matches_the_full_pass():
+@pytest.mark.parametrize("bounded", [False, True], ids=["", "superres_exact_box_means"])
+def test_cuda_graph_step_matches_the_full_pass(bounded):
     # mode="reduce-overhead": the compiled step captured as a CUDA graph. cudagraph_or_error turns
-    # a skipped capture (e.g. for the caches written in place) into an error.
+    # a skipped capture (e.g. for the caches written in place) into an error. Bounded: the step
+    # also leaves its value bounds in the cache, a graph output copied out before the next replay.
     import torch._inductor.config as inductor_config
     from torch._dynamo.utils import counters
 
+    low_res_fields = dict(encoder_layers=1, low_res_size=4, low_res_reading="cell_add", cell_remainder_input=True,
+                          exact_box_means=True) if bounded else {}
     model = tiny_model(seed=27, dtype=torch.float64, head="dmol", attention="local_1d", relative_positions="rotary",
-                       **SMALL_BLOCKS).cuda()
+                       **low_res_fields, **SMALL_BLOCKS).cuda()
     images = random_images(2, 8, seed=28).cuda()
+    low_res = downsample_area(images, 4) if bounded else None
     skips = counters["inductor"]["cudagraph_skips"]
     with inductor_config.patch({"triton.cudagraph_or_error": True}):
-        check_cached_equals_full(model, images, step=compile_decoding(model, "reduce-overhead"))
+        check_cached_equals_full(model, images, low_res=low_res, step=compile_decoding(model, "reduce-overhead"))
     assert counters["inductor"]["cudagraph_skips"] == skips
 
 

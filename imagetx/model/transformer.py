@@ -251,9 +251,9 @@ class ImageTransformer(nn.Module):
     def forward(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
         """uint8 images (B, H, W, 3) -> (B, T, P) distribution parameters in generation order."""
         self.check_inputs(images, labels, low_res)
-        targets = self.targets(images)
-        side, _ = self.side_inputs(targets, low_res)
-        return self.decode(self.embed_values(targets), labels, self.encode(low_res), side)
+        targets = self.targets(images)  # (B, T) sub-pixels or (B, T, 3) pixels
+        side, _ = self.side_inputs(targets, low_res)  # (B, T, d) or None
+        return self.decode(self.embed_values(targets), labels, self.encode(low_res), side)  # (B, T, P)
 
     # ----- decoding one step at a time -----------------------------------------
     def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None) -> DecodingCache:
@@ -278,7 +278,7 @@ class ImageTransformer(nn.Module):
         count = previous.shape[1]
         steps = cache.step + torch.arange(count, device=cache.step.device)  # (t,)
         channels = self.step_channels[(steps - 1) % self.order.length]  # the channel of each step's input
-        shifted = self.embed_values(previous, channels) * (steps > 0)[:, None]
+        shifted = self.embed_values(previous, channels) * (steps > 0)[:, None]  # (B, t, d)
         side, cache.bounds = self.side_inputs(previous, None, cache.inputs, steps)
         params = self.run_decoder(self.decoder_inputs(shifted, steps, cache.condition, side), cache=cache)
         cache.step += count  # after the pass, whose layers read the counter as their start
