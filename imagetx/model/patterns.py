@@ -7,7 +7,7 @@ size, in generation order.
 One pattern type, ``CausalPattern`` (full, 1D and 2D local), over the steps of a
 ``GenerationOrder``. A pattern answers:
 
-* ``mask_rule()``: its rule, as arithmetic (or a lookup) on query and key steps (``MaskRule``),
+* ``mask_rule()``: its rule, as arithmetic on query and key steps (``MaskRule``),
   so that it runs on any device. On index grids it gives ``can_attend()``, the dense boolean
   (Tq, Tk) matrix (True = the query, a row, may attend to the key, a column): the reference of
   every test (``dense_attention`` of tests/helpers.py with it defines the right answer). As
