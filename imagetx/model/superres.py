@@ -154,6 +154,11 @@ class SuperResolutionTransformer(ImageTransformer):
     """The decoder given a low-resolution image (B, h, w, 3) as ``low_res``, read through an encoder
     (docs/model.md §6)."""
 
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__(config)  # the decoder, calling add_inputs and new_layer below where it builds its parts
+        if config.low_res_zero_start:
+            zero_start(self.low_res_writers())
+
     def add_inputs(self, config: ModelConfig) -> None:
         self.encoder = Encoder(config)
         self.cell_remainder = None
@@ -162,11 +167,6 @@ class SuperResolutionTransformer(ImageTransformer):
 
     def new_layer(self, config: ModelConfig, rotary: Rotary2D | None) -> SuperResolutionLayer:
         return SuperResolutionLayer(config, self.pattern, rotary, self.low_res_pixel_of_step())
-
-    def __init__(self, config: ModelConfig) -> None:
-        super().__init__(config)
-        if config.low_res_zero_start:
-            zero_start(self.low_res_writers())
 
     def step_cells(self) -> tuple[Tensor, Tensor]:
         """(rows, cols), each (T,): the low-resolution pixel each decoder step lies in."""
