@@ -118,7 +118,8 @@ def test_ring_buffer_is_shorter_than_the_sequence():
 def test_cached_decoder_matches_full_pass_with_encoder(head, attention, reading, low_res_size):
     # low_res_size 4 with the cell add: each step reads part of the 4x4 input directly
     model = tiny_model(seed=4, dtype=torch.float64, head=head, attention=attention, num_classes=10,
-                       encoder_layers=1, low_res_size=low_res_size, low_res_reading=reading, query_block_shape=block_shape(head), **{**SMALL_BLOCKS, "n_layers": 1})
+                       encoder_layers=1, low_res_size=low_res_size, low_res_reading=reading,
+                       query_block_shape=block_shape(head), **{**SMALL_BLOCKS, "n_layers": 1})
     images = random_images(2, 8, seed=5)
     low_res = downsample_area(random_images(2, 8, seed=6), model.config.low_res_size)  # not the images' own
     check_cached_equals_full(model, images, random_labels(2, 10, seed=7), low_res)
