@@ -27,8 +27,8 @@ that a cosine ends exactly as an uninterrupted run would (resume.py: another bud
 steered goes on steering.
 
 Kept: Lightning's Timer stops at ``max_time`` but does not end the decay with it; in 14 minutes of
-``quick``, a cosine fixed to 3,700 steps cost 0.17 bits/dim (docs/experiments.md entry 8), a
-warmup–stable–decay horizon fitted once and not refitted 0.55 (entry 18).
+``quick``, a cosine fixed to 3,700 steps cost 0.17 bits/dim, a warmup–stable–decay horizon fitted
+once and not refitted 0.55 (docs/training.md, "What training is built from").
 """
 
 from __future__ import annotations

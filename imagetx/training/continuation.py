@@ -20,8 +20,8 @@ takes, and ``continuation.json`` (step, images seen, the whole file's size and S
 
 Kept: ModelCheckpoint saves on step counts, epochs, times or a monitored metric, never at a step fixed
 during the run (the decay's start), and Lightning has no packed format; a run cut in two there and
-continued through the packed format ended level with the uncut run (3.864 against 3.868 bits/dim,
-docs/experiments.md entry 16).
+continued through the packed format ended level with the uncut run (3.864 against 3.868 bits/dim;
+docs/training.md, "What training is built from").
 """
 
 from __future__ import annotations

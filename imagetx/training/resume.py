@@ -12,8 +12,8 @@ fully decayed: learning rate 0) state would waste the new budget. The state to e
 is its continuation checkpoint, written just before the decay (continuation.py).
 
 Kept: Lightning's ``ckpt_path`` checks neither the model configuration nor the budget; resumed with
-another budget after its decay, a run trained on at learning rate 0, silently (docs/experiments.md
-entry 16).
+another budget after its decay, a run trained on at learning rate 0, silently (docs/training.md,
+"What training is built from").
 """
 
 from __future__ import annotations
