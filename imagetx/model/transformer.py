@@ -90,9 +90,9 @@ class TransformerLayer(nn.Module):
         ``context``: the cache holds what the layer reads of it) the next t steps, one decoding
         step or a prefill."""
         self_cache, context_cache = (None, None) if cache is None else (cache.self_attn, cache.context)
-        x = self.add_and_norm(x, lambda h: self.self_attn(h, self_cache, start), self.self_norm)
-        x = self.read_context(x, context, context_cache, start)
-        return self.add_and_norm(x, self.ffn, self.ffn_norm)
+        x = self.add_and_norm(x, lambda h: self.self_attn(h, self_cache, start), self.self_norm)  # (B, t, d)
+        x = self.read_context(x, context, context_cache, start)  # (B, t, d)
+        return self.add_and_norm(x, self.ffn, self.ffn_norm)  # (B, t, d)
 
 
 def zero_start(linears: Iterable[nn.Linear]) -> None:
