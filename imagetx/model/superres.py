@@ -27,7 +27,7 @@ from .attention import CrossAttention
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
 from .embedding import PositionEncoding, SubPixelEmbedding
-from .inputs import check_image_tensor, check_labels
+from .inputs import check_image_tensor
 from .order import GenerationOrder, images_to_sequence
 from .patterns import CausalPattern
 from .rotary import Rotary2D
@@ -226,7 +226,7 @@ class SuperResolutionTransformer(ImageTransformer):
 
     def check_conditioning(self, count: int, labels: Tensor | None, low_res: Tensor | None) -> None:
         """Labels and the low-resolution input as this model needs them, for ``count`` images."""
-        check_labels(labels, count, self.config.num_classes, values=self.check_values)
+        super().check_conditioning(count, labels, None)  # the labels, as the decoder checks them
         low = self.config.low_res_size
         if low_res is None:
             raise ValueError(f"this super-resolution model needs low_res images of shape (B, {low}, {low}, 3)")
