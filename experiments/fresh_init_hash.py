@@ -40,7 +40,7 @@ def state_hash(fields: dict, seed: int) -> tuple[str, int]:
     torch.manual_seed(seed)
     # Trees before build_model built every model with ImageTransformer(config).
     build = getattr(imagetx, "build_model", imagetx.ImageTransformer)
-    state = build(ModelConfig(**{**BASE, **fields})).state_dict()
+    state = build(ModelConfig.from_dict({**BASE, **fields})).state_dict()  # the one-level form every tree reads
     digest = hashlib.sha256()
     for name, value in state.items():
         digest.update(name.encode())

@@ -14,7 +14,7 @@ rm -rf "$OUT" && mkdir -p "$OUT"
 export TORCHINDUCTOR_CACHE_DIR=$PWD/$OUT/inductor WANDB_MODE=disabled TORCH_LOGS=recompiles
 # Training and validation batches of different sizes, as the recipe's 120 and 250.
 SMALL=(--config configs/cifar10_dmol_25min.yaml --data.root "$ROOT" --wandb disabled
-       --model.config.n_layers 1 --model.config.d_model 16 --model.config.n_heads 2 --model.config.d_filter 32
+       --model.config.n_layers 1 --model.config.d_model 16 --model.config.attention.n_heads 2 --model.config.d_filter 32
        --model.lr_horizon steps --model.warmup_steps 2 --data.batch_size 4 --data.eval_batch_size 8
        --data.val_size 16 --trainer.limit_val_batches 2 --trainer.val_check_interval 10
        --trainer.precision 32-true --trainer.max_time null)

@@ -1,7 +1,7 @@
 """Seconds per training step of preset variants, to turn step budgets into time budgets.
 
     .venv/bin/python -m experiments.step_cost --config configs/quick.yaml \
-        --variant base --variant "rel model.config.relative_positions=table" [--steps 40] [--json out.json]
+        --variant base --variant "rows4 model.config.attention.query_block_length=128" [--steps 40] [--json out.json]
 
 Each ``--variant`` is a name followed by ``key=value`` overrides of the YAML (dotted keys,
 values read as YAML). A step is what training does: forward, loss, backward, gradient

@@ -19,6 +19,7 @@ and those images' 8×8 inputs. Prints one JSON object.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 
@@ -29,7 +30,7 @@ from imagetx.cli.common import check_device
 from imagetx.model.config import CHANNELS
 from imagetx.model.heads import check_temperature
 from imagetx.io.errors import CheckpointError
-from imagetx.io.load import with_settings
+from imagetx.io.load import with_config
 from imagetx.model.inputs import downsample_area
 from imagetx.model.sampler import sample
 from imagetx.data.sources import DataError, load
@@ -62,7 +63,7 @@ def bits_per_pixel_map(model, steps: torch.Tensor) -> torch.Tensor:
 def gain_by_position(model, own_steps: torch.Tensor, baseline, baseline_steps: torch.Tensor) -> dict:
     """Baseline minus super-resolution bits per sub-pixel (positive: the input helps there)."""
     gain = bits_per_pixel_map(baseline, baseline_steps) - bits_per_pixel_map(model, own_steps)
-    cell = model.config.image_size // model.config.low_res_size
+    cell = model.config.image_size // model.config.superres.low_res_size
     return {"gain_by_cell_column": [round(gain[:, j::cell].mean().item(), 4) for j in range(cell)],
             "gain_by_cell_row": [round(gain[i::cell].mean().item(), 4) for i in range(cell)],
             "gain_first_image_column": round(gain[:, 0].mean().item(), 4),
@@ -73,7 +74,7 @@ def box_mean_distance(model, low_res: torch.Tensor, labels: torch.Tensor | None,
     """Mean |box mean of a sample - its input| over every low-res sub-pixel, in intensity levels
     (0-255): 0 for samples that average back to their inputs exactly. One sample per input, seed 0."""
     drawn = sample(model, len(low_res), labels, low_res, temperature, generator=torch.Generator(low_res.device).manual_seed(0))
-    return (downsample_area(drawn, model.config.low_res_size).float() - low_res.float()).abs().mean().item()
+    return (downsample_area(drawn, model.config.superres.low_res_size).float() - low_res.float()).abs().mean().item()
 
 
 def main() -> None:
@@ -102,10 +103,10 @@ def main() -> None:
         baseline = load_model(args.baseline, map_location=args.device) if args.baseline else None
     except CheckpointError as err:
         sys.exit(f"error: {err}")
-    if baseline is not None and (baseline.config.encoder_layers or baseline.config.image_size != model.config.image_size):
+    if baseline is not None and (baseline.config.superres or baseline.config.image_size != model.config.image_size):
         sys.exit(f"error: --baseline {args.baseline} must be a {model.config.image_size}x{model.config.image_size} "
                  "model without encoder (encoder_layers=0)")
-    if not model.config.encoder_layers:
+    if not model.config.superres:
         sys.exit(f"error: {args.ckpt} has no encoder (encoder_layers=0); pass a super-resolution checkpoint")
     if args.count < 2 or args.batch_size < 1:
         sys.exit("error: --count must be at least 2 (each image borrows another's input) and --batch_size at least 1")
@@ -124,8 +125,9 @@ def main() -> None:
     images = images[: args.count].to(args.device)
     all_labels = labels[: args.count].to(args.device)
     labels = all_labels if model.config.num_classes else None
-    low_res = downsample_area(images, model.config.low_res_size)
-    scorer = with_settings(model, exact_box_means=False) if model.config.exact_box_means else model
+    low_res = downsample_area(images, model.config.superres.low_res_size)
+    unbounded = dataclasses.replace(model.config.superres, exact_box_means=False)
+    scorer = with_config(model, dataclasses.replace(model.config, superres=unbounded))
     own_steps = log_probs(scorer, images, labels, low_res, args.batch_size)
     own = bits_per_dim(scorer, own_steps)
     other = bits_per_dim(scorer, log_probs(scorer, images, labels, low_res.roll(1, dims=0), args.batch_size))

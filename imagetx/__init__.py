@@ -4,9 +4,9 @@ The public API (the network, ``imagetx.model``, and its files, ``imagetx.io``: t
 safetensors and huggingface_hub; importing it, loading, scoring and sampling never import
 Lightning)::
 
-    from imagetx import ModelConfig, ImageTransformer, from_pretrained, load_model, save_pretrained
-    model = ImageTransformer(ModelConfig(n_layers=2, d_model=64, n_heads=2, d_filter=128))
-    # build_model(config) builds either: the decoder, or with encoder_layers the super-resolution model
+    from imagetx import AttentionConfig, ModelConfig, ImageTransformer, from_pretrained, load_model, save_pretrained
+    model = ImageTransformer(ModelConfig(n_layers=2, d_model=64, d_filter=128, attention=AttentionConfig(n_heads=2)))
+    # build_model(config) builds either: the decoder, or with a superres section the super-resolution model
     nats = model.nll(images)            # uint8 (B, 32, 32, 3) -> (B,) nats per image
     bpd = model.bits_per_dim(images)    # (B,) bits per sub-pixel
     save_pretrained(model, "my-model")  # my-model/model.safetensors + config.json + README.md
@@ -17,8 +17,9 @@ Lightning)::
 from .io.errors import CheckpointError
 from .io.hub import from_pretrained, push_to_hub, save_pretrained
 from .io.load import load_model
-from .model import ImageTransformer, ModelConfig, SuperResolutionTransformer, build_model
+from .model import (AttentionConfig, ImageTransformer, ModelConfig, SuperResolutionConfig, SuperResolutionTransformer,
+                    build_model)
 
-__all__ = ["CheckpointError", "ImageTransformer", "ModelConfig", "SuperResolutionTransformer", "build_model",
-           "from_pretrained", "load_model", "push_to_hub", "save_pretrained"]
+__all__ = ["AttentionConfig", "CheckpointError", "ImageTransformer", "ModelConfig", "SuperResolutionConfig",
+           "SuperResolutionTransformer", "build_model", "from_pretrained", "load_model", "push_to_hub", "save_pretrained"]
 __version__ = "0.1.0"

@@ -10,12 +10,13 @@ has one, ``OUT/README.md`` (a model card with the Hugging Face Hub's metadata), 
 imagetx.sample (``--ckpt OUT``) and ``imagetx.load_model`` read the folder as they read the
 checkpoint. ``--dtype fp32`` keeps the weights exactly; ``bf16`` halves the file, and the model
 loads in float32 from it. ``--exact_box_means true`` exports a super-resolution model (with the
-cell remainder input) trained without ``ModelConfig.exact_box_means`` with it: the setting has no
+cell remainder input) trained without ``superres.exact_box_means`` with it: the setting has no
 tensors, so the weights are the same. The last line printed is one JSON object.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Literal
 
@@ -25,7 +26,7 @@ from jsonargparse import ArgumentParser, Namespace
 from .cli.common import parse, parser_for, run_or_exit
 from .io.atomic import check_writable
 from .io.hub import save_pretrained
-from .io.load import load_model, with_settings
+from .io.load import load_model, with_config
 from .io.weights import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -40,20 +41,27 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--dtype", type=Literal[tuple(DTYPES)], default="fp32",
                         help="precision of the stored weights")
     parser.add_argument("--exact_box_means", type=bool | None, default=None,
-                        help="set ModelConfig.exact_box_means in the exported model (default: as trained)")
+                        help="set the super-resolution model's superres.exact_box_means in the exported model "
+                             "(default: as trained)")
     return parser
 
 
 def run(args: Namespace) -> dict:
     model = load_model(args.ckpt)  # a bad checkpoint is refused before anything is written
-    if args.exact_box_means is not None:
-        model = with_settings(model, exact_box_means=args.exact_box_means)  # refused as early
+    if args.exact_box_means is not None:  # refused as early
+        superres = model.config.superres
+        if superres is None:
+            raise ValueError("--exact_box_means: the model has no low-resolution input (no superres section); "
+                             "leave the option out")
+        superres = dataclasses.replace(superres, exact_box_means=args.exact_box_means)
+        model = with_config(model, dataclasses.replace(model.config, superres=superres))
     out = check_writable(args.out, "--out")
     save_pretrained(model.to(DTYPES[args.dtype]), out)
     files = [out / WEIGHTS_FILE, out / CONFIG_FILE, out / CARD_FILE]
     return {"out": str(out), "files": [str(path) for path in files], "dtype": args.dtype,
             "parameters": sum(p.numel() for p in model.parameters()), "bytes": sum(p.stat().st_size for p in files),
-            "exact_box_means": model.config.exact_box_means, "ckpt": str(args.ckpt)}
+            "exact_box_means": bool(model.config.superres and model.config.superres.exact_box_means),
+            "ckpt": str(args.ckpt)}
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -89,9 +89,9 @@ def check_request(args: Namespace, model: ImageTransformer) -> None:
         model.given_steps(args.rows)  # the rule for rows in 2D blocks, checked before any sampling
     if args.label is not None:  # without --label a class-conditional model draws every class in turn
         check_labels(torch.tensor([args.label]), 1, cfg.num_classes, name="--label")
-    if args.task == "superres" and not cfg.encoder_layers:
-        raise ValueError("--task superres needs a super-resolution checkpoint (encoder_layers > 0)")
-    if args.task != "superres" and cfg.encoder_layers:
+    if args.task == "superres" and not cfg.superres:
+        raise ValueError("--task superres needs a super-resolution checkpoint (a superres section)")
+    if args.task != "superres" and cfg.superres:
         raise ValueError("this is a super-resolution checkpoint: use --task superres")
 
 
@@ -166,7 +166,7 @@ def run(args: Namespace) -> dict:
             first_column = given_part(inputs, args.rows)
         else:
             per_input = len(args.temperatures)
-            low_res = downsample_area(inputs, cfg.low_res_size)
+            low_res = downsample_area(inputs, cfg.superres.low_res_size)
             drawn = sample(model, count * per_input, _to(each_repeated(labels, per_input), device),
                            each_repeated(low_res, per_input).to(device), args.temperatures * count,
                            generator=generator, progress=True).cpu()

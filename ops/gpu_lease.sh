@@ -35,7 +35,7 @@
 set -euo pipefail
 DRY_RUN=${DRY_RUN:-0}
 # DRY_RUN's step_check: the preset made tiny and eager on the CPU, that a step and its JSON work
-TINY_STEP=(--device cpu --no-compile --set n_layers=1 --set d_model=32 --set n_heads=2 --set d_filter=64 --batch 2
+TINY_STEP=(--device cpu --no-compile --set n_layers=1 --set d_model=32 --set attention.n_heads=2 --set d_filter=64 --batch 2
     --warmup 1 --steps 2)
 WORK=${WORK:-/root}
 DATA=$WORK/data

@@ -23,8 +23,8 @@ def lineage_folder(model: Path) -> Path:
 
 def is_superres(config: dict) -> bool:
     """Whether a model configuration (config.json as a dict) is a super-resolution model's: it encodes
-    an 8×8 input. gpu_lease.sh finish and lease_record.py home both ask this."""
-    return bool(config.get("encoder_layers"))
+    an 8×8 input (a ``superres`` section). gpu_lease.sh finish and lease_record.py home both ask this."""
+    return config.get("superres") is not None
 
 
 def number(value, form: str) -> str:

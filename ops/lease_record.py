@@ -112,7 +112,7 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_recor
         superres = is_superres(config)
         lease.update(scores(scratch, superres))
         if superres:  # shipped with the bounds: the same weights, samples keep their input's box means
-            config["exact_box_means"] = True
+            config["superres"]["exact_box_means"] = True
         history = lineage_folder(into)
         continuation = history / "continuation"
         if (scratch / MANIFEST).exists():  # check the parts before anything of the old lineage is replaced

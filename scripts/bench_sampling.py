@@ -91,8 +91,8 @@ def random_model(args: argparse.Namespace) -> tuple[ImageTransformer, torch.Tens
     model = build_model(config).to(args.device, getattr(torch, args.dtype)).eval()
     labels = torch.arange(args.batch, device=args.device) % config.num_classes if config.num_classes else None
     low_res = None
-    if config.encoder_layers:
-        side = config.low_res_size
+    if config.superres:
+        side = config.superres.low_res_size
         low_res = torch.randint(0, 256, (args.batch, side, side, 3), dtype=torch.uint8, device=args.device)
     return model, labels, low_res
 

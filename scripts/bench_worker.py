@@ -88,7 +88,7 @@ from scripts.common import PeakMemory, preset_model_config, sample_uncached, syn
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 PRESETS = ("quick", "cifar10_categorical", "cifar10_dmol", "cifar10_2d")
-SMOKE_MODEL = dict(n_layers=1, d_model=32, n_heads=2, d_filter=64)
+SMOKE_MODEL = {"n_layers": 1, "d_model": 32, "attention.n_heads": 2, "d_filter": 64}
 SAMPLE_WARMUP_STEPS = 4
 
 
@@ -118,8 +118,8 @@ def build_config(spec: dict):
     """The ModelConfig of a configuration: the preset's, with image size, attention (and, for
     the smoke run, the model size) overridden."""
     smoke = SMOKE_MODEL if spec.get("smoke") else {}
-    return preset_model_config(preset_path(spec["preset"]), image_size=spec["image_size"],
-                               attention=spec["attention"], **smoke)
+    return preset_model_config(preset_path(spec["preset"]), {"image_size": spec["image_size"],
+                                                          "attention.kind": spec["attention"], **smoke})
 
 
 def set_threads(spec: dict) -> None:
@@ -138,7 +138,7 @@ def make_inputs(cfg, batch: int, device, seed: int = 0):
     images = torch.randint(0, 256, (batch, cfg.image_size, cfg.image_size, 3), generator=gen,
                            dtype=torch.uint8).to(device)
     labels = (torch.arange(batch) % cfg.num_classes).to(device) if cfg.num_classes else None
-    low_res = downsample_area(images, cfg.low_res_size) if cfg.encoder_layers else None
+    low_res = downsample_area(images, cfg.superres.low_res_size) if cfg.superres else None
     return images, labels, low_res
 
 

@@ -144,15 +144,24 @@ def machine_info(device: str, threads: int | None) -> dict:
     return info
 
 
-def preset_model_config(path, **overrides):
-    """The ``ModelConfig`` of the preset YAML at ``path`` (its ``model.config``), with ``overrides``."""
+def preset_model_config(path, overrides: dict | None = None):
+    """The ``ModelConfig`` of the preset YAML at ``path`` (its ``model.config``), with ``overrides``:
+    a field by its name, a section's by a dotted one, as on the command line (``attention.kernel``)."""
     import yaml
 
     from imagetx.model.config import ModelConfig
 
     with open(path) as handle:
         fields = yaml.safe_load(handle)["model"]["config"]
-    return ModelConfig.from_dict({**fields, **overrides})
+    for key, value in (overrides or {}).items():
+        *sections, name = key.split(".")
+        place = fields
+        for section in sections:
+            if place.get(section) is None:  # a section the preset leaves out (or null)
+                place[section] = {}
+            place = place[section]
+        place[name] = value
+    return ModelConfig.from_dict(fields)
 
 
 def fmt(value, spec: str, missing: str = "-") -> str:

@@ -4,7 +4,7 @@ images, with the figures that say what changed since the last lease.
 
     python -m scripts.step_check --preset configs/cifar10_dmol_25min.yaml --json step.json
     python -m scripts.step_check --preset configs/cifar10_dmol_25min.yaml --name heads64 \\
-        --set n_heads=4 --batch 240                    # a candidate: ModelConfig fields, another batch
+        --set attention.n_heads=4 --batch 240          # a candidate: ModelConfig fields, another batch
 
 One training step is scripts/bench_worker.py's ``training_step`` (the preset's optimiser; bf16
 autocast where the preset trains in bf16), with the network compiled by ``COMPILE_OPTIONS`` of the training module
@@ -22,19 +22,20 @@ import statistics
 import time
 from pathlib import Path
 
-from scripts.bench_worker import flops_per_image, read_preset, training_memory, training_step
-from scripts.common import PeakMemory, timed
+from scripts.bench_worker import flops_per_image, preset_path, read_preset, training_memory, training_step
+from scripts.common import PeakMemory, preset_model_config, timed
 
 TOP_KERNELS = 10  # rows of the profile kept: enough to see attention, matmuls and the elementwise tail
 
 
 def model_overrides(pairs: list[str]) -> dict:
-    """``--set key=value`` pairs as ModelConfig fields; values read as JSON where they parse (4, true, [16, 16])."""
+    """``--set key=value`` pairs as ModelConfig fields (a section's dotted: attention.n_heads); values
+    read as JSON where they parse (4, true, [16, 16])."""
     fields = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"error: --set {pair!r}: expected KEY=VALUE, e.g. n_heads=4")
+            raise SystemExit(f"error: --set {pair!r}: expected KEY=VALUE, e.g. attention.n_heads=4")
         try:
             fields[key] = json.loads(value)
         except json.JSONDecodeError:
@@ -66,12 +67,11 @@ def check(preset: str, overrides: dict, batch: int | None, device_name: str, war
     import torch
     from torch._dynamo.utils import counters
 
-    from imagetx import ModelConfig
     from imagetx.training.module import COMPILE_OPTIONS
     from imagetx.training.throughput import table_peak
 
     values = read_preset(preset)
-    cfg = ModelConfig.from_dict({**values["model"]["config"], **overrides})
+    cfg = preset_model_config(preset_path(preset), overrides)
     batch = batch or values["data"]["batch_size"]
     bf16 = str(values.get("trainer", {}).get("precision", "32")).startswith("bf16")
     device = torch.device(device_name)

@@ -22,7 +22,7 @@ from imagetx import ImageTransformer, build_model, ModelConfig
 COMPLETION_CARD_BPD = "3.493"
 
 
-# Defaults for a tiny model. The 2D block (2, 2) tiles both the categorical grid of a
+# Defaults for a tiny model, in the one-level form (tiny_config). The 2D block (2, 2) tiles both the categorical grid of a
 # 4×4 image (4×12 sub-pixels) and the DMOL grid (4×4 pixels).
 TINY = dict(
     image_size=4,
@@ -47,10 +47,10 @@ TINY = dict(
 
 
 def tiny_config(**overrides) -> ModelConfig:
-    """A ModelConfig for a tiny model with dropout 0; any field can be overridden."""
-    values = dict(TINY)
-    values.update(overrides)
-    return ModelConfig(**values)
+    """A ModelConfig for a tiny model with dropout 0. Any field can be overridden by its name, a
+    section's as well: the one-level form ``ModelConfig.from_dict`` reads (``attention`` the kind,
+    ``encoder_layers`` > 0 a super-resolution model)."""
+    return ModelConfig.from_dict({**TINY, **overrides})
 
 
 def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> ImageTransformer:
@@ -115,9 +115,19 @@ def write_cifar_npz(root, train_sizes=(6, 6), test_size: int = 0, seed: int = 0)
 
 # ----- reliability tests: tiny training runs driven through the train CLI -----------------
 
-TINY_TRAIN_MODEL = dict(image_size=32, head="dmol", mixture_components=2, n_layers=1, d_model=16, n_heads=2,
-                        d_filter=32, dropout=0.0, attention="local_1d", query_block_length=256,
-                        position_encoding="learned")
+TINY_TRAIN_MODEL = dict(image_size=32, head="dmol", mixture_components=2, n_layers=1, d_model=16, d_filter=32,
+                        dropout=0.0, position_encoding="learned",
+                        attention=dict(n_heads=2, kind="local_1d", query_block_length=256))
+
+
+def with_changes(config: dict, changes: dict) -> dict:
+    """``config`` (a model config as YAML gives it) with ``changes``; a section's changes (a mapping
+    under ``attention`` or ``superres``) update the section's fields, the rest kept."""
+    out = dict(config)
+    for name, value in changes.items():
+        section = out.get(name)
+        out[name] = {**section, **value} if isinstance(section, dict) and isinstance(value, dict) else value
+    return out
 
 
 def write_train_config(path, root_dir, data_root, max_steps=3, model=None, data=None, top=None, **trainer):
@@ -133,7 +143,7 @@ def write_train_config(path, root_dir, data_root, max_steps=3, model=None, data=
                     "max_steps": max_steps, "val_check_interval": 2, "check_val_every_n_epoch": None,
                     "limit_val_batches": 1, "enable_progress_bar": False, "enable_model_summary": False,
                     "log_every_n_steps": 1, **trainer},
-        "model": {"config": {**TINY_TRAIN_MODEL, **(model or {})}, "optimizer": "adam_noam", "peak_lr": 0.003,
+        "model": {"config": with_changes(TINY_TRAIN_MODEL, model or {}), "optimizer": "adam_noam", "peak_lr": 0.003,
                   "warmup_steps": 2},
         "data": {"root": str(data_root), "batch_size": 2, "eval_batch_size": 2, "val_size": 2, **(data or {})},
         **(top or {}),

@@ -209,8 +209,8 @@ def test_save_load_round_trip(tmp_path, overrides):
     kwargs = {}
     if model.config.num_classes:
         kwargs["labels"] = random_labels(2, model.config.num_classes)
-    if model.config.encoder_layers:
-        kwargs["low_res"] = random_images(2, model.config.low_res_size, seed=8)
+    if model.config.superres:
+        kwargs["low_res"] = random_images(2, model.config.superres.low_res_size, seed=8)
     path = tmp_path / "sub" / "model"
     save_pretrained(model, path)
     loaded = load_model(path)

@@ -113,10 +113,10 @@ def steps_to_check(model) -> list[int]:
     """0, 1, both sides of the first block boundaries, a middle step, the last step."""
     n = model.pattern.length
     cfg = model.config
-    if cfg.attention == "local_1d":
-        block = cfg.query_block_length
-    elif cfg.attention == "local_2d":
-        block = cfg.query_block_shape[0] * cfg.query_block_shape[1]
+    if cfg.attention.kind == "local_1d":
+        block = cfg.attention.query_block_length
+    elif cfg.attention.kind == "local_2d":
+        block = cfg.attention.query_block_shape[0] * cfg.attention.query_block_shape[1]
     else:
         block = 4
     steps = {0, 1, block - 1, block, block + 1, 2 * block - 1, 2 * block, n // 2, n - 2, n - 1}
@@ -175,7 +175,7 @@ TALL_FLANGE = {"categorical": dict(query_block_shape=(1, 3), memory_flange=(3, 2
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
 def test_flange_taller_than_the_block_is_causal(head, n_layers):
     model, emb, _ = build(head, "local_2d", n_layers=n_layers, seed=3, **TALL_FLANGE[head])
-    fh, qh = model.config.memory_flange[0], model.config.query_block_shape[0]
+    fh, qh = model.config.attention.memory_flange[0], model.config.attention.query_block_shape[0]
     assert fh > qh
     steps = sorted(set(steps_to_check(model)) | set(range(model.pattern.length - 6, model.pattern.length)))
     assert causality_violations(model, emb, steps, n_layers=n_layers) == []

@@ -1,5 +1,5 @@
 """The cell add (imagetx/model/cell_add.py) and the zero start of the low-res side
-(``ModelConfig.low_res_zero_start``): what each step reads of the encoder, and that a new
+(``superres.low_res_zero_start``): what each step reads of the encoder, and that a new
 model starts as the same decoder without input, then learns to read it."""
 
 from __future__ import annotations

@@ -28,7 +28,7 @@ def brute_force_remainder_means(model, images, low_res):
     generated before it) / (count still to come), from grid coordinates and a plain loop."""
     rows, cols = model.order.grid_cell()
     categorical = model.config.head == "categorical"
-    scale = model.config.image_size // model.config.low_res_size
+    scale = model.config.image_size // model.config.superres.low_res_size
     n = scale * scale
     out = torch.zeros(images.shape[0], rows.numel(), 1 if categorical else 3, dtype=torch.float64)
     for t in range(rows.numel()):

@@ -6,7 +6,8 @@ import pytest
 import torch
 import yaml
 
-from imagetx import build_model, ModelConfig
+from helpers import with_changes
+from imagetx import AttentionConfig, build_model, ModelConfig
 from imagetx.model.inputs import downsample_area
 from imagetx.training.module import COMPILE_OPTIONS, ImageTransformerModule
 
@@ -15,8 +16,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 def test_compiled_module_matches_eager_and_keeps_parameter_names():
     torch.manual_seed(0)
-    config = ModelConfig(image_size=8, head="dmol", n_layers=1, d_model=16, n_heads=2, d_filter=32,
-                         dropout=0.0, query_block_length=16)
+    config = ModelConfig(image_size=8, head="dmol", n_layers=1, d_model=16, d_filter=32, dropout=0.0,
+                         attention=AttentionConfig(n_heads=2, query_block_length=16))
     eager = ImageTransformerModule(config)
     compiled = ImageTransformerModule(config, compile=True)
     compiled.load_state_dict(eager.state_dict())
@@ -39,11 +40,12 @@ def test_a_model_with_its_patterns_built_compiles_as_one_graph(preset, built):
     traces as torch.compile does, without generating code. Shrunk presets: self-attention 1D and
     2D, the encoder, cross-attention."""
     settings = yaml.safe_load((REPO / "configs" / preset).read_text())["model"]["config"]
-    settings.update(n_layers=1, d_model=16, n_heads=2, d_filter=32,
-                    encoder_layers=min(settings.get("encoder_layers", 0), 1))
+    settings = with_changes(settings, {"n_layers": 1, "d_model": 16, "d_filter": 32, "attention": {"n_heads": 2}})
+    if settings.get("superres"):
+        settings["superres"] = {**settings["superres"], "encoder_layers": 1}
     model = build_model(ModelConfig.from_dict(settings)).eval()  # no dropout: two passes compared
     images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
-    low_res = downsample_area(images, 8) if model.config.encoder_layers else None
+    low_res = downsample_area(images, 8) if model.config.superres else None
     if built:
         model.build_patterns("cpu")
     compiled = torch.compile(model, fullgraph=True, backend="eager")
@@ -59,7 +61,8 @@ def traced_batch_sizes(order: str, **options) -> list[tuple]:
     an eval pass of 6 images, ``t``: a training pass of 4), compiled with ``options``: per graph, the training
     flag and the size of each input that is not a plain number (a symbolic one where dynamic)."""
     settings = yaml.safe_load((REPO / "configs" / "cifar10_dmol_25min.yaml").read_text())["model"]["config"]
-    settings.update(image_size=8, query_block_length=8, n_layers=1, d_model=16, n_heads=2, d_filter=32)
+    settings = with_changes(settings, {"image_size": 8, "n_layers": 1, "d_model": 16, "d_filter": 32,
+                                       "attention": {"query_block_length": 8, "n_heads": 2}})
     model = build_model(ModelConfig.from_dict(settings))
     model.build_patterns("cpu")
     traced = []

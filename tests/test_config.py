@@ -7,6 +7,7 @@ check happens when the ModelConfig is made or when the model is built from it.
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 import math
@@ -17,7 +18,7 @@ import torch
 import yaml
 
 from helpers import random_images, tiny_config, tiny_model
-from imagetx import build_model, ModelConfig
+from imagetx import AttentionConfig, build_model, ModelConfig, SuperResolutionConfig
 from imagetx.training.module import ImageTransformerModule
 from imagetx.model.config import LAST_COMMIT_WITH_RADIUS
 from imagetx.model.patterns import pattern_for
@@ -60,11 +61,12 @@ def test_2d_block_must_divide_grid_columns():
 
 def test_2d_block_is_checked_against_the_head_grid():
     # image 32: categorical grid 32×96, DMOL grid 32×32. A 16×48 block tiles only the first.
-    ModelConfig(image_size=32, attention="local_2d", query_block_shape=(16, 48)).validate()
+    blocks = AttentionConfig(kind="local_2d", query_block_shape=(16, 48))
+    ModelConfig(image_size=32, attention=blocks).validate()
     with pytest.raises(ValueError, match=r"\bquery_block_shape\b"):
-        ModelConfig(image_size=32, head="dmol", attention="local_2d", query_block_shape=(16, 48)).validate()
+        ModelConfig(image_size=32, head="dmol", attention=blocks).validate()
     with pytest.raises(ValueError, match=r"\bquery_block_shape\b"):
-        ModelConfig(image_size=32, attention="local_2d", query_block_shape=(16, 64)).validate()  # 96 % 64
+        ModelConfig(image_size=32, attention=AttentionConfig(kind="local_2d", query_block_shape=(16, 64))).validate()
 
 
 def test_2d_block_must_be_positive():
@@ -74,7 +76,7 @@ def test_2d_block_must_be_positive():
 def test_flange_taller_than_the_block_is_accepted():
     # Causal in block-raster order (tests/test_causality.py checks it by gradients).
     model = build_model(tiny_config(attention="local_2d", query_block_shape=(1, 3), memory_flange=(3, 1)))
-    assert model.config.memory_flange == (3, 1)
+    assert model.config.attention.memory_flange == (3, 1)
 
 
 def test_flange_height_equal_to_block_height_is_fine():
@@ -127,7 +129,8 @@ def test_negative_memory_blocks():
 
 @pytest.mark.parametrize("radius", [0, 1])
 def test_a_saved_cross_attention_radius_is_refused_naming_the_last_commit_that_reads_it(radius):
-    values = {**ModelConfig(image_size=8, encoder_layers=1, low_res_size=4).to_dict(), "cross_attention_radius": radius}
+    # the one-level form, the only one that had the field
+    values = {"image_size": 8, "encoder_layers": 1, "low_res_size": 4, "cross_attention_radius": radius}
     with pytest.raises(ValueError, match=rf"cross_attention_radius was removed.*commit {LAST_COMMIT_WITH_RADIUS}"):
         ModelConfig.from_dict(values)
     # a null radius (every low-res cell: today's cross-attention) still reads
@@ -153,6 +156,54 @@ def test_unknown_field_in_from_dict():
 # ----- (de)serialisation -----------------------------------------------------------------
 
 
+def test_the_core_config_is_twelve_fields_and_every_field_says_what_it_is():
+    # The paper's hyper-parameters in one reading: at most 12 fields, the rest in two sections.
+    assert len(dataclasses.fields(ModelConfig)) <= 12
+    assert [f.name for f in dataclasses.fields(ModelConfig)][-2:] == ["attention", "superres"]
+    for section in (ModelConfig, AttentionConfig, SuperResolutionConfig):
+        lines = inspect.getsource(section).splitlines()
+        names = {f.name for f in dataclasses.fields(section)}
+        for field in names:
+            at = next(k for k, line in enumerate(lines) if line.strip().startswith(f"{field}:"))
+            above = at - 1  # fields in a row share the comment above the first of them
+            while lines[above].strip().split(":")[0] in names and "#" not in lines[above]:
+                above -= 1
+            assert "#" in lines[at] or lines[above].strip().startswith("#"), f"{section.__name__}.{field}"
+
+
+def test_the_one_level_form_of_earlier_files_reads_as_the_sections():
+    flat = {"image_size": 8, "head": "dmol", "n_heads": 2, "attention": "local_2d", "query_block_length": 16,
+            "memory_blocks": 2, "query_block_shape": [2, 2], "memory_flange": [1, 1], "relative_positions": "rotary",
+            "attention_kernel": "sdpa", "flex_block_size": 32, "encoder_layers": 1, "low_res_size": 4,
+            "low_res_reading": "cell_add", "cell_remainder_input": True, "exact_box_means": True,
+            "low_res_zero_start": True}
+    attention = AttentionConfig(n_heads=2, kind="local_2d", query_block_length=16, memory_blocks=2,
+                                query_block_shape=(2, 2), memory_flange=(1, 1), relative_positions="rotary",
+                                kernel="sdpa", flex_block_size=32)
+    superres = SuperResolutionConfig(encoder_layers=1, low_res_size=4, low_res_reading="cell_add",
+                                     cell_remainder_input=True, exact_box_means=True, low_res_zero_start=True)
+    assert ModelConfig.from_dict(flat) == ModelConfig(image_size=8, head="dmol", attention=attention, superres=superres)
+    # a plain decoder's: encoder_layers 0 beside the low-res fields' defaults
+    plain = {"attention": "full", "encoder_layers": 0, "low_res_size": 8, "low_res_reading": "cross_attention",
+             "cell_remainder_input": False, "exact_box_means": False, "low_res_zero_start": False}
+    assert ModelConfig.from_dict(plain) == ModelConfig(attention=AttentionConfig(kind="full"))
+    # a low-res setting without an encoder is refused, not dropped
+    with pytest.raises(ValueError, match=r"cell_remainder_input=True is invalid: needs a low-resolution input"):
+        ModelConfig.from_dict({**plain, "cell_remainder_input": True})
+    # a field given both in its section and beside it: refused, not one of the two kept
+    with pytest.raises(ValueError, match="attention is given both as a section and field by field"):
+        ModelConfig.from_dict({"attention": {"n_heads": 2}, "n_heads": 4})
+
+
+def test_a_sections_unknown_field_is_named():
+    with pytest.raises(ValueError, match=r"unknown ModelConfig.attention field\(s\) \['qurey_block_length'\]"):
+        ModelConfig.from_dict({"attention": {"qurey_block_length": 4}})
+    with pytest.raises(ValueError, match=r"unknown ModelConfig.superres field\(s\) \['encoder_layer'\]"):
+        ModelConfig.from_dict({"superres": {"encoder_layer": 1}})
+    with pytest.raises(ValueError, match=r"superres.encoder_layers=0 is invalid: must be a positive count"):
+        build_model(ModelConfig(superres=SuperResolutionConfig(encoder_layers=0)))
+
+
 def test_to_dict_from_dict_round_trip():
     cfg = tiny_config(head="dmol", attention="local_2d", query_block_shape=(2, 2), memory_flange=(1, 3),
                       num_classes=7, norm="pre", position_encoding="learned", mixture_components=4,
@@ -161,14 +212,14 @@ def test_to_dict_from_dict_round_trip():
     assert json.loads(json.dumps(values)) == values  # plain JSON-able values
     back = ModelConfig.from_dict(json.loads(json.dumps(values)))
     assert back == cfg
-    assert back.query_block_shape == (2, 2) and isinstance(back.query_block_shape, tuple)
-    assert back.memory_flange == (1, 3) and isinstance(back.memory_flange, tuple)
+    assert back.attention.query_block_shape == (2, 2) and isinstance(back.attention.query_block_shape, tuple)
+    assert back.attention.memory_flange == (1, 3) and isinstance(back.attention.memory_flange, tuple)
     assert back.to_dict() == values
 
 
 def test_from_dict_accepts_a_partial_dict():
     cfg = ModelConfig.from_dict({"d_model": 32, "query_block_shape": [8, 8]})
-    assert cfg.d_model == 32 and cfg.query_block_shape == (8, 8) and cfg.n_layers == ModelConfig().n_layers
+    assert cfg.d_model == 32 and cfg.attention.query_block_shape == (8, 8) and cfg.n_layers == ModelConfig().n_layers
 
 
 def test_grid_geometry():
@@ -237,10 +288,8 @@ def test_quick_superres_is_quick_plus_the_low_res_fields():
     # in nothing else.
     quick, superres = (yaml.safe_load((PRESETS[0].parent / name).read_text())
                        for name in ("quick.yaml", "quick_superres.yaml"))
-    low_res_fields = {"encoder_layers", "low_res_size", "cell_remainder_input",
-                      "low_res_reading", "low_res_zero_start"}
-    assert {"encoder_layers", "low_res_size"} <= set(superres["model"]["config"])
-    decoder = {k: v for k, v in superres["model"]["config"].items() if k not in low_res_fields}
+    assert {"encoder_layers", "low_res_size"} <= set(superres["model"]["config"]["superres"])
+    decoder = {k: v for k, v in superres["model"]["config"].items() if k != "superres"}
     assert decoder == quick["model"]["config"]
     assert {k: v for k, v in superres["model"].items() if k not in ("config", "low_res_lr_scale")} == \
         {k: v for k, v in quick["model"].items() if k != "config"}

@@ -24,7 +24,7 @@ import yaml
 from PIL import Image
 
 import imagetx.data.sources.folder as folder
-from helpers import one_error_line, tiny_model, write_train_config
+from helpers import one_error_line, tiny_model, with_changes, write_train_config
 from imagetx import load_model, save_pretrained
 from imagetx.data.datamodule import ImageDataModule
 from imagetx.evaluate import main as evaluate_main
@@ -357,12 +357,12 @@ def test_unreadable_files_are_skipped_counted_and_named(tmp_path, capsys):
 
 # ----- the commands ----------------------------------------------------------------------------
 
-TINY = dict(image_size=SIDE, query_block_length=16)
+TINY = {"image_size": SIDE, "attention": {"query_block_length": 16}}
 
 
 def train(tmp_path, data_root, source, model=None, data=None, extra=(), steps=3):
     run_dir = tmp_path / f"run-{source}"
-    config = write_train_config(tmp_path / f"{source}.yaml", run_dir, data_root, steps, model={**TINY, **(model or {})},
+    config = write_train_config(tmp_path / f"{source}.yaml", run_dir, data_root, steps, model=with_changes(TINY, model or {}),
                                 data={"source": source, **(data or {})})
     train_main(["--config", str(config), "--wandb", "disabled", *extra])
     return run_dir / "checkpoints" / "last.ckpt"
@@ -392,7 +392,8 @@ def flat_root(tmp_path):
 @pytest.fixture
 def superres_ckpt(tmp_path):
     path = tmp_path / "superres"
-    save_pretrained(tiny_model(seed=4, head="dmol", encoder_layers=1, low_res_size=2, **TINY), path)
+    save_pretrained(tiny_model(seed=4, head="dmol", encoder_layers=1, low_res_size=2, image_size=SIDE,
+                                    query_block_length=16), path)
     return path
 
 
@@ -473,7 +474,7 @@ def test_bad_data_through_the_commands(tmp_path, capsys, case):
     if case == "folder test split":
         write_folder(root)
         ckpt = tmp_path / "m"
-        save_pretrained(tiny_model(head="dmol", **TINY), ckpt)
+        save_pretrained(tiny_model(head="dmol", image_size=SIDE, query_block_length=16), ckpt)
         line = one_error_line(capsys, evaluate_main, ["--ckpt", str(ckpt), "--data.source", "folder",
                                                       "--data.root", str(root), "--split", "test"])
         assert "no test split" in line and "val" in line, line
@@ -499,4 +500,4 @@ def test_data_presets_hold_valid_data_settings(name):
     assert data.source == ("folder" if name.startswith("faces") else "imagenet")
     assert config.image_size == (64 if name == "imagenet64.yaml" else 32) and config.num_classes == 0
     if name.startswith("faces"):
-        assert data.crop == "celeba" and config.encoder_layers and config.low_res_size == 8
+        assert data.crop == "celeba" and config.superres and config.superres.low_res_size == 8

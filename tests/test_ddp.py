@@ -108,9 +108,8 @@ def test_ddp_two_cpu_processes_identical_weights_and_global_val_bpd(tmp_path):
                     "callbacks": [{"class_path": "ddp_probe.RecordRanks",
                                    "init_args": {"directory": str(probe_dir)}}]},
         "model": {"config": {"image_size": 32, "head": "dmol", "mixture_components": 2, "n_layers": 1,
-                             "d_model": 16, "n_heads": 2, "d_filter": 32, "dropout": 0.0,
-                             "attention": "local_1d", "query_block_length": 256,
-                             "position_encoding": "learned"},
+                             "d_model": 16, "d_filter": 32, "dropout": 0.0, "position_encoding": "learned",
+                             "attention": {"n_heads": 2, "kind": "local_1d", "query_block_length": 256}},
                   "optimizer": "adam_noam", "peak_lr": 0.003, "warmup_steps": 2},
         "data": {"batch_size": 2, "eval_batch_size": 2, "val_size": VAL_IMAGES},
     }

@@ -1,4 +1,4 @@
-"""``ModelConfig.exact_box_means`` (imagetx/model/heads.py, cell_remainder.py; docs/model.md §6): each
+"""``superres.exact_box_means`` (imagetx/model/heads.py, cell_remainder.py; docs/model.md §6): each
 step's distribution restricted to the values that can still give its cell the input's rounded box
 mean, renormalised. The bounds against ``downsample_area`` itself; every restricted distribution
 sums to one over its bounds and is zero outside; samples follow it (and clamping does not);

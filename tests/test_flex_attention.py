@@ -1,4 +1,4 @@
-"""FlexAttention (imagetx/model/attention.py, ``ModelConfig.attention_kernel``) against the dense
+"""FlexAttention (imagetx/model/attention.py, ``ModelConfig.attention.kernel``) against the dense
 reference (docs/model.md §4).
 
 FlexAttention runs its compiled forward on the CPU but has no backward there, so on the CPU
@@ -117,7 +117,7 @@ def test_block_mask_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern)
         assert int(pattern.block_mask("cpu").to_dense().sum()) == 8 + 7
 
 
-# Kernel blocks smaller than FlexAttention's default (ModelConfig.flex_block_size): the one-row
+# Kernel blocks smaller than FlexAttention's default (ModelConfig.attention.flex_block_size): the one-row
 # pattern of the GPU recipe (32 x 32 pixels, blocks of one row over the row above) in blocks of
 # a half, one and two rows; a 2D pattern and full attention in blocks that do not divide T.
 FINE_BLOCKS = [Local1D(GenerationOrder(32, 32), 32, 1, size) for size in (16, 32, 64)] + [
@@ -158,7 +158,7 @@ def test_auto_is_flex_on_cuda_only_for_heads_its_cuda_kernel_takes():
     assert uses_flex("flex", cpu, 8) and uses_flex("auto", cuda, 16)
     with pytest.raises(ValueError, match="'flex' needs heads of at least 16 channels on CUDA, got 8"):
         uses_flex("flex", cuda, 8)
-    with pytest.raises(ValueError, match="attention_kernel='triton' is invalid"):
+    with pytest.raises(ValueError, match="attention.kernel='triton' is invalid"):
         tiny_model(attention_kernel="triton")
 
 

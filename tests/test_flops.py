@@ -49,7 +49,7 @@ CASES = {
 def causal_extra_pairs(config: ModelConfig) -> int:
     """Pairs per layer that the math backend computes beyond those the fused kernels compute: the
     upper triangle of the is_causal call (full attention; local patterns run masked blocks)."""
-    if config.attention != "full":
+    if config.attention.kind != "full":
         return 0
     length = config.grid_shape[0] * config.grid_shape[1]
     return length * (length - 1) // 2
@@ -61,7 +61,7 @@ def counted(model: ImageTransformer, batch: int = 2) -> tuple[int, int]:
     cfg = model.config
     images = random_images(batch, cfg.image_size)
     labels = random_labels(batch, cfg.num_classes) if cfg.num_classes else None
-    low_res = downsample_area(images, cfg.low_res_size) if cfg.encoder_layers else None
+    low_res = downsample_area(images, cfg.superres.low_res_size) if cfg.superres else None
     counter = FlopCounterMode(display=False)
     with sdpa_kernel(SDPBackend.MATH):
         with counter:
@@ -120,8 +120,8 @@ def test_every_preset_counted_as_flop_counter_mode_counts_it(preset):
     model = model.to("meta")
     images = torch.zeros(1, cfg.image_size, cfg.image_size, 3, dtype=torch.uint8, device="meta")
     labels = torch.zeros(1, dtype=torch.long, device="meta") if cfg.num_classes else None
-    low_res = torch.zeros(1, cfg.low_res_size, cfg.low_res_size, 3, dtype=torch.uint8,
-                          device="meta") if cfg.encoder_layers else None
+    low_res = torch.zeros(1, cfg.superres.low_res_size, cfg.superres.low_res_size, 3, dtype=torch.uint8,
+                          device="meta") if cfg.superres else None
     counter = FlopCounterMode(display=False)
     with sdpa_kernel(SDPBackend.MATH), counter, model.values_verified():  # meta tensors have no values to check
         model.bits_per_dim(images, labels, low_res)

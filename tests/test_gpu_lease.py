@@ -152,7 +152,7 @@ def test_the_card_counts_the_minutes_on_the_weights_path():
 
 def test_candidates_are_each_measured_and_a_failure_recorded(dry_env, tmp_path):
     candidates = tmp_path / "candidates.txt"
-    candidates.write_text("# a comment, then a blank line\n\nfine --batch 3\nbroken --set flex_block_size=48\n")
+    candidates.write_text("# a comment, then a blank line\n\nfine --batch 3\nbroken --set attention.flex_block_size=48\n")
     done = lease(["candidates", "120"], dict(dry_env, CANDIDATES=str(candidates)))
     assert done.returncode == 0, done.stdout + done.stderr
     lines = (Path(dry_env["WORK"]) / "step_candidates.json").read_text().splitlines()
@@ -176,8 +176,8 @@ def test_a_superres_lease_brings_back_what_its_input_is_worth(dry_env, tmp_path)
     given another image's 8x8 input, and the grids (upsampled input | samples | original)."""
     config = Path(dry_env["CONFIG"])
     values = yaml.safe_load(config.read_text())
-    values["model"]["config"].update(encoder_layers=1, low_res_size=8, low_res_reading="cell_add",
-                                     low_res_zero_start=True, cell_remainder_input=True)
+    values["model"]["config"]["superres"] = dict(encoder_layers=1, low_res_size=8, low_res_reading="cell_add",
+                                                 low_res_zero_start=True, cell_remainder_input=True)
     config.write_text(yaml.safe_dump(values))
     out = Path(dry_env["OUT"])
     assert lease(["setup"], dry_env).returncode == 0
@@ -195,7 +195,7 @@ def test_a_superres_lease_brings_back_what_its_input_is_worth(dry_env, tmp_path)
     # shipped with the bounds: its score, the grid and the config are the bounded model's
     assert lease_1["val_bpd"] == scores[1] and lease_1["val_bpd_without_bounds"] == scores[0]
     assert lease_1["val_bpd_other_input"] == use["bpd_other_image_input"]
-    assert json.loads((model / "config.json").read_text())["exact_box_means"] is True
+    assert json.loads((model / "config.json").read_text())["superres"]["exact_box_means"] is True
     assert sorted(p.name for p in model.iterdir()) == ["README.md", "config.json", "model.safetensors", "superres.png"]
     assert (lineage_folder(model) / "continuation" / "continuation.json").is_file()
     card = (model / "README.md").read_text()

@@ -18,7 +18,7 @@ import torch
 import yaml
 from torch._dynamo.utils import counters
 
-from helpers import train_metrics
+from helpers import train_metrics, with_changes
 from imagetx import build_model, ModelConfig, load_model
 from imagetx.model.scoring import evaluate
 from imagetx.model.flops import count_flops
@@ -40,7 +40,7 @@ def test_recipe_sizing_matches_its_arithmetic():
     # The preset's comment and docs/gpu.md size the run from these figures; a change to the
     # model must change them too.
     values = recipe()
-    config = ModelConfig.from_dict({**values["model"]["config"], "attention_kernel": "flex"})  # as on CUDA
+    config = ModelConfig.from_dict(with_changes(values["model"]["config"], {"attention": {"kernel": "flex"}}))  # as on CUDA
     flops = count_flops(build_model(config))
     assert round(flops.training / 1e9, 1) == 55.8 and round(flops.forward / 1e9, 1) == 18.6
     # every batch of one shape: the compiled model never recompiles for a short last batch
@@ -52,7 +52,7 @@ def test_recipe_sizing_matches_its_arithmetic():
 # What the CPU run changes: the model's size, the steps, the device, the data. The rest (compile,
 # bf16-mixed, the optimiser and its budget horizon, pre-LN, DMOL, the sample
 # grids) is the recipe's own.
-TINY = {"n_layers": 1, "d_model": 16, "n_heads": 2, "d_filter": 32, "mixture_components": 2}
+TINY = {"n_layers": 1, "d_model": 16, "d_filter": 32, "mixture_components": 2, "attention": {"n_heads": 2}}
 
 
 def write_override(path: Path, run_dir: Path, data_root: Path, **trainer) -> Path:
@@ -90,8 +90,8 @@ def test_recipe_trains_evaluates_and_samples_on_the_cpu(tmp_path, data_root):
 
     resolved = yaml.safe_load(next((run_dir / "csv").glob("version_*/config.yaml")).read_text())
     assert resolved["trainer"]["precision"] == "bf16-mixed" and resolved["model"]["compile"] is True
-    shrunk = {**recipe()["model"]["config"], **TINY}  # the recipe's model, shrunk
-    assert {key: resolved["model"]["config"][key] for key in shrunk} == shrunk
+    shrunk = with_changes(recipe()["model"]["config"], TINY)  # the recipe's model, shrunk
+    assert with_changes(resolved["model"]["config"], shrunk) == resolved["model"]["config"]  # every value as set
     losses = train_metrics(run_dir)
     assert sorted(losses) == [0, 1, 2, 3] and all(torch.isfinite(torch.tensor(list(losses.values()))))
     assert list((run_dir / "samples").glob("*.png"))  # a sample grid, drawn during training
@@ -99,8 +99,9 @@ def test_recipe_trains_evaluates_and_samples_on_the_cpu(tmp_path, data_root):
     # Scoring: the trained weights through FlexAttention, compiled and under bf16 autocast (a
     # GPU's validation with this recipe), against the CPU's SDPA path in float32.
     model = load_model(run_dir / "checkpoints" / "last.ckpt")
-    assert model.config.attention_kernel == "auto"  # on this CPU: SDPA
-    flex_model = build_model(dataclasses.replace(model.config, attention_kernel="flex")).eval()
+    assert model.config.attention.kernel == "auto"  # on this CPU: SDPA
+    flex = dataclasses.replace(model.config.attention, kernel="flex")
+    flex_model = build_model(dataclasses.replace(model.config, attention=flex)).eval()
     flex_model.load_state_dict(model.state_dict())
     flex_model.compile()
     images, labels = load("cifar10", data_root, "val", val_size=2)

@@ -93,8 +93,8 @@ CASES = {
     "class-conditional, Adam": ({"num_classes": 10}, (), False),
     "class-conditional, Adam, progress bar": ({"num_classes": 10}, (), True),
     "super-resolution, rotary positions, AdamW": (
-        {"encoder_layers": 1, "low_res_reading": "cell_add", "cell_remainder_input": True, "exact_box_means": True,
-         "relative_positions": "rotary", "norm": "pre"},
+        {"superres": {"encoder_layers": 1, "low_res_reading": "cell_add", "cell_remainder_input": True,
+                      "exact_box_means": True}, "attention": {"relative_positions": "rotary"}, "norm": "pre"},
         ("--model.optimizer", "adamw_cosine", "--model.lr_horizon", "steps"), False),
 }
 

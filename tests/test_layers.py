@@ -136,8 +136,8 @@ def test_loading_scoring_and_sampling_from_python_never_import_the_training_stac
 
         model = load_model({str(REPO / "pretrained" / "completion")!r})
         from_pretrained({str(REPO / "pretrained" / "completion")!r})
-        tiny = build_model(imagetx.ModelConfig(image_size=4, n_layers=1, d_model=16, n_heads=2, d_filter=32,
-                                               query_block_length=8))
+        tiny = build_model(imagetx.ModelConfig(image_size=4, n_layers=1, d_model=16, d_filter=32,
+                                               attention=imagetx.AttentionConfig(n_heads=2, query_block_length=8)))
         checkpoint = {{"imagetx": {{"format": 1, "model_config": tiny.config.to_dict()}},
                       "state_dict": {{"model." + k: v for k, v in tiny.state_dict().items()}}}}
         torch.save(checkpoint, {str(tmp_path / "tiny.ckpt")!r})

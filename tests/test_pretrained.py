@@ -68,8 +68,8 @@ def test_a_completion_keeps_the_given_rows_bit_identical(name):
 @pytest.mark.parametrize("name", ["superres", "superres_gpu"])
 def test_a_super_resolved_sample_averages_back_to_its_input_exactly(name):
     model = load_model(REPO / "pretrained" / name)
-    assert model.config.exact_box_means  # each value restricted to what keeps its cell's mean
-    size = model.config.low_res_size
+    assert model.config.superres.exact_box_means  # each value restricted to what keeps its cell's mean
+    size = model.config.superres.low_res_size
     low_res = downsample_area(val_images()[:2], size)
     for temperature in (1.0, 0.8):
         upsampled = sample(model, 2, low_res=low_res, temperature=temperature, generator=torch.Generator().manual_seed(0))

@@ -1,4 +1,4 @@
-"""Relative positions (``ModelConfig.relative_positions``): 2D rotary embeddings ("rotary").
+"""Relative positions (``ModelConfig.attention.relative_positions``): 2D rotary embeddings ("rotary").
 
 Checked for what they claim (rotary scores depend on the grid offset of query and key only;
 decoding turns each step as the full pass does; no parameters, decoder self-attention only),
@@ -126,7 +126,9 @@ def test_a_saved_model_with_a_removed_kind_is_refused_in_one_line(tmp_path):
 
     save_pretrained(tiny_model(relative_positions="rotary"), tmp_path / "model")
     config = tmp_path / "model" / "config.json"
-    config.write_text(json.dumps({**json.loads(config.read_text()), "relative_positions": "table"}))
+    values = json.loads(config.read_text())
+    values["attention"]["relative_positions"] = "table"
+    config.write_text(json.dumps(values))
     with pytest.raises(CheckpointError) as refused:
         load_model(tmp_path / "model")
     line = str(refused.value)

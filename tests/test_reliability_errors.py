@@ -74,12 +74,12 @@ def test_train_with_an_empty_data_directory(tmp_path, capsys):
     (dict(top={"seed_everythin": 1}), [], ["unknown key 'seed_everythin'", "did you mean 'seed_everything'"]),
     (dict(model={"d_model": "big"}), [], ["model.config.d_model", "int", "big"]),
     ({}, ["--model.peak_lr", "fast"], ["model.peak_lr", "float", "fast"]),
-    ({}, ["--model.config.attention", "local_3d"], ["model.config.attention", "local_3d", "local_1d"]),
-    (dict(model={"n_heads": 3}), [], ["ModelConfig.n_heads=3", "must divide d_model=16"]),
-    (dict(model={"attention": "local_2d", "query_block_shape": [5, 8], "memory_flange": [1, 1]}), [],
-     ["ModelConfig.query_block_shape=(5, 8)", "must divide the grid's 32 rows"]),
-    (dict(model={"attention": "local_2d", "query_block_shape": [8, 8], "memory_flange": [-1, 1]}), [],
-     ["ModelConfig.memory_flange=(-1, 1)", "must be 0 or more"]),
+    ({}, ["--model.config.attention.kind", "local_3d"], ["model.config.attention.kind", "local_3d", "local_1d"]),
+    (dict(model={"attention": {"n_heads": 3}}), [], ["ModelConfig.attention.n_heads=3", "must divide d_model=16"]),
+    (dict(model={"attention": {"kind": "local_2d", "query_block_shape": [5, 8], "memory_flange": [1, 1]}}), [],
+     ["ModelConfig.attention.query_block_shape=(5, 8)", "must divide the grid's 32 rows"]),
+    (dict(model={"attention": {"kind": "local_2d", "query_block_shape": [8, 8], "memory_flange": [-1, 1]}}), [],
+     ["ModelConfig.attention.memory_flange=(-1, 1)", "must be 0 or more"]),
     ({}, ["--checkpoint_every_n_steps", "-1"], ["--checkpoint_every_n_steps -1"]),
     ({}, ["--config", "/nonexistent/x.yaml"], ["/nonexistent/x.yaml", "does not exist"]),
 ], ids=["typo-model-key", "typo-flag", "typo-top-key", "wrong-type", "wrong-type-flag", "bad-choice",
@@ -122,7 +122,7 @@ def test_train_with_an_unwritable_run_directory(tmp_path, capsys, data_root):
 
 def test_debug_mode_shows_the_traceback(tmp_path, data_root, monkeypatch):
     monkeypatch.setenv("IMAGETX_DEBUG", "1")
-    config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, 2, model={"n_heads": 3})
+    config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, 2, model={"attention": {"n_heads": 3}})
     with pytest.raises(ValueError, match="n_heads"):
         train_main(["--config", str(config), "--wandb", "disabled"])
 
@@ -148,7 +148,8 @@ def bad_checkpoint(tmp_path, kind):
     elif kind == "incompatible":  # weights of another configuration than the one stored with them
         write_checkpoint(path, tiny_model(image_size=32, head="dmol"), d_model=32)
     elif kind == "invalid-config":
-        write_checkpoint(path, tiny_model(image_size=32, head="dmol"), n_heads=3)
+        write_checkpoint(path, tiny_model(image_size=32, head="dmol"),
+                         attention={**tiny_model().config.to_dict()["attention"], "n_heads": 3})
     return path
 
 

@@ -186,20 +186,22 @@ def test_resume_with_another_model_configuration_is_a_clear_error(tmp_path, data
     assert "Traceback" not in "\n".join(err)
 
 
-@pytest.mark.parametrize("missing", ["exact_box_means", "dropout"])
+@pytest.mark.parametrize("missing", ["attention.flex_block_size", "dropout"])
 def test_resume_from_a_checkpoint_written_before_a_field_existed(tmp_path, data_root, capsys, missing):
-    """A checkpoint lacks a field added to ModelConfig since it was written (cifar10_gpu's continuation
-    lacked exact_box_means: its lease 2 stopped on a KeyError): it trained with the field's default.
-    exact_box_means: this run uses the default too, so it resumes. dropout: this run's 0.1 is not
-    the default 0.3, so it is refused as another model (the control)."""
+    """A checkpoint lacks a field added to ModelConfig since it was written (a continuation written
+    before a field existed must resume): it trained with the field's default.
+    attention.flex_block_size: this run uses the default too, so it resumes. dropout: this run's 0.1
+    is not the default 0.3, so it is refused as another model (the control)."""
     run_dir = tmp_path / "run"
     train(tmp_path, run_dir, data_root, max_steps=1)
     last = run_dir / "checkpoints" / "last.ckpt"
     checkpoint = torch.load(last, map_location="cpu", weights_only=False)
-    del checkpoint["imagetx"]["model_config"][missing]
+    *section, name = missing.split(".")
+    stored = checkpoint["imagetx"]["model_config"]
+    del (stored[section[0]] if section else stored)[name]
     torch.save(checkpoint, last)
     capsys.readouterr()
-    if missing == "exact_box_means":
+    if missing == "attention.flex_block_size":
         resumed = train(tmp_path, run_dir, data_root, max_steps=2, extra=("--resume", "last"))
         assert resumed["global_step"] == 2
         return

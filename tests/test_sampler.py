@@ -121,7 +121,7 @@ def test_cached_decoder_matches_full_pass_with_encoder(head, attention, reading,
                        encoder_layers=1, low_res_size=low_res_size, low_res_reading=reading,
                        query_block_shape=block_shape(head), **{**SMALL_BLOCKS, "n_layers": 1})
     images = random_images(2, 8, seed=5)
-    low_res = downsample_area(random_images(2, 8, seed=6), model.config.low_res_size)  # not the images' own
+    low_res = downsample_area(random_images(2, 8, seed=6), model.config.superres.low_res_size)  # not the images' own
     check_cached_equals_full(model, images, random_labels(2, 10, seed=7), low_res)
 
 
@@ -174,7 +174,7 @@ def test_compiled_step_matches_the_eager_step_and_the_full_pass(case):
     cfg = model.config
     images = random_images(2, 8, seed=19)
     labels = random_labels(2, 10, seed=20) if cfg.num_classes else None
-    low_res = downsample_area(random_images(2, 8, seed=21), cfg.low_res_size) if cfg.encoder_layers else None
+    low_res = downsample_area(random_images(2, 8, seed=21), cfg.superres.low_res_size) if cfg.superres else None
     step = compile_decoding(model)
     # error_on_recompile: every step, the first (zeros) and the teacher-forced ones (strided
     # columns of the targets) alike, runs the one graph compiled at step 0.

@@ -199,11 +199,11 @@ def test_encoder_embedding_starts_ordinal():
 
 def test_the_decoder_alone_refuses_an_encoder_and_build_model_builds_the_extension():
     config = tiny_model(head="dmol", attention="local_1d", image_size=8, encoder_layers=1, low_res_size=4).config
-    with pytest.raises(ValueError, match=r"encoder_layers=1: a super-resolution model is "
+    with pytest.raises(ValueError, match=r"a config with a superres section is a super-resolution model: "
                                          r"SuperResolutionTransformer\(config\); build_model\(config\) builds either"):
         ImageTransformer(config)
     assert type(build_model(config)) is SuperResolutionTransformer
-    assert type(build_model(dataclasses.replace(config, encoder_layers=0))) is ImageTransformer
+    assert type(build_model(dataclasses.replace(config, superres=None))) is ImageTransformer
     # the extension adds parts and renames none of the decoder's
-    decoder = set(build_model(dataclasses.replace(config, encoder_layers=0)).state_dict())
+    decoder = set(build_model(dataclasses.replace(config, superres=None)).state_dict())
     assert decoder < set(build_model(config).state_dict())

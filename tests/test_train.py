@@ -86,7 +86,7 @@ def test_training_checkpoint_loads_with_load_from_checkpoint(tmp_path, data_root
 
 
 def test_the_data_takes_image_size_and_classes_from_the_model(tmp_path, data_root, capsys):
-    model = {"image_size": 8, "query_block_length": 16, "num_classes": 10}
+    model = {"image_size": 8, "attention": {"query_block_length": 16}, "num_classes": 10}
     config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, model=model)
     cli = make_cli(["--config", str(config), "--wandb", "disabled"])
     assert (cli.datamodule.image_size, cli.datamodule.num_classes) == (8, 10)

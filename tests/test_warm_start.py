@@ -125,7 +125,8 @@ def test_a_decoder_tensor_the_source_lacks_is_refused(tmp_path):
         start_from(tiny_model(seed=2, **DECODER), tmp_path / "source")
 
 
-SUPERRES_TRAIN_MODEL = dict(encoder_layers=1, low_res_size=8, low_res_reading="cell_add", low_res_zero_start=True)
+SUPERRES_TRAIN_MODEL = {"superres": dict(encoder_layers=1, low_res_size=8, low_res_reading="cell_add",
+                                         low_res_zero_start=True)}
 
 
 def test_train_init_from_starts_the_run_from_the_source_weights(tmp_path, data_root, capsys):

@@ -10,11 +10,12 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import (TINY_TRAIN_MODEL, one_error_line, random_images, random_labels, tiny_model, weights_checkpoint,
+from helpers import (TINY, TINY_TRAIN_MODEL, one_error_line, random_images, random_labels, tiny_model, weights_checkpoint,
                      write_train_config)
 from imagetx import (CheckpointError, ImageTransformer, ModelConfig, from_pretrained, load_model, push_to_hub,
                      save_pretrained)
 from imagetx.io.checkpoint import imagetx_metadata
+from imagetx.io.weights import FORMAT_VERSION
 from imagetx.model.inputs import downsample_area
 from imagetx.evaluate import main as evaluate_main
 from imagetx.export import main as export_main
@@ -81,14 +82,14 @@ def test_save_pretrained_then_from_pretrained(tmp_path, overrides):
     kwargs = {}
     if model.config.num_classes:
         kwargs["labels"] = random_labels(2, model.config.num_classes)
-    if model.config.encoder_layers:
-        kwargs["low_res"] = random_images(2, model.config.low_res_size, seed=8)
+    if model.config.superres:
+        kwargs["low_res"] = random_images(2, model.config.superres.low_res_size, seed=8)
     images = random_images(2, model.config.image_size, seed=7)
     save_pretrained(model, tmp_path / "weights")
     loaded = from_pretrained(tmp_path / "weights")
     assert isinstance(loaded, ImageTransformer) and loaded.config == model.config and not loaded.training
     config = json.loads((tmp_path / "weights" / "config.json").read_text())
-    assert config == {"format_version": 1, **model.config.to_dict()}
+    assert config == {"format_version": FORMAT_VERSION, **model.config.to_dict()}
     card = (tmp_path / "weights" / "README.md").read_text()  # the Hub's model card, its metadata first
     assert card.startswith("---\n") and "library_name: imagetx" in card and "license: mit" in card
     with torch.no_grad():
@@ -96,6 +97,24 @@ def test_save_pretrained_then_from_pretrained(tmp_path, overrides):
         # a differently seeded model scores differently: the weights really came from the folder
         assert not torch.equal(tiny_model(seed=3, **overrides).nll(images, **kwargs), model.nll(images, **kwargs))
     assert not list((tmp_path / "weights").glob(".*"))  # no temporary files left
+
+
+def test_files_written_before_the_config_had_sections_load_as_written(tmp_path):
+    """A weights folder of format_version 1 and a checkpoint of format 1 hold the config on one level
+    (``attention`` the kind, ``encoder_layers`` 0 for a plain decoder): both load as the model they
+    describe."""
+    flat = {**TINY, "head": "dmol", "image_size": 8, "attention": "local_2d", "query_block_shape": [2, 2],
+            "encoder_layers": 1, "low_res_size": 4, "cell_remainder_input": True, "exact_box_means": True}
+    model = tiny_model(seed=3, **flat)
+    save_pretrained(model, tmp_path / "weights")
+    (tmp_path / "weights" / "config.json").write_text(json.dumps({"format_version": 1, **flat}))
+    torch.save(weights_checkpoint(model, {"format": 1, "model_config": flat}), tmp_path / "old.ckpt")
+    images, low_res = random_images(2, 8, seed=1), random_images(2, 4, seed=2)
+    for path in (tmp_path / "weights", tmp_path / "old.ckpt"):
+        loaded = load_model(path)
+        assert loaded.config == model.config and loaded.config.superres.exact_box_means
+        with torch.no_grad():
+            assert torch.equal(loaded.nll(images, low_res=low_res), model.nll(images, low_res=low_res))
 
 
 # ----- folders that do not fit the model they describe ------------------------------------
@@ -115,7 +134,7 @@ def damaged_folder(tmp_path, damage):
     elif damage == "unknown field":
         config["d_modle"] = 16
     elif damage == "newer format":
-        config["format_version"] = 2
+        config["format_version"] = FORMAT_VERSION + 1
     elif damage == "no config.json":
         (folder / "config.json").unlink()
     elif damage == "corrupt safetensors":
@@ -129,7 +148,7 @@ def damaged_folder(tmp_path, damage):
 
 NEEDLES = {"missing tensor": "missing tensor(s) {name}", "extra tensor": "unexpected tensor(s) layers.7.attention.bonus",
            "misshapen tensor": "wrong tensor(s): {name} is", "unknown field": "d_modle",
-           "newer format": "format_version 2", "no config.json": "has no config.json",
+           "newer format": f"format_version {FORMAT_VERSION + 1}", "no config.json": "has no config.json",
            "corrupt safetensors": "model.safetensors cannot be read"}
 
 
@@ -265,7 +284,7 @@ def test_export_switches_exact_box_means_on_for_a_trained_super_resolution_model
     export_main(["--ckpt", str(ckpt), "--out", str(tmp_path / "bounded"), "--exact_box_means", "true"])
     assert last_json(capsys)["exact_box_means"] is True
     bounded = load_model(tmp_path / "bounded")
-    assert bounded.config.exact_box_means and not model.config.exact_box_means
+    assert bounded.config.superres.exact_box_means and not model.config.superres.exact_box_means
     for name, value in model.state_dict().items():
         assert torch.equal(bounded.state_dict()[name], value), name
     images = random_images(2, 8, seed=4)

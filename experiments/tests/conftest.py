@@ -24,18 +24,19 @@ torch.set_num_threads(1)
 
 # A tiny model: one layer, d_model 16, dropout 0. Image size and head come per test.
 TINY = dict(n_layers=1, d_model=16, n_heads=2, d_filter=32, dropout=0.0, attention="local_1d",
-            memory_blocks=1, position_encoding="sinusoidal", norm="post", mixture_components=2)
+            memory_blocks=1, position_encoding="sinusoidal", norm="post", mixture_components=2)  # one level (from_dict)
 
 # The tiny DMOL model the training config below trains.
-TINY_TRAIN_MODEL = dict(image_size=32, head="dmol", mixture_components=2, n_layers=1, d_model=16, n_heads=2,
-                        d_filter=32, dropout=0.0, attention="local_1d", query_block_length=256,
-                        position_encoding="learned")
+TINY_TRAIN_MODEL = dict(image_size=32, head="dmol", mixture_components=2, n_layers=1, d_model=16, d_filter=32,
+                        dropout=0.0, position_encoding="learned",
+                        attention=dict(n_heads=2, kind="local_1d", query_block_length=256))
 
 
 def tiny_model(seed: int = 0, **overrides) -> ImageTransformer:
-    """A seeded tiny ImageTransformer in eval mode; any ModelConfig field can be overridden."""
+    """A seeded tiny ImageTransformer in eval mode; any ModelConfig field can be overridden, a
+    section's by its own name (the one-level form ``ModelConfig.from_dict`` reads)."""
     torch.manual_seed(seed)
-    return build_model(ModelConfig(**{**TINY, **overrides})).eval()
+    return build_model(ModelConfig.from_dict({**TINY, **overrides})).eval()
 
 
 def write_cifar_npz(root: Path, train_sizes=(6, 6), seed: int = 0) -> np.ndarray:

@@ -49,7 +49,7 @@ class CompressionStats:
 def check_model(model: ImageTransformer) -> None:
     """A model the codec can drive: unconditional, without a low-resolution input, on the CPU."""
     cfg = model.config
-    if cfg.num_classes or cfg.encoder_layers:
+    if cfg.num_classes or cfg.superres:
         raise CodecError("compression needs an unconditional model (no classes, no low-resolution encoder): "
                          "this one would need the labels or the 8x8 images coded too")
     device = next(model.parameters()).device

@@ -49,12 +49,12 @@ def load_models(args) -> Models:
     check_port_free(args.host, args.port)  # before the models load: Gradio's own message names an env variable
     completion = load_model(args.ckpt, map_location="cpu")
     superres = load_model(args.superres_ckpt, map_location="cpu")
-    if completion.config.encoder_layers:
+    if completion.config.superres:
         raise ValueError(f"--ckpt {args.ckpt} is a super-resolution model: give it as --superres-ckpt, "
                          "and a model without an encoder as --ckpt")
-    if not superres.config.encoder_layers:
+    if not superres.config.superres:
         raise ValueError(f"--superres-ckpt {args.superres_ckpt} is not a super-resolution model (no encoder): "
-                         "give one trained with encoder_layers > 0, e.g. pretrained/superres")
+                         "give one trained with a superres section, e.g. pretrained/superres")
     return Models(completion, superres, shown_path(args.ckpt), shown_path(args.superres_ckpt),
                   card_bits_per_dim(args.ckpt), card_bits_per_dim(args.superres_ckpt))
 

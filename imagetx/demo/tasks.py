@@ -118,7 +118,7 @@ class Models:
         empty = (None, [], None, None)
         try:
             picture, note, preparing = self.picture(upload, model)
-            low_res = downsample_area(picture[None], model.config.low_res_size)
+            low_res = downsample_area(picture[None], model.config.superres.low_res_size)
             count = len(temperatures)
             states = sample_progressively(model, count, labels_for(model, count, chosen_class(label)),
                                           low_res=low_res.repeat(count, 1, 1, 1), temperature=temperatures,

@@ -33,7 +33,8 @@ from .atomic import atomic_write
 from .errors import CheckpointError
 from .weights import checked_model
 
-FORMAT_VERSION = 1
+# 2: the config in sections (ModelConfig.to_dict); 1: the one-level form, still read (ModelConfig.from_dict)
+FORMAT_VERSION = 2
 LIGHTNING_PREFIX = "model."  # the LightningModule keeps the network as ``self.model``
 CHECKPOINT_DIR = "checkpoints"  # under the run's directory (trainer.default_root_dir)
 LAST = "last.ckpt"

@@ -1,17 +1,17 @@
 """``load_model``: the one entry that opens any imagetx model file from a local path: a weights
 folder (``weights.model_from_folder``) or a checkpoint written by training
 (``checkpoint.model_from_checkpoint``). Neither runs code from the file; nothing is downloaded
-(a Hugging Face Hub repository id: ``hub.from_pretrained``). ``with_settings``: a loaded model
-under settings that have no tensors of their own."""
+(a Hugging Face Hub repository id: ``hub.from_pretrained``). ``with_config``: a loaded model
+under a configuration that changes none of its tensors."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from pathlib import Path
 
 import torch
 
+from ..model.config import ModelConfig
 from ..model.superres import build_model
 from ..model.transformer import ImageTransformer
 from .checkpoint import model_from_checkpoint
@@ -26,16 +26,15 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
     return model_from_checkpoint(path, map_location)
 
 
-def with_settings(model: ImageTransformer, **settings) -> ImageTransformer:
-    """The same weights under ``model``'s configuration with ``settings`` changed, in the same mode:
-    for settings that have no tensors of their own (``exact_box_means``, which restricts a trained
-    super-resolution model's values to its input's box means). A ValueError for one that would
-    add, drop or reshape a tensor."""
-    rebuilt = build_model(dataclasses.replace(model.config, **settings))
+def with_config(model: ImageTransformer, config: ModelConfig) -> ImageTransformer:
+    """The same weights under ``config``, in the same mode: for settings that have no tensors of
+    their own (``superres.exact_box_means``, which restricts a trained super-resolution model's
+    values to its input's box means). A ValueError for a config that would add, drop or reshape
+    a tensor."""
+    rebuilt = build_model(config)
     own, stored = rebuilt.state_dict(), model.state_dict()
     if {name: value.shape for name, value in own.items()} != {name: value.shape for name, value in stored.items()}:
-        raise ValueError(f"{', '.join(f'{key}={value!r}' for key, value in settings.items())} changes the model's "
-                         "tensors: train a model with it instead")
+        raise ValueError("the new configuration changes the model's tensors: train a model with it instead")
     rebuilt.load_state_dict(stored)
     parameter = next(model.parameters())
     return rebuilt.to(parameter.device, parameter.dtype).train(model.training)

@@ -28,7 +28,9 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 CARD_FILE = "README.md"  # the model card save_pretrained adds (io/hub.py)
 FORMAT_KEY = "format_version"
-FORMAT_VERSION = 1
+# 2: the config in sections (ModelConfig.to_dict); 1: the one-level form, still read (ModelConfig.from_dict)
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, FORMAT_VERSION)
 LISTED = 3  # names of missing, extra or misshapen tensors given in one error line
 
 
@@ -86,8 +88,8 @@ def read_config(path: Path) -> ModelConfig:
         raise CheckpointError(f"{path} is not an imagetx {CONFIG_FILE} (no {FORMAT_KEY}); write the folder with "
                               "imagetx.export or save_pretrained")
     version = values.pop(FORMAT_KEY)
-    if version != FORMAT_VERSION:
-        raise CheckpointError(f"{path}: {FORMAT_KEY} {version!r}, where this imagetx reads {FORMAT_VERSION}: read the "
+    if version not in READ_VERSIONS:
+        raise CheckpointError(f"{path}: {FORMAT_KEY} {version!r}, where this imagetx reads {READ_VERSIONS}: read the "
                               "folder with the imagetx that wrote it, or export it again with this one")
     try:
         return ModelConfig.from_dict(values).validate()

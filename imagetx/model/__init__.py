@@ -2,8 +2,9 @@
 of the package: it imports torch and einops (and tqdm for progress bars), nothing else of
 imagetx; loading, saving and sharing a model are ``imagetx.io``'s."""
 
-from .config import ModelConfig
+from .config import AttentionConfig, ModelConfig, SuperResolutionConfig
 from .superres import SuperResolutionTransformer, build_model
 from .transformer import ImageTransformer
 
-__all__ = ["ImageTransformer", "ModelConfig", "SuperResolutionTransformer", "build_model"]
+__all__ = ["AttentionConfig", "ImageTransformer", "ModelConfig", "SuperResolutionConfig", "SuperResolutionTransformer",
+           "build_model"]

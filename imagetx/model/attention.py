@@ -8,7 +8,7 @@ through the output projection (``merge_heads``).
 ``attend`` takes what the queries may see as one argument:
 
 * a pattern (``patterns.py``: geometry only): the full pass, through FlexAttention under the
-  pattern's block mask (``ModelConfig.attention_kernel`` flex, or auto on CUDA: ``uses_flex``), or
+  pattern's block mask (``ModelConfig.attention.kernel`` flex, or auto on CUDA: ``uses_flex``), or
   through the SDPA reference path, the pattern's gathered blocks in one fused call
   (``attend_in_blocks``);
 * a boolean (Tq, Tk) mask: decoding, where the keys are a cache's, their steps known;
@@ -62,7 +62,7 @@ def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
         raise ValueError(f"attention kernel {kernel!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
     narrow = device.type == "cuda" and head_size < FLEX_MIN_HEAD_SIZE
     if kernel == "flex" and narrow:
-        raise ValueError(f"attention_kernel 'flex' needs heads of at least {FLEX_MIN_HEAD_SIZE} channels on CUDA, "
+        raise ValueError(f"attention kernel 'flex' needs heads of at least {FLEX_MIN_HEAD_SIZE} channels on CUDA, "
                          f"got {head_size} (d_model / n_heads): use 'auto' or 'sdpa', or fewer heads")
     return kernel == "flex" or (kernel == "auto" and device.type == "cuda" and not narrow)
 

@@ -1,5 +1,5 @@
 """What the rest of each low-resolution cell must average to: an exact extra input for
-super-resolution decoders (docs/model.md §6; ``ModelConfig.cell_remainder_input``). Not part of
+super-resolution decoders (docs/model.md §6; ``superres.cell_remainder_input``). Not part of
 the paper's model.
 
 The low-resolution input is the rounded box mean of the target (4×4 cells for 8×8 →
@@ -51,7 +51,7 @@ class CellRemainder(nn.Module):
         (the model's ``low_res_pixel_of_step()``); ``step_channels``: each step's channel (used
         by categorical steps)."""
         super().__init__()
-        scale = config.image_size // config.low_res_size
+        scale = config.image_size // config.superres.low_res_size
         self.cell_size = scale * scale  # values of one channel under one low-res pixel
         self.categorical = config.head == "categorical"
         # A group is what one low-res value summarises: a cell's sub-pixels of one channel

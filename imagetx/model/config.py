@@ -1,14 +1,15 @@
-"""Model configuration: one dataclass that fully describes an Image Transformer.
+"""Model configuration: the paper's hyper-parameters in one dataclass, with two sections.
 
-docs/model.md §1 (representations and grids), §2 (inputs), §3 (layers), §4 (attention
-kinds and block sizes), §5 (heads), §6 (super-resolution encoder), §8 (presets).
-The configuration is stored in every checkpoint so that evaluation and sampling
-rebuild the model from the file alone.
+``ModelConfig`` holds the network's sizes and heads (docs/model.md §1–§3, §5); its ``attention``
+section says which positions each step sees and how (§4), and its ``superres`` section, when set,
+adds an encoder over a low-resolution input (§6). The configuration is stored in every checkpoint
+so that evaluation and sampling rebuild the model from the file alone; ``from_dict`` also reads
+the one-level form that files written before the sections use.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, NoReturn, get_args
 
 # The choices of each field, once: the annotations below, and the tuples the checks read.
@@ -19,6 +20,9 @@ Norm = Literal["post", "pre"]
 AttentionKernel = Literal["auto", "flex", "sdpa"]
 LowResReading = Literal["cross_attention", "cell_add"]
 RelativePositions = Literal["none", "rotary"]
+HEADS, ATTENTIONS, POSITION_ENCODINGS, NORMS, ATTENTION_KERNELS, LOW_RES_READINGS, RELATIVE_POSITIONS = (
+    get_args(choice) for choice in (Head, Attention, PositionEncodingKind, Norm, AttentionKernel, LowResReading,
+                                    RelativePositions))
 # Relative positions that lost to rotary ones (0.1 bits/dim at quick's size, three seeds) and were
 # removed; the last commit that reads a model with one:
 REMOVED_RELATIVE_POSITIONS = ("table", "distance", "rotary_distance")
@@ -29,9 +33,6 @@ LAST_COMMIT_WITH_THEM = "0bb0603"
 # cross-attention.
 REMOVED_CROSS_ATTENTION_RADIUS = "cross_attention_radius"
 LAST_COMMIT_WITH_RADIUS = "1ba98d3"
-HEADS, ATTENTIONS, POSITION_ENCODINGS, NORMS, ATTENTION_KERNELS, LOW_RES_READINGS, RELATIVE_POSITIONS = (
-    get_args(choice) for choice in (Head, Attention, PositionEncodingKind, Norm, AttentionKernel, LowResReading,
-                                    RelativePositions))
 # FlexAttention's kernel blocks: powers of two (its tiles), from its CUDA kernel's smallest to its
 # default, FLEX_BLOCK_SIZE (128 queries × 128 keys).
 FLEX_BLOCK_SIZE = 128
@@ -44,68 +45,86 @@ HALF_RANGE = (LEVELS - 1) / 2
 
 
 @dataclass
-class ModelConfig:
-    image_size: int = 32  # side of the square target image, in pixels
-    head: Head = "categorical"  # §5: one position per sub-pixel or per pixel
-    n_layers: int = 12
-    d_model: int = 512
-    n_heads: int = 4
-    d_filter: int = 2048  # hidden size of the feed-forward sublayer
-    dropout: float = 0.3  # on input embeddings and residual branches (T2T: attention dropout is 0)
-    attention: Attention = "local_1d"
-    # 1D local attention (§4): query blocks of this many positions, in raster order ...
+class AttentionConfig:
+    """§4: decoder self-attention — its heads, which earlier positions each step sees, and how."""
+    n_heads: int = 4  # heads of every attention layer: d_model / n_heads channels each
+    kind: Attention = "local_1d"  # which earlier positions a step sees: local 1D or 2D blocks, or all
+    # 1D local attention: query blocks of this many positions, in raster order ...
     query_block_length: int = 256
     # ... each also seeing this many whole previous blocks (T2T: exactly one).
     memory_blocks: int = 1
-    # 2D local attention (§4): query block (rows, cols) in grid cells, and the flange
-    # (rows above, cols either side) of memory around it. T2T default: (16,16), (16,32).
-    # Any flange height is causal: in block-raster order every row above a block belongs
-    # to an earlier row of blocks.
+    # 2D local attention: query block (rows, cols) in grid cells, and the flange (rows above, cols
+    # either side) of memory around it. T2T default: (16,16), (16,32). Any flange height is causal:
+    # in block-raster order every row above a block belongs to an earlier row of blocks.
     query_block_shape: tuple[int, int] = (16, 16)
     memory_flange: tuple[int, int] = (16, 32)
-    position_encoding: PositionEncodingKind = "sinusoidal"
-    num_classes: int = 0  # 0 = unconditional; else one learned vector per class (§2)
-    norm: Norm = "post"  # post-LayerNorm is the paper's block (§3)
-    mixture_components: int = 10  # K of the DMOL head (§5); unused by the categorical head
-    # Super-resolution (§6): 0 = plain decoder; >0 = encoder layers over a low-res image.
-    encoder_layers: int = 0
-    low_res_size: int = 8  # side of the encoder's input image, in pixels
-    # True: each decoder step also gets the mean that the not-yet-generated values of
-    # its low-res cell must have for the cell to box-average to the input (exact for
-    # the box-mean inputs of §6; imagetx/model/cell_remainder.py). Not in the paper.
-    cell_remainder_input: bool = False
-    # True: each step's distribution is restricted to the values that can still give its cell
-    # the input's rounded box mean, renormalised (per DMOL component and channel): samples
-    # downsample to their input exactly, and no mass goes to images that would not.
-    # Needs cell_remainder_input, whose sums give the bounds. Not in the paper.
-    exact_box_means: bool = False
-    # How each decoder layer reads the encoder (§6): "cross_attention" (the paper's), or
-    # "cell_add": after self-attention, a linear map of the encoder's outputs for the low-res
-    # pixel the step lies in (imagetx/model/superres.py; not in the paper), as good as cross-attention
-    # to that pixel alone and cheaper: no query or output projection per step.
-    low_res_reading: LowResReading = "cross_attention"
-    # True: the maps that write the low-res input into the decoder (cross-attention's output
-    # projection, the cell add, the cell remainder's) start at zero, so a new model's outputs do
-    # not depend on its input until it learns to read it. Not in the paper.
-    low_res_zero_start: bool = False
-    # How decoder self-attention sees where each key lies relative to its query (§4; not in the
-    # paper, whose inputs carry absolute positions only): "none", or "rotary", 2D rotary embeddings
-    # of queries and keys (imagetx/model/rotary.py: nothing added to the scores).
+    # Where each key lies relative to its query (not in the paper, whose inputs carry absolute
+    # positions only): "none", or "rotary", 2D rotary embeddings of queries and keys
+    # (imagetx/model/rotary.py: nothing added to the scores).
     relative_positions: RelativePositions = "none"
-    # §4: how attention runs: "flex" = FlexAttention, block-sparse (imagetx/model/attention.py); "sdpa" =
-    # the gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
-    # elsewhere (FlexAttention has no backward on the CPU). Same numbers either way.
-    attention_kernel: AttentionKernel = "auto"
-    # FlexAttention's kernel blocks for decoder self-attention: queries × keys, a power of two from
-    # 16 (the smallest tile its CUDA kernel computes) to 128 (its default). Blocks a pattern allows
-    # none of are skipped, so blocks the size of a one-row query block compute fewer masked pairs;
-    # larger blocks keep the GPU's matrix units busier. Same numbers for every size.
+    # How it runs, the same numbers either way: "flex" = FlexAttention, block-sparse; "sdpa" = the
+    # gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa elsewhere
+    # (FlexAttention has no backward on the CPU). imagetx/model/attention.py.
+    kernel: AttentionKernel = "auto"
+    # FlexAttention's kernel blocks, queries × keys: a power of two from 16 (the smallest tile its
+    # CUDA kernel computes) to 128 (its default). Blocks a pattern allows none of are skipped, so
+    # blocks the size of a one-row query block compute fewer masked pairs; larger blocks keep the
+    # GPU's matrix units busier. Same numbers for every size.
     flex_block_size: int = FLEX_BLOCK_SIZE
 
     def __post_init__(self) -> None:
         # YAML and JSON hand us lists; the dataclass promises tuples.
         self.query_block_shape = tuple(self.query_block_shape)  # type: ignore[assignment]
         self.memory_flange = tuple(self.memory_flange)  # type: ignore[assignment]
+
+
+@dataclass
+class SuperResolutionConfig:
+    """§6: an encoder over a low-resolution image that every decoder layer reads."""
+    encoder_layers: int = 1  # unmasked self-attention layers over the low-res input
+    low_res_size: int = 8  # side of the encoder's input image, in pixels
+    # How each decoder layer reads the encoder: "cross_attention" (the paper's), or "cell_add":
+    # after self-attention, a linear map of the encoder's outputs for the low-res pixel the step
+    # lies in (imagetx/model/superres.py; not in the paper), as good as cross-attention to that
+    # pixel alone and cheaper: no query or output projection per step.
+    low_res_reading: LowResReading = "cross_attention"
+    # True: each decoder step also gets the mean that the not-yet-generated values of its low-res
+    # cell must have for the cell to box-average to the input (exact for the box-mean inputs of
+    # §6; imagetx/model/cell_remainder.py). Not in the paper.
+    cell_remainder_input: bool = False
+    # True: each step's distribution is restricted to the values that can still give its cell the
+    # input's rounded box mean, renormalised (per DMOL component and channel): samples downsample
+    # to their input exactly, and no mass goes to images that would not. Needs
+    # cell_remainder_input, whose sums give the bounds. Not in the paper.
+    exact_box_means: bool = False
+    # True: the maps that write the low-res input into the decoder (cross-attention's output
+    # projection, the cell add, the cell remainder's) start at zero, so a new model's outputs do
+    # not depend on its input until it learns to read it. Not in the paper.
+    low_res_zero_start: bool = False
+
+
+@dataclass
+class ModelConfig:
+    """The paper's hyper-parameters: the image, its inputs, the head, the layers, and two sections."""
+    image_size: int = 32  # side of the square target image, in pixels
+    num_classes: int = 0  # 0 = unconditional; else one learned vector per class (§2)
+    position_encoding: PositionEncodingKind = "sinusoidal"  # §2: absolute positions added to the inputs
+    head: Head = "categorical"  # §5: a softmax per sub-pixel, or a mixture of logistics per pixel
+    mixture_components: int = 10  # K of the DMOL head (§5); unused by the categorical head
+    n_layers: int = 12  # decoder layers (§3)
+    d_model: int = 512  # width of every position's vector; half encodes the row, half the column (§2)
+    d_filter: int = 2048  # hidden size of the feed-forward sublayer
+    dropout: float = 0.3  # on input embeddings and residual branches (T2T: attention dropout is 0)
+    norm: Norm = "post"  # §3: post-LayerNorm is the paper's block; pre- trains stably from step 0
+    attention: AttentionConfig = field(default_factory=AttentionConfig)  # §4
+    superres: SuperResolutionConfig | None = None  # §6: None = a plain decoder, no low-res input
+
+    def __post_init__(self) -> None:
+        # YAML and JSON hand us mappings; the dataclass promises its sections.
+        if isinstance(self.attention, dict):
+            self.attention = _section(AttentionConfig, self.attention, "attention")
+        if isinstance(self.superres, dict):
+            self.superres = _section(SuperResolutionConfig, self.superres, "superres")
 
     # ----- derived geometry -------------------------------------------------
     @property
@@ -118,12 +137,12 @@ class ModelConfig:
     @property
     def rotary(self) -> bool:
         """Whether decoder self-attention turns its queries and keys by their grid positions."""
-        return self.relative_positions == "rotary"
+        return self.attention.relative_positions == "rotary"
 
     @property
     def head_size(self) -> int:
         """Channels of one attention head: d_model / n_heads."""
-        return self.d_model // self.n_heads
+        return self.d_model // self.attention.n_heads
 
     @property
     def dims_per_image(self) -> int:
@@ -135,41 +154,42 @@ class ModelConfig:
         """Raise ValueError naming the field, its value and what would be valid."""
         self._check_choices()
         self._check_network()
-        self._check_low_res_input()
         self._check_attention_blocks()
+        self._check_low_res_input()
         return self
 
     def _check_choices(self) -> None:
-        if self.relative_positions in REMOVED_RELATIVE_POSITIONS:
-            _invalid("relative_positions", self.relative_positions,
+        attention = self.attention
+        if attention.relative_positions in REMOVED_RELATIVE_POSITIONS:
+            _invalid("attention.relative_positions", attention.relative_positions,
                      "this kind was removed (rotary positions learn faster at no kernel cost); use 'rotary' or "
                      f"'none', or commit {LAST_COMMIT_WITH_THEM} of imagetx to read a model trained with it")
-        for name, choices in (
-            ("head", HEADS),
-            ("attention", ATTENTIONS),
-            ("position_encoding", POSITION_ENCODINGS),
-            ("norm", NORMS),
-            ("attention_kernel", ATTENTION_KERNELS),
-            ("low_res_reading", LOW_RES_READINGS),
-            ("relative_positions", RELATIVE_POSITIONS),
-        ):
-            if getattr(self, name) not in choices:
-                _invalid(name, getattr(self, name), f"choose one of {', '.join(choices)}")
+        choices = [("head", self.head, HEADS), ("position_encoding", self.position_encoding, POSITION_ENCODINGS),
+                   ("norm", self.norm, NORMS), ("attention.kind", attention.kind, ATTENTIONS),
+                   ("attention.kernel", attention.kernel, ATTENTION_KERNELS),
+                   ("attention.relative_positions", attention.relative_positions, RELATIVE_POSITIONS)]
+        if self.superres is not None:
+            choices.append(("superres.low_res_reading", self.superres.low_res_reading, LOW_RES_READINGS))
+        for name, value, valid in choices:
+            if value not in valid:
+                _invalid(name, value, f"choose one of {', '.join(valid)}")
 
     def _check_network(self) -> None:
         """The decoder's sizes, heads, dropout, classes and mixture."""
-        for name in ("image_size", "n_layers", "d_model", "n_heads", "d_filter"):
-            value = getattr(self, name)
+        sizes = [("image_size", self.image_size), ("n_layers", self.n_layers), ("d_model", self.d_model),
+                 ("attention.n_heads", self.attention.n_heads), ("d_filter", self.d_filter)]
+        for name, value in sizes:
             if not isinstance(value, int) or value < 1:
                 _invalid(name, value, "must be a positive integer")
-        if self.d_model % self.n_heads:
-            _invalid("n_heads", self.n_heads, f"must divide d_model={self.d_model} (e.g. {_divisors(self.d_model)})")
+        if self.d_model % self.attention.n_heads:
+            _invalid("attention.n_heads", self.attention.n_heads,
+                     f"must divide d_model={self.d_model} (e.g. {_divisors(self.d_model)})")
         if self.d_model % 2:
             _invalid("d_model", self.d_model, "must be even: half encodes the row, half the column")
         if self.rotary and self.head_size % 4:
-            _invalid("relative_positions", self.relative_positions,
+            _invalid("attention.relative_positions", self.attention.relative_positions,
                      f"needs a head size (d_model / n_heads = {self.head_size}) divisible by 4, "
-                     "in dimension pairs for rows and for columns: change n_heads or d_model")
+                     "in dimension pairs for rows and for columns: change attention.n_heads or d_model")
         if not 0.0 <= self.dropout < 1.0:
             _invalid("dropout", self.dropout, "must be in [0, 1)")
         if self.num_classes < 0:
@@ -177,58 +197,61 @@ class ModelConfig:
         if self.head == "dmol" and self.mixture_components < 1:
             _invalid("mixture_components", self.mixture_components, "must be at least 1")
 
-    def _check_low_res_input(self) -> None:
-        """The encoder and how the decoder reads the low-resolution input."""
-        if self.encoder_layers < 0:
-            _invalid("encoder_layers", self.encoder_layers, "must be 0 (no encoder) or a positive count")
-        if self.encoder_layers and (self.low_res_size < 1 or self.image_size % self.low_res_size):
-            _invalid("low_res_size", self.low_res_size, f"must divide image_size={self.image_size}")
-        if self.cell_remainder_input and not self.encoder_layers:
-            _invalid("cell_remainder_input", self.cell_remainder_input,
-                     "needs a low-resolution input: set encoder_layers > 0")
-        if self.exact_box_means and not self.cell_remainder_input:
-            _invalid("exact_box_means", self.exact_box_means,
-                     "reads the cell sums of the cell remainder input: set cell_remainder_input: true")
-        if self.low_res_reading == "cell_add" and not self.encoder_layers:
-            _invalid("low_res_reading", self.low_res_reading, "needs a low-resolution input: set encoder_layers > 0")
-
     def _check_attention_blocks(self) -> None:
         """The blocks of local self-attention against the generation grid."""
+        attention = self.attention
         rows, cols = self.grid_shape
-        size = self.flex_block_size
+        size = attention.flex_block_size
         if not isinstance(size, int) or size not in FLEX_BLOCK_SIZES:
-            _invalid("flex_block_size", size, f"choose one of {', '.join(map(str, FLEX_BLOCK_SIZES))}")
-        if self.attention == "local_1d":
-            if self.query_block_length < 1:
-                _invalid("query_block_length", self.query_block_length, "must be a positive integer")
-            if self.memory_blocks < 0:
-                _invalid("memory_blocks", self.memory_blocks, "must be 0 or more previous blocks")
-        if self.attention == "local_2d":
-            qh, qw = self.query_block_shape
-            fh, fw = self.memory_flange
+            _invalid("attention.flex_block_size", size, f"choose one of {', '.join(map(str, FLEX_BLOCK_SIZES))}")
+        if attention.kind == "local_1d":
+            if attention.query_block_length < 1:
+                _invalid("attention.query_block_length", attention.query_block_length, "must be a positive integer")
+            if attention.memory_blocks < 0:
+                _invalid("attention.memory_blocks", attention.memory_blocks, "must be 0 or more previous blocks")
+        if attention.kind == "local_2d":
+            qh, qw = attention.query_block_shape
+            fh, fw = attention.memory_flange
+            grid = f"(grid {rows}x{cols}, {self.head} head)"
             if qh < 1 or rows % qh:
-                _invalid("query_block_shape", self.query_block_shape,
-                         f"block height must divide the grid's {rows} rows (grid {rows}x{cols}, {self.head} head)")
+                _invalid("attention.query_block_shape", attention.query_block_shape,
+                         f"block height must divide the grid's {rows} rows {grid}")
             if qw < 1 or cols % qw:
-                _invalid("query_block_shape", self.query_block_shape,
-                         f"block width must divide the grid's {cols} columns (grid {rows}x{cols}, {self.head} head)")
+                _invalid("attention.query_block_shape", attention.query_block_shape,
+                         f"block width must divide the grid's {cols} columns {grid}")
             if fh < 0 or fw < 0:
-                _invalid("memory_flange", self.memory_flange, "flange sizes must be 0 or more")
+                _invalid("attention.memory_flange", attention.memory_flange, "flange sizes must be 0 or more")
+
+    def _check_low_res_input(self) -> None:
+        """The encoder over the low-resolution input, and what the decoder reads of it."""
+        superres = self.superres
+        if superres is None:
+            return
+        if not isinstance(superres.encoder_layers, int) or superres.encoder_layers < 1:
+            _invalid("superres.encoder_layers", superres.encoder_layers,
+                     "must be a positive count (superres: null for a plain decoder)")
+        if superres.low_res_size < 1 or self.image_size % superres.low_res_size:
+            _invalid("superres.low_res_size", superres.low_res_size, f"must divide image_size={self.image_size}")
+        if superres.exact_box_means and not superres.cell_remainder_input:
+            _invalid("superres.exact_box_means", superres.exact_box_means,
+                     "reads the cell sums of the cell remainder input: set cell_remainder_input: true")
 
     # ----- (de)serialisation -------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON/YAML values: the sections as mappings, pairs as lists."""
         out = asdict(self)
-        out["query_block_shape"] = list(self.query_block_shape)
-        out["memory_flange"] = list(self.memory_flange)
+        for pair in ("query_block_shape", "memory_flange"):
+            out["attention"][pair] = list(out["attention"][pair])
         return out
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
+        """A config from ``to_dict``'s form, or from the one-level form of files written before the
+        sections (``attention`` the kind, every other field beside it, ``encoder_layers`` 0 for a
+        plain decoder)."""
         values = dict(values)
-        if values.pop(REMOVED_CROSS_ATTENTION_RADIUS, None) is not None:
-            raise ValueError(f"ModelConfig.{REMOVED_CROSS_ATTENTION_RADIUS} was removed (the cell add reads the step's "
-                             "own low-res pixel as well, faster): use low_res_reading 'cell_add' or a null radius, "
-                             f"or commit {LAST_COMMIT_WITH_RADIUS} of imagetx to read a model trained with one")
+        if isinstance(values.get("attention"), str) or any(name in values for name in FLAT_NAMES):
+            values = _nest(values)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(values) - known)
         if unknown:
@@ -236,8 +259,55 @@ class ModelConfig:
         return cls(**values)
 
 
-def _invalid(field: str, value: Any, valid: str) -> NoReturn:
-    raise ValueError(f"ModelConfig.{field}={value!r} is invalid: {valid}")
+# The one-level form: each field that now lives in a section, under its name there.
+FLAT_NAMES = {
+    **{name: ("attention", name) for name in ("n_heads", "query_block_length", "memory_blocks", "query_block_shape",
+                                              "memory_flange", "relative_positions", "flex_block_size")},
+    "attention_kernel": ("attention", "kernel"),
+    **{name: ("superres", name) for name in ("encoder_layers", "low_res_size", "low_res_reading",
+                                             "cell_remainder_input", "exact_box_means", "low_res_zero_start")},
+}
+
+
+def _nest(values: dict[str, Any]) -> dict[str, Any]:
+    """The one-level form -> the sectioned one. There, ``encoder_layers`` 0 was a plain decoder."""
+    if values.pop(REMOVED_CROSS_ATTENTION_RADIUS, None) is not None:
+        raise ValueError(f"ModelConfig.{REMOVED_CROSS_ATTENTION_RADIUS} was removed (the cell add reads the step's "
+                         "own low-res pixel as well, faster): use low_res_reading 'cell_add' or a null radius, "
+                         f"or commit {LAST_COMMIT_WITH_RADIUS} of imagetx to read a model trained with one")
+    sections: dict[str, dict[str, Any]] = {"attention": {}, "superres": {}}
+    if isinstance(values.get("attention"), str):
+        sections["attention"]["kind"] = values.pop("attention")
+    for name, (section, field_name) in FLAT_NAMES.items():
+        if name in values:
+            sections[section][field_name] = values.pop(name)
+    for section, moved in sections.items():
+        given = values.get(section) or {}
+        if not isinstance(given, dict) or set(given) & set(moved):
+            raise ValueError(f"ModelConfig.{section} is given both as a section and field by field: give it once")
+        values[section] = {**given, **moved}
+    superres = values["superres"]
+    if not superres.get("encoder_layers", 0):
+        for flag in ("cell_remainder_input", "exact_box_means", "low_res_zero_start"):
+            if superres.get(flag):
+                _invalid(flag, superres[flag], "needs a low-resolution input: set encoder_layers > 0")
+        if superres.get("low_res_reading", "cross_attention") != "cross_attention":
+            _invalid("low_res_reading", superres["low_res_reading"],
+                     "needs a low-resolution input: set encoder_layers > 0")
+        values["superres"] = None
+    return values
+
+
+def _section(kind: type, values: dict[str, Any], name: str):
+    known = {f.name for f in fields(kind)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown ModelConfig.{name} field(s) {unknown}; valid fields: {sorted(known)}")
+    return kind(**values)
+
+
+def _invalid(field_name: str, value: Any, valid: str) -> NoReturn:
+    raise ValueError(f"ModelConfig.{field_name}={value!r} is invalid: {valid}")
 
 
 def _divisors(n: int) -> list[int]:

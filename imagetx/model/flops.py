@@ -16,7 +16,7 @@ computes them), never the dense T² it does not:
   all of them. The cell add (``low_res_reading: cell_add``) is no attention: its map runs once
   per low-resolution pixel.
 
-Where FlexAttention runs instead (``attention_kernel`` flex, or auto on CUDA: ``attention.uses_flex``),
+Where FlexAttention runs instead (``attention.kernel`` flex, or auto on CUDA: ``attention.uses_flex``),
 a pattern's attention is every tile (``flex_block_size`` squared pairs) of its block mask that
 the kernel does not skip, computed whole: fewer pairs than the gathered blocks where a block's
 keys are mostly outside the image (2D), more where blocks are narrower than a tile (``quick``'s
@@ -76,7 +76,7 @@ def tile_pairs(mask: BlockMask) -> int:
 
 def decoder_attention_pairs(model: ImageTransformer, device: torch.device | str = "cpu") -> int:
     """Query-key pairs one decoder self-attention layer computes per image and head on ``device``."""
-    if uses_flex(model.config.attention_kernel, torch.device(device), model.config.head_size):
+    if uses_flex(model.config.attention.kernel, torch.device(device), model.config.head_size):
         return tile_pairs(model.pattern.block_mask(device))
     return pairs_computed(model.pattern)
 
@@ -90,9 +90,10 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
     # Every linear layer runs once per decoder step, except the encoder's and the projection of
     # cross-attention's keys and values, which run once per low-resolution sub-pixel, and the
     # cell add's map, once per low-resolution pixel (its 3 sub-pixels at once).
-    context, per_context, per_low_res_pixel, crossing = 0, set(), set(), 0
+    context, per_context, per_low_res_pixel, crossing, encoder_layers = 0, set(), set(), 0, 0
     if isinstance(model, SuperResolutionTransformer):
         context = model.encoder.order.length  # low-resolution sub-pixels
+        encoder_layers = len(model.encoder.layers)
         per_context = set(model.encoder.modules())
         per_context |= {layer.cross_attn.to_kv for layer in model.layers if layer.cross_attn is not None}
         per_low_res_pixel = {layer.cell_add.proj for layer in model.layers if layer.cell_add is not None}
@@ -115,5 +116,5 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
     per_pair = 2 * FLOPS_PER_MAC * cfg.d_model
     pairs = cfg.n_layers * decoder_attention_pairs(model, device)
     # the encoder and cross-attention to all of it: every pair
-    pairs += cfg.encoder_layers * context * context + crossing * steps * context
+    pairs += encoder_layers * context * context + crossing * steps * context
     return Flops(projections, inputs, per_pair * pairs)

@@ -6,7 +6,7 @@ score targets (log-likelihood in nats, per position) and sample with a
 temperature. The head's projection, its scores and its draws run in float32 at least, even
 under bf16 autocast, and in float64 for a float64 model (``precision.py`` says why).
 
-A bounded head (``ModelConfig.exact_box_means``) restricts each step's values to bounds,
+A bounded head (``superres.exact_box_means``) restricts each step's values to bounds,
 renormalised: its scores and draws take them as their own argument, (..., 2c) long, each step's
 lowest values then its highest (the model's ``value_bounds``; decoding, the cache's ``bounds``).
 """

@@ -26,7 +26,7 @@ class GenerationOrder:
     @classmethod
     def for_config(cls, config: ModelConfig) -> "GenerationOrder":
         rows, cols = config.grid_shape
-        return cls(rows, cols, config.query_block_shape if config.attention == "local_2d" else None)
+        return cls(rows, cols, config.attention.query_block_shape if config.attention.kind == "local_2d" else None)
 
     @property
     def length(self) -> int:

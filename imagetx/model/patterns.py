@@ -128,7 +128,7 @@ class CausalPattern:
 
     def __init__(self, order: GenerationOrder, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
         self.order = order
-        self.flex_block_size = flex_block_size  # the block mask's kernel blocks (ModelConfig.flex_block_size)
+        self.flex_block_size = flex_block_size  # the block mask's kernel blocks (ModelConfig.attention.flex_block_size)
         self.built = BuiltOnce()
 
     @property
@@ -277,9 +277,9 @@ class Local2D(CausalPattern):
 def pattern_for(config) -> CausalPattern:
     """The self-attention pattern (and, with it, the generation order) of a decoder built
     from ``config``: raster order for 1D and full attention, block-raster order for 2D."""
-    order, tiles = GenerationOrder.for_config(config), config.flex_block_size
-    if config.attention == "full":
+    order, tiles = GenerationOrder.for_config(config), config.attention.flex_block_size
+    if config.attention.kind == "full":
         return FullCausal(order, tiles)
-    if config.attention == "local_1d":
-        return Local1D(order, config.query_block_length, config.memory_blocks, tiles)
-    return Local2D(order, config.memory_flange, tiles)
+    if config.attention.kind == "local_1d":
+        return Local1D(order, config.attention.query_block_length, config.attention.memory_blocks, tiles)
+    return Local2D(order, config.attention.memory_flange, tiles)

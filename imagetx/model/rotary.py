@@ -1,4 +1,4 @@
-"""2D rotary position embeddings of queries and keys (``ModelConfig.relative_positions``
+"""2D rotary position embeddings of queries and keys (``ModelConfig.attention.relative_positions``
 "rotary"; not in the paper).
 
 RoPE (Su et al. 2021) turns each pair of a head's dimensions by an angle proportional to the

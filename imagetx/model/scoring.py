@@ -18,7 +18,7 @@ def model_inputs(config: ModelConfig, batch: dict[str, torch.Tensor]):
     the model takes them, ``labels``. The low-resolution input is made from the image itself."""
     images = batch["images"]
     labels = batch["labels"] if config.num_classes else None
-    low_res = downsample_area(images, config.low_res_size) if config.encoder_layers else None
+    low_res = downsample_area(images, config.superres.low_res_size) if config.superres else None
     return images, labels, low_res
 
 

@@ -46,7 +46,7 @@ class Encoder(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        side = config.low_res_size
+        side = config.superres.low_res_size
         self.order = GenerationOrder(side, side * CHANNELS)
         rows, cols = self.order.grid_cell()
         pixel_cols, channels = cols // CHANNELS, cols % CHANNELS
@@ -60,7 +60,7 @@ class Encoder(nn.Module):
         self.register_buffer("cols", target_cols, persistent=False)
         self.embedding = SubPixelEmbedding(config.d_model, ordinal=True)
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.encoder_layers))
+        self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.superres.encoder_layers))
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
     def forward(self, low_res: Tensor, positions: PositionEncoding) -> Tensor:
@@ -109,7 +109,7 @@ class CellAdd(nn.Module):
 
 
 class SuperResolutionLayer(TransformerLayer):
-    """A decoder layer that reads the encoder after self-attention, as ``config.low_res_reading``
+    """A decoder layer that reads the encoder after self-attention, as ``config.superres.low_res_reading``
     says: cross-attention (with add-and-norm) or the cell add."""
 
     def __init__(self, config: ModelConfig, pattern: CausalPattern, rotary: Rotary2D | None,
@@ -119,8 +119,8 @@ class SuperResolutionLayer(TransformerLayer):
 
     def add_reading(self, config: ModelConfig, low_res_pixel_of_step: Tensor) -> None:
         d = config.d_model
-        cross_attention = config.low_res_reading == "cross_attention"
-        self.cross_attn = CrossAttention(d, config.n_heads) if cross_attention else None
+        cross_attention = config.superres.low_res_reading == "cross_attention"
+        self.cross_attn = CrossAttention(d, config.attention.n_heads) if cross_attention else None
         self.cross_norm = nn.LayerNorm(d) if cross_attention else None
         self.cell_add = None if cross_attention else CellAdd(d, low_res_pixel_of_step)
         # Post-norm normalises after every add; pre-norm has nothing to normalise before the
@@ -156,13 +156,13 @@ class SuperResolutionTransformer(ImageTransformer):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__(config)  # the decoder, calling add_inputs and new_layer below where it builds its parts
-        if config.low_res_zero_start:
+        if config.superres.low_res_zero_start:
             zero_start(self.low_res_writers())
 
     def add_inputs(self, config: ModelConfig) -> None:
         self.encoder = Encoder(config)
         self.cell_remainder = None
-        if config.cell_remainder_input:
+        if config.superres.cell_remainder_input:
             self.cell_remainder = CellRemainder(config, self.low_res_pixel_of_step(), self.step_channels)
 
     def new_layer(self, config: ModelConfig, rotary: Rotary2D | None) -> SuperResolutionLayer:
@@ -170,7 +170,7 @@ class SuperResolutionTransformer(ImageTransformer):
 
     def step_cells(self) -> tuple[Tensor, Tensor]:
         """(rows, cols), each (T,): the low-resolution pixel each decoder step lies in."""
-        scale = self.config.image_size // self.config.low_res_size
+        scale = self.config.image_size // self.config.superres.low_res_size
         pixel_cols = self.step_cols // CHANNELS if self.config.head == "categorical" else self.step_cols
         return self.step_rows // scale, pixel_cols // scale
 
@@ -178,7 +178,7 @@ class SuperResolutionTransformer(ImageTransformer):
         """(T,): the low-resolution pixel each decoder step lies in, as a raster index (what the
         cell add and the cell remainder read)."""
         rows, cols = self.step_cells()
-        return rows * self.config.low_res_size + cols
+        return rows * self.config.superres.low_res_size + cols
 
     def low_res_modules(self) -> list[nn.Module]:
         """The parts that read the low-resolution input: the encoder, every layer's cross-attention
@@ -205,12 +205,12 @@ class SuperResolutionTransformer(ImageTransformer):
         if self.cell_remainder is None:
             return None, None
         cell_state = self.cell_remainder.cell_state(values, low_res, state, steps)
-        bounds = self.cell_remainder.bounds(*cell_state) if self.config.exact_box_means else None
+        bounds = self.cell_remainder.bounds(*cell_state) if self.config.superres.exact_box_means else None
         return self.cell_remainder.embed(self.cell_remainder.features(*cell_state)), bounds
 
     def value_bounds(self, targets: Tensor, low_res: Tensor | None = None) -> Tensor | None:
         """(B, T, 2c) the values each step may take (``exact_box_means``), or None."""
-        if not self.config.exact_box_means:
+        if not self.config.superres.exact_box_means:
             return None
         return self.cell_remainder.bounds(*self.cell_remainder.cell_state(targets, low_res))
 
@@ -227,7 +227,7 @@ class SuperResolutionTransformer(ImageTransformer):
     def check_conditioning(self, count: int, labels: Tensor | None, low_res: Tensor | None) -> None:
         """Labels and the low-resolution input as this model needs them, for ``count`` images."""
         super().check_conditioning(count, labels, None)  # the labels, as the decoder checks them
-        low = self.config.low_res_size
+        low = self.config.superres.low_res_size
         if low_res is None:
             raise ValueError(f"this super-resolution model needs low_res images of shape (B, {low}, {low}, 3)")
         check_image_tensor("low_res", low_res, low, self.check_values)
@@ -236,5 +236,5 @@ class SuperResolutionTransformer(ImageTransformer):
 
 
 def build_model(config: ModelConfig) -> ImageTransformer:
-    """The network ``config`` describes: the decoder, or with ``encoder_layers`` the super-resolution model."""
-    return (SuperResolutionTransformer if config.encoder_layers else ImageTransformer)(config)
+    """The network ``config`` describes: the decoder, or with a ``superres`` section the super-resolution model."""
+    return (SuperResolutionTransformer if config.superres else ImageTransformer)(config)

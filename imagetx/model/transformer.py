@@ -47,13 +47,13 @@ class TransformerLayer(nn.Module):
 
     def __init__(self, config: ModelConfig, pattern: CausalPattern | None = None, rotary: Rotary2D | None = None,
                  **reading) -> None:
-        """``pattern``: a decoder layer, causal under it, with ``config.relative_positions``
+        """``pattern``: a decoder layer, causal under it, with ``config.attention.relative_positions``
         (``rotary``: the decoder's one ``Rotary2D``, which every layer shares); without, an
         encoder layer. ``reading``: what ``add_reading`` of an extension needs."""
         super().__init__()
         d = config.d_model
         self.pre_norm = config.norm == "pre"
-        self.self_attn = SelfAttention(d, config.n_heads, pattern, config.attention_kernel, rotary)
+        self.self_attn = SelfAttention(d, config.attention.n_heads, pattern, config.attention.kernel, rotary)
         self.self_norm = nn.LayerNorm(d)
         self.add_reading(config, **reading)
         self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
@@ -126,8 +126,8 @@ class ImageTransformer(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
-        if config.encoder_layers and type(self) is ImageTransformer:
-            raise ValueError(f"encoder_layers={config.encoder_layers}: a super-resolution model is "
+        if config.superres and type(self) is ImageTransformer:
+            raise ValueError("a config with a superres section is a super-resolution model: "
                              "SuperResolutionTransformer(config); build_model(config) builds either")
         self.config = config.validate()
         self.check_values = True  # False inside ``values_verified``: the checks read no value back
@@ -145,10 +145,10 @@ class ImageTransformer(nn.Module):
         self.input_dropout = nn.Dropout(config.dropout)
         self.add_inputs(config)
         # No parameters, and T × e/2 angles: one for every layer.
-        rotary = Rotary2D(d // config.n_heads, self.order) if config.rotary else None
+        rotary = Rotary2D(config.head_size, self.order) if config.rotary else None
         self.layers = nn.ModuleList(self.new_layer(config, rotary) for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
-        bounded = config.exact_box_means
+        bounded = bool(config.superres and config.superres.exact_box_means)
         self.head = CategoricalHead(d, bounded) if categorical else DMOLHead(d, config.mixture_components, bounded)
 
     # ----- what an extension adds (superres.py) -------------------------------
@@ -342,8 +342,8 @@ class ImageTransformer(nn.Module):
         cfg = self.config
         if not 0 <= rows <= cfg.image_size:
             raise ValueError(f"given_rows={rows} is invalid: give 0..{cfg.image_size} rows")
-        if cfg.attention == "local_2d" and rows % cfg.query_block_shape[0]:
-            raise ValueError(f"given_rows={rows}: with 2D blocks of height {cfg.query_block_shape[0]} the given rows "
+        if cfg.attention.kind == "local_2d" and rows % cfg.attention.query_block_shape[0]:
+            raise ValueError(f"given_rows={rows}: with 2D blocks of height {cfg.attention.query_block_shape[0]} the given rows "
                              "must be a whole number of block rows, to come first in generation order")
         return self.step_rows < rows  # grid rows are image rows
 
@@ -370,4 +370,4 @@ class ImageTransformer(nn.Module):
         ``count`` images."""
         check_labels(labels, count, self.config.num_classes, values=self.check_values)
         if low_res is not None:
-            raise ValueError("this model has no encoder (encoder_layers=0): pass low_res=None")
+            raise ValueError("this model has no encoder (no superres section): pass low_res=None")

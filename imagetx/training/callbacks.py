@@ -107,10 +107,10 @@ class SampleGrid(L.Callback):
         generator = torch.Generator(device=device).manual_seed(self.seed)
         labels = torch.arange(self.count, device=device) % cfg.num_classes if cfg.num_classes else None
         low_res = None
-        if cfg.encoder_layers:
+        if cfg.superres:
             if batch is None:
                 return  # super-resolution grids need inputs; the last batch is gone at train end
-            low_res = downsample_area(batch["images"][: self.count], cfg.low_res_size)
+            low_res = downsample_area(batch["images"][: self.count], cfg.superres.low_res_size)
         count = self.count if low_res is None else low_res.shape[0]
         images = sample(model, count, labels, low_res, self.temperature, generator=generator)
         directory = Path(trainer.default_root_dir) / "samples"

@@ -49,15 +49,27 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
     if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
         raise CheckpointError(f"--resume {path}: this checkpoint holds weights only (no optimiser or loop state); "
                               "resume from a checkpoint written by imagetx.train, e.g. checkpoints/last.ckpt")
-    stored = model_config_of(checkpoint).to_dict()  # a field added since it was written: its default
-    wanted = config.to_dict()
-    differ = [f"{key}={stored[key]!r} there, {wanted[key]!r} here" for key in wanted if stored[key] != wanted[key]]
+    stored = dotted_fields(model_config_of(checkpoint).to_dict())  # a field added since it was written: its default
+    wanted = dotted_fields(config.to_dict())
+    differ = [f"{key}={stored.get(key)!r} there, {wanted.get(key)!r} here" for key in {**wanted, **stored}
+              if stored.get(key) != wanted.get(key)]
     if differ:
         raise CheckpointError(f"--resume {path}: the checkpoint's model differs from this run's "
                               f"({'; '.join(differ[:3])}): resume with the configuration it was trained with, "
                               "or start a new run elsewhere")
     check_budget(path, checkpoint, budget)
     return str(path)
+
+
+def dotted_fields(values: dict, prefix: str = "") -> dict:
+    """A config's values by field name, a section's dotted (``attention.n_heads``), as the command line names them."""
+    out = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            out.update(dotted_fields(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
 
 
 def check_budget(path: Path, checkpoint: dict, budget: dict | None) -> None:
