@@ -3,6 +3,7 @@ content, the quantised distributions, and every kind of bad file refused with a 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import struct
 import zlib
@@ -17,6 +18,7 @@ from imagetx.codec import CodecError, compress, compress_with_stats, decompress,
 import imagetx.codec.api as codec_api
 from imagetx.codec.container import FORMAT_VERSION, HEADER, MAX_IMAGES, TRAILER
 from imagetx.codec.distributions import PRECISION, TOTAL, PixelDistributions, categorical_probs, quantise
+from imagetx import build_model
 from imagetx.io.load import load_model
 
 SHIPPED = Path(__file__).resolve().parents[1] / "pretrained" / "completion"
@@ -106,6 +108,21 @@ def test_format_1_files_are_decoded_as_they_were_coded(monkeypatch):
     assert (old[4], current[4]) == (1, FORMAT_VERSION) == (1, 2)
     assert np.array_equal(decompress(model, old), images)
     assert len(old) < len(current)  # format 1 coded these values at 23 bits
+
+
+def test_a_file_compressed_before_the_config_had_sections_still_decodes():
+    """tests/data/completion_val_first2.itx: the first two val images of tests/data, compressed with
+    the shipped completion model by commit bf0de5f, whose config was one level. The fingerprint
+    hashes that form (ModelConfig.to_flat_dict), so the file decodes to its images."""
+    model = load_model(SHIPPED)
+    data = (Path(__file__).parent / "data" / "completion_val_first2.itx").read_bytes()
+    images = np.load(Path(__file__).parent / "data" / "cifar10_val_first32.npz")["images"][:2]
+    assert np.array_equal(decompress(model, data), images)
+    # the control: the same model under a config one field away is another model
+    other = build_model(dataclasses.replace(model.config, dropout=0.5))
+    other.load_state_dict(model.state_dict())
+    with pytest.raises(CodecError, match="compressed with another model"):
+        decompress(other.eval(), data)
 
 
 def test_shipped_dmol_model_round_trip_and_size():

@@ -182,11 +182,14 @@ def test_the_one_level_form_of_earlier_files_reads_as_the_sections():
                                 kernel="sdpa", flex_block_size=32)
     superres = SuperResolutionConfig(encoder_layers=1, low_res_size=4, low_res_reading="cell_add",
                                      cell_remainder_input=True, exact_box_means=True, low_res_zero_start=True)
-    assert ModelConfig.from_dict(flat) == ModelConfig(image_size=8, head="dmol", attention=attention, superres=superres)
+    config = ModelConfig(image_size=8, head="dmol", attention=attention, superres=superres)
+    assert ModelConfig.from_dict(flat) == config
+    assert config.to_flat_dict() == {**ModelConfig().to_flat_dict(), **flat}  # written back: the fingerprint's form
     # a plain decoder's: encoder_layers 0 beside the low-res fields' defaults
     plain = {"attention": "full", "encoder_layers": 0, "low_res_size": 8, "low_res_reading": "cross_attention",
              "cell_remainder_input": False, "exact_box_means": False, "low_res_zero_start": False}
     assert ModelConfig.from_dict(plain) == ModelConfig(attention=AttentionConfig(kind="full"))
+    assert plain.items() <= ModelConfig(attention=AttentionConfig(kind="full")).to_flat_dict().items()
     # a low-res setting without an encoder is refused, not dropped
     with pytest.raises(ValueError, match=r"cell_remainder_input=True is invalid: needs a low-resolution input"):
         ModelConfig.from_dict({**plain, "cell_remainder_input": True})

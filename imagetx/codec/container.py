@@ -76,10 +76,10 @@ class Header:
 
 
 def model_fingerprint(model: ImageTransformer) -> bytes:
-    """SHA-256 of the model's config (its fields as sorted JSON) and of every tensor of its
+    """SHA-256 of the model's config (its fields, one level, as sorted JSON) and of every tensor of its
     state (name, dtype, shape and bytes, in name order), first ``FINGERPRINT_BYTES`` bytes."""
     sha = hashlib.sha256()
-    sha.update(json.dumps(model.config.to_dict(), sort_keys=True, default=str).encode())
+    sha.update(json.dumps(model.config.to_flat_dict(), sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         tensor = tensor.detach().cpu().contiguous()
         sha.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())

@@ -244,6 +244,20 @@ class ModelConfig:
             out["attention"][pair] = list(out["attention"][pair])
         return out
 
+    def to_flat_dict(self) -> dict[str, Any]:
+        """The one-level form of files written before the sections, which ``from_dict`` reads: a
+        section's fields beside the rest (``attention`` the kind, ``attention_kernel`` its kernel),
+        a plain decoder's ``encoder_layers`` 0 beside the low-res defaults. The codec's model
+        fingerprint hashes it, so that files compressed in that time still decode."""
+        out = self.to_dict()
+        attention, superres = out.pop("attention"), out.pop("superres")
+        sections = {"attention": attention,
+                    "superres": superres or {**asdict(SuperResolutionConfig()), "encoder_layers": 0}}
+        out["attention"] = attention["kind"]
+        for name, (section, field_name) in FLAT_NAMES.items():
+            out[name] = sections[section][field_name]
+        return out
+
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
         """A config from ``to_dict``'s form, or from the one-level form of files written before the
