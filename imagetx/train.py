@@ -53,9 +53,8 @@ from .io.checkpoint import CHECKPOINT_DIR, LAST
 from .model.config import ModelConfig
 from .model.flops import count_flops
 from .training.budget import BudgetHorizon, run_budget
-from .training.callbacks import LastCheckpoint, count_images
+from .training.callbacks import ContinuationCheckpoint, LastCheckpoint, count_images
 from .training.checkpoint_io import AtomicCheckpointIO
-from .training.continuation import ContinuationCheckpoint
 from .training.module import ImageTransformerModule
 from .training.nonfinite import NonFiniteLossError
 from .training.resume import checkpoint_to_resume, interrupted_at, last_good_checkpoint

@@ -20,6 +20,7 @@ import torch
 import yaml
 
 from helpers import train_metrics, write_cifar_npz, write_train_config
+from imagetx.train import main as train_main
 from ops.lease_cards import lineage_folder, minutes_sentence
 
 REPO = Path(__file__).resolve().parents[1]
@@ -173,15 +174,23 @@ def test_a_failing_step_fails_the_call(dry_env):
 @pytest.mark.slow
 def test_a_superres_lease_brings_back_what_its_input_is_worth(dry_env, tmp_path):
     """A super-resolution preset's lease: the val score with and without exact_box_means, the score
-    given another image's 8x8 input, and the grids (upsampled input | samples | original)."""
+    given another image's 8x8 input, and the grids (upsampled input | samples | original). The steps
+    before `finish` are every preset's (the test above runs them); here the run they launch is
+    trained in this process, into the lease's run folder, and `finish` brings it back."""
     config = Path(dry_env["CONFIG"])
     values = yaml.safe_load(config.read_text())
     values["model"]["config"]["superres"] = dict(encoder_layers=1, low_res_size=8, low_res_reading="cell_add",
                                                  low_res_zero_start=True, cell_remainder_input=True)
     config.write_text(yaml.safe_dump(values))
-    out = Path(dry_env["OUT"])
-    assert lease(["setup"], dry_env).returncode == 0
-    run_lease(dry_env)
+    out, work = Path(dry_env["OUT"]), Path(dry_env["WORK"])
+    write_cifar_npz(work / "data", train_sizes=(6, 6))  # what `setup` stages
+    (work / "run").mkdir()
+    (work / "run" / "train.log").write_text("trained in the test's process\n")  # where `launch` logs
+    train_main(["--config", str(config), "--data.root", str(work / "data"), "--wandb", "disabled",
+                "--trainer.default_root_dir", str(work / "run"), "--trainer.max_time", "00:00:02:00",
+                "--data.val_size", "2"])
+    done = lease(["finish", "60"], dry_env)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     with tarfile.open(out / "results.tar") as tar:
         names = set(tar.getnames())
         use = json.load(tar.extractfile("input_use.json"))

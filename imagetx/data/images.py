@@ -29,7 +29,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
-from torchvision.utils import make_grid
 
 CROPS = ("center", "celeba")
 # CelebA's face crop: the centred 138x138 box (40 rows off the top and bottom, 20 columns
@@ -256,6 +255,10 @@ def load_image_file(path: str | Path, image_size: int, crop: str = "center", res
 
 def grid_image(rows: list[torch.Tensor], padding: int = 2) -> Image.Image:
     """rows: each (N, H, W, 3) uint8, all with the same N and size -> one PIL image, one row each."""
+    # imported here: torchvision's import brings torch._dynamo (about a second of every command's
+    # start), which only the grids need
+    from torchvision.utils import make_grid
+
     images = torch.cat([row.cpu() for row in rows])  # (rows·N, H, W, 3)
     grid = make_grid(images.permute(0, 3, 1, 2), nrow=rows[0].shape[0], padding=padding, pad_value=255)
     return Image.fromarray(grid.permute(1, 2, 0).numpy())

@@ -1,14 +1,18 @@
-"""Training callbacks: ``last.ckpt`` for resuming, and sample grids.
+"""Training callbacks: ``last.ckpt`` for resuming, the continuation checkpoint, and sample grids.
 
 * ``LastCheckpoint`` keeps ``checkpoints/last.ckpt`` fresh, including at the step where a
   run stops, so that ``--resume last`` continues it exactly; a run resumed from another folder's
   checkpoint keeps its own best checkpoints.
+* ``ContinuationCheckpoint`` writes ``checkpoints/continue.ckpt`` at a warmup–stable–decay
+  run's last step at the peak, for a later run to go on from (its format: continuation.py).
 * ``SampleGrid`` draws images with the cached sampler every N steps, writes a PNG
   into the run directory and, when a W&B logger is active, logs the grid there.
 
-Both kept: ``LastCheckpoint`` for an exact ``--resume last`` (its class says what ModelCheckpoint lacks),
-``SampleGrid`` as Lightning has no callback that samples from a model. The best checkpoint by ``val/bpd``
-is Lightning's ModelCheckpoint (imagetx/train.py).
+All kept: ``LastCheckpoint`` for an exact ``--resume last`` (its class says what ModelCheckpoint lacks);
+``ContinuationCheckpoint`` as ModelCheckpoint saves on step counts, epochs, times or a monitored metric,
+never at a step fixed during the run (the decay's start); ``SampleGrid`` as Lightning has no callback
+that samples from a model. The best checkpoint by ``val/bpd`` is Lightning's ModelCheckpoint
+(imagetx/train.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from ..io.checkpoint import LAST
 from ..model.inputs import downsample_area
 from ..data.images import save_grid
 from ..model.sampler import sample
+from .continuation import CONTINUE
 
 
 class LastCheckpoint(Checkpoint):
@@ -118,3 +123,25 @@ class SampleGrid(L.Callback):
         for logger in trainer.loggers:
             if hasattr(logger, "log_image"):
                 logger.log_image(key="samples", images=[str(path)], step=trainer.global_step)
+
+
+class ContinuationCheckpoint(Checkpoint):
+    """Writes ``<dirpath>/continue.ckpt`` after the last update at the peak learning rate of a
+    warmup–stable–decay run (``horizon.decay_start``): the one place a new budget can take over
+    from this run without repeating or undoing a decay. A ``Checkpoint``: Lightning runs it after
+    the other callbacks, BudgetHorizon (which fixes the horizon) among them."""
+
+    def __init__(self, dirpath: str | Path) -> None:
+        self.path = Path(dirpath) / CONTINUE
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        horizon = pl_module.horizon
+        if pl_module.decay_fraction is None or horizon is None or trainer.global_step != horizon.decay_start:
+            return
+        pl_module.writing_continuation = True
+        try:
+            trainer.save_checkpoint(self.path, weights_only=False)  # Lightning's option: all the state
+        finally:
+            pl_module.writing_continuation = False
+        pl_module.print(f"continuation checkpoint {self.path} (step {trainer.global_step}, the last before the "
+                        f"decay): train on from it with --resume {self.path} --trainer.max_time ...")

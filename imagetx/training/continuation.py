@@ -2,7 +2,9 @@
 decay, from which a later run goes on at the peak learning rate, with a decay of its own.
 
 A run with ``model.optimizer: adamw_wsd`` writes ``checkpoints/continue.ckpt`` after its last
-update at the peak; its decayed weights at the end are the model to use. Continuing:
+update at the peak (``callbacks.ContinuationCheckpoint``); its decayed weights at the end are the
+model to use. This module is the file's format, torch only: packing and unpacking it without
+Lightning's import. Continuing:
 
     python -m imagetx.train --config ... --resume runs/x/checkpoints/continue.ckpt \\
         --trainer.max_time 00:00:20:00 --trainer.default_root_dir runs/x2
@@ -18,10 +20,9 @@ takes, and ``continuation.json`` (step, images seen, the whole file's size and S
 
     python -m imagetx.training.continuation pack CKPT FOLDER [--moments none] [--part-mib N]
 
-Kept: ModelCheckpoint saves on step counts, epochs, times or a monitored metric, never at a step fixed
-during the run (the decay's start), and Lightning has no packed format; a run cut in two there and
-continued through the packed format ended level with the uncut run (3.864 against 3.868 bits/dim;
-docs/training.md, "What training is built from").
+Kept: Lightning has no packed format; a run cut in two at the decay's start and continued through
+it ended level with the uncut run (3.864 against 3.868 bits/dim; docs/training.md, "What training
+is built from").
 """
 
 from __future__ import annotations
@@ -33,7 +34,6 @@ import json
 from pathlib import Path
 
 import torch
-from lightning.pytorch.callbacks import Checkpoint
 
 from ..io.atomic import atomic_write
 from ..io.checkpoint import load_weights_only
@@ -52,28 +52,6 @@ MiB = 2**20
 # be continued"): none and fp32 ended within 0.002 bits/dim of each other, second 0.009 above
 # (one seed each), so the default is none: the smallest, 28 MiB for the GPU recipe's model.
 MOMENTS = ("fp32", "bf16", "second", "none")
-
-
-class ContinuationCheckpoint(Checkpoint):
-    """Writes ``<dirpath>/continue.ckpt`` after the last update at the peak learning rate of a
-    warmup–stable–decay run (``horizon.decay_start``): the one place a new budget can take over
-    from this run without repeating or undoing a decay. A ``Checkpoint``: Lightning runs it after
-    the other callbacks, BudgetHorizon (which fixes the horizon) among them."""
-
-    def __init__(self, dirpath: str | Path) -> None:
-        self.path = Path(dirpath) / CONTINUE
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        horizon = pl_module.horizon
-        if pl_module.decay_fraction is None or horizon is None or trainer.global_step != horizon.decay_start:
-            return
-        pl_module.writing_continuation = True
-        try:
-            trainer.save_checkpoint(self.path, weights_only=False)  # Lightning's option: all the state
-        finally:
-            pl_module.writing_continuation = False
-        pl_module.print(f"continuation checkpoint {self.path} (step {trainer.global_step}, the last before the "
-                        f"decay): train on from it with --resume {self.path} --trainer.max_time ...")
 
 
 def slim_moments(checkpoint: dict, moments: str) -> None:
