@@ -193,6 +193,9 @@ def test_the_one_level_form_of_earlier_files_reads_as_the_sections():
     # a low-res setting without an encoder is refused, not dropped
     with pytest.raises(ValueError, match=r"cell_remainder_input=True is invalid: needs a low-resolution input"):
         ModelConfig.from_dict({**plain, "cell_remainder_input": True})
+    # a section given beside one-level fields is kept as given (its encoder_layers: the section's default)
+    assert ModelConfig.from_dict({"attention": "full", "superres": {"low_res_size": 4}}).superres == \
+        SuperResolutionConfig(low_res_size=4)
     # a field given both in its section and beside it: refused, not one of the two kept
     with pytest.raises(ValueError, match="attention is given both as a section and field by field"):
         ModelConfig.from_dict({"attention": {"n_heads": 2}, "n_heads": 4})

@@ -295,13 +295,14 @@ def _nest(values: dict[str, Any]) -> dict[str, Any]:
     for name, (section, field_name) in FLAT_NAMES.items():
         if name in values:
             sections[section][field_name] = values.pop(name)
+    superres_given = values.get("superres") is not None
     for section, moved in sections.items():
-        given = values.get(section) or {}
-        if not isinstance(given, dict) or set(given) & set(moved):
+        given = values.get(section)
+        if given is not None and (not isinstance(given, dict) or set(given) & set(moved)):
             raise ValueError(f"ModelConfig.{section} is given both as a section and field by field: give it once")
-        values[section] = {**given, **moved}
-    superres = values["superres"]
-    if not superres.get("encoder_layers", 0):
+        values[section] = {**(given or {}), **moved}
+    superres = sections["superres"]
+    if not superres_given and not superres.get("encoder_layers", 0):  # one level, no encoder: a plain decoder
         for flag in ("cell_remainder_input", "exact_box_means", "low_res_zero_start"):
             if superres.get(flag):
                 _invalid(flag, superres[flag], "needs a low-resolution input: set encoder_layers > 0")
@@ -312,7 +313,7 @@ def _nest(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _section(kind: type, values: dict[str, Any], name: str):
+def _section(kind: type, values: dict[str, Any], name: str) -> Any:
     known = {f.name for f in fields(kind)}
     unknown = sorted(set(values) - known)
     if unknown:
