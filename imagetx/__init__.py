@@ -21,5 +21,6 @@ from .model import (AttentionConfig, ImageTransformer, ModelConfig, SuperResolut
                     build_model)
 
 __all__ = ["AttentionConfig", "CheckpointError", "ImageTransformer", "ModelConfig", "SuperResolutionConfig",
-           "SuperResolutionTransformer", "build_model", "from_pretrained", "load_model", "push_to_hub", "save_pretrained"]
+           "SuperResolutionTransformer", "build_model", "from_pretrained", "load_model", "push_to_hub",
+           "save_pretrained"]
 __version__ = "0.1.0"

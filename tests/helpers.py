@@ -22,8 +22,8 @@ from imagetx import ImageTransformer, build_model, ModelConfig
 COMPLETION_CARD_BPD = "3.493"
 
 
-# Defaults for a tiny model, in the one-level form (tiny_config). The 2D block (2, 2) tiles both the categorical grid of a
-# 4×4 image (4×12 sub-pixels) and the DMOL grid (4×4 pixels).
+# Defaults for a tiny model, in the one-level form (tiny_config). The 2D block (2, 2) tiles both the
+# categorical grid of a 4×4 image (4×12 sub-pixels) and the DMOL grid (4×4 pixels).
 TINY = dict(
     image_size=4,
     head="categorical",

@@ -362,7 +362,8 @@ TINY = {"image_size": SIDE, "attention": {"query_block_length": 16}}
 
 def train(tmp_path, data_root, source, model=None, data=None, extra=(), steps=3):
     run_dir = tmp_path / f"run-{source}"
-    config = write_train_config(tmp_path / f"{source}.yaml", run_dir, data_root, steps, model=with_changes(TINY, model or {}),
+    config = write_train_config(tmp_path / f"{source}.yaml", run_dir, data_root, steps,
+                                model=with_changes(TINY, model or {}),
                                 data={"source": source, **(data or {})})
     train_main(["--config", str(config), "--wandb", "disabled", *extra])
     return run_dir / "checkpoints" / "last.ckpt"

@@ -40,7 +40,8 @@ def test_recipe_sizing_matches_its_arithmetic():
     # The preset's comment and docs/gpu.md size the run from these figures; a change to the
     # model must change them too.
     values = recipe()
-    config = ModelConfig.from_dict(with_changes(values["model"]["config"], {"attention": {"kernel": "flex"}}))  # as on CUDA
+    as_on_cuda = {"attention": {"kernel": "flex"}}
+    config = ModelConfig.from_dict(with_changes(values["model"]["config"], as_on_cuda))
     flops = count_flops(build_model(config))
     assert round(flops.training / 1e9, 1) == 55.8 and round(flops.forward / 1e9, 1) == 18.6
     # every batch of one shape: the compiled model never recompiles for a short last batch

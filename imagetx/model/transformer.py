@@ -342,9 +342,10 @@ class ImageTransformer(nn.Module):
         cfg = self.config
         if not 0 <= rows <= cfg.image_size:
             raise ValueError(f"given_rows={rows} is invalid: give 0..{cfg.image_size} rows")
-        if cfg.attention.kind == "local_2d" and rows % cfg.attention.query_block_shape[0]:
-            raise ValueError(f"given_rows={rows}: with 2D blocks of height {cfg.attention.query_block_shape[0]} the given rows "
-                             "must be a whole number of block rows, to come first in generation order")
+        block_height = cfg.attention.query_block_shape[0]
+        if cfg.attention.kind == "local_2d" and rows % block_height:
+            raise ValueError(f"given_rows={rows}: with 2D blocks of height {block_height} the given rows must be a "
+                             "whole number of block rows, to come first in generation order")
         return self.step_rows < rows  # grid rows are image rows
 
     # ----- input checks -----------------------------------------------------

@@ -62,7 +62,8 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
 
 
 def dotted_fields(values: dict, prefix: str = "") -> dict:
-    """A config's values by field name, a section's dotted (``attention.n_heads``), as the command line names them."""
+    """A config's values by field name, a section's dotted (``attention.n_heads``), as the command line
+    names them."""
     out = {}
     for key, value in values.items():
         if isinstance(value, dict):
