@@ -105,9 +105,9 @@ def main() -> None:
         sys.exit(f"error: {err}")
     if baseline is not None and (baseline.config.superres or baseline.config.image_size != model.config.image_size):
         sys.exit(f"error: --baseline {args.baseline} must be a {model.config.image_size}x{model.config.image_size} "
-                 "model without encoder (encoder_layers=0)")
+                 "model without encoder (no superres section)")
     if not model.config.superres:
-        sys.exit(f"error: {args.ckpt} has no encoder (encoder_layers=0); pass a super-resolution checkpoint")
+        sys.exit(f"error: {args.ckpt} has no encoder (no superres section); pass a super-resolution checkpoint")
     if args.count < 2 or args.batch_size < 1:
         sys.exit("error: --count must be at least 2 (each image borrows another's input) and --batch_size at least 1")
     args.samples = min(32, args.count) if args.samples is None else args.samples
@@ -127,7 +127,8 @@ def main() -> None:
     labels = all_labels if model.config.num_classes else None
     low_res = downsample_area(images, model.config.superres.low_res_size)
     unbounded = dataclasses.replace(model.config.superres, exact_box_means=False)
-    scorer = with_config(model, dataclasses.replace(model.config, superres=unbounded))
+    scorer = with_config(model, dataclasses.replace(model.config, superres=unbounded)) \
+        if model.config.superres.exact_box_means else model
     own_steps = log_probs(scorer, images, labels, low_res, args.batch_size)
     own = bits_per_dim(scorer, own_steps)
     other = bits_per_dim(scorer, log_probs(scorer, images, labels, low_res.roll(1, dims=0), args.batch_size))
