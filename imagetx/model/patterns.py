@@ -277,9 +277,10 @@ class Local2D(CausalPattern):
 def pattern_for(config) -> CausalPattern:
     """The self-attention pattern (and, with it, the generation order) of a decoder built
     from ``config``: raster order for 1D and full attention, block-raster order for 2D."""
-    order, tiles = GenerationOrder.for_config(config), config.attention.flex_block_size
-    if config.attention.kind == "full":
+    attention, order = config.attention, GenerationOrder.for_config(config)
+    tiles = attention.flex_block_size
+    if attention.kind == "full":
         return FullCausal(order, tiles)
-    if config.attention.kind == "local_1d":
-        return Local1D(order, config.attention.query_block_length, config.attention.memory_blocks, tiles)
-    return Local2D(order, config.attention.memory_flange, tiles)
+    if attention.kind == "local_1d":
+        return Local1D(order, attention.query_block_length, attention.memory_blocks, tiles)
+    return Local2D(order, attention.memory_flange, tiles)
