@@ -122,9 +122,9 @@ class ModelConfig:
     def __post_init__(self) -> None:
         # YAML and JSON hand us mappings; the dataclass promises its sections.
         if isinstance(self.attention, dict):
-            self.attention = _section(AttentionConfig, self.attention, "attention")
+            self.attention = _from_fields(AttentionConfig, self.attention, "ModelConfig.attention")
         if isinstance(self.superres, dict):
-            self.superres = _section(SuperResolutionConfig, self.superres, "superres")
+            self.superres = _from_fields(SuperResolutionConfig, self.superres, "ModelConfig.superres")
 
     # ----- derived geometry -------------------------------------------------
     @property
@@ -266,11 +266,7 @@ class ModelConfig:
         values = dict(values)
         if isinstance(values.get("attention"), str) or any(name in values for name in FLAT_NAMES):
             values = _nest(values)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"unknown ModelConfig field(s) {unknown}; valid fields: {sorted(known)}")
-        return cls(**values)
+        return _from_fields(cls, values, "ModelConfig")
 
 
 # The one-level form: each field that now lives in a section, under its name there.
@@ -313,11 +309,12 @@ def _nest(values: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
-def _section(kind: type, values: dict[str, Any], name: str) -> Any:
+def _from_fields(kind: type, values: dict[str, Any], name: str) -> Any:
+    """``kind(**values)``, a field it lacks refused naming ``name`` (the config or its section) and its fields."""
     known = {f.name for f in fields(kind)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"unknown ModelConfig.{name} field(s) {unknown}; valid fields: {sorted(known)}")
+        raise ValueError(f"unknown {name} field(s) {unknown}; valid fields: {sorted(known)}")
     return kind(**values)
 
 
