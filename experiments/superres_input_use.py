@@ -19,7 +19,6 @@ and those images' 8×8 inputs. Prints one JSON object.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 
@@ -30,7 +29,7 @@ from imagetx.cli.common import check_device
 from imagetx.model.config import CHANNELS
 from imagetx.model.heads import check_temperature
 from imagetx.io.errors import CheckpointError
-from imagetx.io.load import with_config
+from imagetx.io.load import with_exact_box_means
 from imagetx.model.inputs import downsample_area
 from imagetx.model.sampler import sample
 from imagetx.data.sources import DataError, load
@@ -126,9 +125,7 @@ def main() -> None:
     all_labels = labels[: args.count].to(args.device)
     labels = all_labels if model.config.num_classes else None
     low_res = downsample_area(images, model.config.superres.low_res_size)
-    unbounded = dataclasses.replace(model.config.superres, exact_box_means=False)
-    scorer = with_config(model, dataclasses.replace(model.config, superres=unbounded)) \
-        if model.config.superres.exact_box_means else model
+    scorer = with_exact_box_means(model, False) if model.config.superres.exact_box_means else model
     own_steps = log_probs(scorer, images, labels, low_res, args.batch_size)
     own = bits_per_dim(scorer, own_steps)
     other = bits_per_dim(scorer, log_probs(scorer, images, labels, low_res.roll(1, dims=0), args.batch_size))

@@ -16,7 +16,6 @@ tensors, so the weights are the same. The last line printed is one JSON object.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Literal
 
@@ -26,7 +25,7 @@ from jsonargparse import ArgumentParser, Namespace
 from .cli.common import parse, parser_for, run_or_exit
 from .io.atomic import check_writable
 from .io.hub import save_pretrained
-from .io.load import load_model, with_config
+from .io.load import load_model, with_exact_box_means
 from .io.weights import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -48,13 +47,8 @@ def build_parser() -> ArgumentParser:
 
 def run(args: Namespace) -> dict:
     model = load_model(args.ckpt)  # a bad checkpoint is refused before anything is written
-    if args.exact_box_means is not None:  # refused as early
-        superres = model.config.superres
-        if superres is None:
-            raise ValueError("--exact_box_means: the model has no low-resolution input (no superres section); "
-                             "leave the option out")
-        superres = dataclasses.replace(superres, exact_box_means=args.exact_box_means)
-        model = with_config(model, dataclasses.replace(model.config, superres=superres))
+    if args.exact_box_means is not None:
+        model = with_exact_box_means(model, args.exact_box_means)  # refused as early
     out = check_writable(args.out, "--out")
     save_pretrained(model.to(DTYPES[args.dtype]), out)
     files = [out / WEIGHTS_FILE, out / CONFIG_FILE, out / CARD_FILE]

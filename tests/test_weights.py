@@ -298,6 +298,16 @@ def test_export_switches_exact_box_means_on_for_a_trained_super_resolution_model
     assert not (tmp_path / "refused").exists()
 
 
+def test_export_refuses_exact_box_means_for_a_model_without_a_low_resolution_input(tmp_path, capsys):
+    ckpt = tmp_path / "model.ckpt"
+    torch.save(weights_checkpoint(tiny_model(seed=3, head="dmol")), ckpt)
+    for value in ("true", "false"):
+        line = one_error_line(capsys, export_main, ["--ckpt", str(ckpt), "--out", str(tmp_path / "refused"),
+                                                    "--exact_box_means", value])
+        assert "exact_box_means" in line and "superres" in line, line
+        assert not (tmp_path / "refused").exists()
+
+
 def test_a_run_driven_from_python_with_path_arguments_writes_a_checkpoint_load_model_opens(tmp_path, data_root):
     # ImageDataModule(root=Path(...)) from Python: its hyper-parameters go into the checkpoint,
     # which load_model reads weights-only, so they must hold a str, never a PosixPath.

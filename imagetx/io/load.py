@@ -2,10 +2,12 @@
 folder (``weights.model_from_folder``) or a checkpoint written by training
 (``checkpoint.model_from_checkpoint``). Neither runs code from the file; nothing is downloaded
 (a Hugging Face Hub repository id: ``hub.from_pretrained``). ``with_config``: a loaded model
-under a configuration that changes none of its tensors."""
+under a configuration that changes none of its tensors; ``with_exact_box_means``: the one such
+setting, a super-resolution model's bounds switched on or off."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from pathlib import Path
 
@@ -38,3 +40,15 @@ def with_config(model: ImageTransformer, config: ModelConfig) -> ImageTransforme
     rebuilt.load_state_dict(stored)
     parameter = next(model.parameters())
     return rebuilt.to(parameter.device, parameter.dtype).train(model.training)
+
+
+def with_exact_box_means(model: ImageTransformer, exact: bool) -> ImageTransformer:
+    """The same weights with ``superres.exact_box_means`` set to ``exact`` (``with_config``): a
+    super-resolution model's values restricted to its input's box means, or free. A ValueError for
+    a model without a low-resolution input, or (``exact``) without the cell remainder input."""
+    superres = model.config.superres
+    if superres is None:
+        raise ValueError("exact_box_means is a super-resolution model's setting, and this model has no "
+                         "low-resolution input (no superres section): leave it out")
+    superres = dataclasses.replace(superres, exact_box_means=exact)
+    return with_config(model, dataclasses.replace(model.config, superres=superres))
