@@ -16,12 +16,12 @@ fitted again, until its decay starts, from the mean time of every step since the
 (validations, grids and checkpoints included), at each validation and every ``adjust_every``
 steps: the first validation's measurement alone had a 14-minute `quick` run expect 3,482 steps
 where 2,789 came, so the budget ran out as its decay was to start. Before the decay the learning
-rate is the peak whatever the horizon, so moving it changes nothing already done. Once its decay has begun, warmup–stable–decay is steered every
-``adjust_every`` steps (50, or a tenth of a shorter decay) and after each validation: its end
-fitted again from the median of the last steps and the time left, the decay going on from the
-progress it had, so that it ends when the budget does whatever a refit could not foresee (a
-one-off taken for a cost of every step ended a decay 352 steps early). The cosine starts at
-once and keeps its first fit.
+rate is the peak whatever the horizon, so moving it changes nothing already done. Once its decay
+has begun, warmup–stable–decay is steered every ``adjust_every`` steps (50, or a tenth of a
+shorter decay) and after each validation: its end fitted again from the median of the last steps
+and the time left, the decay going on from the progress it had, so that it ends when the budget
+does whatever a refit could not foresee (a one-off taken for a cost of every step ended a decay
+352 steps early). The cosine starts at once and keeps its first fit.
 The horizon is stored in every checkpoint and a run resumed with the same budget uses it, so
 that a cosine ends exactly as an uninterrupted run would (resume.py: another budget); a decay
 steered goes on steering.
@@ -285,9 +285,9 @@ class BudgetHorizon(Callback):
         decay ends when the budget does. The fit before the decay cannot know all that is to
         come: a resumed run's first validation took 25 s on a GPU, and that refit spread it over
         every later step (the decay ended 352 steps early, the rest at learning rate 0); a sample
-        grid in the decay is the opposite case. The median leaves one-off and periodic work out; what they cost shows in the time left at the
-        next steering. The rate of update ``step + 1`` is already set: the new course starts
-        there, from the progress it had."""
+        grid in the decay is the opposite case. The median leaves one-off and periodic work out;
+        what they cost shows in the time left at the next steering. The rate of update
+        ``step + 1`` is already set: the new course starts there, from the progress it had."""
         if len(self.recent) < MIN_TIMED_STEPS:  # the same in every process: each has timed the same steps
             return
         horizon, anchor = pl_module.horizon, trainer.global_step + 1

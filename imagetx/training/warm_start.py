@@ -31,8 +31,7 @@ import torch
 from ..io.errors import CheckpointError
 from ..io.load import load_model
 from ..io.weights import listed
-from ..model.transformer import zero_start
-from ..model.transformer import ImageTransformer
+from ..model.transformer import ImageTransformer, zero_start
 from .continuation import is_packed, unpack
 
 
