@@ -1,4 +1,4 @@
-"""The cell add (imagetx/model/cell_add.py) and the zero start of the low-res side
+"""The cell add (imagetx/model/superres.py, ``CellAdd``) and the zero start of the low-res side
 (``superres.low_res_zero_start``): what each step reads of the encoder, and that a new
 model starts as the same decoder without input, then learns to read it."""
 
