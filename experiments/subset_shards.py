@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-VAL_SIZE = 5000  # the project's val split: the last 5,000 training images
+from imagetx.data.sources import DataError, Reader
 
 
 def main() -> None:
@@ -24,18 +24,19 @@ def main() -> None:
     parser.add_argument("out", type=Path, help="folder to write train-0.npz into")
     parser.add_argument("--train", type=int, required=True, help="training images to keep, from the first")
     args = parser.parse_args()
-    shards = sorted(args.source.glob("train-*.npz"), key=lambda p: int(p.stem.split("-")[1]))
-    if not shards:
-        sys.exit(f"{args.source}: no train-*.npz shards")
-    arrays = [np.load(p) for p in shards]
-    images = np.concatenate([a["images"] for a in arrays])
-    labels = np.concatenate([a["labels"] for a in arrays])
-    if not 0 < args.train <= len(images) - VAL_SIZE:
-        sys.exit(f"--train {args.train}: must be 1..{len(images) - VAL_SIZE}")
-    keep = np.r_[0:args.train, len(images) - VAL_SIZE:len(images)]
+    # The project's own reader: the shards in its order and checked, split at CIFAR-10's default val size.
+    reader = Reader("cifar10", args.source, download=False)
+    try:
+        train, val = reader.split("train"), reader.split("val")
+    except DataError as error:
+        sys.exit(str(error))
+    if not 0 < args.train <= len(train):
+        sys.exit(f"--train {args.train}: must be 1..{len(train)}")
+    images = np.concatenate([train.images[:args.train], val.images])
+    labels = np.concatenate([train.labels[:args.train], val.labels]).astype(np.uint8)  # the shards' format
     args.out.mkdir(parents=True, exist_ok=True)
-    np.savez(args.out / "train-0.npz", images=images[keep], labels=labels[keep])
-    print(f"{args.out / 'train-0.npz'}: {args.train} training + {VAL_SIZE} val images")
+    np.savez(args.out / "train-0.npz", images=images, labels=labels)
+    print(f"{args.out / 'train-0.npz'}: {args.train} training + {len(val)} val images")
 
 
 if __name__ == "__main__":
