@@ -25,13 +25,7 @@ from experiments.json_result import emit
 from imagetx import build_model, ModelConfig
 from imagetx.model.scoring import model_inputs
 from imagetx.training.module import make_optimizer, optimizer_settings
-
-
-def set_key(tree: dict, dotted: str, value) -> None:
-    *parents, last = dotted.split(".")
-    for key in parents:
-        tree = tree.setdefault(key, {})
-    tree[last] = value
+from scripts.common import set_dotted
 
 
 def build(preset: dict, overrides: list[str]):
@@ -40,7 +34,7 @@ def build(preset: dict, overrides: list[str]):
         key, equals, value = item.partition("=")
         if not equals:
             raise ValueError(f"override {item!r} is not key=value")
-        set_key(preset, key, yaml.safe_load(value))
+        set_dotted(preset, key, yaml.safe_load(value))
     model = build_model(ModelConfig.from_dict(preset["model"]["config"]))
     settings = preset["model"]
     optimizer = make_optimizer(model, **optimizer_settings(settings))

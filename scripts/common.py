@@ -3,8 +3,8 @@
 the process (``current_rss_bytes``, ``maxrss_bytes``, ``reset_peak_rss``) and a peak over
 some work (``PeakMemory``), the machine described (``machine_info``), timings that include
 the device's queued work (``timed``, ``sync``), a preset's model configuration
-(``preset_model_config``), table cells (``fmt``) and the baseline that cached sampling is
-measured against (``sample_uncached``).
+(``preset_model_config``; its overrides, and the experiments', set by dotted keys: ``set_dotted``),
+table cells (``fmt``) and the baseline that cached sampling is measured against (``sample_uncached``).
 
 Standard library only at import time (torch is imported inside the functions that need
 it), so that a driver process does not pay for it.
@@ -154,14 +154,19 @@ def preset_model_config(path, overrides: dict | None = None):
     with open(path) as handle:
         fields = yaml.safe_load(handle)["model"]["config"]
     for key, value in (overrides or {}).items():
-        *sections, name = key.split(".")
-        place = fields
-        for section in sections:
-            if place.get(section) is None:  # a section the preset leaves out (or null)
-                place[section] = {}
-            place = place[section]
-        place[name] = value
+        set_dotted(fields, key, value)
     return ModelConfig.from_dict(fields)
+
+
+def set_dotted(tree: dict, key: str, value) -> None:
+    """Set ``tree``'s entry at the dotted ``key`` (``model.config.attention.kernel``) to ``value``, in
+    place, making the sections on the way that ``tree`` leaves out (or holds as null)."""
+    *sections, name = key.split(".")
+    for section in sections:
+        if tree.get(section) is None:
+            tree[section] = {}
+        tree = tree[section]
+    tree[name] = value
 
 
 def fmt(value, spec: str, missing: str = "-") -> str:
