@@ -204,8 +204,10 @@ begin)
   cp -r imagetx tests configs scripts ops experiments pyproject.toml "$WORK/tree"/
   # The detached shell writes its own process id: the `$!` of a backgrounded `cd && setsid ...` names
   # the subshell around it, which can exit as soon as setsid has forked.
-  (cd "$WORK/tree" && setsid nohup bash -c 'echo $$ >"$0/first.pid"; bash ops/gpu_lease.sh first "${@:1}" \
-      >"$0/first.out" 2>&1; echo $? >"$0/first.rc"' "$WORK" "${@:2}" </dev/null >/dev/null 2>&1 &)
+  # LEASE_SCRIPT: whose `first` (ops/pixelcnn_lease.sh begins its own through this step)
+  (cd "$WORK/tree" && setsid nohup bash -c 'echo $$ >"$0/first.pid"; bash "$1" first "${@:2}" \
+      >"$0/first.out" 2>&1; echo $? >"$0/first.rc"' "$WORK" "${LEASE_SCRIPT:-ops/gpu_lease.sh}" "${@:2}" \
+      </dev/null >/dev/null 2>&1 &)
   for _ in $(seq 50); do [ -s "$WORK/first.pid" ] && break; sleep 0.2; done
   first_going || [ -s "$WORK/first.rc" ] || { echo "begin: first did not start" >&2; exit 1; }
   echo "first: started (pid $(cat "$WORK/first.pid")); 'bash ops/gpu_lease.sh await SECONDS' waits for it"
