@@ -13,9 +13,11 @@ import math
 import mpmath
 import pytest
 import torch
+import torch.nn.functional as F
 
 from helpers import random_images, tiny_model
-from imagetx.model.heads import CategoricalHead, DMOLHead
+from imagetx.model.config import HALF_RANGE
+from imagetx.model.heads import HALF_BIN, CategoricalHead, DMOLHead
 
 LEVELS = 256
 
@@ -213,6 +215,59 @@ def test_dmol_interior_bins_are_accurate_at_any_mass():
     assert decades >= set(range(1, 30)), sorted(set(range(1, 30)) - decades)  # masses 1e-1 .. 1e-30 all seen
     assert max(errors) < 1e-3, max(errors)
     assert naive_worst > 1.0  # the check has teeth: the plain difference cannot pass it
+
+
+def direct_interior_log_p(head: DMOLHead, params: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """The interior bins' log p as log σ(u) + log σ(−l) + log(1 − e^(−gap)), with no care for wide
+    scales: what ``log_mass`` computed before ``TINY_GAP`` (the negative control below)."""
+    _, means, log_scales, coeffs = head.split(params)
+    x = targets.long().unsqueeze(-1).to(means.dtype) / HALF_RANGE - 1.0
+    centered = x - head.coupled_means(means, coeffs, x)
+    inv_s = torch.exp(-log_scales)
+    upper, lower = inv_s * (centered + HALF_BIN), inv_s * (centered - HALF_BIN)
+    return F.logsigmoid(upper) + F.logsigmoid(-lower) + torch.log(-torch.expm1(-(2.0 * HALF_BIN * inv_s)))
+
+
+@pytest.mark.parametrize("log_scale", [70.0, 88.0, 90.0, 104.0, 1000.0])
+def test_dmol_very_wide_components_keep_a_finite_exact_log_p_and_gradient(log_scale):
+    """A component so wide that e^(−s) underflows float32 (log-scales from about 88, where an unused
+    component can drift in a network's first steps): the interior bin's log p is that of the
+    logistic's density at its centre times the bin, log(2/255) − s − log 4, and every gradient is
+    finite (d log p / d s = −1 there); the direct form's gradient is not (the negative control)."""
+    head = DMOLHead(8, 1)
+    # R interior (value 128, mean 0), G and B in the open end bins (mass 1/2 each for so wide a component)
+    params = pack([0.0], torch.zeros(3, 1), torch.full((3, 1), log_scale), torch.zeros(3, 1)).requires_grad_()
+    targets = torch.tensor([[128, 0, 255]])
+    log_p, _ = head.channel_log_probs(params[None], targets)
+    want = math.log(2 / 255) - log_scale - math.log(4)
+    assert float(log_p[0, 0, 0]) == pytest.approx(want, rel=1e-6)
+    assert torch.allclose(log_p[0, 1:, 0], torch.full((2,), math.log(0.5)))
+    log_p.sum().backward()
+    assert torch.isfinite(params.grad).all()
+    assert float(params.grad[2]) == pytest.approx(-1.0, abs=1e-6)  # R's log-scale (after the logit and R's mean)
+    if log_scale >= 90:  # negative control: the direct form loses the gradient (or the value) here
+        direct = params.detach().clone().requires_grad_()
+        direct_interior_log_p(head, direct[None], targets)[0, 0, 0].backward()
+        assert not torch.isfinite(direct.grad).all()
+
+
+def test_dmol_log_p_at_ordinary_scales_is_the_direct_forms():
+    """Where the gap is above TINY_GAP (every log-scale below about 64) the interior bins' log p is
+    the direct form's bit for bit (a model's scores do not change), and its gradients within float32's
+    rounding (autograd sums the log-scales' gradients in another order)."""
+    torch.manual_seed(0)
+    head = DMOLHead(8, 3)
+    rest = torch.randn(64, 3, 3, 3) * 3  # (channel, means | log-scales | coefficients, component)
+    rest[:, :, 1] = torch.empty(64, 3, 3).uniform_(-7.0, 60.0)  # log-scales
+    params = torch.cat([torch.randn(64, 3), rest.flatten(1)], dim=1)
+    targets = torch.randint(1, 255, (64, 3))  # interior bins only: the direct form has no open ends
+    ours, reference = params.clone().requires_grad_(), params.clone().requires_grad_()
+    got = head.channel_log_probs(ours, targets)[0]
+    want = direct_interior_log_p(head, reference, targets)
+    assert torch.equal(got, want)
+    got.sum().backward()
+    want.sum().backward()
+    torch.testing.assert_close(ours.grad, reference.grad, rtol=1e-6, atol=1e-6)
 
 
 def test_dmol_log_scale_is_clamped_at_minus_seven():

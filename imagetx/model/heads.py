@@ -25,6 +25,11 @@ from .precision import full_precision_linear, scoring_dtype
 
 HALF_BIN = 1.0 / (LEVELS - 1)  # half-width of one value's bin on the [-1, 1] scale
 MIN_LOG_SCALE = -7.0  # PixelCNN++ clamp: keeps inv_s = exp(-s) below ~1100
+# Standardised bin widths below this take log(gap) for log(1 − e^(−gap)) (``log_mass``): the direct
+# form's gradient, 1/gap, would reach float32's largest value (3.4e38) as the gap nears its smallest
+# (1.2e-38), at log-scales near 88, where a network's early steps can send an unused component;
+# above it the direct form is exact to float32's precision, and below it log(gap) differs by gap/2.
+TINY_GAP = 1e-30
 
 
 def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -37,13 +42,21 @@ def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
     return (probs / race).argmax(-1)
 
 
-def log_mass(lower: Tensor, upper: Tensor, gap: Tensor, open_below: Tensor, open_above: Tensor) -> Tensor:
+def log_mass(lower: Tensor, upper: Tensor, gap: Tensor, log_gap: Tensor, open_below: Tensor,
+             open_above: Tensor) -> Tensor:
     """log of a standard logistic's mass between ``lower`` and ``upper`` (standardised edges;
-    ``gap`` = upper − lower, which the caller has exactly, unlike their difference), or from −∞
-    where ``open_below``, to +∞ where ``open_above``. σ(u) − σ(l) = σ(u)·σ(−l)·(1 − e^(l−u))
-    exactly: in logs no term cancels, so the mass stays accurate in float32 however small it is
-    (the plain difference of two sigmoids loses every digit far in a tail)."""
-    interior = F.logsigmoid(upper) + F.logsigmoid(-lower) + torch.log(-torch.expm1(-gap))
+    ``gap`` = upper − lower, which the caller has exactly, unlike their difference, and its log
+    ``log_gap``, which the caller has without underflow), or from −∞ where ``open_below``, to +∞
+    where ``open_above``. σ(u) − σ(l) = σ(u)·σ(−l)·(1 − e^(l−u)) exactly: in logs no term
+    cancels, so the mass stays accurate in float32 however small it is (the plain difference of
+    two sigmoids loses every digit far in a tail). A gap below ``TINY_GAP`` (a scale so wide that
+    e^(−s) nears float32's smallest numbers) takes log(1 − e^(−gap)) = log(gap) − gap/2 + ...
+    as log_gap: its value is then exact, and its gradient finite where 1/gap would overflow."""
+    tiny = gap < TINY_GAP
+    # (the direct form on a harmless gap where it is not used: the gradient of a branch torch.where
+    # leaves out is multiplied by 0, and 0 times its infinity would be NaN)
+    direct = torch.log(-torch.expm1(-torch.where(tiny, torch.ones_like(gap), gap)))
+    interior = F.logsigmoid(upper) + F.logsigmoid(-lower) + torch.where(tiny, log_gap, direct)
     below = torch.where(open_above, torch.zeros_like(upper), F.logsigmoid(upper))
     return torch.where(open_below, below, torch.where(open_above, F.logsigmoid(-lower), interior))
 
@@ -191,14 +204,15 @@ class DMOLHead(nn.Module):
         centered = x - self.coupled_means(means, coeffs, x)
         inv_s = torch.exp(-log_scales)
         log_p = log_mass(inv_s * (centered - HALF_BIN), inv_s * (centered + HALF_BIN), 2.0 * HALF_BIN * inv_s,
-                         values == 0, values == LEVELS - 1)
+                         math.log(2.0 * HALF_BIN) - log_scales, values == 0, values == LEVELS - 1)
         limits = split_bounds(self.bounded, bounds)
         if limits is not None:
             lowest, highest = (b.unsqueeze(-1) for b in limits)  # (..., 3, 1)
             lower = centered - (values - lowest).to(means.dtype) / HALF_RANGE - HALF_BIN
             upper = centered + (highest - values).to(means.dtype) / HALF_RANGE + HALF_BIN
             width = (highest - lowest + 1).to(means.dtype) * 2.0 * HALF_BIN
-            inside = log_mass(inv_s * lower, inv_s * upper, inv_s * width, lowest == 0, highest == LEVELS - 1)
+            inside = log_mass(inv_s * lower, inv_s * upper, inv_s * width, torch.log(width) - log_scales,
+                              lowest == 0, highest == LEVELS - 1)
             log_p = torch.where(within((lowest, highest), values), log_p - inside, -math.inf)
         return log_p, torch.log_softmax(logits, dim=-1)
 
