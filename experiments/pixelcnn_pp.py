@@ -20,7 +20,10 @@ random initial weights a weight of 0.9995^1500 ≈ 0.47 after the ~1,500 steps a
 run takes; ``val_bpd_raw`` is the score of the trained weights themselves).
 
 SIGTERM or SIGINT (Ctrl-C) ends training after the step under way; the run then scores
-and writes its result as at the end of its budget (without the grid).
+and writes its result as at the end of its budget (without the grid). A step whose loss or
+gradients are not finite is not applied (fused Adam's ``found_inf``, as imagetx's own training
+skips one: ``imagetx.training.nonfinite``); past ``--max-nonfinite-skips`` such steps (0: the
+first), training ends at the next progress line, naming the step, and the finite weights are scored.
 
 The clock counts training steps only: it starts at the first step, stops at the first step
 ending past the budget, and leaves out the compilation pass (``--compile``: one forward and
@@ -54,6 +57,7 @@ from experiments.pixelcnn_pp_model import PixelCNNpp, to_model_input
 from imagetx.data.datamodule import ImageDataModule, TrainOrder
 from imagetx.data.images import save_grid
 from imagetx.model.config import CHANNELS
+from imagetx.training.nonfinite import NonFiniteLossError, NonFiniteSteps, step_kind
 from imagetx.training.throughput import table_peak
 
 IMAGE_SIZE = 32  # CIFAR-10
@@ -164,6 +168,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--dropout", type=float, default=0.0, help="in each gated resnet (paper: 0.5)")
     parser.add_argument("--polyak-decay", type=float, default=POLYAK_DECAY,
                         help="weight averaging for the val score; 0: score the trained weights only")
+    parser.add_argument("--max-nonfinite-skips", type=int, default=0,
+                        help="updates skipped for a NaN/inf loss or gradient before training stops (0: stop at the first)")
     parser.add_argument("--val-limit", type=int, default=None, help="score only the first N val images")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--precision", choices=("32", "bf16"), default="32",
@@ -184,6 +190,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error("--max-minutes, --batch-size and --val-limit must be positive")
     if not 0 <= args.polyak_decay < 1:
         parser.error("--polyak-decay must be in [0, 1)")
+    if args.max_nonfinite_skips < 0:
+        parser.error("--max-nonfinite-skips must be 0 or more")
     stop = []  # a signal received: training ends after the step under way, and the result is kept
 
     def request_stop(number, frame) -> None:
@@ -210,8 +218,11 @@ def main(argv: list[str] | None = None) -> None:
     averaged = copy.deepcopy(net).eval() if args.polyak_decay else None
     weights = list(net.parameters())
     averaged_weights = list(averaged.parameters()) if averaged is not None else []
-    # fused: one kernel for all the weights on CUDA (the same update as the loop over them)
-    optimizer = torch.optim.Adam(weights, lr=args.lr, betas=BETAS, fused=device.type == "cuda" or None)
+    # fused: one kernel for all the weights (the same update as the loop over them), which skips the
+    # update where ``found_inf`` is set: a step whose loss or gradients are not finite (as imagetx's
+    # training does, imagetx.training.nonfinite), counted on the device and read at progress lines
+    optimizer = torch.optim.Adam(weights, lr=args.lr, betas=BETAS, fused=True)
+    nonfinite, nonfinite_stop = NonFiniteSteps(args.max_nonfinite_skips, option="--max-nonfinite-skips"), None
     schedule = torch.optim.lr_scheduler.ExponentialLR(optimizer, gamma=LR_DECAY)
     order = TrainOrder(train, seed=args.seed)  # the quick run's order for the same seed; no flips
     stream = batches(train.images.to(device), order, args.batch_size)
@@ -243,7 +254,7 @@ def main(argv: list[str] | None = None) -> None:
     # The clock: training seconds before the current stretch of steps, and when the stretch began
     # (each progress line and curve point ends one: their syncs, scoring and printing are left out).
     clock, stretch_began = 0.0, time.perf_counter()
-    window = {"loss": torch.zeros((), device=device), "steps": 0, "images": 0, "began": 0.0}
+    window = new_window(device, began=0.0)
     progress, curve = [], []
     next_point = args.curve_seconds or math.inf
     done = False
@@ -252,6 +263,10 @@ def main(argv: list[str] | None = None) -> None:
         loss = step_loss(images)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        gradient_norm = torch.nn.utils.get_total_norm([w.grad for w in weights if w.grad is not None])
+        found = ~torch.isfinite(loss.detach()) | ~torch.isfinite(gradient_norm)
+        optimizer.found_inf = found.float()
+        nonfinite.note(found, steps + 1, step_kind(loss.detach()))
         optimizer.step()
         schedule.step()
         steps, images_seen = steps + 1, images_seen + len(images)
@@ -260,26 +275,36 @@ def main(argv: list[str] | None = None) -> None:
             with torch.no_grad():
                 for mean, weight in zip(averaged_weights, weights):
                     mean.lerp_(weight, 1.0 - decay)
-        window["loss"] += loss.detach()  # read back at the progress lines only: no sync a step
-        window["steps"], window["images"] = window["steps"] + 1, window["images"] + len(images)
+        # read back at the progress lines only: no sync a step; a skipped step's loss left out
+        window["loss"] += torch.where(found, 0.0, loss.detach())
+        window["finite"] += ~found
+        window["images"] += len(images)
         images = next(stream)
         # (on CUDA the host runs ahead of the device by a few steps at most, until the sync below)
         trained = clock + time.perf_counter() - stretch_began
         done = trained >= budget or (args.max_steps is not None and steps >= args.max_steps) or bool(stop)
         report = done or trained - window["began"] >= args.progress_seconds
-        point = trained >= next_point or (done and args.curve_seconds > 0)
+        point = trained >= next_point
         if not (report or point):
             continue
         synchronize(device)  # the steps queued so far, timed to their end
         trained = clock + time.perf_counter() - stretch_began
         if report:
             rate = window["images"] / (trained - window["began"])
+            finite = int(window["finite"])
             progress.append({"minutes": trained / 60, "steps": steps, "images_per_sec": rate,
-                             "train_bpd": float(window["loss"]) / window["steps"]})
+                             "train_bpd": float(window["loss"]) / finite if finite else math.nan})
             print(f"step {steps:6d}  {trained / 60:6.2f} min  train {progress[-1]['train_bpd']:.4f} bits/dim  "
                   f"{rate:,.0f} images/s", flush=True)
-            window = {"loss": torch.zeros((), device=device), "steps": 0, "images": 0, "began": trained}
-        if point:
+            window = new_window(device, began=trained)
+            try:  # the non-finite steps since the last line: a warning, or the end past the limit
+                warning = nonfinite.read()
+            except NonFiniteLossError as error:
+                warning = nonfinite_stop = str(error)
+                done = True
+            if warning:
+                print(warning, flush=True)
+        if point or (done and args.curve_seconds > 0):
             value = val_bits_per_dim(scored_net, val_images, args.eval_batch_size, bf16)
             curve.append({"minutes": trained / 60, "steps": steps, "images_seen": images_seen, "val_bpd": value})
             print(f"val {value:.4f} bits/dim at {trained / 60:.2f} min (step {steps})", flush=True)
@@ -306,10 +331,18 @@ def main(argv: list[str] | None = None) -> None:
           "curve": curve, "progress": progress, "images_per_sec": images_per_sec,
           "flops_per_image": flops, "mfu": images_per_sec * flops / peak if peak else None,
           "peak_memory_gib": peak_memory, "compile_seconds": compile_seconds,
-          "stopped_by": stop[0] if stop else None,
+          "stopped_by": stop[0] if stop else None, "nonfinite_skips": nonfinite.skipped,
+          "nonfinite_stop": nonfinite_stop,
           "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
           "settings": {key: value for key, value in vars(args).items() if key not in ("json", "progress_seconds")},
           "torch": torch.__version__, "threads": torch.get_num_threads()}, args.json)
+
+
+def new_window(device: torch.device, began: float) -> dict:
+    """A progress window's counters: its finite losses' sum and count (on the device), its images,
+    and the training second it began at."""
+    return {"loss": torch.zeros((), device=device), "finite": torch.zeros((), dtype=torch.long, device=device),
+            "images": 0, "began": began}
 
 
 def synchronize(device: torch.device) -> None:

@@ -1,6 +1,7 @@
 """ops/pixelcnn_lease.sh end to end on the CPU (``DRY_RUN=1``), with a tiny PixelCNN++, as a lent GPU
 machine's calls run it: setup, begin (the CUDA tests' stand-in beside the run's first steps), await,
-launch, wait, finish, and a finish that stops a run still training. So that a typo or a step that hides its failure is found here, not in a lease."""
+launch, wait, finish, a finish that stops a run still training, and a run that goes non-finite
+followed by one in float32 for the time left. So that a typo or a step that hides its failure is found here, not in a lease."""
 
 from __future__ import annotations
 
@@ -71,3 +72,17 @@ def test_a_pixelcnn_lease_on_the_cpu_brings_back_its_result_curve_and_samples(tm
     stopped = json.loads((out / "result.json").read_text())
     assert stopped["stopped_by"] == "SIGTERM" and stopped["minutes"] < 1 and stopped["val_bpd"] > 0
     assert not (out / "samples.png").exists()  # the grid is left out of a stopped run
+
+    # A first run whose steps go non-finite (a learning rate of 1e30) stops at once; float32 trains the time left.
+    for produced in out.iterdir():
+        produced.unlink()
+    diverging = dict(env, PRIMARY_ARGS="--lr 1e30 --progress-seconds 0", FALLBACK_MIN_SECONDS="1", DRAW_SAMPLES="0")
+    for step in (["launch", "4"], ["wait", "120"], ["finish", "120"]):
+        done = lease(step, diverging)
+        assert done.returncode == 0, f"{step}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+    first_run = json.loads((out / "result_first.json").read_text())
+    assert first_run["nonfinite_stop"].startswith("gradients are not finite at step ") and first_run["minutes"] < 0.05
+    fallback = json.loads((out / "result.json").read_text())
+    assert fallback["nonfinite_stop"] is None and fallback["settings"]["lr"] == 1e-3
+    assert 0 < fallback["minutes"] <= 4 / 60 and 7.5 < fallback["val_bpd"] < 10  # random images: about 8 bits
+    assert "the first run stopped on a non-finite step" in (out / "train.log").read_text()

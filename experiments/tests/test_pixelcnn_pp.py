@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from experiments import pixelcnn_pp_model
-from experiments.pixelcnn_pp_model import PixelCNNpp
+from experiments.pixelcnn_pp import sample_images
+from experiments.pixelcnn_pp_model import PixelCNNpp, to_model_input
 from experiments.tests.conftest import REPO_ROOT, write_cifar_npz
 
 SIDE = 32  # the three stages run at 32, 16 and 8
@@ -109,3 +110,28 @@ def test_a_tiny_run_scores_about_8_bits_per_dim_and_hands_back_its_json(tmp_path
         assert 7.9 < result[key] < 10.0, result
     assert result["settings"]["batch_size"] == 16 and result["settings"]["lr"] == 1e-3
     assert result["threads"] == 1 and result["torch"] == torch.__version__
+
+
+def test_samples_are_drawn_from_the_distribution_of_the_finished_image_at_each_pixel(monkeypatch):
+    """``sample_images`` draws pixel t from the parameters the network gives at t while only the pixels
+    before t are drawn; the network being causal, those are the parameters it gives at t for the finished
+    image, which is what the likelihood scores (recorded at every 97th pixel and compared)."""
+    net = small_net(seed=1).eval()
+    seen = {}
+    draw = net.head.sample
+    calls = iter(range(SIDE * WIDTH))
+
+    def recording_sample(params, **kwargs):
+        t = next(calls)
+        if t % 97 == 0:
+            seen[t] = params[:, 0].clone()
+        return draw(params, **kwargs)
+
+    monkeypatch.setattr(net.head, "sample", recording_sample)
+    images = sample_images(net, 2, torch.Generator().manual_seed(0))
+    assert images.shape == (2, SIDE, SIDE, 3) and images.dtype == torch.uint8
+    assert images.float().std() > 0  # drawn, not left at zero
+    with torch.no_grad():
+        finished = net(to_model_input(images))
+    for t, params in seen.items():
+        torch.testing.assert_close(params, finished[:, t], msg=lambda m: f"pixel {t}: {m}")

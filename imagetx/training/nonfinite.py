@@ -62,10 +62,11 @@ class NonFiniteSteps:
     and kind, the step and kind of the one that went past the limit).
 
     ``skipped``: the steps skipped before, read and allowed (saved in checkpoints); ``limit``:
-    how many may be skipped (``max_nonfinite_skips``; 0 stops at the first)."""
+    how many may be skipped (``max_nonfinite_skips``; 0 stops at the first); ``option``: the
+    command-line option that sets the limit, which the messages name."""
 
-    def __init__(self, limit: int, skipped: int = 0) -> None:
-        self.limit, self.skipped = limit, skipped
+    def __init__(self, limit: int, skipped: int = 0, option: str = "--model.max_nonfinite_skips") -> None:
+        self.limit, self.skipped, self.option = limit, skipped, option
         self.pending: Tensor | None = None
 
     def note(self, found: Tensor, step: int, kind: Tensor) -> None:
@@ -89,10 +90,9 @@ class NonFiniteSteps:
         self.pending = None
         if over_step:
             if self.limit:
-                why = (f"{self.limit} such steps were skipped already, the limit set by --model.max_nonfinite_skips "
-                       f"{self.limit}")
+                why = f"{self.limit} such steps were skipped already, the limit set by {self.option} {self.limit}"
             else:
-                why = "--model.max_nonfinite_skips N would skip up to N such steps"
+                why = f"{self.option} N would skip up to N such steps"
             raise NonFiniteLossError(f"{StepKind(over_kind)} at step {over_step}; training stopped ({why})")
         if not count:
             return None
@@ -101,4 +101,4 @@ class NonFiniteSteps:
             steps = f"at step {first_step}: step skipped"
         else:
             steps = f"at step {first_step} and {count - 1} more non-finite step(s) after it: steps skipped"
-        return f"{StepKind(first_kind)} {steps} ({self.skipped} of model.max_nonfinite_skips={self.limit})"
+        return f"{StepKind(first_kind)} {steps} ({self.skipped} of {self.option.lstrip('-')}={self.limit})"
