@@ -14,8 +14,8 @@
 # the PixelCNN++ run does not depend on them) beside a few steps of the run's settings (bf16 autocast,
 # compiled), which fill Inductor's cache on this machine's disk, so that the run compiles from it.
 # The run trains with those settings; where the steps in `first` failed, or where the run stops on a
-# non-finite loss or gradient (its first lease: NaN within 259 steps), in float32 with TF32, uncompiled,
-# for the training seconds left (the first run's result kept beside, result_first.json).
+# non-finite loss or gradient, in float32 with TF32, uncompiled, for the training seconds left (the
+# first run's result kept beside, result_first.json).
 # DRY_RUN=1 runs every step on this CPU with a tiny network in float32 (tests/test_pixelcnn_lease.py);
 # PRIMARY_ARGS (environment) adds arguments to the first run only.
 set -euo pipefail
