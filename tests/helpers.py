@@ -113,6 +113,16 @@ def write_cifar_npz(root, train_sizes=(6, 6), test_size: int = 0, seed: int = 0)
     return train_images, train_labels, test_images, test_labels
 
 
+def stage_shards(stage):
+    """Two 6-image shards as a lease's calls carry them (docs/gpu.md): train-0.npz in stage/a, train-1.npz
+    in stage/b. -> stage."""
+    write_cifar_npz(stage / "a", train_sizes=(6,))  # train-0.npz, carried by one call ...
+    (stage / "b").mkdir()
+    (stage / "a" / "train-0.npz").rename(stage / "b" / "train-1.npz")  # ... and train-1.npz by another
+    write_cifar_npz(stage / "a", train_sizes=(6,))
+    return stage
+
+
 # ----- reliability tests: tiny training runs driven through the train CLI -----------------
 
 TINY_TRAIN_MODEL = dict(image_size=32, head="dmol", mixture_components=2, n_layers=1, d_model=16, d_filter=32,

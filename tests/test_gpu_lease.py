@@ -19,7 +19,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import train_metrics, write_cifar_npz, write_train_config
+from helpers import stage_shards, train_metrics, write_cifar_npz, write_train_config
 from imagetx.train import main as train_main
 from ops.lease_cards import lineage_folder, minutes_sentence
 
@@ -36,11 +36,7 @@ def lease(step: list[str], env: dict) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def dry_env(tmp_path):
-    stage = tmp_path / "stage"
-    write_cifar_npz(stage / "a", train_sizes=(6,))  # train-0.npz, carried by one call ...
-    (stage / "b").mkdir()
-    (stage / "a" / "train-0.npz").rename(stage / "b" / "train-1.npz")  # ... and train-1.npz by another
-    write_cifar_npz(stage / "a", train_sizes=(6,))
+    stage = stage_shards(tmp_path / "stage")
     config = write_train_config(tmp_path / "tiny.yaml", tmp_path / "unused", tmp_path / "unused", 10)
     values = yaml.safe_load(config.read_text())  # the recipe's schedule: warmup-stable-decay at the budget
     values["model"].update(optimizer="adamw_wsd", peak_lr=PEAK, warmup_steps=2, decay_fraction=0.2)

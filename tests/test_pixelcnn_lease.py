@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import write_cifar_npz
+from helpers import stage_shards
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "ops" / "pixelcnn_lease.sh"
@@ -27,11 +27,7 @@ def lease(step: list[str], env: dict) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_a_pixelcnn_lease_on_the_cpu_brings_back_its_result_curve_and_samples(tmp_path):
-    stage = tmp_path / "stage"
-    write_cifar_npz(stage / "a", train_sizes=(6,))  # train-0.npz, carried by one call ...
-    (stage / "b").mkdir()
-    (stage / "a" / "train-0.npz").rename(stage / "b" / "train-1.npz")  # ... and train-1.npz by another
-    write_cifar_npz(stage / "a", train_sizes=(6,))
+    stage = stage_shards(tmp_path / "stage")
     out = tmp_path / "out"
     out.mkdir()
     env = dict(os.environ, DRY_RUN="1", WORK=str(tmp_path / "work"), STAGE=str(stage), OUT=str(out),
