@@ -27,7 +27,7 @@ HALF_BIN = 1.0 / (LEVELS - 1)  # half-width of one value's bin on the [-1, 1] sc
 MIN_LOG_SCALE = -7.0  # PixelCNN++ clamp: keeps inv_s = exp(-s) below ~1100
 # Standardised bin widths below this take log(gap) for log(1 − e^(−gap)) (``log_mass``): the direct
 # form's gradient, 1/gap, would reach float32's largest value (3.4e38) as the gap nears its smallest
-# (1.2e-38), at log-scales near 88, where a network's early steps can send an unused component;
+# (1.2e-38), at log-scales near 88 (no clamp stops a network's output there: wide components are legal);
 # above it the direct form is exact to float32's precision, and below it log(gap) differs by gap/2.
 TINY_GAP = 1e-30
 
