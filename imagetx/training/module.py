@@ -37,7 +37,7 @@ from ..model.flops import Flops, count_flops
 from ..model.scoring import batch_bits_per_dim
 from ..model.superres import build_model
 from ..model.transformer import ImageTransformer
-from .nonfinite import NonFiniteLossError, NonFiniteSteps, non_finite_tensors, step_kind
+from .nonfinite import NonFiniteLossError, NonFiniteSteps, gradients_not_finite, non_finite_tensors, step_kind
 from .schedule import noam, warmup_then_decay
 from ..data.seeding import mix_seed, run_seed
 
@@ -212,8 +212,7 @@ class ImageTransformerModule(L.LightningModule):
         found = ~torch.isfinite(loss)
         scaled = str(self.trainer.precision).startswith("16")
         if not scaled:
-            grads = [p.grad for p in self.parameters() if p.grad is not None]
-            found |= ~torch.isfinite(torch.nn.utils.get_total_norm(grads))
+            found |= gradients_not_finite(self.parameters())
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             # Every process skips the same steps: the loss is each process's own.
             found = found.int()

@@ -49,6 +49,12 @@ class StepKind(IntEnum):
                 StepKind.LOSS_MINUS_INF: "training loss is -inf", StepKind.GRADIENTS: "gradients are not finite"}[self]
 
 
+def gradients_not_finite(parameters) -> Tensor:
+    """0-d bool on the device: whether any gradient of ``parameters`` holds a NaN or an infinity
+    (one norm over them all, read by no one on the host)."""
+    return ~torch.isfinite(torch.nn.utils.get_total_norm([p.grad for p in parameters if p.grad is not None]))
+
+
 def step_kind(loss: Tensor) -> Tensor:
     """0-d long: the ``StepKind`` of a step with this loss, were it not finite (computed on the device)."""
     inf = float("inf")
