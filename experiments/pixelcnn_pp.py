@@ -57,8 +57,9 @@ from experiments.pixelcnn_pp_model import PixelCNNpp, to_model_input
 from imagetx.data.datamodule import ImageDataModule, TrainOrder
 from imagetx.data.images import save_grid
 from imagetx.model.config import CHANNELS
-from imagetx.training.nonfinite import NonFiniteLossError, NonFiniteSteps, step_kind
+from imagetx.training.nonfinite import NonFiniteLossError, NonFiniteSteps, gradients_not_finite, step_kind
 from imagetx.training.throughput import table_peak
+from scripts.common import sync
 
 IMAGE_SIZE = 32  # CIFAR-10
 DIMS = IMAGE_SIZE * IMAGE_SIZE * CHANNELS  # 3,072 sub-pixels: bits/dim = nats / (3072 · ln 2)
@@ -169,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--polyak-decay", type=float, default=POLYAK_DECAY,
                         help="weight averaging for the val score; 0: score the trained weights only")
     parser.add_argument("--max-nonfinite-skips", type=int, default=0,
-                        help="updates skipped for a NaN/inf loss or gradient before training stops (0: stop at the first)")
+                        help="updates skipped for a NaN/inf loss or gradient before training stops "
+                             "(0: stop at the first)")
     parser.add_argument("--val-limit", type=int, default=None, help="score only the first N val images")
     parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--precision", choices=("32", "bf16"), default="32",
@@ -244,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
         compile_started = time.perf_counter()
         step_loss(first).backward()
         optimizer.zero_grad(set_to_none=True)
-        synchronize(device)
+        sync(device)
         compile_seconds = time.perf_counter() - compile_started
         print(f"compiled the training loss in {compile_seconds:.0f} s", flush=True)
 
@@ -263,8 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         loss = step_loss(images)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        gradient_norm = torch.nn.utils.get_total_norm([w.grad for w in weights if w.grad is not None])
-        found = ~torch.isfinite(loss.detach()) | ~torch.isfinite(gradient_norm)
+        found = ~torch.isfinite(loss.detach()) | gradients_not_finite(weights)
         optimizer.found_inf = found.float()
         nonfinite.note(found, steps + 1, step_kind(loss.detach()))
         optimizer.step()
@@ -287,7 +288,7 @@ def main(argv: list[str] | None = None) -> None:
         point = trained >= next_point
         if not (report or point):
             continue
-        synchronize(device)  # the steps queued so far, timed to their end
+        sync(device)  # the steps queued so far, timed to their end
         trained = clock + time.perf_counter() - stretch_began
         if report:
             rate = window["images"] / (trained - window["began"])
@@ -317,7 +318,10 @@ def main(argv: list[str] | None = None) -> None:
     with exact_float32():
         raw = val_bits_per_dim(net, val_images, args.eval_batch_size)
         val = val_bits_per_dim(averaged, val_images, args.eval_batch_size) if averaged is not None else raw
-    val_bf16 = val_bits_per_dim(scored_net, val_images, args.eval_batch_size, bf16=True) if bf16 else None
+    val_bf16 = None  # under bf16: the last curve point, where there is one (the same weights, precision, images)
+    if bf16:
+        val_bf16 = curve[-1]["val_bpd"] if curve else val_bits_per_dim(scored_net, val_images, args.eval_batch_size,
+                                                                       bf16=True)
     print(f"{steps:,} steps in {minutes:.2f} min ({images_seen:,} images); val {val:.4f} bits/dim "
           f"(trained weights {raw:.4f}) over {len(val_images):,} images, scored in float32 in "
           f"{time.perf_counter() - scored:.0f} s" + (f"; in bf16 {val_bf16:.4f}" if bf16 else ""), flush=True)
@@ -343,11 +347,6 @@ def new_window(device: torch.device, began: float) -> dict:
     and the training second it began at."""
     return {"loss": torch.zeros((), device=device), "finite": torch.zeros((), dtype=torch.long, device=device),
             "images": 0, "began": began}
-
-
-def synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 if __name__ == "__main__":
