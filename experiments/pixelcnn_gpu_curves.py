@@ -9,14 +9,14 @@ one's continuation, written ``minutes_to_continuation`` into it, so lease k's cu
 the path stood at that continuation (its decay, after it, is a branch off the path). Within a
 lease, a val step's minute is read from the lease's ``metrics.csv`` (``train/time``, the run's
 training seconds, logged every 50 steps, interpolated). PixelCNN++'s minutes are its own
-training clock's (compilation and scoring left out). Each line says its GPU. As the last line one JSON object: the points of both and,
-at each PixelCNN++ run's last point, the Image Transformer's lowest val bits/dim by then.
+training clock's (compilation and scoring left out). Each line says its GPU. As the last line
+one JSON object: the points of both and, at each PixelCNN++ run's last point, the Image
+Transformer's lowest val bits/dim by then.
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
 import json
 import math
 from pathlib import Path
@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from experiments.json_result import emit
+from scripts.plot_curve import read_rows
 
 
 def lease_minutes(metrics: Path, steps: list[int], first_step: int, last_step: int,
@@ -31,8 +32,7 @@ def lease_minutes(metrics: Path, steps: list[int], first_step: int, last_step: i
     """Minutes into a lease's training at the model's ``steps``: ``train/time`` (logged every 50
     steps) interpolated between 0 at the lease's ``first_step`` and its ``training_minutes`` at
     its ``last_step``."""
-    logged = [(int(row["step"]), float(row["train/time"]) / 60) for row in csv.DictReader(metrics.open())
-              if row.get("train/time")]
+    logged = [(int(row["step"]), float(row["train/time"]) / 60) for row in read_rows(metrics) if row.get("train/time")]
     at, minutes = zip(*sorted([(first_step, 0.0), *logged, (last_step, training_minutes)]))
     return [float(np.interp(step, at, minutes)) for step in steps]
 

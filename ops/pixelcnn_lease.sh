@@ -48,7 +48,8 @@ GRID=(--grid "$RUN/samples.png")  # 16 samples (1,024 passes of the network); DR
 running() { [ -f "$RUN/run.pid" ] && kill -0 -- "-$(cat "$RUN/run.pid")" 2>/dev/null; }
 copy_code() { rm -rf "$1" && mkdir -p "$1" && cp -r imagetx experiments ops "$1"/; }
 pixelcnn() {  # pixelcnn SECONDS NAME [ARGS...]: one run, its result in $RUN/NAME.json, its log appended to train.log
-  "$PYTHON" -m experiments.pixelcnn_pp --data.root "$DATA" "${NET[@]}" --max-minutes "$("$PYTHON" -c "print($1 / 60)")" \
+  "$PYTHON" -m experiments.pixelcnn_pp --data.root "$DATA" "${NET[@]}" \
+      --max-minutes "$("$PYTHON" -c "print($1 / 60)")" \
       --curve-seconds "${CURVE_SECONDS:-30}" "${GRID[@]}" --json "$RUN/$2.json" "${@:3}" >>"$RUN/train.log" 2>&1
 }
 
@@ -114,16 +115,18 @@ finish)
   end=$((SECONDS + $2)) stopped=0
   while running; do
     if [ $SECONDS -ge $end ] && [ $stopped = 0 ]; then
-      echo "the run is still going after $2 s: stopping its training" >&2; kill -TERM -- "-$(cat "$RUN/run.pid")" || true
+      echo "the run is still going after $2 s: stopping its training" >&2
+      kill -TERM -- "-$(cat "$RUN/run.pid")" || true
       stopped=1 end=$((SECONDS + ${STOP_GRACE:-90}))
     elif [ $SECONDS -ge $end ]; then
-      echo "the run has not ended ${STOP_GRACE:-90} s after that: killing it" >&2; kill -KILL -- "-$(cat "$RUN/run.pid")" || true
+      echo "the run has not ended ${STOP_GRACE:-90} s after that: killing it" >&2
+      kill -KILL -- "-$(cat "$RUN/run.pid")" || true
     fi
     sleep 2
   done
   tail -4 "$RUN/train.log" | cut -c1-400
-  for name in "$RUN/result.json" "$RUN/result_first.json" "$RUN/train.log" "$RUN/samples.png" "$WORK/pixelcnn_warm.log" \
-      "$WORK/cuda_tests.log" "$WORK/cuda_suite_passed.json"; do
+  for name in "$RUN/result.json" "$RUN/result_first.json" "$RUN/train.log" "$RUN/samples.png" \
+      "$WORK/pixelcnn_warm.log" "$WORK/cuda_tests.log" "$WORK/cuda_suite_passed.json"; do
     [ ! -e "$name" ] || { cp "$name" "$OUT"/ && echo "in \$OUT: $(basename "$name")"; }
   done
   [ -f "$RUN/result.json" ]

@@ -1,7 +1,8 @@
 """ops/pixelcnn_lease.sh end to end on the CPU (``DRY_RUN=1``), with a tiny PixelCNN++, as a lent GPU
 machine's calls run it: setup, begin (the CUDA tests' stand-in beside the run's first steps), await,
 launch, wait, finish, a finish that stops a run still training, and a run that goes non-finite
-followed by one in float32 for the time left. So that a typo or a step that hides its failure is found here, not in a lease."""
+followed by one in float32 for the time left. So that a typo or a step that hides its failure is
+found here, not in a lease."""
 
 from __future__ import annotations
 

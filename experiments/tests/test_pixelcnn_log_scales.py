@@ -17,8 +17,8 @@ from imagetx.data.datamodule import ImageDataModule, TrainOrder
 def test_step_one_reports_the_heads_largest_log_scale(tmp_path, capsys):
     write_cifar_npz(tmp_path / "data", train_sizes=(12, 8))
     sizes = ["--nr-resnet", "1", "--nr-filters", "8", "--nr-logistic-mix", "3", "--dropout", "0"]
-    pixelcnn_log_scales.main(["--data.root", str(tmp_path / "data"), "--val-size", "8", "--steps", "2", "--batch-size", "2",
-                              *sizes])
+    pixelcnn_log_scales.main(["--data.root", str(tmp_path / "data"), "--val-size", "8", "--steps", "2",
+                              "--batch-size", "2", *sizes])
     rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["rows"]
     assert [row["step"] for row in rows] == [1, 2] and all(row["finite_gradients"] for row in rows)
     # the same first batch through the same seeded network, split by the head itself
