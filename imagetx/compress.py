@@ -2,16 +2,21 @@
 model (docs/compress.md); ``python -m imagetx.decompress`` gives them back exactly.
 
     python -m imagetx.compress --ckpt pretrained/completion --out images.itx INPUT [INPUT ...]
-                               [--batch N] [--threads 1] [--force]
+                               [--batch N] [--threads 1] [--portable true] [--force]
 
-INPUT: pictures (PNG, a JPEG's decoded pixels, GIF, BMP, WebP) or npz files with an array
-``images`` (N, H, W, 3) uint8, each exactly the model's size (nothing is resized), coded exactly:
-a picture whose 8-bit RGB pixels would not be the file's own (16-bit, several frames, CMYK,
-transparency) is refused. Each input's line on stderr says what it gave. Every image goes into
-one file, coded in one decoding pass (up to 1,024 images; ``--batch``: passes of that many) on
-``--threads`` torch threads (both recorded in the file, which the decoder uses again). ``--force``
-(or ``--force true``) replaces an existing --out file. The last line printed is one JSON object:
-the images, the file's bytes and bits/dim. Ctrl-C stops it with one line and exit status 130.
+INPUT: pictures (PNG, a JPEG's decoded pixels, GIF, BMP, WebP), npz files with an array
+``images`` (N, H, W, 3) uint8, or folders of them (their files in name order), each exactly the
+model's size (nothing is resized), coded exactly: a picture whose 8-bit RGB pixels would not be
+the file's own (16-bit, several frames, CMYK, transparency) is refused. Each input's line on
+stderr says what it gave. Every image goes into one file, coded in one decoding pass (up to 1,024
+images; ``--batch``: passes of that many) on ``--threads`` torch threads (both recorded in the
+file, which the decoder uses again). The file decodes on any x86-64 machine with the same torch:
+the command runs the model with portable arithmetic (it restarts itself with
+ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE; docs/compress.md); ``--portable false`` codes
+with this machine's own kernels instead (faster; the file then decodes on machines like this
+one). ``--force`` (or ``--force true``) replaces an existing --out file. The last line printed is
+one JSON object: the images, the file's bytes and bits/dim. Ctrl-C stops it with one line and
+exit status 130.
 """
 
 from __future__ import annotations
@@ -19,12 +24,14 @@ from __future__ import annotations
 import json
 import sys
 import time
+from argparse import ArgumentError
 
 from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import parse, parser_for, run_or_exit
 from .cli.shipped import resolve
 from .codec.api import DEFAULT_THREADS, check_model, compress_with_stats
+from .codec.arithmetic import restart_with
 from .codec.container import MAX_BATCH
 from .codec.files import check_output, read_images, write_file
 from .io.load import load_model
@@ -32,12 +39,15 @@ from .io.load import load_model
 
 def build_parser() -> ArgumentParser:
     parser = parser_for(__doc__)
-    parser.add_argument("inputs", nargs="+", help="pictures or npz files (array 'images') of the model's size")
+    parser.add_argument("inputs", nargs="+",
+                        help="pictures, npz files (array 'images') or folders of them, of the model's size")
     parser.add_argument("--ckpt", type=str, required=True, help="the model: a weights folder or a checkpoint")
     parser.add_argument("--out", type=str, required=True, help="the compressed file to write")
     parser.add_argument("--batch", type=int | None, default=None,
                         help=f"images coded together in one pass (default: all, up to {MAX_BATCH})")
     parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch threads while coding")
+    parser.add_argument("--portable", type=bool, default=True,
+                        help="code with portable arithmetic: the file decodes on any x86-64 machine with this torch")
     parser.add_argument("--force", type=bool, nargs="?", const=True, default=False,
                         help="replace --out if it is a file (a bare flag, or --force true/false)")
     parser.add_argument("--progress", type=bool, default=True, help="a progress bar on stderr")
@@ -52,7 +62,7 @@ def run(args: Namespace) -> dict:
     for line in lines:
         print(f"input {line}", file=sys.stderr)
     started = time.perf_counter()
-    data, stats = compress_with_stats(model, images, args.batch, args.threads, args.progress)
+    data, stats = compress_with_stats(model, images, args.batch, args.threads, args.progress, args.portable)
     seconds = time.perf_counter() - started
     write_file(out, data)
     return {"out": str(out), "images": stats.images, "bytes": stats.file_bytes,
@@ -65,5 +75,17 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(result))
 
 
-if __name__ == "__main__":
+def command() -> None:
+    """The program (``imagetx-compress``): ``main`` in a process that computes with portable
+    arithmetic, restarted with it where it does not, unless ``--portable false``."""
+    try:
+        portable = build_parser().parse_args(sys.argv[1:]).portable
+    except ArgumentError:
+        portable = False  # main says what is wrong with the command line
+    if portable:
+        restart_with(True, "imagetx.compress")
     main()
+
+
+if __name__ == "__main__":
+    command()

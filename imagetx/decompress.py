@@ -9,23 +9,34 @@ the images were compressed, written whole beside it and then put in its place. `
 ``--force true``) replaces an existing --out: a file, or a folder holding only an earlier
 decode's PNGs, as a whole. A file that is not one, is truncated or damaged, or was compressed
 with another model is refused with one ``error:`` line (exit code 2) before anything is written;
-so is a decoding whose pixels do not match the file's checksum. The last line printed is one
-JSON object. Ctrl-C stops it with one line and exit status 130.
+so is a decoding whose pixels do not match the file's checksum. The command runs the model with
+the arithmetic the file was coded with (restarting itself with or without
+ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE: docs/compress.md); a file coded with another
+machine's native kernels is refused where they differ. The last line printed is one JSON object.
+Ctrl-C stops it with one line and exit status 130.
 """
 
 from __future__ import annotations
 
 import json
+import sys
 import time
+from argparse import ArgumentError
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import parse, parser_for, run_or_exit
 from .cli.shipped import resolve
 from .codec.api import decompress, read_header
+from .codec.arithmetic import restart_with
+from .codec.container import CodecError
 from .codec.files import check_output, output_kind, read_compressed, write_images
 from .io.load import load_model
+
+T = TypeVar("T")
 
 
 def build_parser() -> ArgumentParser:
@@ -42,16 +53,24 @@ def build_parser() -> ArgumentParser:
 
 def run(args: Namespace) -> dict:
     data = read_compressed(args.file)
-    header = read_header(data)  # a file that is not one is refused before the model is loaded
+    header = naming_the_file(args.file, lambda: read_header(data))  # refused before the model is loaded
     folder = output_kind(Path(args.out), header.count) == "folder"
     out = check_output(args.out, args.force, folder)
     model = load_model(resolve(args.ckpt))  # pretrained/...: also from an installed wheel
     started = time.perf_counter()
-    images = decompress(model, data, args.progress)
+    images = naming_the_file(args.file, lambda: decompress(model, data, args.progress))
     seconds = time.perf_counter() - started
     written = write_images(images, out)
     return {"out": str(out), "images": header.count, "files": len(written), "seconds": round(seconds, 2),
             "images_per_second": round(header.count / seconds, 3), "ckpt": str(args.ckpt)}
+
+
+def naming_the_file(name: str, read: Callable[[], T]) -> T:
+    """``read()``, its CodecError (the file's problem) starting with the file's name."""
+    try:
+        return read()
+    except CodecError as error:
+        raise CodecError(f"{name}: {error}") from None
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -59,5 +78,17 @@ def main(argv: list[str] | None = None) -> None:
     print(json.dumps(result))
 
 
-if __name__ == "__main__":
+def command() -> None:
+    """The program (``imagetx-decompress``): ``main`` in a process that computes with the arithmetic
+    the file records, restarted with it where it does not (files of formats 1 and 2: native)."""
+    try:
+        header = read_header(read_compressed(build_parser().parse_args(sys.argv[1:]).file))
+    except (ArgumentError, CodecError):
+        header = None  # main says what is wrong
+    if header is not None:
+        restart_with(header.arithmetic is not None and header.arithmetic.portable, "imagetx.decompress")
     main()
+
+
+if __name__ == "__main__":
+    command()

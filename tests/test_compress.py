@@ -16,7 +16,8 @@ import torch
 from helpers import random_images, tiny_model
 from imagetx.codec import CodecError, compress, compress_with_stats, decompress, model_fingerprint, read_header
 import imagetx.codec.api as codec_api
-from imagetx.codec.container import FORMAT_VERSION, HEADER, MAX_IMAGES, TRAILER
+from imagetx.codec.arithmetic import PORTABLE_COMMAND, Arithmetic, current
+from imagetx.codec.container import ARITHMETIC, FORMAT_VERSION, HEADER, MAX_IMAGES, TRAILER, pack, unpack
 from imagetx.codec.distributions import PRECISION, TOTAL, PixelDistributions, categorical_probs, quantise
 from imagetx import build_model
 from imagetx.io.load import load_model
@@ -49,7 +50,7 @@ def fix_crc(data: bytes) -> bytes:
 def test_round_trip_is_exact_for_odd_content(head, attention):
     model = tiny_model(seed=3, head=head, attention=attention, n_layers=2)  # randomly initialised
     images = np.concatenate([odd_images(4), random_images(5, 4, seed=1).numpy()])
-    data = compress(model, images, batch=4)  # passes of 4, 4 and 3 images
+    data = compress(model, images, batch=4, portable=False)  # passes of 4, 4 and 3 images
     out = decompress(model, data)
     assert out.dtype == np.uint8 and out.shape == images.shape
     assert np.array_equal(out, images)
@@ -63,12 +64,13 @@ def test_file_costs_the_models_bits(head):
     image), and the file is that plus the header and a few bytes of the coder."""
     model = tiny_model(seed=1, head=head)
     images = random_images(6, 4, seed=2)
-    data, stats = compress_with_stats(model, images.numpy(), batch=6)
+    data, stats = compress_with_stats(model, images.numpy(), batch=6, portable=False)
     with torch.no_grad():
         model_bits = float(model.nll(images).sum()) / math.log(2)
     assert stats.ideal_bits == pytest.approx(model_bits, abs=6e-3)
     overhead = len(data) - stats.ideal_bits / 8
-    assert HEADER.size + TRAILER.size <= overhead <= HEADER.size + TRAILER.size + 8
+    framing = HEADER.size + ARITHMETIC.size + TRAILER.size
+    assert framing <= overhead <= framing + 8
 
 
 # The range coder's last words: what a file's payload may hold beyond its symbols' cost.
@@ -90,9 +92,9 @@ def test_a_value_costs_exactly_what_its_frequency_says():
     file's payload costs, less the coder's last words."""
     model = spiked_model()
     images = random_images(3, 4, seed=5).numpy() | 1  # no value 0: every sub-pixel at frequency 1
-    data, stats = compress_with_stats(model, images)
+    data, stats = compress_with_stats(model, images, portable=False)
     assert stats.ideal_bits == pytest.approx(PRECISION * stats.dims)
-    payload_bits = 8 * (len(data) - HEADER.size - TRAILER.size)
+    payload_bits = 8 * len(unpack(data)[1])
     assert 0 <= payload_bits - stats.ideal_bits <= CODER_FLUSH_BITS
     assert np.array_equal(decompress(model, data), images)
 
@@ -102,27 +104,28 @@ def test_format_1_files_are_decoded_as_they_were_coded(monkeypatch):
     compress writes format 2, which spends the 24 bits format 1 did not."""
     model = spiked_model()
     images = random_images(3, 4, seed=5).numpy() | 1
-    current = compress(model, images)
+    current = compress(model, images, portable=False)
     monkeypatch.setattr(codec_api, "FORMAT_VERSION", 1)  # as compress wrote before issue 74
-    old = compress(model, images)
-    assert (old[4], current[4]) == (1, FORMAT_VERSION) == (1, 2)
+    old = compress(model, images, portable=False)
+    assert (old[4], current[4]) == (1, FORMAT_VERSION) == (1, 3)
     assert np.array_equal(decompress(model, old), images)
     assert len(old) < len(current)  # format 1 coded these values at 23 bits
 
 
-def test_a_file_compressed_before_the_config_had_sections_still_decodes():
+def test_a_file_compressed_before_the_config_had_sections_names_the_same_model():
     """tests/data/completion_val_first2.itx: the first two val images of tests/data, compressed with
     the shipped completion model by commit bf0de5f, whose config was one level. The fingerprint
-    hashes that form (ModelConfig.to_flat_dict), so the file decodes to its images."""
+    hashes that form (ModelConfig.to_flat_dict), so the file names today's model. (It was coded
+    with native kernels, so it decodes only where they compute as that machine's did: the
+    portable file's test, tests/test_codec_portable.py, decodes on every machine.)"""
     model = load_model(SHIPPED)
-    data = (Path(__file__).parent / "data" / "completion_val_first2.itx").read_bytes()
-    images = np.load(Path(__file__).parent / "data" / "cifar10_val_first32.npz")["images"][:2]
-    assert np.array_equal(decompress(model, data), images)
+    header = read_header((Path(__file__).parent / "data" / "completion_val_first2.itx").read_bytes())
+    assert (header.version, header.arithmetic) == (2, None)
+    assert header.fingerprint == model_fingerprint(model)
     # the control: the same model under a config one field away is another model
     other = build_model(dataclasses.replace(model.config, dropout=0.5))
     other.load_state_dict(model.state_dict())
-    with pytest.raises(CodecError, match="compressed with another model"):
-        decompress(other.eval(), data)
+    assert header.fingerprint != model_fingerprint(other)
 
 
 def test_shipped_dmol_model_round_trip_and_size():
@@ -133,12 +136,87 @@ def test_shipped_dmol_model_round_trip_and_size():
     rng = np.random.default_rng(0)
     smooth = np.cumsum(rng.integers(0, 3, (2, 32, 32, 3)), axis=2).clip(0, 255).astype(np.uint8)
     images = np.concatenate([odd_images(32)[[0, 1, 2, 5]], smooth])
-    data, stats = compress_with_stats(model, images, batch=6)
+    data, stats = compress_with_stats(model, images, batch=6, portable=False)
     assert np.array_equal(decompress(model, data), images)
     with torch.no_grad():
         model_bits = float(model.nll(torch.from_numpy(images)).sum()) / math.log(2)
     assert stats.ideal_bits <= model_bits * (1 + 1e-4)
     assert len(data) * 8 <= model_bits * 1.01 + 60 * 8
+
+
+def test_a_file_records_its_arithmetic_and_portable_coding_needs_it(monkeypatch):
+    """The header says how the file was coded (arithmetic.current()); compress asks for portable
+    arithmetic unless told portable=False, in one line that names the settings."""
+    model = tiny_model(seed=1, head="dmol")
+    images = random_images(2, 4, seed=2).numpy()
+    data = compress(model, images, portable=False)
+    assert read_header(data).arithmetic == current()
+    monkeypatch.delenv("MKL_CBWR", raising=False)  # whatever this process's kernels: not portable now
+    assert not current().portable
+    with pytest.raises(CodecError, match=f"start Python with {PORTABLE_COMMAND}.*portable=False") as refused:
+        compress(model, images)
+    assert "\n" not in str(refused.value)
+
+
+def test_format_2_files_still_decode(monkeypatch):
+    """Format 2 (no arithmetic recorded): the same layout less the arithmetic, decoded as before."""
+    model = tiny_model(seed=1, head="categorical")
+    images = random_images(2, 4, seed=2).numpy()
+    current_format = compress(model, images, portable=False)
+    monkeypatch.setattr(codec_api, "FORMAT_VERSION", 2)
+    data = compress(model, images, portable=False)
+    assert data[4] == 2 and read_header(data).arithmetic is None
+    assert unpack(data)[1] == unpack(current_format)[1]  # the same payload: format 3 adds the record only
+    assert len(current_format) == len(data) + ARITHMETIC.size
+    assert np.array_equal(decompress(model, data), images)
+
+
+def recorded(data: bytes, arithmetic: Arithmetic) -> bytes:
+    """A file's bytes with ``arithmetic`` written in its header (the CRC recomputed)."""
+    header, payload = unpack(data)
+    return pack(dataclasses.replace(header, arithmetic=arithmetic), payload)
+
+
+def test_a_file_of_the_other_kind_of_arithmetic_is_refused_before_decoding(coded, monkeypatch):
+    """A portable file in a process with native kernels (and the reverse) is refused at once, in
+    one line that says how to decode it; a file whose recorded arithmetic differs from this
+    process's in another way (kernels, torch) is decoded, and would be explained if it failed."""
+    model, images, data = coded
+    here = current()
+    portable_file = recorded(data, dataclasses.replace(here, portable=True, kernels="DEFAULT"))
+    native_file = recorded(data, dataclasses.replace(here, portable=False, kernels="AVX2"))
+    monkeypatch.setattr(codec_api, "current", lambda: dataclasses.replace(here, portable=False))
+    with pytest.raises(CodecError, match=f"coded with portable arithmetic .*start Python with {PORTABLE_COMMAND}"):
+        decompress(model, portable_file)
+    assert np.array_equal(decompress(model, native_file), images)  # recorded kernels differ: tried, and it decodes
+    monkeypatch.setattr(codec_api, "current", lambda: dataclasses.replace(here, portable=True, kernels="DEFAULT"))
+    with pytest.raises(CodecError, match="coded with native AVX2 kernels .*without those settings"):
+        decompress(model, native_file)
+
+
+def test_a_file_that_does_not_decode_names_both_arithmetics(coded, monkeypatch):
+    """The decoder's failure (here: a crafted payload word) says what the file was coded with
+    against what this process computes with, or that the file was crafted where they agree."""
+    model, _, data = coded
+    header, payload = unpack(data)
+    crafted = bytearray(payload)
+    crafted[0] ^= 0xFF
+    other = dataclasses.replace(header.arithmetic, kernels="AVX2" if header.arithmetic.kernels != "AVX2" else "AVX512")
+    with pytest.raises(CodecError, match="does not decode here .*coded with other arithmetic, native AVX"):
+        decompress(model, pack(dataclasses.replace(header, arithmetic=other), bytes(crafted)))
+    with pytest.raises(CodecError, match="does not decode here .*records this process's arithmetic .*crafted"):
+        decompress(model, pack(header, bytes(crafted)))
+    with pytest.raises(CodecError, match="format 2.*native kernels of the machine that made it"):
+        decompress(model, pack(dataclasses.replace(header, version=2, arithmetic=None), bytes(crafted)))
+
+
+def test_an_arithmetic_field_that_is_not_text_is_refused(coded):
+    model, _, data = coded
+    for offset, value in ((HEADER.size, 2), (HEADER.size + 1, 0xFF), (HEADER.size + 1, 0)):
+        crafted = bytearray(data)
+        crafted[offset] = value
+        with pytest.raises(CodecError, match="header is invalid"):
+            decompress(model, fix_crc(bytes(crafted)))
 
 
 def test_quantise_keeps_every_value_and_sums_exactly():
@@ -175,7 +253,7 @@ def test_dmol_channels_multiply_to_the_heads_likelihood():
 
 def test_another_model_is_refused_by_its_fingerprint():
     model = tiny_model(seed=0, head="dmol")
-    data = compress(model, random_images(2, 4).numpy())
+    data = compress(model, random_images(2, 4).numpy(), portable=False)
     assert read_header(data).batch == 2  # by default every image of a file in one decoding pass
     other = tiny_model(seed=0, head="dmol")
     with torch.no_grad():
@@ -193,7 +271,7 @@ def test_another_model_is_refused_by_its_fingerprint():
 def coded():
     model = tiny_model(seed=2, head="dmol")
     images = random_images(3, 4, seed=4).numpy()
-    return model, images, compress(model, images)
+    return model, images, compress(model, images, portable=False)
 
 
 def test_not_a_file_of_ours(coded):
@@ -237,7 +315,7 @@ def test_crafted_files_never_decode_to_a_wrong_image(coded):
     digest_at = HEADER.size - 12  # the 8-byte pixel digest, then the 4-byte payload length
     crafted = bytearray(data)
     crafted[digest_at] ^= 0xFF
-    with pytest.raises(CodecError, match="do not match the file's checksum"):
+    with pytest.raises(CodecError, match="do not match its checksum.*records this process's arithmetic"):
         decompress(model, fix_crc(bytes(crafted)))
     count_at = 8
     for count in (0, MAX_IMAGES + 1):
@@ -247,7 +325,7 @@ def test_crafted_files_never_decode_to_a_wrong_image(coded):
             decompress(model, fix_crc(bytes(crafted)))
     version = bytearray(data)
     version[4] = 9
-    with pytest.raises(CodecError, match="format version 9; this imagetx reads versions 1, 2"):
+    with pytest.raises(CodecError, match="format version 9; this imagetx reads versions 1, 2, 3"):
         decompress(model, fix_crc(bytes(version)))
     assert header.count == 3
 

@@ -5,6 +5,7 @@ code 2, nothing written; outputs replaced whole; Ctrl-C one line, exit status 13
 from __future__ import annotations
 
 import json
+import stat
 import struct
 import zlib
 from pathlib import Path
@@ -18,6 +19,10 @@ from imagetx import compress as compress_cli
 from imagetx import decompress as decompress_cli
 from imagetx.codec import files
 from imagetx.io.hub import save_pretrained
+
+# In this process the codec runs on this machine's own kernels; tests/test_codec_portable.py runs
+# the commands as programs, with portable arithmetic, in processes of their own.
+NATIVE = ("--portable", "false")
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +47,7 @@ def run_json(command, args, capsys) -> dict:
 def test_pictures_and_npz_round_trip(folders, tmp_path, capsys):
     inputs = [folders / "four.npz", folders / "one.png", folders / "two.jpg", folders / "palette.png"]
     out = tmp_path / "all.itx"
-    result = run_json(compress_cli, [*map(str, inputs), "--ckpt", str(folders / "model"), "--out", str(out),
+    result = run_json(compress_cli, [*NATIVE, *map(str, inputs), "--ckpt", str(folders / "model"), "--out", str(out),
                                      "--batch", "3", "--progress", "false"], capsys)
     assert result["images"] == 7 and result["bytes"] == out.stat().st_size
     assert result["bits_per_dim"] == pytest.approx(8 * result["bytes"] / (7 * 48), abs=1e-4)
@@ -101,15 +106,15 @@ def bad_inputs(folders, tmp):
 def test_bad_inputs_one_error_line(folders, tmp_path, capsys):
     for name, said in bad_inputs(folders, tmp_path).items():
         out = tmp_path / "x.itx"
-        line = one_error_line(capsys, compress_cli.main, [str(tmp_path / name), "--ckpt", str(folders / "model"),
-                                                          "--out", str(out)])
+        line = one_error_line(capsys, compress_cli.main, [*NATIVE, str(tmp_path / name),
+                                                          "--ckpt", str(folders / "model"), "--out", str(out)])
         assert said in line, (name, line)
         assert not out.exists()
 
 
 def test_bad_files_one_error_line(folders, tmp_path, capsys):
     good = tmp_path / "good.itx"
-    compress_cli.main([str(folders / "four.npz"), "--ckpt", str(folders / "model"), "--out", str(good),
+    compress_cli.main([*NATIVE, str(folders / "four.npz"), "--ckpt", str(folders / "model"), "--out", str(good),
                        "--progress", "false"])
     data = good.read_bytes()
     files = {"truncated.itx": (data[:-7], "truncated"), "damaged.itx": (data[:50] + bytes([data[50] ^ 1]) + data[51:],
@@ -121,13 +126,13 @@ def test_bad_files_one_error_line(folders, tmp_path, capsys):
         out = tmp_path / "out.npz"
         line = one_error_line(capsys, decompress_cli.main, [str(tmp_path / name), "--ckpt", str(folders / "model"),
                                                             "--out", str(out)])
-        assert said in line, (name, line)
+        assert said in line and name in line, (name, line)  # the problem, and the file that has it
         assert not out.exists()
     line = one_error_line(capsys, decompress_cli.main, [str(good), "--ckpt", str(folders / "other"),
                                                         "--out", str(tmp_path / "o.npz")])
     assert "another model" in line and not (tmp_path / "o.npz").exists()
-    line = one_error_line(capsys, compress_cli.main, [str(folders / "one.png"), "--ckpt", str(folders / "model"),
-                                                      "--out", str(good)])
+    line = one_error_line(capsys, compress_cli.main, [*NATIVE, str(folders / "one.png"),
+                                                      "--ckpt", str(folders / "model"), "--out", str(good)])
     assert "exists" in line and good.read_bytes() == data  # nothing overwritten without --force
 
 
@@ -143,7 +148,8 @@ def test_each_input_says_what_it_gave_and_lossless_conversions_round_trip(folder
     inputs = [folders / "palette.png", tmp_path / "grey.png", tmp_path / "opaque.png", tmp_path / "one_frame.gif",
               folders / "four.npz"]
     out = tmp_path / "x.itx"
-    compress_cli.main([*map(str, inputs), "--ckpt", str(folders / "model"), "--out", str(out), "--progress", "false"])
+    compress_cli.main([*NATIVE, *map(str, inputs), "--ckpt", str(folders / "model"), "--out", str(out),
+                       "--progress", "false"])
     lines = capsys.readouterr().err.splitlines()
     assert lines[:5] == [
         "input palette.png: PNG 4x4 P, coded as RGB with the same values (palette colours looked up)",
@@ -162,7 +168,7 @@ def test_each_input_says_what_it_gave_and_lossless_conversions_round_trip(folder
 
 def compress_one(folders, tmp_path, source="one.png") -> Path:
     out = tmp_path / f"{source}.itx"
-    compress_cli.main([str(folders / source), "--ckpt", str(folders / "model"), "--out", str(out),
+    compress_cli.main([*NATIVE, str(folders / source), "--ckpt", str(folders / "model"), "--out", str(out),
                        "--progress", "false"])
     return out
 
@@ -180,8 +186,8 @@ def test_force_is_a_bare_flag_and_still_takes_true_or_false(folders, tmp_path, c
         decompress_cli.main(decompress_args(folders, data, out, *force))
     line = one_error_line(capsys, decompress_cli.main, decompress_args(folders, data, out, "--force", "false"))
     assert "exists" in line and "give --force" in line
-    compress_cli.main([str(folders / "one.png"), "--ckpt", str(folders / "model"), "--out", str(data), "--force",
-                       "--progress", "false"])
+    compress_cli.main([*NATIVE, str(folders / "one.png"), "--ckpt", str(folders / "model"), "--out", str(data),
+                       "--force", "--progress", "false"])
 
 
 def test_force_replaces_an_earlier_decode_whole(folders, tmp_path, capsys):
@@ -189,7 +195,7 @@ def test_force_replaces_an_earlier_decode_whole(folders, tmp_path, capsys):
     00001-00003.png beside the new 00000.png. The folder is now replaced as a whole, and a folder
     holding anything else is not deleted even with --force."""
     four = tmp_path / "four.itx"
-    compress_cli.main([str(folders / "four.npz"), "--ckpt", str(folders / "model"), "--out", str(four),
+    compress_cli.main([*NATIVE, str(folders / "four.npz"), "--ckpt", str(folders / "model"), "--out", str(four),
                        "--progress", "false"])
     one = compress_one(folders, tmp_path)
     out = tmp_path / "decoded"
@@ -212,7 +218,7 @@ def test_out_png_is_one_picture_and_other_picture_suffixes_are_refused(folders, 
     assert out.is_file() and result["files"] == 1
     assert np.array_equal(np.asarray(Image.open(out)), np.asarray(Image.open(folders / "one.png")))
     four = tmp_path / "four.itx"
-    compress_cli.main([str(folders / "four.npz"), "--ckpt", str(folders / "model"), "--out", str(four),
+    compress_cli.main([*NATIVE, str(folders / "four.npz"), "--ckpt", str(folders / "model"), "--out", str(four),
                        "--progress", "false"])
     for name, said in (("many.png", "holds 4 images"), ("out.jpg", "not .jpg")):
         line = one_error_line(capsys, decompress_cli.main, decompress_args(folders, four, tmp_path / name))
@@ -226,12 +232,57 @@ def test_an_unwritable_out_is_one_line_naming_it(folders, tmp_path, capsys):
     blocker.write_text("not a folder")
     outs = [blocker / "x.itx"] + ([Path("/proc/x.itx")] if Path("/proc").is_dir() else [])
     for out in outs:
-        line = one_error_line(capsys, compress_cli.main, [str(folders / "one.png"), "--ckpt", str(folders / "model"),
-                                                          "--out", str(out)])
+        line = one_error_line(capsys, compress_cli.main, [*NATIVE, str(folders / "one.png"),
+                                                          "--ckpt", str(folders / "model"), "--out", str(out)])
         assert line.startswith(f"error: cannot write {out}: ") and ".tmp" not in line, line
     one = compress_one(folders, tmp_path)
     line = one_error_line(capsys, decompress_cli.main, decompress_args(folders, one, blocker / "pngs"))
     assert line.startswith(f"error: cannot write {blocker / 'pngs'}: "), line
+
+
+def test_a_folder_of_inputs_is_its_pictures_and_npz_files_in_name_order(folders, tmp_path, capsys):
+    """A folder given as input: its pictures and npz files, in name order (hidden files and
+    other files left out), each with its line; a folder with none is one error line."""
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    for name in ("one.png", "four.npz", "palette.png"):
+        (inputs / name).write_bytes((folders / name).read_bytes())
+    (inputs / "notes.txt").write_text("not an image")
+    (inputs / ".hidden.png").write_bytes((folders / "one.png").read_bytes())
+    out = tmp_path / "folder.itx"
+    result = run_json(compress_cli, [*NATIVE, str(inputs), "--ckpt", str(folders / "model"), "--out", str(out),
+                                     "--progress", "false"], capsys)
+    assert result["images"] == 6
+    decompress_cli.main(decompress_args(folders, out, tmp_path / "back.npz"))
+    expected = np.concatenate([np.load(folders / "four.npz")["images"],
+                               *[np.asarray(Image.open(folders / name).convert("RGB"))[None]
+                                 for name in ("one.png", "palette.png")]])  # four.npz, one.png, palette.png
+    assert np.array_equal(np.load(tmp_path / "back.npz")["images"], expected)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    line = one_error_line(capsys, compress_cli.main, [*NATIVE, str(empty), "--ckpt", str(folders / "model"),
+                                                      "--out", str(tmp_path / "none.itx")])
+    assert f"input folder {empty} holds no pictures or npz files" in line
+
+
+def test_a_missing_folder_of_out_is_refused_not_made(folders, tmp_path, capsys):
+    """A mistyped --out is not made into folders: one line naming the missing folder."""
+    out = tmp_path / "no" / "such" / "x.itx"
+    line = one_error_line(capsys, compress_cli.main, [*NATIVE, str(folders / "one.png"),
+                                                      "--ckpt", str(folders / "model"), "--out", str(out)])
+    assert f"the folder {out.parent} does not exist" in line and not (tmp_path / "no").exists()
+    line = one_error_line(capsys, decompress_cli.main, decompress_args(folders, compress_one(folders, tmp_path),
+                                                                       tmp_path / "no" / "pngs"))
+    assert "does not exist" in line and not (tmp_path / "no").exists()
+
+
+def test_a_decoded_folder_has_the_usual_permissions(folders, tmp_path, capsys):
+    """A decoded folder is made as mkdir makes one (umask applied), not private (mkdtemp's 0700)."""
+    out = tmp_path / "pngs"
+    decompress_cli.main(decompress_args(folders, compress_one(folders, tmp_path), out))
+    reference = tmp_path / "made_by_mkdir"
+    reference.mkdir()
+    assert stat.S_IMODE(out.stat().st_mode) == stat.S_IMODE(reference.stat().st_mode)
 
 
 def interrupted(capsys, command, args) -> str:
@@ -255,7 +306,7 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_nothing_half_written(folders, tm
     """Issue 74: Ctrl-C printed a 41-line traceback. Stopped while coding or while writing a
     folder over an earlier decode: nothing new, the earlier output as it was, nothing beside it."""
     four = tmp_path / "four.itx"
-    compress_cli.main([str(folders / "four.npz"), "--ckpt", str(folders / "model"), "--out", str(four),
+    compress_cli.main([*NATIVE, str(folders / "four.npz"), "--ckpt", str(folders / "model"), "--out", str(four),
                        "--progress", "false"])
     out = tmp_path / "decoded"
     decompress_cli.main(decompress_args(folders, four, out))
@@ -267,7 +318,7 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_nothing_half_written(folders, tm
         raise KeyboardInterrupt
 
     monkeypatch.setattr(compress_cli, "compress_with_stats", ctrl_c)
-    interrupted(capsys, compress_cli.main, [str(folders / "one.png"), "--ckpt", str(folders / "model"),
+    interrupted(capsys, compress_cli.main, [*NATIVE, str(folders / "one.png"), "--ckpt", str(folders / "model"),
                                             "--out", str(tmp_path / "new.itx")])
     written = []
 

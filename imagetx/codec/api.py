@@ -6,7 +6,9 @@
 All images of a file are coded in one decoding pass (every image stepped together), up to
 ``MAX_BATCH`` of them; a larger file, or a smaller ``batch``, in passes of ``batch`` images (the
 last takes what is left), all into one range-coded stream. The header records the passes' size
-and the torch threads, which the decoder uses again.
+and the torch threads, which the decoder uses again, and the arithmetic (arithmetic.py): a file
+coded with portable arithmetic decodes on any x86-64 machine with the same torch, so ``compress``
+asks for it unless told ``portable=False``.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import torch
 
 from ..model.order import sequence_to_images
 from ..model.transformer import ImageTransformer
+from .arithmetic import PORTABLE_COMMAND, Arithmetic, current, not_portable_reason
 from .coder import decode_values, encode_values, progress_bar, torch_threads
 from .container import (FORMAT_VERSION, MAX_BATCH, MAX_IMAGES, MAX_THREADS, CodecError, Header,
                         model_fingerprint, pack, pixel_digest, unpack)
@@ -78,10 +81,15 @@ def groups(count: int, batch: int) -> list[slice]:
 
 
 def compress_with_stats(model: ImageTransformer, images: np.ndarray | torch.Tensor, batch: int | None = None,
-                        threads: int = DEFAULT_THREADS, progress: bool = False) -> tuple[bytes, CompressionStats]:
+                        threads: int = DEFAULT_THREADS, progress: bool = False,
+                        portable: bool = True) -> tuple[bytes, CompressionStats]:
     """``compress``, and what it measured."""
     check_model(model)
     pixels = check_images(model, images)
+    arithmetic = current()
+    if portable and not arithmetic.portable:
+        raise CodecError(f"{not_portable_reason(arithmetic)}; or pass portable=False (--portable false) for a file "
+                         "coded for this kind of machine only")
     count, size = pixels.shape[0], model.config.image_size
     batch = min(count, MAX_BATCH) if batch is None else batch
     if not 1 <= batch <= MAX_BATCH or not 1 <= threads <= MAX_THREADS:
@@ -95,16 +103,19 @@ def compress_with_stats(model: ImageTransformer, images: np.ndarray | torch.Tens
             ideal += encode_values(model, targets, encoder, FORMAT_VERSION, bar)
     payload = encoder.get_compressed().astype("<u4").tobytes()
     header = Header(FORMAT_VERSION, PRECISION, threads, model.config.head, count, size, size, min(batch, count),
-                    model_fingerprint(model), pixel_digest(pixels))
+                    model_fingerprint(model), pixel_digest(pixels), arithmetic)
     data = pack(header, payload)
     return data, CompressionStats(count, len(data), ideal, count * model.config.dims_per_image)
 
 
 def compress(model: ImageTransformer, images: np.ndarray | torch.Tensor, batch: int | None = None,
-             threads: int = DEFAULT_THREADS, progress: bool = False) -> bytes:
+             threads: int = DEFAULT_THREADS, progress: bool = False, portable: bool = True) -> bytes:
     """(N, S, S, 3) uint8 images -> the compressed file's bytes, for a model of side S: in one
-    decoding pass (``batch`` None: up to ``MAX_BATCH`` images) or in passes of ``batch``."""
-    return compress_with_stats(model, images, batch, threads, progress)[0]
+    decoding pass (``batch`` None: up to ``MAX_BATCH`` images) or in passes of ``batch``. With
+    ``portable`` (the default) the process must compute with portable arithmetic (a CodecError
+    says how otherwise), and the file decodes on any x86-64 machine with the same torch; without,
+    it is coded with this machine's own kernels and decodes where they are the same."""
+    return compress_with_stats(model, images, batch, threads, progress, portable)[0]
 
 
 def read_header(data: bytes) -> Header:
@@ -114,9 +125,16 @@ def read_header(data: bytes) -> Header:
 
 def decompress(model: ImageTransformer, data: bytes, progress: bool = False) -> np.ndarray:
     """A compressed file's bytes -> its (N, S, S, 3) uint8 images, exactly; a CodecError (one
-    line) for a file that is not one, is truncated or damaged, was written with another model,
-    or whose decoding does not reproduce the pixels it was made from."""
+    line) for a file that is not one, is truncated or damaged, was written with another model or
+    with other arithmetic than this process's, or whose decoding does not reproduce the pixels it
+    was made from."""
     header, payload = unpack(bytes(data))
+    here = current()
+    if header.arithmetic is not None and header.arithmetic.portable != here.portable:
+        fix = (f"start Python with {PORTABLE_COMMAND} in the environment" if header.arithmetic.portable
+               else "decode it without those settings on a machine like the one that coded it")
+        raise CodecError(f"the file was coded with {header.arithmetic} and this process computes with {here}: "
+                         f"{fix} (imagetx-decompress does)")
     size = model.config.image_size
     if header.fingerprint != model_fingerprint(model):
         raise CodecError("the file was compressed with another model (its model fingerprint "
@@ -131,11 +149,27 @@ def decompress(model: ImageTransformer, data: bytes, progress: bool = False) -> 
     with torch_threads(header.threads), progress_bar(len(parts) * model.order.length, "decompressing",
                                                      progress) as bar:
         for part in parts:
-            values = decode_values(model, part.stop - part.start, decoder, header.version, bar)
+            try:
+                values = decode_values(model, part.stop - part.start, decoder, header.version, bar)
+            except CodecError as error:
+                raise CodecError(not_decoded(str(error), header, here)) from None
             images.append(sequence_to_images(values, model.order, model.config.head).to(torch.uint8).numpy())
     pixels = np.concatenate(images)
     if pixel_digest(pixels) != header.digest:
-        raise CodecError("the decoded pixels do not match the file's checksum: the file was written where "
-                         "floating point differs (another machine or torch build) or was crafted; "
-                         "decompress where it was compressed")
+        raise CodecError(not_decoded("the decoded pixels do not match its checksum", header, here))
     return pixels
+
+
+def not_decoded(symptom: str, header: Header, here: Arithmetic) -> str:
+    """The one line for a file whose CRC and model hold but which did not decode: the arithmetic
+    it was coded with against this process's."""
+    if header.arithmetic is None:
+        why = (f"the file (format {header.version}) was coded with the native kernels of the machine that made "
+               "it, which the format did not record: decompress it on that kind of machine")
+    elif header.arithmetic != here:
+        why = (f"it was coded with other arithmetic, {header.arithmetic}, where this process computes with "
+               f"{here}: decompress it where they are the same")
+    else:
+        why = (f"it records this process's arithmetic ({here}), so it was crafted, or floating point on the "
+               "machine that coded it differed in a way the arithmetic does not record (docs/compress.md)")
+    return f"the file does not decode here ({symptom}): {why}"

@@ -138,7 +138,7 @@ def decode_values(model: ImageTransformer, count: int, decoder: constriction.str
         try:
             symbols = decoder.decode(FAMILY, coder_masses(freq, version))
         except (ValueError, RuntimeError, AssertionError) as error:  # constriction's refusal of its data
-            raise CodecError(f"the payload cannot be decoded ({error})") from None
+            raise CodecError(f"the range coder refused the payload: {error}") from None
         return torch.from_numpy(np.asarray(symbols, dtype=np.int64))
 
     return code_pass(model, count, code, bar)

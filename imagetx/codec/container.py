@@ -14,13 +14,17 @@ coder's words, and a checksum (docs/compress.md, "The file").
     18      16     model fingerprint: SHA-256 of the config and every weight, first 16 bytes
     34      8      pixel digest: SHA-256 of the N·H·W·3 uint8 pixels, first 8 bytes
     42      4      payload length in bytes
-    46      ...    payload: the range coder's 32-bit words
+    46      1      the arithmetic (format 3 on): 1 portable, 0 native (arithmetic.py)
+    47      16     the machine's architecture, ASCII, zero-padded (x86_64)
+    63      16     ATen's CPU kernels, ASCII, zero-padded (DEFAULT, AVX2, AVX512)
+    79      32     the torch version, ASCII, zero-padded (2.14.1+cu130)
+    111     ...    payload: the range coder's 32-bit words (from offset 46 in formats 1 and 2)
     end-4   4      CRC-32 of everything before it
 
 A truncated, extended or damaged file fails the length or the CRC before anything is decoded;
 a file for another model fails the fingerprint; a decoding that went wrong anyway (a file
-written where floating point differs) fails the pixel digest. Each is a ``CodecError`` with one
-line saying which.
+coded with other arithmetic) fails the coder or the pixel digest. Each is a ``CodecError`` with
+one line saying which.
 """
 
 from __future__ import annotations
@@ -35,14 +39,17 @@ import numpy as np
 import torch
 
 from ..model.transformer import ImageTransformer
+from .arithmetic import Arithmetic
 
 MAGIC = b"ITXC"
-# Version 2: the range coder codes with exactly the quantised frequencies. Version 1,
-# the same layout, had constriction re-quantise them (coder.py, REQUANTISED_VERSION); its files
-# are still decoded, as they were coded.
-FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
+# Version 3 records the arithmetic the file was coded with. Version 2 coded with exactly the
+# quantised frequencies, as 3 does; version 1 had constriction re-quantise them (coder.py,
+# REQUANTISED_VERSION). Files of 1 and 2 are still decoded, as they were coded.
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, 3)
+ARITHMETIC_VERSION = 3  # the first format that records the arithmetic
 HEADER = struct.Struct("<4sBBBBIHHH16s8sI")
+ARITHMETIC = struct.Struct("<B16s16s32s")
 TRAILER = struct.Struct("<I")
 HEADS = ("categorical", "dmol")
 # 16 bytes (128 bits) of SHA-256 name a model: two different models share a fingerprint with
@@ -73,6 +80,7 @@ class Header:
     batch: int
     fingerprint: bytes
     digest: bytes
+    arithmetic: Arithmetic | None  # None: a file of format 1 or 2, which does not record it
 
 
 def model_fingerprint(model: ImageTransformer) -> bytes:
@@ -97,6 +105,10 @@ def pack(header: Header, payload: bytes) -> bytes:
     head = HEADER.pack(MAGIC, header.version, header.precision, header.threads, HEADS.index(header.head),
                        header.count, header.height, header.width, header.batch, header.fingerprint,
                        header.digest, len(payload))
+    if header.version >= ARITHMETIC_VERSION:
+        arithmetic = header.arithmetic
+        head += ARITHMETIC.pack(arithmetic.portable, arithmetic.machine.encode(), arithmetic.kernels.encode(),
+                                arithmetic.torch.encode())
     body = head + payload
     return body + TRAILER.pack(zlib.crc32(body))
 
@@ -113,7 +125,8 @@ def unpack(data: bytes) -> tuple[Header, bytes]:
     if version not in READ_VERSIONS:
         raise CodecError(f"the file is in format version {version}; this imagetx reads versions "
                          f"{', '.join(map(str, READ_VERSIONS))}")
-    expected = HEADER.size + length + TRAILER.size
+    start = HEADER.size + (ARITHMETIC.size if version >= ARITHMETIC_VERSION else 0)
+    expected = start + length + TRAILER.size
     if len(data) != expected:
         state = "truncated" if len(data) < expected else "longer than its header says"
         raise CodecError(f"the file is {state}: {len(data)} bytes, its header says {expected}")
@@ -126,5 +139,15 @@ def unpack(data: bytes) -> tuple[Header, bytes]:
             or not 1 <= threads <= MAX_THREADS or not height or not width or length % 4:
         raise CodecError("the file's header is invalid (head, image count, batch, threads or payload length "
                          "out of range)")
-    header = Header(version, precision, threads, HEADS[head], count, height, width, batch, fingerprint, digest)
-    return header, body[HEADER.size:]
+    arithmetic = read_arithmetic(data) if version >= ARITHMETIC_VERSION else None
+    header = Header(version, precision, threads, HEADS[head], count, height, width, batch, fingerprint, digest,
+                    arithmetic)
+    return header, body[start:]
+
+
+def read_arithmetic(data: bytes) -> Arithmetic:
+    portable, machine, kernels, version = ARITHMETIC.unpack_from(data, HEADER.size)
+    texts = [field.rstrip(b"\0").decode("ascii", errors="replace") for field in (machine, kernels, version)]
+    if portable > 1 or not all(text and text.isascii() and text.isprintable() for text in texts):
+        raise CodecError("the file's header is invalid (its arithmetic is not one imagetx writes)")
+    return Arithmetic(bool(portable), *texts)

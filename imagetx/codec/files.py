@@ -13,6 +13,7 @@ cropped). A JPEG is coded as the pixels it decodes to. What each input gave is s
 from __future__ import annotations
 
 import io
+import os
 import re
 import shutil
 import tempfile
@@ -25,7 +26,7 @@ import numpy as np
 from PIL import Image
 
 from ..data.images import ALPHA_MODES, PictureError, read_picture
-from ..io.atomic import TEMPORARY_SUFFIX, atomic_write, replace_folder
+from ..io.atomic import TEMPORARY_SUFFIX, atomic_write, current_umask, replace_folder
 from .container import MAX_IMAGES, CodecError
 
 NPZ_KEY = "images"  # the array an npz holds its images in (as the CIFAR-10 shards do)
@@ -118,15 +119,32 @@ def check_size(name: str, width: int, height: int, size: int) -> None:
                          f"compression resizes nothing: crop or resize it to {size}x{size} first")
 
 
-def read_images(paths: list[str], size: int) -> tuple[np.ndarray, list[str]]:
-    """Every image of the given files (npz: its array ``images``; any other: a picture), in
-    order -> ((N, size, size, 3) uint8, one line per file saying what it gave), or a CodecError
-    naming the file and the problem."""
-    parts, lines = [], []
-    for name in paths:
+def input_files(names: list[str]) -> list[Path]:
+    """The files the inputs name: a file itself, a folder its pictures and npz files in name order
+    (hidden files and other suffixes left out); a CodecError for a path that is neither, or a
+    folder with none."""
+    files = []
+    for name in names:
         path = Path(name)
-        if not path.is_file():
-            raise CodecError(f"input file {name} does not exist")
+        if path.is_dir():
+            taken = [entry for entry in sorted(path.iterdir()) if entry.is_file() and not entry.name.startswith(".")
+                     and entry.suffix.lower() in (NPZ_SUFFIX, *Image.registered_extensions())]
+            if not taken:
+                raise CodecError(f"input folder {name} holds no pictures or npz files")
+            files += taken
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise CodecError(f"input {name} does not exist")
+    return files
+
+
+def read_images(paths: list[str], size: int) -> tuple[np.ndarray, list[str]]:
+    """Every image of the given files and folders (npz: its array ``images``; any other: a
+    picture; a folder: ``input_files``), in order -> ((N, size, size, 3) uint8, one line per file
+    saying what it gave), or a CodecError naming the file and the problem."""
+    parts, lines = [], []
+    for path in input_files(paths):
         if path.suffix.lower() == NPZ_SUFFIX:
             images = read_npz(path, size)
             parts.append(images)
@@ -175,7 +193,7 @@ def is_decoded_folder(path: Path) -> bool:
 def check_output(name: str, force: bool, folder: bool = False) -> Path:
     """The output path, checked before any work: refused where something is there already (unless
     ``force``, and then only a file for a file, or for a folder of PNGs an earlier decode's folder,
-    so that --force never deletes other files), or where its folder cannot be written in."""
+    so that --force never deletes other files), or where its folder does not exist or cannot be written in."""
     path = Path(name)
     if path.exists() or path.is_symlink():
         if not force:
@@ -185,13 +203,13 @@ def check_output(name: str, force: bool, folder: bool = False) -> Path:
                              "such a folder whole but not other files; choose another --out")
         if not folder and path.is_dir():
             raise CodecError(f"{name} is a folder: --force replaces a file, not a folder; choose another --out")
-    ancestor = path.absolute().parent
-    while not ancestor.exists():
-        ancestor = ancestor.parent
+    parent = path.absolute().parent
+    if not parent.exists():  # a mistyped path is not made into folders
+        raise CodecError(f"cannot write {name}: the folder {parent} does not exist; create it first")
     try:
-        if not ancestor.is_dir():
-            raise NotADirectoryError(f"{ancestor} is a file, not a folder")
-        with tempfile.TemporaryFile(dir=ancestor):  # unnamed where the system allows: nothing to clean up
+        if not parent.is_dir():
+            raise NotADirectoryError(f"{parent} is a file, not a folder")
+        with tempfile.TemporaryFile(dir=parent):  # unnamed where the system allows: nothing to clean up
             pass
     except OSError as error:
         raise OSError(f"cannot write {name}: {error.strerror or error}; choose another --out") from None
@@ -235,9 +253,9 @@ def write_images(images: np.ndarray, out: Path) -> list[Path]:
         write_file(out, npz_bytes(images) if kind == "npz" else png_bytes(images[0]))
         return [out]
     with writing(out):
-        out.parent.mkdir(parents=True, exist_ok=True)
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=TEMPORARY_SUFFIX, dir=out.parent))
         try:
+            os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes 0700 folders; give the usual permissions
             for index, image in enumerate(images):
                 data = png_bytes(image)
                 atomic_write(staging / PNG_NAME.format(index), lambda handle, data=data: handle.write(data))

@@ -6,7 +6,9 @@ Open http://127.0.0.1:7860 in a browser. --ckpt: the model of the complete and g
 (default: pretrained/completion), --superres-ckpt: the super-resolution model (default:
 pretrained/superres); each a weights folder (imagetx.export) or a checkpoint written by
 imagetx.train. Only this machine can open the page unless --host says otherwise (0.0.0.0: every
-network it is on). Needs Gradio: pip install 'imagetx[demo]'.
+network it is on). Needs Gradio: pip install 'imagetx[demo]'. The page runs its models with the
+codec's portable arithmetic (docs/compress.md), so that the files its compress tab offers decode on
+other machines: the command restarts itself with it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from pathlib import Path
 
 from ..cli.common import parse, parser_for, run_or_exit
 from ..cli.shipped import resolve, shipped_folder
+from ..codec.arithmetic import restart_with
 from ..data.images import MAX_FILE_BYTES
 from ..io.load import load_model
 from .tasks import Models, card_bits_per_dim
@@ -105,5 +108,11 @@ def main(argv: list[str] | None = None) -> None:
         show_error=True))
 
 
-if __name__ == "__main__":
+def command() -> None:
+    """The program (``imagetx-demo``): ``main`` in a process restarted with portable arithmetic."""
+    restart_with(True, "imagetx.demo")
     main()
+
+
+if __name__ == "__main__":
+    command()

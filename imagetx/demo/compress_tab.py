@@ -15,6 +15,7 @@ import numpy as np
 from PIL import Image
 
 from ..codec import compress, decompress
+from ..codec.arithmetic import current
 from ..codec.bits_map import SCALE_BITS, bits_per_pixel, map_picture
 from ..codec.classical import available, sizes
 from ..codec.container import CodecError
@@ -42,7 +43,8 @@ def compress_picture(models: Models, upload: str | None) -> Iterator[tuple]:
         pixels = picture.numpy()
         yield shown(picture), None, None, "", "compressing..."
         started = time.perf_counter()
-        data = compress(model, pixels[None], batch=1)
+        arithmetic = current()  # the demo's command restarts with portable arithmetic (arithmetic.py)
+        data = compress(model, pixels[None], batch=1, portable=arithmetic.portable)
         coding = time.perf_counter() - started
         started = time.perf_counter()
         exact = np.array_equal(decompress(model, data)[0], pixels)
@@ -55,10 +57,12 @@ def compress_picture(models: Models, upload: str | None) -> Iterator[tuple]:
         path.write_bytes(data)
         bits_map = Image.fromarray(map_picture(pixels, bits))
         decoded = "decompressed back: **the same pixels**" if exact else "decompressed back: **DIFFERENT PIXELS**"
+        travels = ("it decodes on any x86-64 machine with this torch" if arithmetic.portable else
+                   f"coded with this machine's {arithmetic.kernels} kernels, it decodes on machines like this one")
         yield (shown(picture), bits_map, str(path), table,
                f"**{len(data):,} bytes**, {8 * len(data) / pixels.size:.2f} bits/dim, in "
                f"{seconds(preparing + coding)} ({seconds(preparing)} preparing the picture, {seconds(coding)} "
-               f"compressing), then {seconds(decoding)} decompressing; {decoded}. {note}. "
+               f"compressing), then {seconds(decoding)} decompressing; {decoded}; {travels}. {note}. "
                f"{models.card('completion')}")
     except (ValueError, OSError, FloatingPointError, CodecError) as error:
         yield None, None, None, "", refused(error)
