@@ -10,12 +10,14 @@ through a cache equals the full pass.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
 from einops import rearrange
 
 from helpers import dense_attention
+from imagetx.model import attention
 from imagetx.model.attention import CrossAttention, SelfAttention, attend, project_heads
 from imagetx.model.order import GenerationOrder
 from imagetx.model.patterns import FullCausal, Local1D, Local2D
@@ -276,6 +278,39 @@ def test_prefills_and_steps_mixed_equal_the_full_pass(pattern, chunks):
         torch.testing.assert_close(decode_in_chunks(attn, x, chunks + rest), attn(x), atol=1e-12, rtol=0)
 
 
+def prefill_cost(monkeypatch, attn, x, length):
+    """What a prefill of ``x``'s first ``length`` steps through ``attn``'s cache attends, counted at
+    ``attention.attend``: (query-key pairs over every call, the largest call's (Tq, Tk) mask)."""
+    calls = []
+
+    def counted(q, k, v, allowed=None, kernel="auto"):
+        calls.append((q.shape[0] * k.shape[0], allowed.numel()))
+        return attend(q, k, v, allowed, kernel)
+
+    with monkeypatch.context() as patched, torch.no_grad():
+        patched.setattr(attention, "attend", counted)
+        attn(x[:, :length], attn.start_decoding(x.shape[0]), torch.tensor(0))
+    pairs, masks = zip(*calls)
+    return sum(pairs), max(masks)
+
+
+@pytest.mark.parametrize("pattern", [local_1d(240, 6, 1), local_2d(24, 12, (2, 3), (1, 2))], ids=lambda p: p.describe())
+def test_a_prefill_costs_what_its_pattern_says_not_its_length_squared(pattern, monkeypatch):
+    """A prefill of t steps attends O(t · ring) pairs, under masks no larger at 8 rings than at 4:
+    never one (t, ring + t) mask over the ring and all its own keys (docs/model.md §7)."""
+    torch.manual_seed(0)
+    attn = SelfAttention(16, 4, pattern)
+    x = torch.randn(1, pattern.length, 16)
+    ring = pattern.ring()
+    lengths = (4 * ring, 8 * ring)
+    assert lengths[1] <= pattern.length
+    (short_pairs, short_mask), (long_pairs, long_mask) = (prefill_cost(monkeypatch, attn, x, t) for t in lengths)
+    for length, pairs in zip(lengths, (short_pairs, long_pairs)):
+        assert pairs <= length * 2 * ring, (length, pairs)  # each query over at most twice the ring's keys
+    assert long_pairs <= 2.1 * short_pairs, (short_pairs, long_pairs)  # twice the steps, twice the work
+    assert long_mask == short_mask <= 2 * ring * ring, (short_mask, long_mask)
+
+
 def test_a_cache_that_forgets_a_key_is_caught():
     """Negative control: a ring one slot short loses the oldest key a step still reads."""
     torch.manual_seed(0)
@@ -286,7 +321,7 @@ def test_a_cache_that_forgets_a_key_is_caught():
 
     def short_ring(batch):
         cache = start_decoding(batch)
-        return type(cache)(cache.keys[1:].clone(), cache.values[1:].clone(), cache.steps[1:].clone())
+        return replace(cache, **{name: getattr(cache, name)[1:].clone() for name in ("keys", "values", "steps")})
 
     attn.start_decoding = short_ring
     with torch.no_grad():

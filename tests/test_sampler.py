@@ -100,6 +100,13 @@ def test_cached_decoder_matches_full_pass(attention, head, num_classes):
     check_cached_equals_full(model, images, labels)
 
 
+def test_cached_decoder_matches_full_pass_2d_rotary():
+    # a prefill longer than a query block runs in pieces: each turned by its own steps, as the full pass turns them
+    model = tiny_model(seed=24, dtype=torch.float64, head="categorical", attention="local_2d",
+                       relative_positions="rotary", query_block_shape=block_shape("categorical"), **SMALL_BLOCKS)
+    check_cached_equals_full(model, random_images(2, 8, seed=25))
+
+
 def test_ring_buffer_is_shorter_than_the_sequence():
     # The point of the cache: 1D local attention keeps only (memory + own block) keys, less the
     # step's own, which it brings.
@@ -426,6 +433,18 @@ def test_starting_to_decode_the_imagenet64_preset_builds_nothing_of_size_t_squar
     t_squared = model.order.length ** 2
     assert largest_allocation(lambda: model.start_decoding(1)) < t_squared // 16
     assert largest_allocation(model.pattern.can_attend) >= t_squared
+
+
+@pytest.mark.parametrize("attention", ["local_1d", "local_2d"])
+def test_a_completions_prefill_builds_nothing_of_size_t_squared(attention):
+    # 56 of 64 rows given, 3,584 steps: one (t, ring + t) mask over them would take over t² bytes
+    # (as SDPA's float mask, four times that). A prefill attends a query block at a time instead;
+    # what grows with t (the head's output, the feed-forward's) stays far below t²/16 here.
+    model = tiny_model(head="dmol", mixture_components=1, image_size=64, attention=attention, query_block_length=64,
+                       query_block_shape=(8, 8), memory_flange=(8, 8))
+    given = model.targets(random_images(1, 64, seed=40))[:, : int(model.given_steps(56).sum())]
+    length, cache = given.shape[1], model.start_decoding(1)  # the pattern's blocks and ring built here, once
+    assert largest_allocation(lambda: model.prefill(given, cache)) < length**2 // 16
 
 
 @pytest.mark.parametrize("sampler", [sample, sample_uncached])

@@ -16,8 +16,9 @@ through the output projection (``merge_heads``).
 
 Decoding, each layer's ``forward`` takes a cache and the first step of its input (``start``):
 self-attention attends over its ring of cached keys plus the new ones, masked by the pattern's
-own rule on their step numbers, then keeps the newest in the ring; one step or a prefill of many
-is the same code. The tests hold every path to the dense ``can_attend`` reference.
+own rule on their step numbers, then keeps them in the ring; one step or a prefill of many is the
+same code, a prefill a query block at a time (``SelfAttentionCache``), so that it costs what the
+pattern does, not t². The tests hold every path to the dense ``can_attend`` reference.
 """
 
 from __future__ import annotations
@@ -170,24 +171,29 @@ class SelfAttentionCache:
     """One self-attention layer's decoding state, written in place: keys and values (ring, N, e)
     of the last ``ring`` steps, step s in slot s % ring, and ``steps`` (ring,) the step each slot
     holds (−1: none yet). ring is the pattern's: the fewest slots that hold every key a later
-    query still reads."""
+    query still reads. ``piece``: the most steps attended at once (the pattern's ``piece``): a
+    prefill of t steps runs piece by piece, each over the ring and its own keys, O(t·(ring + piece))
+    pairs under one piece's (piece, ring + piece) mask, never a (t, ring + t) one."""
 
     keys: Tensor
     values: Tensor
     steps: Tensor
+    piece: int
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, steps: Tensor, pattern: CausalPattern) -> Tensor:
         """The queries, keys and values (t, N, e) of ``steps`` (t,) over the cached keys and their
-        own, masked by ``pattern``'s rule on the keys' steps; then the newest of them kept."""
-        key_steps = torch.cat([self.steps, steps])
+        own, masked by ``pattern``'s rule on the keys' steps; then kept. More than a piece's steps
+        run a piece at a time, each kept before the next reads the ring."""
+        if steps.shape[0] > self.piece:
+            pieces = zip(*(t.split(self.piece) for t in (q, k, v, steps)))
+            return torch.cat([self.attend(*piece, pattern) for piece in pieces])
+        key_steps = torch.cat([self.steps, steps])  # (ring + t,)
         allowed = (key_steps >= 0) & pattern.mask_rule()(steps[:, None], key_steps[None, :].clamp(min=0))
         out = attend(q, torch.cat([self.keys, k]), torch.cat([self.values, v]), allowed)
-        ring = self.steps.shape[0]
-        kept = slice(max(0, steps.shape[0] - ring), None)  # a prefill longer than the ring keeps its end
-        slots = steps[kept] % ring
-        self.keys.index_copy_(0, slots, k[kept])
-        self.values.index_copy_(0, slots, v[kept])
-        self.steps.index_copy_(0, slots, steps[kept])
+        slots = steps % self.steps.shape[0]
+        self.keys.index_copy_(0, slots, k)
+        self.values.index_copy_(0, slots, v)
+        self.steps.index_copy_(0, slots, steps)
         return out
 
 
@@ -214,7 +220,7 @@ class SelfAttention(nn.Module):
         ring = self.pattern.ring()
         keys = weight.new_zeros(ring, batch * self.n_heads, self.head_size)
         steps = torch.full((ring,), -1, dtype=torch.long, device=weight.device)
-        return SelfAttentionCache(keys, torch.zeros_like(keys), steps)
+        return SelfAttentionCache(keys, torch.zeros_like(keys), steps, self.pattern.piece())
 
     def forward(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0) -> Tensor:
         """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or with

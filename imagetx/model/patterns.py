@@ -13,9 +13,9 @@ One pattern type, ``CausalPattern`` (full, 1D and 2D local), over the steps of a
   every test (``dense_attention`` of tests/helpers.py with it defines the right answer). As
   FlexAttention's ``mask_mod`` it gives ``block_mask(device)``, built once per device.
 * ``blocks(device)``: its sparsity, built once per device: queries in blocks, each block with
-  the steps of its keys and which of them each query may see. The SDPA path and the length of
-  decoding's ring buffer (``ring``) are read from it, at a cost of O(T·(keys per block)), never
-  O(T²). Tests prove each equal to the reference.
+  the steps of its keys and which of them each query may see. The SDPA path and decoding's ring
+  buffer (its length, ``ring``, and the steps it attends at once, ``piece``) are read from it, at
+  a cost of O(T·(keys per block)), never O(T²). Tests prove each equal to the reference.
 """
 
 from __future__ import annotations
@@ -160,6 +160,12 @@ class CausalPattern:
         """Slots of the decoding ring (``attention.SelfAttentionCache``)."""
         return self.built.once("ring", "cpu", lambda: ring_length(self.blocks("cpu"), self.length))
 
+    def piece(self) -> int:
+        """The most steps a decoding ring attends at once (a prefill runs in pieces): a query
+        block, whose keys are the ring's and its own, and at most the ring, so that a piece writes
+        distinct slots."""
+        return min(self.ring(), self.blocks("cpu").can_attend.shape[1])
+
     def describe(self) -> str:
         return type(self).__name__
 
@@ -179,6 +185,9 @@ class FullCausal(CausalPattern):
 
     def ring(self) -> int:
         return max(1, self.length - 1)  # the last step reads the first
+
+    def piece(self) -> int:
+        return self.ring()  # its one block is the sequence: a prefill is O(t²) by the pattern itself
 
 
 class Local1D(CausalPattern):

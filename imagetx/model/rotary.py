@@ -10,9 +10,10 @@ transformers) half of the pairs turn with the grid row, half with the grid colum
     ω_i = ROTARY_BASE^(−i / (e/4)),  i = 0 .. e/4 − 1.
 
 The scores then carry the (row, column) offset of every pair, learnt through the projections,
-with no bias term, no table and nothing inside the attention kernel: every kernel (SDPA, the
-fused 1D path, FlexAttention, the decoding step) runs as it does without positions. A
-categorical model's columns are sub-pixel columns (3·pixel column + channel).
+with no bias term, no table and nothing inside the attention kernel: every path of
+``attention.attend`` (the pattern's gathered blocks through SDPA, FlexAttention, the decoding
+ring's masked SDPA) runs as it does without positions. A categorical model's columns are
+sub-pixel columns (3·pixel column + channel).
 """
 
 from __future__ import annotations

@@ -1,17 +1,18 @@
 """Cached incremental sampling (docs/model.md §7): one generation step at a time through all layers.
 
 The model decodes a step with the same layers as the full pass, given a cache
-(``ImageTransformer.start_decoding`` / ``decode_step``): each self-attention layer keeps a
-ring buffer of keys and values just long enough for the oldest key any later query can still
-see (for 1D local attention with one memory block: 2·lq positions, not the whole image), the
-slots each step reads taken from its pattern's blocks; cross-attention keys and values over
-the encoder output are computed once. ``sample_progressively`` is the loop around it and
-``sample`` returns its finished images; tests check that teacher-forced decoding equals the
-full pass. A completion's given rows are not stepped through: one teacher-forced pass
-(``ImageTransformer.prefill``) fills every cache with them, and the loop starts at the first
-step to draw. Every image of a call is one batch, whatever its temperature (``temperature``
-may give one per image). ``sample_progressively`` can yield the images as they grow, for a
-page that shows them. On a CPU the steps run on ``DECODING_THREADS`` (one) of
+(``ImageTransformer.start_decoding`` / ``decode_step``): each self-attention layer keeps a ring
+buffer of keys and values just long enough for the oldest key any later query can still see (its
+pattern's ``ring``: for 1D local attention with one memory block 2·lq − 1 steps, not the whole
+image), step s in slot s mod ring, and each step reads the slots its pattern's rule allows for
+the steps they hold; cross-attention keys and values over the encoder output are computed once.
+``sample_progressively`` is the loop around it and ``sample`` returns its finished images; tests
+check that teacher-forced decoding equals the full pass. A completion's given rows are not
+stepped through: one teacher-forced pass (``ImageTransformer.prefill``, each self-attention
+layer a query block at a time over its ring) fills every cache with them, and the loop starts at
+the first step to draw. Every image of a call is one batch, whatever its temperature
+(``temperature`` may give one per image). ``sample_progressively`` can yield the images as they
+grow, for a page that shows them. On a CPU the steps run on ``DECODING_THREADS`` (one) of
 torch's threads: measured best on a busy machine and close to best on an idle one.
 
 The step can run compiled (``compile_decoding``; ``sample(..., compiled=True)``): the same

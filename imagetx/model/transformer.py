@@ -183,11 +183,10 @@ class ImageTransformer(nn.Module):
 
     def build_patterns(self, device: torch.device | str) -> None:
         """Build the decoder's attention pattern on ``device`` now, eagerly. Under torch.compile
-        the first pass that builds one breaks its graph there (patterns.BuiltOnce): a run whose
-        first compiled pass found none built (a resumed run, which has no sanity validation)
-        traced other graphs than a run whose sanity validation had built them, and missed the
-        graphs an earlier run left in Inductor's cache. Built first, every run traces the same
-        graphs, with no break."""
+        the pass that first builds one breaks its graph there (patterns.BuiltOnce), so the graphs
+        a run traces would depend on what ran before its first compiled pass (a sanity validation
+        builds them; a resumed run has none). Built first, every run traces the same graphs, with
+        no break, and finds those an earlier run left in Inductor's cache."""
         for module in self.modules():
             if isinstance(module, SelfAttention):
                 prepare(module.pattern, module.kernel, torch.device(device), module.head_size)
@@ -299,8 +298,8 @@ class ImageTransformer(nn.Module):
         the ``previous`` of the next ``decode_step``.
 
         One teacher-forced pass of the layers over the P steps (each self-attention layer's
-        queries over their own keys, masked by its pattern's rule), where P steps would each run
-        every layer: for a completion, its given rows."""
+        queries a query block at a time over its ring and their own keys, masked by its pattern's
+        rule), where P steps would each run every layer: for a completion, its given rows."""
         length = given.shape[1]
         if not 0 < length <= self.order.length:
             raise ValueError(f"prefill takes 1..{self.order.length} steps, not {length}")
