@@ -1,12 +1,14 @@
 """``python -m imagetx.export``: a checkpoint as a weights folder to share (io/weights.py).
 
-    python -m imagetx.export --ckpt runs/quick/checkpoints/last.ckpt --out quick-weights [--dtype fp32|bf16]
-        [--exact_box_means true|false]
+    python -m imagetx.export --ckpt runs/quick/checkpoints/last.ckpt --out runs/quick/weights [--dtype fp32|bf16]
+        [--exact_box_means true|false] [--force]
 
 Writes ``OUT/model.safetensors`` (the network's tensors: opening it runs no code),
 ``OUT/config.json`` (the model configuration and the format version) and, unless the folder
 has one, ``OUT/README.md`` (a model card with the Hugging Face Hub's metadata), as
-``imagetx.save_pretrained`` does. imagetx.evaluate,
+``imagetx.save_pretrained`` does. A folder that already holds a ``model.safetensors`` or a
+``config.json`` is refused unless ``--force`` (a README.md there is the user's and is kept), and
+the JSON lists the files written, no others. imagetx.evaluate,
 imagetx.sample (``--ckpt OUT``) and ``imagetx.load_model`` read the folder as they read the
 checkpoint. ``--dtype fp32`` keeps the weights exactly; ``bf16`` halves the file, and the model
 loads in float32 from it. ``--exact_box_means true`` exports a super-resolution model (with the
@@ -17,6 +19,7 @@ tensors, so the weights are the same. The last line printed is one JSON object.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Literal
 
 import torch
@@ -42,7 +45,21 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--exact_box_means", type=bool | None, default=None,
                         help="set the super-resolution model's superres.exact_box_means in the exported model "
                              "(default: as trained)")
+    parser.add_argument("--force", type=bool, nargs="?", const=True, default=False,
+                        help="replace a model.safetensors and config.json already in --out (a README.md there is kept)")
     return parser
+
+
+def files_to_write(out: Path, force: bool) -> list[Path]:
+    """The files export writes into ``out``: the weights, the configuration and, where the folder
+    has none, a model card (save_pretrained keeps the one there). Files of those names already
+    there are refused unless ``force``: they may be the user's."""
+    files = [out / WEIGHTS_FILE, out / CONFIG_FILE]
+    taken = [str(path) for path in files if path.exists()]
+    if taken and not force:
+        raise ValueError(f"--out {out} already holds {' and '.join(taken)}: add --force to replace "
+                         f"{'them' if len(taken) > 1 else 'it'}, or choose another --out")
+    return files + ([] if (out / CARD_FILE).exists() else [out / CARD_FILE])
 
 
 def run(args: Namespace) -> dict:
@@ -50,8 +67,8 @@ def run(args: Namespace) -> dict:
     if args.exact_box_means is not None:
         model = with_exact_box_means(model, args.exact_box_means)  # refused as early
     out = check_writable(args.out, "--out")
+    files = files_to_write(out, args.force)
     save_pretrained(model.to(DTYPES[args.dtype]), out)
-    files = [out / WEIGHTS_FILE, out / CONFIG_FILE, out / CARD_FILE]
     return {"out": str(out), "files": [str(path) for path in files], "dtype": args.dtype,
             "parameters": sum(p.numel() for p in model.parameters()), "bytes": sum(p.stat().st_size for p in files),
             "exact_box_means": bool(model.config.superres and model.config.superres.exact_box_means),

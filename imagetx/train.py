@@ -19,7 +19,7 @@ Crashes: ``last.ckpt`` is rewritten (atomically) at every validation, every
 ``--checkpoint_every_n_steps`` optimiser steps and at the step where training stops, so a
 killed run loses at most that many steps; ``--resume last`` continues it exactly where the
 checkpoint was taken (data/datamodule.py: the training order; training/module.py: the dropout of each step).
-Ctrl-C stops a run with one line saying the step ``last.ckpt`` holds, and exit code 130.
+Ctrl-C ends the step under way, writes ``last.ckpt`` there, says so in one line and exits 130.
 
 From the command line, training on the CPU takes one torch thread per core that other jobs leave
 free, and says so in one line (training/threads.py; ``OMP_NUM_THREADS`` decides instead).
@@ -38,10 +38,12 @@ import sys
 import warnings
 from pathlib import Path
 
+import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import Callback, LearningRateMonitor, ModelCheckpoint, ModelSummary, Timer
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, Timer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
 
 from .cli.common import ConfigError, HelpFormatter, program, run_or_exit
 from .cli.errors import describe_parse_error
@@ -54,10 +56,11 @@ from .model.config import ModelConfig
 from .model.flops import count_flops
 from .training.budget import BudgetHorizon, run_budget
 from .training.callbacks import ContinuationCheckpoint, LastCheckpoint, count_images
+from .training.interrupt import Interruption, ctrl_c_ends_the_step
 from .training.checkpoint_io import AtomicCheckpointIO
 from .training.module import ImageTransformerModule
 from .training.nonfinite import NonFiniteLossError
-from .training.resume import checkpoint_to_resume, interrupted_at, last_good_checkpoint
+from .training.resume import checkpoint_to_resume, interrupted_at, last_good_checkpoint, refuse_finished
 from .training.threads import choose_training_threads
 from .training.throughput import ThroughputWithPeak
 from .training.tracking import WANDB_MODES, make_loggers
@@ -122,6 +125,33 @@ def remove_if_empty(folders: list[Path]) -> None:
             return
 
 
+def val_size_origin(args: list[str]) -> tuple[str, str] | None:
+    """Where the command line ``args`` last set ``data.val_size``, and the data source in effect
+    there: ``("--data.val_size", source)`` for the flag, ``(FILE, source)`` for a ``--config`` file
+    (the source that file names, else the one in effect before it). None where nothing sets it, or
+    where a whole ``--data`` value might."""
+    source, origin = DataOptions.source, None
+    for i, word in enumerate(args):
+        key, equals, value = word.partition("=")
+        value = value if equals else (args[i + 1] if i + 1 < len(args) else "")
+        if key in ("--config", "-c"):
+            try:
+                with open(value, encoding="utf-8") as handle:
+                    data = (yaml.safe_load(handle) or {}).get("data") or {}
+            except (OSError, UnicodeDecodeError, yaml.YAMLError, AttributeError):
+                continue  # the parser has read it; what it could not read it has refused
+            if isinstance(data, dict):
+                source = data.get("source", source)
+                origin = (value, source) if "val_size" in data else origin
+        elif key == "--data.source":
+            source = value
+        elif key == "--data.val_size":
+            origin = (key, source)
+        elif key == "--data":
+            return None
+    return origin
+
+
 def check_data_first(cli: LightningCLI) -> None:
     """Read (a folder: convert) and check the training and val images before the loggers start, so
     that a run whose data is missing or wrong leaves no CSV version folder or W&B run behind. One
@@ -134,25 +164,34 @@ def check_data_first(cli: LightningCLI) -> None:
 
 
 class CountedModelSummary(ModelSummary):
-    """Lightning's model summary, its "Total FLOPs" the forward FLOPs of one training batch as
-    imagetx/model/flops.py counts them (exactly, from the attention the model computes): Lightning
-    measures FLOPs only on a module's ``example_input_array`` and says 0 without one."""
+    """Lightning's model summary, its "Total FLOPs" and the network's row (``model``) the forward
+    FLOPs of one training batch as imagetx/model/flops.py counts them (exactly, from the attention
+    the model computes): Lightning measures FLOPs only on a module's ``example_input_array`` and
+    says 0 without one. Rows inside the network (a ``max_depth`` above 1) are not counted: "n/a"."""
+
+    NETWORK = "model"  # the LightningModule's attribute that holds the ImageTransformer
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self.flops = count_flops(pl_module.model, pl_module.device).forward * trainer.datamodule.batch_size
         super().on_fit_start(trainer, pl_module)
 
-    def summarize(self, *args, total_flops: int, **kwargs) -> None:
-        super().summarize(*args, total_flops=self.flops, **kwargs)
+    def summarize(self, summary_data, *args, total_flops: int, **kwargs) -> None:
+        columns = dict(summary_data)
+        if "FLOPs" in columns:
+            counted = {self.NETWORK: get_human_readable_count(self.flops)}
+            columns["FLOPs"] = [counted.get(name, "n/a" if name.startswith(f"{self.NETWORK}.") else value)
+                                for name, value in zip(columns["Name"], columns["FLOPs"])]
+        super().summarize(list(columns.items()), *args, total_flops=self.flops, **kwargs)
 
 
 class NoTips(logging.Filter):
     """Drops Lightning's advertisements ("💡 Tip: ... litlogger", "... litmodels"): they say nothing
-    about the run, and a newcomer reads them as something to act on; and its "Detected
-    KeyboardInterrupt, attempting graceful shutdown ...", which the one ``stopped:`` line of a
-    training stopped by Ctrl-C replaces (``train``)."""
+    about the run, and a newcomer reads them as something to act on; its "Trainer already configured
+    with model summary callbacks", on every run: the summary is imagetx's (CountedModelSummary), on
+    purpose; and its "Detected KeyboardInterrupt, attempting graceful shutdown ...", which the one
+    ``stopped:`` line of a training stopped by Ctrl-C replaces (``train``)."""
 
-    DROPPED = ("💡 Tip", "Detected KeyboardInterrupt")
+    DROPPED = ("💡 Tip", "Trainer already configured with model summary callbacks", "Detected KeyboardInterrupt")
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).lstrip().startswith(self.DROPPED)
@@ -178,24 +217,12 @@ def quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
 
-class Interruption(Callback):
-    """Notes a Ctrl-C during ``fit``: Lightning catches the KeyboardInterrupt, shuts down and exits
-    with code 1 (``sys.exit(1)``), which ``train`` turns into one ``stopped:`` line and exit 130.
-    ``on_exception`` is Lightning's hook for an exception in fit; the checkpoints written before it
-    (last.ckpt at every validation and every --checkpoint_every_n_steps) are intact."""
-
-    def __init__(self) -> None:
-        self.step: int | None = None  # the step at the interrupt, once there was one
-
-    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
-        if isinstance(exception, KeyboardInterrupt):
-            self.step = trainer.global_step
-
-
 class ImagetxCLI(LightningCLI):
     """LightningCLI with imagetx's own options, one-line parse errors and what every run has."""
 
     made_folders: list[Path] = []  # the run folder and its parents that this run made (before_instantiate_classes)
+    given_args: list[str] = []  # the command line as parsed (parse_arguments)
+    val_size_from: str | None = None  # the --config file that set data.val_size, in words (val_size_for_source)
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--resume", type=str | None, default=None, help="continue a run: 'last' "
@@ -218,6 +245,7 @@ class ImagetxCLI(LightningCLI):
                                   apply_on="instantiate")
 
     def parse_arguments(self, parser, args) -> None:
+        self.given_args = list(sys.argv[1:] if args is None else args)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:
@@ -236,10 +264,31 @@ class ImagetxCLI(LightningCLI):
                               "--init_from starts a new one from another model's weights. Give one")
         check_max_time(self.config.trainer.max_time)
         check_data_settings(self.config.data)
+        self.val_size_for_source()
         self.made_folders = missing_folders(Path(self.config.trainer.default_root_dir))
         root = check_writable(self.config.trainer.default_root_dir, "--trainer.default_root_dir")
         refuse_to_overwrite(root, self.config.resume)
+        if self.config.resume is not None:
+            max_time = self.config.trainer.max_time
+            refuse_finished(self.config.resume, root, self.config.trainer.max_steps,
+                            None if max_time is None else Timer(duration=max_time).time_remaining())
         remove_stale_temporaries(root / CHECKPOINT_DIR)  # from a run killed mid-write
+
+    def val_size_for_source(self) -> None:
+        """A ``data.val_size`` from a ``--config`` file holds for the source that file was written for:
+        the presets' 5,000 is CIFAR-10's, and on ``--data.source folder`` (given after it) it would
+        hold out more images than a small folder has, where the folder's own default (a tenth) fits.
+        There the source's default is taken, said in one line; a ``--data.val_size`` flag always holds."""
+        origin, data = val_size_origin(self.given_args), self.config.data
+        if origin is None or origin[0] == "--data.val_size" or data.val_size is None:
+            return
+        file, source = origin
+        if source == data.source:
+            self.val_size_from = f"data.val_size in {file}; --data.val_size N overrides it"
+            return
+        rank_zero_info(f"data: val_size {data.val_size} in {file} is for --data.source {source}; --data.source "
+                       f"{data.source} holds out its own default instead (--data.val_size N sets another)")
+        data.val_size = None
 
     def remove_unused_folders(self) -> None:
         """The run folder (and parents) this run made, where a failure left them empty."""
@@ -251,6 +300,8 @@ class ImagetxCLI(LightningCLI):
         except BaseException:  # e.g. a model setting refused: no empty run folder left behind
             self.remove_unused_folders()
             raise
+        if self.val_size_from is not None:
+            self.datamodule.val_size_from = self.val_size_from
 
     def instantiate_trainer(self, **kwargs) -> Trainer:
         """The configured trainer plus what every run has: checkpoints, loggers, throughput."""
@@ -316,14 +367,17 @@ def run_training(cli: ImagetxCLI, choose_threads: bool) -> None:
         rank_zero_info(choose_training_threads(cli.trainer.num_devices))
     interruption = next(callback for callback in cli.trainer.callbacks if isinstance(callback, Interruption))
     try:
-        # checkpoint_to_resume has read the file weights-only; Lightning must read it no other way
-        cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
+        with ctrl_c_ends_the_step(interruption, cli.trainer):
+            # checkpoint_to_resume has read the file weights-only; Lightning must read it no other way
+            cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
     except NonFiniteLossError as error:
         raise NonFiniteLossError(f"{error}; {last_good_checkpoint(root)}") from error
     except SystemExit:
         if interruption.step is None:
             raise
         raise KeyboardInterrupt(interrupted_at(root, interruption.step)) from None  # run_or_exit: one line, 130
+    if interruption.requested:  # a stop with no validation after it (none configured, or the last)
+        raise KeyboardInterrupt(interrupted_at(root, cli.trainer.global_step))
     if cli.trainer.is_global_zero:
         last = root / CHECKPOINT_DIR / LAST
         print(f"checkpoints in {last.parent}; evaluate with: {evaluate_command(last, cli.config.data)}")

@@ -267,7 +267,7 @@ finish)
   tail -3 "$RUN/train.log"
   # What the lease is for comes back first: the decayed model, the continuation, metrics and log.
   rm -rf "$WORK/results" "$WORK/packed" && mkdir -p "$WORK/results"
-  "$PYTHON" -m imagetx.export --ckpt "$RUN/checkpoints/last.ckpt" --out "$WORK/export" --dtype bf16 | tail -1
+  "$PYTHON" -m imagetx.export --ckpt "$RUN/checkpoints/last.ckpt" --out "$WORK/export" --dtype bf16 --force | tail -1
   in_out "$WORK/export/model.safetensors"
   if [ -e "$RUN/checkpoints/continue.ckpt" ]; then
     # parts of 15 MiB: the device tool brings back files of at most 16 MiB
@@ -298,7 +298,7 @@ finish)
     # Super-resolution (docs/model.md §6): also the same weights with exact_box_means (no tensors: a
     # setting put on at export), the score given another image's 8x8 input (what the input is worth),
     # and 16 val images upsampled | samples at 0.8, 0.9, 1.0 | original, with and without the bounds.
-    "$PYTHON" -m imagetx.export --ckpt "$WORK/export" --out "$WORK/export_bounded" --exact_box_means true | tail -1
+    "$PYTHON" -m imagetx.export --ckpt "$WORK/export" --out "$WORK/export_bounded" --exact_box_means true --force | tail -1
     score eval_val "$WORK/export" & pending+=(eval_val:$!)
     score eval_val_bounded "$WORK/export_bounded" & pending+=(eval_val_bounded:$!)
     timeout 240 "$PYTHON" -m experiments.superres_input_use "$WORK/export" --data.root "$DATA" --split val \

@@ -275,7 +275,8 @@ def simulated_run(budget_seconds: float, step_seconds, warmup_steps: int, decay_
     Lightning calls them: the batch-start hook, the update (at the rate set before it), the
     scheduler setting the next update's rate, the batch-end hook, the Timer's stop once the budget
     is spent, a validation when one is due. ``step_seconds(step)``: the cost of the step that
-    makes update ``step``. Returns each update's multiplier of the peak and the last horizon."""
+    makes update ``step``. Returns each update's multiplier of the peak, the last horizon, the
+    lines the callback printed and every horizon it took before steering one (``taken``)."""
     from unittest import mock
 
     from imagetx.training import budget
@@ -286,7 +287,8 @@ def simulated_run(budget_seconds: float, step_seconds, warmup_steps: int, decay_
     timer.time_remaining = lambda *args: budget_seconds - clock.now
     trainer = SimpleNamespace(callbacks=[timer], global_step=0, max_steps=-1, sanity_checking=False,
                               strategy=SimpleNamespace(broadcast=lambda value, src: value))
-    module = SimpleNamespace(horizon=None, first_step=0, decay_fraction=decay_fraction, print=lambda *a: None,
+    printed, taken = [], []
+    module = SimpleNamespace(horizon=None, first_step=0, decay_fraction=decay_fraction, print=printed.append,
                              hparams=SimpleNamespace(warmup_steps=warmup_steps, lr_horizon="budget"))
     callback = BudgetHorizon()
     decay = "cosine" if decay_fraction is None else "wsd"
@@ -309,8 +311,10 @@ def simulated_run(budget_seconds: float, step_seconds, warmup_steps: int, decay_
             if trainer.global_step % validate_every == 0:
                 clock.now += validation_seconds
                 callback.on_validation_end(trainer, module)
+            if module.horizon is not None and module.horizon.steered_at is None and module.horizon not in taken:
+                taken.append(module.horizon)
     return {"multipliers": multipliers, "last_step": trainer.global_step, "horizon": module.horizon,
-            "fixed_at": fixed_at}
+            "fixed_at": fixed_at, "printed": printed, "taken": taken}
 
 
 QUICK_3_MINUTES = dict(budget_seconds=180.0, warmup_steps=100, decay_fraction=0.4, validate_every=200)
@@ -338,6 +342,26 @@ def test_a_3_minute_budget_on_a_slow_machine_ends_its_decay_when_the_budget_ends
     assert multipliers[last] < 0.02 and multipliers[last - 1] > 0, [multipliers[s] for s in range(last - 3, last + 1)]
     decay = [multipliers[step] for step in range(horizon.decay_start + 1, last + 1)]
     assert len(decay) > 0.2 * last and all(later <= earlier for earlier, later in zip(decay, decay[1:])), decay
+
+
+@pytest.mark.parametrize("later_step_seconds", [1.17, 1.2, 1.25], ids=["steady", "slowing", "slower"])
+def test_every_horizon_a_2_minute_budget_takes_is_said_and_its_decay_keeps_its_share(later_step_seconds):
+    # The README's quick command with --trainer.max_time 00:00:02:00: about 101 steps, the warm-up
+    # 100. It printed "fixed at step 12: the decay runs from step 100 to 101" (the warm-up fitted, by
+    # one step, and the decay was squeezed into it), then a periodic refit, silent, found one step
+    # less, the warm-up no longer fitting: the decay began near step 60 and the rate peaked at 0.59
+    # of the preset's. Whatever the machine does, each horizon taken is printed with its steps, the
+    # decay runs where the last line says, and it takes its share (40 %) of the run.
+    run_ = simulated_run(step_seconds=lambda step: 2.4 if step == 1 else 1.17 if step <= 20 else later_step_seconds,
+                         budget_seconds=120.0, warmup_steps=100, decay_fraction=0.4, validate_every=200)
+    printed, horizon, last = run_["printed"], run_["horizon"], run_["last_step"]
+    assert len(printed) == len(run_["taken"]), printed  # one line a horizon
+    for taken, line in zip(run_["taken"], printed):
+        assert f"the decay runs from step {taken.decay_start} to {taken.end}" in line, (taken, line)
+    assert horizon.decay_start == run_["taken"][-1].decay_start  # steering moves only the end
+    assert "steered" in printed[-1] and "inside the warm-up" in printed[-1], printed[-1]
+    assert f"{horizon.decay_start / 100:.0%} of the peak" in printed[-1], printed[-1]
+    assert 0.35 * last <= last - horizon.decay_start <= 0.45 * last, (horizon, last)
 
 
 def test_a_decay_inside_the_warm_up_multiplies_the_two_and_ends_at_the_horizon():

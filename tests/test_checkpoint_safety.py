@@ -89,6 +89,49 @@ def test_a_checkpoint_that_would_run_code_is_refused_before_anything_in_it_runs(
     assert not (tmp_path / "run" / "checkpoints").exists() and not (tmp_path / "weights").exists()
 
 
+@pytest.mark.parametrize("kind", ["plain pickle", "torch.save protocol 4"])
+def test_a_refused_pickle_prints_only_the_one_line(tmp_path, capsys, kind):
+    """torch's weights-only unpickler warns about a pickle protocol it was not written for before it
+    refuses the file ("UserWarning: Detected pickle protocol 4 ..."): the refusal alone is shown."""
+    import pickle
+    import warnings
+
+    created, path = tmp_path / "created-by-the-payload", tmp_path / "model.ckpt"
+    payload = {"state_dict": {}, "payload": CreatesAFile(created)}
+    if kind == "plain pickle":
+        path.write_bytes(pickle.dumps(payload, protocol=4))
+    else:
+        torch.save(payload, path, pickle_protocol=4)
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(SystemExit) as info:
+        warnings.simplefilter("always")  # (pytest records warnings instead of printing them: so do we)
+        evaluate_main(["--ckpt", str(path), "--device", "cpu"])
+    assert info.value.code == 2 and not [str(warning.message) for warning in caught]
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(f"error: checkpoint {path} "), lines
+    assert not created.exists()
+
+
+def test_a_checkpoint_that_loads_keeps_torchs_warnings(tmp_path, monkeypatch):
+    """Only a refusal drops them: a file that is read gives the warnings torch gave."""
+    import warnings
+
+    from imagetx.io.checkpoint import load_weights_only
+
+    path = tmp_path / "tensors.ckpt"
+    torch.save({"weights": torch.zeros(2)}, path)
+    load = torch.load
+
+    def warning_load(*args, **kwargs):
+        warnings.warn("a warning of torch's", FutureWarning)
+        return load(*args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", warning_load)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert torch.equal(load_weights_only(path)["weights"], torch.zeros(2))
+    assert [str(warning.message) for warning in caught] == ["a warning of torch's"], caught
+
+
 def test_every_checkpoint_read_is_weights_only(tmp_path, capsys, data_root, monkeypatch):
     """Lightning's own reads too (fit's ckpt_path, load_from_checkpoint): each torch.load asks for
     the weights-only unpickler, whatever torch's default."""

@@ -68,3 +68,18 @@ def test_the_upload_limit_is_stated_as_gradio_states_it():
 
 def test_the_default_sample_folder_is_ignored_by_git():
     assert subprocess.run(["git", "check-ignore", "-q", "samples/complete.png"], cwd=REPO).returncode == 0
+
+
+@pytest.mark.parametrize("module,args,needle", [
+    ("imagetx.sample", ["--ckpt", "m", "--task", "compelte"],
+     "task: 'compelte' is not one of generate, complete, superres (did you mean 'complete'?)"),
+    ("imagetx.evaluate", ["--ckpt", "m", "--split", "tset"], "split: 'tset' is not one of train, val, test "
+                                                             "(did you mean 'test'?)"),
+    ("imagetx.train", ["--data.source", "foldr"],
+     "data.source: 'foldr' is not one of cifar10, imagenet, folder (did you mean 'folder'?)"),
+    ("imagetx.sample", ["--ckpt", "m", "--task", "xyz"], "task: 'xyz' is not one of generate, complete, superres ("),
+], ids=["sample-task", "evaluate-split", "train-data-source", "nothing-close"])
+def test_a_mistyped_choice_is_named_with_the_choices_and_the_closest(capsys, module, args, needle):
+    line = one_error_line(capsys, importlib.import_module(module).main, args)
+    assert needle in line, line
+    assert "typing.Literal" not in line and ("did you mean" in line) == (not args[-1] == "xyz"), line

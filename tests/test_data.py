@@ -142,12 +142,31 @@ def test_missing_data_names_directory_and_remedy(tmp_path, download):
     assert "--data.root" in message and "IMAGETX_DATA" in message
 
 
-def test_split_without_shards_is_a_clear_error(tmp_path):
-    write_cifar_npz(tmp_path, train_sizes=(4,))
+@pytest.mark.parametrize("source", ["cifar10", "imagenet", "folder"])
+def test_missing_data_is_named_by_the_path_given_not_a_symlinks_target(tmp_path, monkeypatch, source):
+    """--data.root data, a link to a folder elsewhere: the message names data (and where that is
+    from here), not the link's target, which the user never typed."""
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "work").mkdir()
+    (tmp_path / "work" / "data").symlink_to(tmp_path / "elsewhere")
+    monkeypatch.chdir(tmp_path / "work")
     with pytest.raises(DataError) as info:
-        load("cifar10", tmp_path, "test", download=False)
+        load(source, "data", "train", download=False)
     message = str(info.value)
-    assert "test-*.npz" in message and str(tmp_path.resolve()) in message
+    assert f"under data ({tmp_path / 'work' / 'data'})" in message and "elsewhere" not in message, message
+
+
+@pytest.mark.parametrize("download", [True, False])
+def test_split_without_shards_is_a_clear_error(tmp_path, download):
+    """A folder of training shards only (as ../shared/cifar10): the test split is not there, and
+    the message says so and names the split that is, instead of asking for the shards it reads."""
+    write_cifar_npz(tmp_path, train_sizes=(4,))
+    with pytest.raises(DataError) as info:  # download=True fails: no_cifar_download
+        load("cifar10", tmp_path, "test", download=download)
+    message = str(info.value)
+    assert "test-*.npz" in message and str(tmp_path) in message
+    assert "only the training shards" in message and "--split val" in message, message
+    assert "Put the shards there" not in message and "copy" not in message, message
     # the train split of the same directory is fine
     assert load("cifar10", tmp_path, "train", val_size=1, download=False)[0].shape[0] == 3
 

@@ -422,6 +422,37 @@ def test_train_evaluate_and_sample_on_each_source(tmp_path, capsys, request, sup
         assert summary["images"] == 2 and (out / f"{task}.png").is_file()
 
 
+def test_a_presets_cifar_val_size_leaves_a_folder_its_own_default(tmp_path, capsys, caplog, folder_root):
+    """A preset written for CIFAR-10 (``val_size: 5000``, no source named) run with ``--data.source
+    folder``: the folder holds out its own default (a tenth: 1 of 12), and a line says why. A
+    val_size the folder cannot hold, given on the command line or by a file written for folders,
+    is refused naming where it came from and the option that changes it."""
+    import logging
+
+    caplog.set_level(logging.INFO)
+    preset = write_train_config(tmp_path / "preset.yaml", tmp_path / "run", tmp_path / "cifar", 2, model=TINY,
+                                data={"val_size": 5000})
+    on_folder = ["--data.source", "folder", "--data.root", str(folder_root)]
+    train_main(["--config", str(preset), "--wandb", "disabled", *on_folder])
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert checkpoint["datamodule_hyper_parameters"]["val_size"] is None
+    (note,) = [r.getMessage() for r in caplog.records if "holds out its own default" in r.getMessage()]
+    assert f"{preset}" in note and "5000" in note and "cifar10" in note and "--data.val_size" in note, note
+    assert "data: 11 train, 1 val images (folder" in caplog.text
+    line = one_error_line(capsys, train_main, ["--config", str(preset), "--wandb", "disabled", *on_folder,
+                                               "--data.val_size", "12", "--trainer.default_root_dir",
+                                               str(tmp_path / "run2")])
+    assert "val_size 12 (from --data.val_size) must be between 1 and 11" in line, line
+    assert "source's default (1 here)" in line, line
+    for_folders = write_train_config(tmp_path / "mine.yaml", tmp_path / "run3", folder_root, 2, model=TINY,
+                                     data={"source": "folder", "val_size": 50})
+    line = one_error_line(capsys, train_main, ["--config", str(for_folders), "--wandb", "disabled"])
+    assert f"val_size 50 (from data.val_size in {for_folders}; --data.val_size N overrides it)" in line, line
+    evaluate = ["--ckpt", str(tmp_path / "run" / "checkpoints" / "last.ckpt"), "--device", "cpu", *on_folder]
+    line = one_error_line(capsys, evaluate_main, [*evaluate, "--val_size", "12"])
+    assert "val_size 12 (from --val_size) must be between 1 and 11" in line, line
+
+
 def test_model_that_does_not_fit_the_data_is_refused(tmp_path, capsys, imagenet_root, folder_root):
     line = one_error_line(capsys, train_main, [
         "--config", str(write_train_config(tmp_path / "a.yaml", tmp_path / "a", imagenet_root, 2,

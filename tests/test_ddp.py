@@ -163,6 +163,12 @@ def test_ddp_two_cpu_processes_identical_weights_and_global_val_bpd(tmp_path):
     assert abs(rank0_only - expected) > 1e-3, (rank0_only, expected)
     assert abs(sum(batch_means) / len(batch_means) - expected) > 1e-3, (batch_means, expected)
 
+    # ----- train/samples counts one process's images (Lightning's); train/total_samples both ranks'
+    with metrics[0].open() as handle:
+        counts = [(float(row["train/samples"]), float(row["train/total_samples"])) for row in csv.DictReader(handle)
+                  if row.get("train/samples")]
+    assert counts and counts[-1] == (4, 8) and all(total == 2 * one for one, total in counts), counts
+
     # ----- every rank's process ends cleanly, not only rank 0's (whose exit code is the command's):
     # under torchrun or srun a failing rank fails the whole job
     crashes = [path.read_text() for path in probe_dir.glob("exception-*.txt")]

@@ -138,6 +138,40 @@ def test_finished_run_extended_with_resume_matches_an_uninterrupted_run(tmp_path
     assert_same_training_state(resumed, uninterrupted[0])
 
 
+@pytest.mark.parametrize("schedule", ["wsd", "noam", "noam-max_time"])
+def test_resume_last_of_a_finished_run_says_so_and_writes_nothing(tmp_path, data_root, capsys, schedule):
+    """--resume last with the budget the run has spent would end at once (exit 0, "Time limit
+    reached"), leaving a new csv version and a W&B run behind: refused before the loggers start, in
+    one line that says how to train on: its continuation, where it has one, else a larger budget."""
+    from test_continuation import wsd_config
+
+    run_dir = tmp_path / "first"
+    timed = {"max_time": "00:00:00:01"} if schedule == "noam-max_time" else {}
+    config = (wsd_config(tmp_path, "first", data_root, 5, 0.4) if schedule == "wsd"
+              else write_train_config(tmp_path / "first.yaml", run_dir, data_root, -1 if timed else 5,
+                                      **SETTINGS, **timed))
+    main(["--config", str(config), "--wandb", "disabled"])
+    capsys.readouterr()
+    before = {path: path.stat().st_mtime_ns for path in run_dir.rglob("*")}
+    with pytest.raises(SystemExit) as info:
+        main(["--config", str(config), "--wandb", "offline", "--resume", "last"])
+    assert info.value.code == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    last, continuation = run_dir / "checkpoints" / "last.ckpt", run_dir / "checkpoints" / "continue.ckpt"
+    assert len(lines) == 1 and lines[0].startswith(f"error: --resume last: {last} is a finished run"), lines
+    assert ("max_time 1 s" if timed else "max_steps 5") in lines[0], lines
+    if schedule == "wsd":
+        assert f"--resume {continuation}" in lines[0] and "--trainer.default_root_dir NEW" in lines[0], lines
+    else:
+        assert not continuation.exists() and "a larger --trainer.max_" in lines[0], lines
+    assert {path: path.stat().st_mtime_ns for path in run_dir.rglob("*")} == before  # nothing new, nothing touched
+    if schedule != "wsd":  # the way on that the line names works (noam never decays to a horizon)
+        step = torch.load(last, weights_only=True)["global_step"]
+        larger = ["--trainer.max_time", "00:00:00:03"] if timed else ["--trainer.max_steps", "6"]
+        main(["--config", str(config), "--wandb", "disabled", "--resume", "last", *larger])
+        assert torch.load(last, weights_only=True)["global_step"] > step
+
+
 def test_training_order_is_a_function_of_seed_and_epoch_and_resumes_mid_epoch():
     from imagetx.data.datamodule import TrainOrder
 

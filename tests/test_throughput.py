@@ -83,6 +83,33 @@ def test_training_logs_flops_per_second_and_mfu_against_the_peak(tmp_path, monke
     assert float(row["train/device/mfu"]) == pytest.approx(flops_per_sec / peak, rel=1e-9)
 
 
+@pytest.mark.parametrize("world_size", [1, 2])
+def test_with_several_processes_the_images_of_all_are_counted_beside_one_processs(monkeypatch, world_size):
+    """``train/samples`` is Lightning's count of one process's images; with several processes
+    ``train/total_samples`` counts all of theirs (each takes batches of the same size), beside
+    Lightning's ``train/samples_per_sec``, the images/s of all. (Lightning's setup, which builds
+    the meters, is stubbed: it needs a running Trainer; tests/test_ddp.py runs two processes.)"""
+    from types import SimpleNamespace
+
+    from lightning.fabric.utilities.throughput import Throughput
+
+    monitor = throughput.ThroughputWithPeak(batch_size_fn=len, window_size=2)
+    trainer = SimpleNamespace(world_size=world_size, strategy=SimpleNamespace(root_device=torch.device("cpu")),
+                              precision="32-true")
+    monkeypatch.setattr(throughput.ThroughputMonitor, "setup", lambda self, trainer, module, stage: (
+        self._throughputs.update(train=Throughput(world_size=trainer.world_size, **self.kwargs))))
+    monitor.setup(trainer, None, "fit")
+    meter = monitor._throughputs["train"]
+    for step in (1, 2):
+        meter.update(time=float(step), batches=step, samples=8 * step)
+    metrics = meter.compute()
+    assert metrics["samples"] == 16
+    if world_size == 1:
+        assert "total_samples" not in metrics and "samples_per_sec" not in metrics
+    else:
+        assert metrics["total_samples"] == 32 and metrics["samples_per_sec"] == 16.0
+
+
 @pytest.mark.parametrize("device, step, logged", [("cuda", 10, True), ("cuda", 11, False), ("cpu", 10, False)])
 def test_peak_memory_is_logged_on_cuda_logging_steps_only(monkeypatch, device, step, logged):
     """On CUDA each logging step (every ``log_every_n_steps``) logs the allocator's high-water mark

@@ -234,17 +234,35 @@ def test_limit_val_batches_one_in_a_config_means_one_batch(tmp_path, data_root):
 def test_the_progress_bar_is_tqdms_and_redraws_sparingly_in_a_log(tmp_path, data_root, monkeypatch, terminal):
     # Lightning would pick Rich's bar where Rich is installed (Gradio brings it), which writes
     # nothing to a log file until the end; imagetx's Trainer gives tqdm's, redrawn every batch on
-    # a terminal and every LOG_REFRESH_BATCHES in a log. A bar turned off stays off.
+    # a terminal and, in a log, at the first and last batch and every LOG_REFRESH_SECONDS between.
+    # A bar turned off stays off.
     from lightning.pytorch.callbacks import TQDMProgressBar
 
-    from imagetx.training.trainer import LOG_REFRESH_BATCHES
+    from imagetx.training import trainer as trainers
 
     monkeypatch.setattr(sys.stdout, "isatty", lambda: terminal, raising=False)
     config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, enable_progress_bar=True)
     bar = make_cli(["--config", str(config), "--wandb", "disabled"]).trainer.progress_bar_callback
-    assert type(bar) is TQDMProgressBar and bar.refresh_rate == (1 if terminal else LOG_REFRESH_BATCHES)
+    assert isinstance(bar, TQDMProgressBar) and bar.refresh_rate == 1
+    assert type(bar) is (TQDMProgressBar if terminal else trainers.LogProgressBar)
     config = write_train_config(tmp_path / "off.yaml", tmp_path / "run", data_root)  # enable_progress_bar: False
     assert make_cli(["--config", str(config), "--wandb", "disabled"]).trainer.progress_bar_callback is None
+
+
+def test_in_a_log_the_progress_bar_advances_from_the_first_step(tmp_path, data_root, monkeypatch, capsys):
+    # Redrawn every 100 batches, a quick run's log showed its bar at 0 % for its first 100 steps
+    # (about a minute on a 2-core CPU).
+    from imagetx.training import trainer as trainers
+
+    config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, max_steps=5,
+                                enable_progress_bar=True, val_check_interval=100)
+    main(["--config", str(config), "--wandb", "disabled"])  # sys.stdout is pytest's capture: not a terminal
+    out = capsys.readouterr().out
+    assert "1/5" in out and "5/5" in out, out  # an epoch of 5 batches
+    clock = iter([0.0, 1.0, 14.0, 16.0, 17.0])  # then redrawn once LOG_REFRESH_SECONDS (15) have passed
+    monkeypatch.setattr(trainers.time, "monotonic", lambda: next(clock))
+    bar = trainers.LogProgressBar()
+    assert [bar._should_update(n, 100) for n in (1, 2, 3, 4, 100)] == [True, False, False, True, True]
 
 
 def test_a_new_run_in_a_folder_that_holds_one_is_refused(tmp_path, data_root, capsys):
@@ -273,9 +291,10 @@ def test_a_run_whose_data_fails_leaves_nothing_behind(tmp_path, capsys):
 
 
 def test_the_summary_counts_the_models_flops_and_lightnings_tips_are_dropped(tmp_path, data_root, caplog):
-    """The summary's total FLOPs are the forward FLOPs of a training batch as imagetx/model/flops.py
-    counts them (Lightning's own count says 0 without an example input), and Lightning's
-    advertisements ("💡 Tip: ... litlogger") are not printed."""
+    """The summary's total FLOPs, and the network's row, are the forward FLOPs of a training batch
+    as imagetx/model/flops.py counts them (Lightning's own count says 0 without an example input),
+    and Lightning's advertisements ("💡 Tip: ... litlogger") and its note that the summary callback
+    is imagetx's own ("Trainer already configured with model summary callbacks") are not printed."""
     import logging
 
     from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
@@ -290,4 +309,8 @@ def test_the_summary_counts_the_models_flops_and_lightnings_tips_are_dropped(tmp
     flops = count_flops(build_model(ModelConfig(**TINY_TRAIN_MODEL))).forward * 2  # batches of 2
     (line,) = [line for line in printed.splitlines() if "total flops" in line.lower()]
     assert flops > 0 and line.split("Total")[0].strip() == get_human_readable_count(flops), line
-    assert "Total params" in printed and "Tip:" not in printed
+    (header,) = [line for line in printed.splitlines() if "| Name" in line]
+    (row,) = [line for line in printed.splitlines() if "| model " in line]
+    columns = dict(zip([name.strip() for name in header.split("|")], [value.strip() for value in row.split("|")]))
+    assert columns["FLOPs"] == get_human_readable_count(flops), (header, row)
+    assert "Total params" in printed and "Tip:" not in printed and "already configured" not in printed

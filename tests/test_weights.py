@@ -274,6 +274,30 @@ def test_export_errors_are_one_line(tmp_path, capsys):
     assert "dtype" in line, line
 
 
+def test_export_into_a_folder_with_files_of_its_names_needs_force_and_lists_what_it_wrote(tmp_path, capsys):
+    """A folder holding the user's own README.md and config.json: refused in one line naming
+    --force, nothing touched; with --force the weights and config are replaced, the user's card is
+    kept, and the summary lists exactly the files written."""
+    ckpt, out = tmp_path / "model.ckpt", tmp_path / "myproj"
+    torch.save(weights_checkpoint(tiny_model()), ckpt)
+    out.mkdir()
+    (out / "README.md").write_text("my project\n")
+    (out / "config.json").write_text('{"mine": true}\n')
+    line = one_error_line(capsys, export_main, ["--ckpt", str(ckpt), "--out", str(out)])
+    assert str(out / "config.json") in line and "--force" in line and "README.md" not in line, line
+    assert sorted(p.name for p in out.iterdir()) == ["README.md", "config.json"]
+    assert (out / "config.json").read_text() == '{"mine": true}\n'
+    export_main(["--ckpt", str(ckpt), "--out", str(out), "--force"])
+    summary = last_json(capsys)
+    assert summary["files"] == [str(out / "model.safetensors"), str(out / "config.json")], summary
+    assert summary["bytes"] == sum((out / name).stat().st_size for name in ("model.safetensors", "config.json"))
+    assert (out / "README.md").read_text() == "my project\n" and load_model(out).config == tiny_model().config
+    fresh = tmp_path / "fresh"  # an empty or new folder: all three, no --force needed
+    export_main(["--ckpt", str(ckpt), "--out", str(fresh)])
+    assert last_json(capsys)["files"] == [str(fresh / name) for name in ("model.safetensors", "config.json",
+                                                                         "README.md")]
+
+
 def test_export_switches_exact_box_means_on_for_a_trained_super_resolution_model(tmp_path, capsys):
     """The setting has no tensors: the exported weights are the checkpoint's, the bounds come with
     the configuration (docs/model.md §6), and a model without the cell sums is refused in one line."""

@@ -34,4 +34,4 @@ def data_reader(args: Namespace, image_size: int) -> Reader:
     converted to that size; whether other data fits is ``sources.check_fits``'s to say)."""
     data = args.data
     return Reader(data.source, data.root, args.val_size, image_size, crop=data.crop, resize=data.resize,
-                  cache=data.cache, rebuild=data.rebuild)
+                  cache=data.cache, rebuild=data.rebuild, val_size_from="--val_size")

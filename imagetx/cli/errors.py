@@ -5,6 +5,7 @@ read from that text (``condensed``); the keys a user gave are read from the flag
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
 import sys
@@ -118,6 +119,25 @@ def unknown_key(given: Iterable[str], known: set[str]) -> str | None:
     return None
 
 
+# jsonargparse's words for a value that is none of a Literal's choices (--task, --split, --data.source, ...)
+CHOICE = re.compile(r"Expected a typing\.Literal\[(.*)\]\. Got value: (.*)")
+
+
+def not_a_choice(message: str) -> str | None:
+    """"'VALUE' is not one of A, B, C (did you mean 'B'?)" where jsonargparse's ``message`` says a
+    value is none of a Literal's choices, else None."""
+    match = CHOICE.search(message)
+    if match is None:
+        return None
+    try:
+        choices = [str(choice) for choice in ast.literal_eval(f"[{match.group(1)}]")]
+    except (ValueError, SyntaxError):
+        return None
+    given = match.group(2).strip()
+    close = difflib.get_close_matches(given, choices, n=1)
+    return f"{given!r} is not one of {', '.join(choices)}" + (f" (did you mean {close[0]!r}?)" if close else "")
+
+
 NOISE = ("Does not validate against", "Subtypes:", "Errors:", "Given value", "Expected a <class 'NoneType'>",
          "Problem with given class_path")
 
@@ -129,6 +149,9 @@ def condensed(message: str) -> str:
     level (and, for an optional dataclass, a line per union member); the key path and the
     last line that states the problem are read from that text."""
     path = ".".join(re.findall(r'Parser key "([^"]+)"', message))
+    choice = not_a_choice(message)
+    if choice is not None:
+        return f"{path}: {choice}" if path else choice
     lines = [re.sub(r'^-?\s*Parser key "[^"]+":\s*', "", line.strip()).lstrip("- ") for line in message.splitlines()]
     given = [line for line in lines if line.startswith("Given value:")]
     lines = [line for line in lines if line and not line.startswith(NOISE)]

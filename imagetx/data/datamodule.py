@@ -178,10 +178,13 @@ class ImageDataModule(L.LightningDataModule):
         self.crop, self.resize, self.cache, self.rebuild = crop, resize, cache, rebuild
         self.reader: Reader | None = None
         self.datasets: dict[str, ImageDataset] = {}
+        # Where val_size was set, for the message that refuses one the data cannot hold: imagetx.train
+        # names the file when a --config file set it.
+        self.val_size_from = "--data.val_size"
 
     def make_reader(self, rebuild: bool) -> Reader:
         return Reader(self.source, self.root, self.val_size, self.image_size, self.download, self.crop, self.resize,
-                      self.cache, rebuild)
+                      self.cache, rebuild, self.val_size_from)
 
     def prepare_data(self) -> None:
         """Lightning calls this in one process per machine before ``setup``: a folder is

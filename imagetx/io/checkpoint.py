@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -55,17 +56,24 @@ def load_weights_only(path: str | os.PathLike, map_location: str | torch.device 
     the one way imagetx opens a checkpoint. A file that needs any other object is refused before
     any of it is built; every failure is one CheckpointError naming the file.
 
-    ``mmap=True`` maps the tensors instead of reading them (a cheap look inside a big file)."""
+    ``mmap=True`` maps the tensors instead of reading them (a cheap look inside a big file).
+    torch's warnings while reading a file it then refuses ("Detected pickle protocol 4 ...", a plain
+    pickle's) are dropped: the one-line refusal says what matters; a file read gives them as torch did."""
     path = Path(path)
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist: pass the path of a .ckpt file written by imagetx, "
                               "or of a weights folder written by imagetx.export")
     try:
-        return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+        with warnings.catch_warnings(record=True) as caught:
+            checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as error:
         raise refused(path, error) from error
     except Exception as error:  # truncated zip, wrong format
         raise unreadable(path, error) from error
+    for warning in caught:
+        warnings.warn_explicit(warning.message, warning.category, warning.filename, warning.lineno,
+                               source=warning.source)
+    return checkpoint
 
 
 def refused(path: str | os.PathLike, error: pickle.UnpicklingError) -> CheckpointError:
@@ -84,10 +92,11 @@ def refused(path: str | os.PathLike, error: pickle.UnpicklingError) -> Checkpoin
 def unsafe_objects(path: str | os.PathLike) -> list[str] | None:
     """The functions and classes named in the pickle of the torch checkpoint at ``path`` beyond
     torch's weights-only set, read from its instructions without running them; None for a file
-    that is not a torch zip checkpoint (torch.save's format since torch 1.6)."""
+    that is not a torch zip checkpoint (torch.save's format since torch 1.6), or whose pickle torch
+    cannot read that way (one written with another pickle protocol than torch.save's)."""
     try:
         return torch.serialization.get_unsafe_globals_in_checkpoint(path)
-    except (ValueError, RuntimeError, OSError):
+    except (ValueError, RuntimeError, OSError, pickle.UnpicklingError):
         return None
 
 

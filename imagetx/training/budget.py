@@ -1,27 +1,31 @@
 """A learning-rate schedule that ends when the time budget does (``trainer.max_time``), on any
 machine.
 
-A decay fitted to a step count only ends well on a machine of the speed it was fitted on:
-slower, the run stops with the learning rate still high; faster, it finishes early and leaves
-minutes unused. With a time budget, the horizon is measured instead: training runs at the peak
-learning rate (after warm-up) until the first validation has ended, or a tenth of the budget has
-passed, whichever comes first (a 3-minute run on a busy machine never reached its first
-validation, and fixed its horizon after its budget had run out); by then the steps
-(and, at a validation, the validation and whatever else the run does between steps: sample
-grids, checkpoint writes) have been timed, and the step at which the budget runs out is fixed.
-The decay then ends at that step (the cosine starts at once; warmup–stable–decay keeps the peak
-until the budget's last fraction). A budget that holds fewer steps than the warm-up ends its
-decay there too, inside the warm-up (``place_decay``). Warmup–stable–decay's horizon is then
-fitted again, until its decay starts, from the mean time of every step since the run's second
-(validations, grids and checkpoints included), at each validation and every ``adjust_every``
-steps: the first validation's measurement alone had a 14-minute `quick` run expect 3,482 steps
-where 2,789 came, so the budget ran out as its decay was to start. Before the decay the learning
-rate is the peak whatever the horizon, so moving it changes nothing already done. Once its decay
-has begun, warmup–stable–decay is steered every ``adjust_every`` steps (50, or a tenth of a
-shorter decay) and after each validation: its end fitted again from the median of the last steps
-and the time left, the decay going on from the progress it had, so that it ends when the budget
-does whatever a refit could not foresee (a one-off taken for a cost of every step ended a decay
-352 steps early). The cosine starts at once and keeps its first fit.
+A decay fitted to a step count ends well only on a machine of the speed it was fitted on: on a
+slower one the run stops with the learning rate still high, on a faster one it finishes early
+and leaves time unused. With a time budget, the horizon is measured instead:
+
+* **Fixed** (``BudgetHorizon.fix``). Training runs at the peak learning rate (after warm-up) until
+  the first validation has ended, ``fix_by`` steps have passed or a tenth of the budget has,
+  whichever comes first (a short budget on a slow machine may come to neither of the others before
+  it ends). By then the steps have been timed, and at a validation the validation and the other
+  work between steps (sample grids, checkpoint writes) too, and the step at which the budget runs
+  out is fixed: the decay ends there. The cosine starts at once; warmup–stable–decay keeps the
+  peak until the run's last ``decay_fraction``. A decay that starts inside the warm-up (a budget
+  that holds fewer steps than the warm-up, or not many more) is multiplied by it (``place_decay``).
+* **Refitted** (warmup–stable–decay, until its decay starts: ``refit``), at each validation and
+  every ``adjust_every`` steps, from the mean time of every step since the run's second
+  (validations, grids and checkpoints included): one measurement sees one validation at most, and
+  the periodic work it has not seen would leave the budget spent before the decay. Before the
+  decay the rate is the peak whatever the horizon, so moving it changes nothing already done.
+* **Steered** (warmup–stable–decay, in its decay: ``steer``), every ``adjust_every`` steps (50, or
+  a tenth of a shorter decay) and after each validation: its end fitted again from the median of
+  the last steps and the time left, the decay going on from the progress it had, so that it ends
+  when the budget does whatever a refit could not foresee (one-off costs, a machine that slows
+  down or speeds up). The cosine keeps its first fit.
+
+Each horizon fixed or refitted is printed in one line, with its steps (and, where it will be
+steered, saying so): the log says where the decay starts, and that its end follows the budget.
 The horizon is stored in every checkpoint and a run resumed with the same budget uses it, so
 that a cosine ends exactly as an uninterrupted run would (resume.py: another budget); a decay
 steered goes on steering.
@@ -69,22 +73,36 @@ class Horizon:
 
 def place_decay(end: int, earliest: int, warmup_steps: int, first_step: int = 0,
                 decay_fraction: float | None = None) -> Horizon:
-    """A horizon ending at ``end``. Without ``decay_fraction`` (the cosine) the decay starts as
-    early as it may: at ``earliest``, never before warm-up has ended. With it (warmup–stable–decay)
-    it takes the last ``decay_fraction`` of this run's steps, those from ``first_step`` (0, or the
-    step a continued run started from) to ``end``, and never starts before ``earliest``.
+    """A horizon ending at ``end``, its decay starting at ``earliest`` at the soonest.
 
-    A run whose end comes before its warm-up does (a short budget on a slow machine: 3 minutes
-    held 82 of the ``quick`` preset's 100 warm-up steps) still ends its decay at ``end``: the decay
-    starts inside the warm-up (the cosine at ``earliest``, warmup–stable–decay with its last
-    fraction) and the schedule multiplies the two (schedule.warmup_then_decay). Only where no step
-    is left (``end`` at or before ``earliest``) does the horizon pass ``end``, by one step."""
-    decay_start = max(earliest, warmup_steps)
-    if decay_start >= end:  # the warm-up does not fit: the decay starts within it
-        decay_start = earliest
+    Without ``decay_fraction`` (the cosine) the decay starts as early as it may: where warm-up
+    ends, or at ``earliest`` where the warm-up does not fit before ``end``. With it
+    (warmup–stable–decay) it takes the last ``decay_fraction`` of this run's steps, those from
+    ``first_step`` (0, or the step a continued run started from) to ``end``, wherever the warm-up
+    ends: its length follows the run's, so that a horizon refitted one step shorter or longer moves
+    its start by a step, not by the warm-up's length.
+
+    A decay that starts inside the warm-up still ends at ``end``: the schedule multiplies the two
+    (schedule.warmup_then_decay), and the rate reaches only ``decay_start / warmup_steps`` of the
+    peak. Only where no step is left (``end`` at or before ``earliest``) does the horizon pass
+    ``end``, by one step."""
     if decay_fraction is not None:
-        decay_start = max(decay_start, end - round(decay_fraction * (end - first_step)))
+        decay_start = max(earliest, end - round(decay_fraction * (end - first_step)))
+    else:
+        decay_start = max(earliest, warmup_steps)
+        if decay_start >= end:  # the warm-up does not fit: the decay starts within it
+            decay_start = earliest
     return Horizon(decay_start, max(end, decay_start + 1))
+
+
+def described(horizon: Horizon, warmup_steps: int, steered: bool) -> str:
+    """The horizon in words, for the line that says each one taken: its steps, how far the warm-up
+    has come where a decay starts inside it, and whether its end will follow the budget."""
+    within = (f", inside the warm-up of {warmup_steps} steps: the rate rises to "
+              f"{horizon.decay_start / warmup_steps:.0%} of the peak by then" if horizon.decay_start < warmup_steps
+              else "")
+    return (f"the decay runs from step {horizon.decay_start} to {horizon.end}{within}"
+            + ("; its end is then steered to the budget's" if steered else ""))
 
 
 def budget_timer(trainer: L.Trainer | None) -> Timer | None:
@@ -251,12 +269,11 @@ class BudgetHorizon(Callback):
         Not for a horizon of steps (``lr_horizon: steps``), which a time budget does not move.
 
         ``periodic`` (every ``adjust_every`` steps between validations): only a horizon whose decay
-        starts earlier is taken, silently. It catches a machine that slowed down before the decay
-        (a short run may see no validation before its budget ends). Taken both ways, such refits
-        chase the end: the mean still holds one-off costs (a resumed run's first validation), each
-        refit finds a little more time than the last, and the decay starts late and short (16 % of
-        a resumed run's steps instead of 20 %, experiments/lease_horizon_replay.py); validations
-        refit both ways, as before."""
+        starts earlier is taken. It catches a machine that slowed down before the decay (a short
+        run may see no validation before its budget ends). One that starts later is left: the mean
+        still holds one-off costs (a resumed run's first validation, a compilation), which weigh
+        less at every refit, so that refits taking both would each find a little more time than the
+        last and chase the end, the decay starting late and short. A validation's refit takes either."""
         horizon = pl_module.horizon
         if (self.since is None or trainer.global_step >= horizon.decay_start
                 or trainer.global_step <= self.since[0] or not wsd_on_budget(trainer, pl_module)):
@@ -267,10 +284,9 @@ class BudgetHorizon(Callback):
         if refitted is None or refitted == horizon or (periodic and refitted.decay_start >= horizon.decay_start):
             return
         pl_module.horizon = refitted
-        if not periodic:
-            pl_module.print(f"learning-rate horizon refitted at step {trainer.global_step}: the decay runs from "
-                            f"step {refitted.decay_start} to {refitted.end} ({seconds_per_step:.3f} s per step "
-                            f"since step {step}, all included)")
+        pl_module.print(f"learning-rate horizon refitted at step {trainer.global_step}: "
+                        f"{described(refitted, pl_module.hparams.warmup_steps, self.steer_every > 0)} "
+                        f"({seconds_per_step:.3f} s per step since step {step}, all included)")
 
     def steers(self, trainer: L.Trainer, pl_module) -> bool:
         """Whether the decay under way is steered to the budget (``steer``): warmup–stable–decay
@@ -283,9 +299,10 @@ class BudgetHorizon(Callback):
         """Warmup–stable–decay in its decay: the end again, every ``adjust_every`` steps and after
         each validation, from the median time of the last steps and the time left, so that the
         decay ends when the budget does. The fit before the decay cannot know all that is to
-        come: a resumed run's first validation took 25 s on a GPU, and that refit spread it over
-        every later step (the decay ended 352 steps early, the rest at learning rate 0); a sample
-        grid in the decay is the opposite case. The median leaves one-off and periodic work out;
+        come: a one-off cost (a first validation that compiles its graph), which the mean spreads
+        over every later step, would end the decay early and leave the rest of the budget at
+        learning rate 0; a sample grid in the decay is the opposite case. The median leaves
+        one-off and periodic work out;
         what they cost shows in the time left at the next steering. The rate of update
         ``step + 1`` is already set: the new course starts there, from the progress it had."""
         if len(self.recent) < MIN_TIMED_STEPS:  # the same in every process: each has timed the same steps
@@ -313,8 +330,8 @@ class BudgetHorizon(Callback):
             return
         pl_module.horizon = horizon
         self.starts.clear()
-        within = (f", inside the warm-up of {pl_module.hparams.warmup_steps} steps, which the budget does not hold"
-                  if horizon.decay_start < pl_module.hparams.warmup_steps else "")
-        pl_module.print(f"learning-rate horizon fixed at step {trainer.global_step}: the decay runs from step "
-                        f"{horizon.decay_start} to {horizon.end}{within} ({seconds_per_step:.3f} s per step + "
-                        f"{overhead:.3f} s of validations and the rest per step, {remaining:.0f} s of the budget left)")
+        steered = self.steer_every > 0 and wsd_on_budget(trainer, pl_module)
+        pl_module.print(f"learning-rate horizon fixed at step {trainer.global_step}: "
+                        f"{described(horizon, pl_module.hparams.warmup_steps, steered)} ({seconds_per_step:.3f} s "
+                        f"per step + {overhead:.3f} s of validations and the rest per step, {remaining:.0f} s of the "
+                        "budget left)")

@@ -9,7 +9,9 @@ A run resumed with its own budget goes on exactly; with another budget (``max_st
 ``max_time``) it gets a schedule fitted to the new budget if its learning rate had not begun to
 decay, and is refused if it had: a decay cannot be undone, and training on from a decayed (or
 fully decayed: learning rate 0) state would waste the new budget. The state to extend a run from
-is its continuation checkpoint, written just before the decay (continuation.py).
+is its continuation checkpoint, written just before the decay (continuation.py). A run resumed
+with the budget it has already spent, which Lightning would end at once, is refused before the
+loggers start, naming the way on (``refuse_finished``).
 
 Kept: Lightning's ``ckpt_path`` checks neither the model configuration nor the budget; resumed with
 another budget after its decay, a run trained on at learning rate 0, silently (docs/training.md,
@@ -23,7 +25,7 @@ from pathlib import Path
 from ..io.checkpoint import CHECKPOINT_DIR, LAST, model_config_of, read_checkpoint
 from ..io.errors import CheckpointError
 from ..model.config import ModelConfig
-from .continuation import CONTINUE, is_packed, unpack
+from .continuation import CONTINUE, TIMER_STATE, is_packed, unpack
 
 JOINED = "continued-from.ckpt"  # a packed continuation, joined, under the new run's checkpoints/
 
@@ -73,13 +75,21 @@ def dotted_fields(values: dict, prefix: str = "") -> dict:
     return out
 
 
+def decaying(checkpoint: dict) -> bool:
+    """Whether the run of ``checkpoint`` was past the start of its decay: a schedule that decays to
+    its horizon (not noam's, which never reads one) and a step beyond the horizon's decay_start."""
+    horizon = checkpoint["imagetx"].get("lr_horizon")
+    noam = checkpoint.get("hyper_parameters", {}).get("optimizer") == "adam_noam"
+    return horizon is not None and not noam and checkpoint.get("global_step", 0) > horizon["decay_start"]
+
+
 def check_budget(path: Path, checkpoint: dict, budget: dict | None) -> None:
     """Refuse to resume a run whose decay had begun (see the module's docstring) with another budget."""
     stored = checkpoint["imagetx"]
-    horizon, step = stored.get("lr_horizon"), checkpoint.get("global_step", 0)
-    if budget is None or stored.get("continuation") or horizon is None or stored.get("budget") in (None, budget):
+    horizon = stored.get("lr_horizon")
+    if budget is None or stored.get("continuation") or stored.get("budget") in (None, budget):
         return
-    if step > horizon["decay_start"]:
+    if decaying(checkpoint):
         was = stored["budget"]
         raise CheckpointError(
             f"--resume {path}: that run's learning rate was decaying since step {horizon['decay_start']} (to 0 at "
@@ -87,6 +97,41 @@ def check_budget(path: Path, checkpoint: dict, budget: dict | None) -> None:
             f"run's budget differs (max_steps {budget['max_steps']}, max_time {budget['max_time']} s): to train "
             f"on, resume from the run's {CONTINUE} (written before the decay by --model.optimizer adamw_wsd), "
             "or resume with the run's own budget")
+
+
+def refuse_finished(resume: str, root: Path, max_steps: int, max_time: float | None) -> None:
+    """Refuse ``--resume`` of a run that has spent this budget (``max_steps``; ``max_time`` in
+    seconds, None: none): Lightning would restore it and stop at once, after the loggers had begun
+    a csv version and a W&B run. Checked before they start; the line says how to train on. A
+    checkpoint that cannot be read is ``checkpoint_to_resume``'s to refuse, with its reasons."""
+    path = root / CHECKPOINT_DIR / LAST if resume == "last" else Path(resume)
+    if not path.is_file():
+        return
+    try:
+        checkpoint = read_checkpoint(path, mmap=True)
+    except CheckpointError:
+        return
+    step = checkpoint.get("global_step", 0)
+    trained = checkpoint.get("callbacks", {}).get(TIMER_STATE, {}).get("time_elapsed", {}).get("train")
+    if 0 < max_steps <= step:
+        spent = f"it has taken its max_steps {max_steps}"
+    elif max_time is not None and trained is not None and trained >= max_time:
+        spent = f"it has trained for its max_time {max_time:.0f} s, to step {step}"
+    else:
+        return
+    continuation = path.parent / CONTINUE
+    if checkpoint["imagetx"].get("continuation"):  # max_steps counts from the first run's start
+        how = f"give a --trainer.max_steps above {step}, or a --trainer.max_time"
+    elif continuation.is_file():
+        how = (f"train on from its continuation with a budget of its own: --resume {continuation} "
+               "--trainer.max_time ... (or --trainer.max_steps) --trainer.default_root_dir NEW")
+    elif not decaying(checkpoint):  # nothing to undo: another budget goes on from here (check_budget)
+        how = "resume it with a larger --trainer.max_steps or --trainer.max_time"
+    else:
+        how = (f"its learning rate has decayed and it has no {CONTINUE}: start a new run from its weights "
+               f"with --init_from {path} --trainer.default_root_dir NEW")
+    raise CheckpointError(f"--resume {resume}: {path} is a finished run ({spent}): nothing is left to train with "
+                          f"this budget; {how}")
 
 
 def saved_step(root: Path) -> int | None:

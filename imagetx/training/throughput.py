@@ -7,15 +7,20 @@ and the device's peak FLOP/s, which it looks up by the name torch gives the devi
 an H200 is "NVIDIA H200" to torch, which its table does not parse (it warns "FLOPs not found"),
 so no MFU would be logged. ``ThroughputWithPeak`` then takes the peak from ``DENSE_PEAK_FLOPS``.
 On CUDA it also logs the allocator's peak (``train/device/peak_memory_gib``) on logging steps.
+With several processes (DDP), ``train/samples`` is Lightning's count of one process's images:
+``train/total_samples`` counts all of theirs beside it (``AllProcesses``), as Lightning's
+``train/samples_per_sec`` gives the images/s of all.
 
 Kept, as a subclass of Lightning's ThroughputMonitor: Lightning's peak table knows no "NVIDIA H200", so
 no MFU would be logged there (docs/model.md §8); the allocator's peak is one column where Lightning's
-DeviceStatsMonitor logs every memory statistic; ``compute_dtype`` as Lightning's own is private.
+DeviceStatsMonitor logs every memory statistic; ``compute_dtype`` as Lightning's own is private;
+Lightning counts the images of all processes only per second, not in total.
 """
 
 from __future__ import annotations
 
 import torch
+from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.callbacks import ThroughputMonitor
 
 # Dense peaks (no 2:4 structured sparsity), FLOP/s, by compute dtype ("tf32": float32 matmuls
@@ -56,6 +61,18 @@ def table_peak(device: torch.device, dtype: torch.dtype | str) -> float | None:
     return None
 
 
+class AllProcesses(Throughput):
+    """Lightning's Throughput, with ``total_samples`` beside ``samples`` (one process's images) when
+    there are several processes: ``samples`` × their number, as each takes batches of the same size
+    (the training order pads its last one: data/datamodule.py, ``TrainOrder``)."""
+
+    def compute(self) -> dict[str, int | float]:
+        metrics = super().compute()
+        if self.world_size > 1:
+            metrics["total_samples"] = metrics["samples"] * self.world_size
+        return metrics
+
+
 class ThroughputWithPeak(ThroughputMonitor):
     """Lightning's ThroughputMonitor, with ``table_peak`` for a device Lightning knows no peak of.
 
@@ -68,6 +85,9 @@ class ThroughputWithPeak(ThroughputMonitor):
     def setup(self, trainer, pl_module, stage: str) -> None:
         self.fallback_peak = table_peak(trainer.strategy.root_device, compute_dtype(str(trainer.precision)))
         super().setup(trainer, pl_module, stage)
+        # the meters Lightning's setup has just built (its private ``_throughputs``), as AllProcesses
+        self._throughputs = {key: AllProcesses(available_flops=self.available_flops, world_size=trainer.world_size,
+                                               **self.kwargs) for key in self._throughputs}
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)

@@ -39,12 +39,13 @@ class Reader:
     ``image_size``: the side a folder is converted to (default 32); the other sources hold
     images of their own side (whether a model fits them is ``check_fits``'s to say). The
     ``folder`` options (``crop``, ``resize``, ``cache``, ``rebuild``) are refused with
-    another source."""
+    another source. ``val_size_from``: where ``val_size`` was set (the option, or a file), so that
+    a value the data cannot hold is refused naming what to change."""
 
     def __init__(self, source: str = DataOptions.source, root: str | os.PathLike | None = None,
                  val_size: int | None = None, image_size: int | None = None, download: bool = True,
                  crop: str = DataOptions.crop, resize: str = DataOptions.resize, cache: str | None = DataOptions.cache,
-                 rebuild: bool = DataOptions.rebuild) -> None:
+                 rebuild: bool = DataOptions.rebuild, val_size_from: str | None = None) -> None:
         if source not in SOURCES:
             raise DataError(f"--data.source {source!r} is unknown: choose one of {', '.join(SOURCES)}")
         options = {"crop": crop, "resize": resize, "cache": cache, "rebuild": rebuild}
@@ -55,6 +56,7 @@ class Reader:
         self.source, self.module = source, SOURCES[source]
         self.root = Path(root).expanduser() if root else default_root()
         self.val_size, self.image_size, self.download, self.options = val_size, image_size, download, options
+        self.val_size_from = val_size_from
         self.pools: dict[str, Pool] = {}
         self.converted: Path | None = None  # a folder's conversion, once made or checked
 
@@ -86,18 +88,24 @@ class Reader:
                                 "use the split val (the last val_size images) or train")
             return self.pool(held_out)
         train = self.pool("train")
-        val_size = self.module.default_val_size(len(train)) if self.val_size is None else self.val_size
+        default = self.module.default_val_size(len(train))
+        val_size = default if self.val_size is None else self.val_size
+        given = f"val_size {val_size}" + (f" (from {self.val_size_from})" if self.val_size_from else "")
         if val_size == 0:  # nothing held out of train
             if split == "train":
                 return train
             if held_out == "val":  # ImageNet: validate on the official validation set
                 return self.pool(held_out)
-            raise DataError(f"val_size=0 leaves --data.source {self.source} no val split: give val_size between 1 "
+            raise DataError(f"{given} leaves --data.source {self.source} no val split: give val_size between 1 "
                             f"and {len(train) - 1} (the last training images)")
+        if self.val_size is None and not 0 < val_size < len(train):
+            raise DataError(f"{train.where} holds {len(train)} training image(s): too few to hold any out for "
+                            "validation; add images")
         if not 0 < val_size < len(train):
-            raise DataError(f"val_size={val_size} must be between 1 and {len(train) - 1} (the training images), or 0 "
-                            "to hold none out" + (" and validate on the official validation set"
-                                                   if held_out == "val" else ""))
+            raise DataError(f"{given} must be between 1 and {len(train) - 1} ({train.where} holds {len(train)} "
+                            "training images), or 0 to hold none out" +
+                            (" and validate on the official validation set" if held_out == "val" else "") +
+                            f": give another, or leave it out for the source's default ({default} here)")
         cut = len(train) - val_size
         return train.part(None, cut) if split == "train" else train.part(cut, None)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import DataError, Pool
+from .common import DataError, Pool, as_given
 
 NUM_CLASSES = 10
 IMAGE_SHAPE = (32, 32, 3)
@@ -87,9 +87,15 @@ def read(root: Path, part: str, download: bool = True) -> Pool:
     arrays = read_npz_shards(root, part) if root.is_dir() else None
     if arrays is None:
         arrays = read_torchvision(root, train=part == "train", download=download)
+    if arrays is None and part == HELD_OUT and root.is_dir() and any(root.glob("train-*.npz")):
+        # the shared shards (docs/data.md) are the training images only: no test split to fetch there
+        raise DataError(
+            f"{as_given(root)} holds only the training shards (train-*.npz), no test-*.npz nor {TORCHVISION_FOLDER}/"
+            f"{', and could not download' if download else ''}: score the images held out of training with "
+            "--split val, or put CIFAR-10's test shards (test-*.npz) there")
     if arrays is None:
         raise DataError(
-            f"no CIFAR-10 {part} images under {root.resolve()}: looked for {part}-*.npz shards and "
+            f"no CIFAR-10 {part} images under {as_given(root)}: looked for {part}-*.npz shards and "
             f"{TORCHVISION_FOLDER}/, and could not download. Put the shards there (e.g. copy "
             f"shared/cifar10/*.npz), or pass --data.root DIR / set IMAGETX_DATA=DIR, or run once with a network")
     images, labels = arrays

@@ -8,6 +8,7 @@ cuts the splits (train / val / test) out of them.
 
 from __future__ import annotations
 
+import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +20,12 @@ from ...io.atomic import atomic_write
 
 class DataError(RuntimeError):
     """Data that cannot be found or read; the message says where and what to do."""
+
+
+def as_given(path: Path) -> str:
+    """``path`` for a message, as the user gave it (a symlink by its own name, not its target's),
+    with the absolute path it means from here when it is relative."""
+    return str(path) if path.is_absolute() else f"{path} ({os.path.abspath(path)})"
 
 
 @dataclass

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from ...io.atomic import atomic_write, remove_stale_temporaries
 from ..images import CROPS, FILTERS, prepare_image
-from .common import DataError, Pool, write_npz
+from .common import DataError, Pool, as_given, write_npz
 
 SUFFIXES = {".png", ".jpg", ".jpeg"}
 SHARD_SIZE = 1000  # images per shard (fewer when some were skipped)
@@ -83,7 +83,7 @@ def convert(root: Path, image_size: int = 32, crop: str = "center", resize: str 
         raise DataError(f"--data.root {root} is not a folder: pass the folder that holds your images")
     files, classes = scan(root)
     if not files:
-        raise DataError(f"no PNG or JPEG images under {root.resolve()} (searched it and its sub-folders for "
+        raise DataError(f"no PNG or JPEG images under {as_given(root)} (searched it and its sub-folders for "
                         f"{', '.join(sorted(SUFFIXES))}): pass the folder that holds them with --data.root")
     out = cache_dir(root, cache, image_size, crop, resize)
     manifest = {"format": FORMAT, "image_size": image_size, "crop": crop, "resize": resize,

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from .common import DataError, Pool
+from .common import DataError, Pool, as_given
 
 NUM_CLASSES = 1000
 HELD_OUT = "val"  # the official validation set
@@ -94,7 +94,7 @@ def read(root: Path, part: str) -> Pool:
     files = find(root, part) if root.is_dir() else []
     if not files:
         names = "train_data_batch_1 … train_data_batch_10" if part == "train" else "val_data"
-        raise DataError(f"no downsampled ImageNet {part} files under {root.resolve()}: looked for {names} (or .npz) "
+        raise DataError(f"no downsampled ImageNet {part} files under {as_given(root)}: looked for {names} (or .npz) "
                         "there and one folder below. Unzip the archives from image-net.org (Downsampled ImageNet "
                         "32x32 or 64x64) there, or pass --data.root DIR")
     # Filled in place, batch by batch: the memory of the images plus one batch, not twice the images.
