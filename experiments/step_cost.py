@@ -23,7 +23,7 @@ import yaml
 
 from experiments.json_result import emit
 from imagetx import build_model, ModelConfig
-from imagetx.model.scoring import model_inputs
+from imagetx.model.scoring import batch_bits_per_dim
 from imagetx.training.module import make_optimizer, optimizer_settings
 from scripts.common import set_dotted
 
@@ -44,7 +44,7 @@ def build(preset: dict, overrides: list[str]):
 
 def one_step(model, optimizer, images) -> None:
     optimizer.zero_grad(set_to_none=True)
-    model.bits_per_dim(*model_inputs(model.config, {"images": images})).mean().backward()
+    batch_bits_per_dim(model, {"images": images}).mean().backward()
     torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
     optimizer.step()
 

@@ -67,6 +67,7 @@ def worker(spec: dict) -> dict:
     import torch
 
     from imagetx import build_model
+    from imagetx.model.scoring import full_pass
 
     torch.set_num_threads(spec["threads"])
     overrides = {"image_size": spec["size"], **({"n_layers": spec["layers"]} if spec["layers"] else {})}
@@ -81,10 +82,10 @@ def worker(spec: dict) -> dict:
         model.prefill(given, model.start_decoding(1))
 
     with torch.no_grad():
-        model(images)  # warm
-        full_pass_seconds, full_pass_rss = timed_rss(lambda: model(images))
+        full_pass(model, images)  # warm
+        full_pass_seconds, full_pass_rss = timed_rss(lambda: full_pass(model, images))
         prefill_seconds, prefill_rss = timed_rss(decode_start)
-        full_pass_profiled = profiled_memory(lambda: model(images))
+        full_pass_profiled = profiled_memory(lambda: full_pass(model, images))
         prefill_profiled = profiled_memory(decode_start)
     length, ring = given.shape[1], model.pattern.ring()
     return {**spec, "pattern": model.pattern.describe(), "n_layers": config.n_layers, "d_model": config.d_model,

@@ -163,19 +163,21 @@ def training_step(spec: dict, cfg, device):
     import torch
 
     from imagetx import ImageTransformer, build_model
+    from imagetx.model.scoring import batch_bits_per_dim
     from imagetx.training.module import make_optimizer, optimizer_settings
 
     hp = read_preset(spec["preset"])["model"]
     torch.manual_seed(0)
     model = build_model(cfg).to(device).train()
     optimizer = make_optimizer(model, **optimizer_settings(hp))
-    images, labels, low_res = make_inputs(cfg, spec["batch"], device)
+    images, labels, _ = make_inputs(cfg, spec["batch"], device)  # the low-res input: made from the images
+    batch = {"images": images} | ({} if labels is None else {"labels": labels})
     bf16 = spec["precision"] == "bf16"
     losses = []
 
     def step() -> None:
         with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            loss = model.bits_per_dim(images, labels, low_res).mean()
+            loss = batch_bits_per_dim(model, batch).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
@@ -240,12 +242,12 @@ def decode_loop_seconds(model, batch: int, labels, low_res, generator, device, n
     """(decoder set-up seconds, seconds per step over steps warm..n-1) of sample()'s loop."""
     import torch
 
-    from imagetx.model.sampler import first_input
+    from imagetx.model.sampler import first_input, start_decoding, with_bounds
 
     with torch.no_grad():
         sync(device)
         t0 = time.perf_counter()
-        cache = model.start_decoding(batch, labels, low_res)
+        cache = start_decoding(model, batch, labels, low_res)
         sync(device)
         setup = time.perf_counter() - t0
         value, t1 = first_input(model, batch), time.perf_counter()
@@ -253,8 +255,8 @@ def decode_loop_seconds(model, batch: int, labels, low_res, generator, device, n
             if t == warm:
                 sync(device)
                 t1 = time.perf_counter()
-            params = model.decode_step(value, cache)
-            value = model.head.sample(params[:, None], 1.0, generator)[:, 0]
+            params, bounds = with_bounds(model.decode_step(value, cache))
+            value = model.head.sample(params[:, None], 1.0, generator, bounds)[:, 0]
         sync(device)
         return setup, (time.perf_counter() - t1) / max(1, n - warm)
 

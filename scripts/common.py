@@ -189,14 +189,17 @@ def sample_uncached(model, count: int, labels=None, low_res=None, temperature: f
     from imagetx.model.modes import eval_mode
     from imagetx.model.order import sequence_to_images
     from imagetx.model.sampler import check_count
+    from imagetx.model.scoring import full_pass
 
     check_count(count)
     check_temperature(temperature)
     cfg = model.config
-    images = torch.zeros(count, cfg.image_size, cfg.image_size, 3, dtype=torch.uint8, device=model.step_rows.device)
+    device = next(model.parameters()).device
+    images = torch.zeros(count, cfg.image_size, cfg.image_size, 3, dtype=torch.uint8, device=device)
     sequence = model.targets(images)
     with eval_mode(model), torch.no_grad():
         for t in range(model.order.length if steps is None else steps):
-            params = model(sequence_to_images(sequence, model.order, cfg.head).to(torch.uint8), labels, low_res)
+            images = sequence_to_images(sequence, model.order, cfg.head).to(torch.uint8)
+            params = full_pass(model, images, labels, low_res)
             sequence[:, t] = model.head.sample(params[:, t : t + 1], temperature, generator)[:, 0]
     return sequence_to_images(sequence, model.order, cfg.head).to(torch.uint8)

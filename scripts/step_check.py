@@ -67,6 +67,7 @@ def check(preset: str, overrides: dict, batch: int | None, device_name: str, war
     import torch
     from torch._dynamo.utils import counters
 
+    from imagetx.model.attention import build_patterns
     from imagetx.training.module import COMPILE_OPTIONS
     from imagetx.training.throughput import table_peak
 
@@ -77,7 +78,7 @@ def check(preset: str, overrides: dict, batch: int | None, device_name: str, war
     device = torch.device(device_name)
     model, step, losses = training_step({"preset": preset, "batch": batch, "precision": "bf16" if bf16 else "fp32"},
                                         cfg, device)
-    model.build_patterns(device)  # as the training module does, before the first compiled pass
+    build_patterns(model, device)  # as the training module does, before the first compiled pass
     if compile_model:
         model.compile(**COMPILE_OPTIONS)  # in place: ``step`` calls the compiled network
 

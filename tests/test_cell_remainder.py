@@ -10,6 +10,8 @@ import torch
 from helpers import random_images, tiny_model
 from imagetx.model.inputs import downsample_area
 from imagetx.model.order import sequence_to_images
+from imagetx.model.scoring import full_pass
+from imagetx.model.transformer import previous_values
 from test_sampler import SMALL_BLOCKS, block_shape, check_cached_equals_full
 
 HEADS_AND_ORDERS = [("categorical", "local_1d"), ("dmol", "local_1d"), ("categorical", "local_2d"),
@@ -53,7 +55,8 @@ def test_remainder_mean_equals_the_brute_force_sum(head, attention):
     images = random_images(2, 8, seed=1)
     low_res = downsample_area(images, 4)
     remainder = model.cell_remainder
-    features = remainder(model.targets(images), low_res)
+    steps = torch.arange(model.order.length)
+    features = remainder.features(*remainder.cell_state(previous_values(model.targets(images)), steps, low_res))
     expected = brute_force_remainder_means(model, images, low_res)
     means = (features[..., :-1] + 1.0) * 127.5
     torch.testing.assert_close(means, expected)
@@ -72,13 +75,13 @@ def test_remainder_reads_nothing_at_or_after_its_step(head, attention, bounded):
     # with exact_box_means the parameters carry the steps' bounds, built from the same sums).
     model = remainder_model(head, attention, exact_box_means=bounded)
     images, low_res = random_images(2, 8, seed=1), random_images(2, 4, seed=2)
-    base = model(images, None, low_res)
+    base = full_pass(model, images, None, low_res)
     targets = model.targets(images)
     length = targets.shape[1]
     for t in sorted({1, length // 3, length // 2, length - 2}):
         changed = targets.clone()
         changed[:, t:] = (changed[:, t:] + 77) % 256
-        other = model(sequence_images(model, changed), None, low_res)
+        other = full_pass(model, sequence_images(model, changed), None, low_res)
         torch.testing.assert_close(other[:, : t + 1], base[:, : t + 1], rtol=0, atol=1e-12)
         assert not torch.allclose(other[:, t + 1 :], base[:, t + 1 :]), "negative control: later steps must move"
 
@@ -93,13 +96,6 @@ def test_cached_decoder_matches_full_pass_with_remainder(head, attention, bounde
     model = remainder_model(head, attention, seed=3, exact_box_means=bounded)
     images = random_images(2, 8, seed=4)
     check_cached_equals_full(model, images, None, downsample_area(images, 4))
-
-
-def test_decode_without_the_remainder_says_what_to_pass():
-    model = remainder_model("dmol", "local_1d")
-    images, low_res = random_images(1, 8, seed=1), random_images(1, 4, seed=2)
-    with pytest.raises(ValueError, match=r"side=model.side_inputs\(targets, low_res\)"):
-        model.decode(model.embed_values(model.targets(images)), None, model.encode(low_res))
 
 
 def test_cell_remainder_input_needs_a_low_res_input():

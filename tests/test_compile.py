@@ -8,7 +8,9 @@ import yaml
 
 from helpers import with_changes
 from imagetx import AttentionConfig, build_model, ModelConfig
+from imagetx.model.attention import build_patterns
 from imagetx.model.inputs import downsample_area
+from imagetx.model.transformer import previous_values
 from imagetx.training.module import COMPILE_OPTIONS, ImageTransformerModule
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,14 +48,15 @@ def test_a_model_with_its_patterns_built_compiles_as_one_graph(preset, built):
     model = build_model(ModelConfig.from_dict(settings)).eval()  # no dropout: two passes compared
     images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
     low_res = downsample_area(images, 8) if model.config.superres else None
+    previous, given = previous_values(model.targets(images)), {"low_res": low_res} if low_res is not None else {}
     if built:
-        model.build_patterns("cpu")
+        build_patterns(model, "cpu")
     compiled = torch.compile(model, fullgraph=True, backend="eager")
     if built:
-        torch.testing.assert_close(compiled(images, low_res=low_res), model(images, low_res=low_res))
+        torch.testing.assert_close(compiled(previous, **given), model(previous, **given))
     else:  # the first pass builds them: a graph break, which fullgraph refuses
         with pytest.raises(Exception, match="disable"):
-            compiled(images, low_res=low_res)
+            compiled(previous, **given)
 
 
 def traced_batch_sizes(order: str, **options) -> list[tuple]:
@@ -64,7 +67,7 @@ def traced_batch_sizes(order: str, **options) -> list[tuple]:
     settings = with_changes(settings, {"image_size": 8, "n_layers": 1, "d_model": 16, "d_filter": 32,
                                        "attention": {"query_block_length": 8, "n_heads": 2}})
     model = build_model(ModelConfig.from_dict(settings))
-    model.build_patterns("cpu")
+    build_patterns(model, "cpu")
     traced = []
 
     def recording_backend(graph, example_inputs):
@@ -76,7 +79,7 @@ def traced_batch_sizes(order: str, **options) -> list[tuple]:
     for mode in order:
         model.train(mode == "t")
         with torch.set_grad_enabled(mode == "t"):
-            model(torch.randint(0, 256, (6 if mode == "e" else 4, 8, 8, 3), dtype=torch.uint8))
+            model(previous_values(model.targets(torch.randint(0, 256, (6 if mode == "e" else 4, 8, 8, 3)))))
     return sorted(traced)
 
 

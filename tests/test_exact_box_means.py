@@ -16,6 +16,7 @@ from helpers import random_images, tiny_model
 from imagetx.model.heads import CategoricalHead, DMOLHead
 from imagetx.model.inputs import downsample_area
 from imagetx.model.sampler import sample
+from imagetx.model.transformer import previous_values
 from test_cell_remainder import HEADS_AND_ORDERS, remainder_model, sequence_images
 from test_heads import exact_table_sample, pack, total_variation
 
@@ -25,7 +26,7 @@ LEVELS = 256
 def bounded_dmol(logits, means, log_scales, coeffs, lowest, highest,
                  count: int = 1) -> tuple[DMOLHead, torch.Tensor, torch.Tensor]:
     """A bounded K-component head and ``count`` copies of one step's parameters and of its bounds."""
-    head = DMOLHead(8, len(logits), bounded=True)
+    head = DMOLHead(8, len(logits))
     params = pack(logits, means, log_scales, coeffs, dtype=torch.float64)
     bounds = torch.tensor([*lowest, *highest])
     return head, params.expand(count, -1), bounds.expand(count, -1)
@@ -67,7 +68,7 @@ def test_a_bounded_dmol_pixel_sums_to_one_over_its_bounds_and_is_zero_outside(na
 
 
 def test_a_bounded_categorical_step_sums_to_one_over_its_bounds_and_is_zero_outside():
-    head = CategoricalHead(8, bounded=True)
+    head = CategoricalHead(8)
     logits = torch.randn(LEVELS, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3
     params, bounds = logits.expand(LEVELS, -1), torch.tensor([40, 47]).expand(LEVELS, -1)
     probs = head.log_prob(params, torch.arange(LEVELS), bounds).exp()
@@ -112,8 +113,7 @@ def test_bounds_hold_the_true_values_and_at_a_cells_last_step_exactly_those_that
     images = random_images(2, 8, seed=5)
     low_res = downsample_area(images, 4)
     targets = model.targets(images)
-    bounds = model.value_bounds(targets, low_res)
-    assert torch.equal(model.side_inputs(targets, low_res)[1], bounds)  # what decoding's steps take
+    _, bounds = model(previous_values(targets), low_res=low_res)  # what decoding's steps take: test_cell_remainder
     values = targets[..., None] if head == "categorical" else targets  # (B, T, c)
     c = values.shape[-1]
     lowest, highest = bounds[..., :c].long(), bounds[..., c:].long()
@@ -166,19 +166,19 @@ def test_exact_box_means_needs_the_cell_sums():
         tiny_model(encoder_layers=1, low_res_size=2, exact_box_means=True)
 
 
-def test_scoring_or_drawing_without_the_bounds_says_what_to_pass():
+def test_a_bounded_model_scores_with_the_bounds_its_forward_returns():
+    """The model's log-likelihood is its head's given the parameters and the bounds ``forward``
+    computes beside them; the same parameters without the bounds score the unrestricted mixture."""
     model = bounded_model("dmol", "local_1d")
     images = random_images(1, 8, seed=1)
     low_res = downsample_area(images, 4)
-    targets, params = model.targets(images), model(images, low_res=low_res)
-    with pytest.raises(ValueError, match=r"exact_box_means.*pass the bounds \(model.value_bounds\(targets, low_res\)"):
-        model.head.log_prob(params, targets)
-    with pytest.raises(ValueError, match="exact_box_means.*pass the bounds"):
-        model.head.sample(params)
-    bounds = model.value_bounds(targets, low_res)
+    targets = model.targets(images)
+    params, bounds = model(previous_values(targets), low_res=low_res)
+    assert bounds is not None and bounds.shape == (*targets.shape[:2], 6)
     torch.testing.assert_close(model.head.log_prob(params, targets, bounds), model.log_prob(images, low_res=low_res))
-    with pytest.raises(ValueError, match="bounds given to a head without them"):
-        remainder_model("dmol", "local_1d").head.log_prob(params, targets, bounds)
+    free, restricted = model.head.log_prob(params, targets), model.head.log_prob(params, targets, bounds)
+    assert (free <= restricted + 1e-6).all() and (free < restricted).any()  # renormalised over the bounds
+    assert remainder_model("dmol", "local_1d")(previous_values(targets), low_res=low_res)[1] is None
 
 
 def test_given_rows_that_cannot_fit_the_input_are_refused_and_ones_that_do_are_kept():

@@ -17,12 +17,15 @@ import pytest
 import torch
 import torch._dynamo
 
-from helpers import dense_attention, random_images, random_labels, tiny_model
+from helpers import (bits_per_dim, decode_embeddings, decoder, dense_attention, random_images, random_labels, tiny_model,
+                     value_embeddings)
 from imagetx.model import attention, patterns
 from imagetx.model.inputs import downsample_area
 from imagetx.model.attention import attend, uses_flex
 from imagetx.model.order import GenerationOrder
 from imagetx.model.patterns import FullCausal, Local1D, Local2D
+from imagetx.model.scoring import full_pass
+from imagetx.model.transformer import previous_values
 from test_sampler import cached_params
 
 HEADS = 2
@@ -217,10 +220,10 @@ def test_bits_per_dim_through_flex_equals_sdpa(name, monkeypatch):
     sdpa_model, *_ = model_and_inputs(name, "sdpa")
     calls = count_flex_calls(monkeypatch)
     with torch.no_grad():
-        expected = sdpa_model.bits_per_dim(images, labels, low_res)
+        expected = bits_per_dim(sdpa_model, images, labels, low_res)
         assert calls[0] == 0
-        got = flex_model.bits_per_dim(images, labels, low_res)
-    assert calls[0] == len(flex_model.layers)  # every layer's self-attention ran flex (cross-attention: SDPA)
+        got = bits_per_dim(flex_model, images, labels, low_res)
+    assert calls[0] == len(decoder(flex_model).layers)  # every layer's self-attention ran flex (cross-attention: SDPA)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
@@ -231,19 +234,20 @@ def test_block_mask_is_built_once_for_every_layer(monkeypatch):
     monkeypatch.setattr(patterns, "create_block_mask",
                         lambda *args, **kwargs: built.append(args) or original(*args, **kwargs))
     with torch.no_grad():
-        model.bits_per_dim(images, labels, low_res)
-        model.bits_per_dim(images, labels, low_res)
+        bits_per_dim(model, images, labels, low_res)
+        bits_per_dim(model, images, labels, low_res)
     assert len(built) == 1  # one pattern, for two layers and two passes
     assert [args[3:5] for args in built] == [(64, 64)]
 
 
-def future_changes(model, emb: torch.Tensor, context, labels, step: int) -> tuple[bool, bool]:
+def future_changes(model, emb: torch.Tensor, low_res, labels, step: int) -> tuple[bool, bool]:
     """Perturb every input from ``step`` on: (whether any output up to ``step`` changed,
     whether the output of step + 1 changed). Step t's input is the value of step t − 1."""
     perturbed = emb.clone()
     perturbed[:, step:] = torch.randn(perturbed[:, step:].shape, generator=torch.Generator().manual_seed(step))
     with torch.no_grad():
-        before, after = model.decode(emb, labels, context), model.decode(perturbed, labels, context)
+        before = decode_embeddings(model, emb, labels, low_res)
+        after = decode_embeddings(model, perturbed, labels, low_res)
     past_changed = not torch.equal(before[:, : step + 1], after[:, : step + 1])
     next_changed = step + 1 < emb.shape[1] and not torch.allclose(before[:, step + 1], after[:, step + 1])
     return past_changed, next_changed
@@ -257,10 +261,9 @@ def steps_to_perturb(length: int) -> list[int]:
                                   "local_1d_rotary_row_blocks"])
 def test_flex_is_causal_by_perturbation(name):
     model, images, labels, low_res = model_and_inputs(name, "flex")
-    emb = model.embed_values(model.targets(images)).detach()
-    context = None if low_res is None else model.encode(low_res).detach()
+    emb = value_embeddings(model, model.targets(images)).detach()
     for step in steps_to_perturb(emb.shape[1]):
-        past_changed, next_changed = future_changes(model, emb, context, labels, step)
+        past_changed, next_changed = future_changes(model, emb, low_res, labels, step)
         assert not past_changed, f"step {step}: an output up to it depends on later inputs"
         assert next_changed, f"step {step}: the next output ignores the perturbed input"
 
@@ -270,7 +273,7 @@ def test_perturbation_catches_a_mask_mod_that_sees_the_next_step():
     model, images, labels, low_res = model_and_inputs("local_1d_classes", "flex")
     honest = model.pattern.mask_rule()
     model.pattern.mask_rule = lambda: (lambda query, key: honest(query, key) | (key == query + 1))
-    emb = model.embed_values(model.targets(images)).detach()
+    emb = value_embeddings(model, model.targets(images)).detach()
     leaks = [future_changes(model, emb, None, labels, step)[0] for step in steps_to_perturb(emb.shape[1])]
     assert all(leaks)
 
@@ -280,7 +283,7 @@ def test_perturbation_catches_a_mask_mod_that_sees_the_next_step():
 def test_cached_sampler_equals_the_flex_full_pass(name):
     model, images, labels, low_res = model_and_inputs(name, "flex")
     with torch.no_grad():
-        full = model(images, labels, low_res)
+        full = full_pass(model, images, labels, low_res)
         cached = cached_params(model, images, labels, low_res)
     torch.testing.assert_close(cached, full, atol=2e-5, rtol=2e-5)
 
@@ -290,9 +293,9 @@ def test_compiled_model_through_flex_equals_eager():
     # compiled as part of it.
     model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
     with torch.no_grad():
-        expected = model(images, labels, low_res)
-        model.layers[0].self_attn.pattern.built.kept.clear()  # so that the compiled pass builds it
-        got = torch.compile(model)(images, labels, low_res)
+        expected = full_pass(model, images, labels, low_res)
+        model.decoder.layers[0].self_attn.pattern.built.kept.clear()  # so that the compiled pass builds it
+        got = torch.compile(model)(previous_values(model.targets(images)), labels=labels, low_res=low_res)[0]
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 

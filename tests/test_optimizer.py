@@ -57,3 +57,40 @@ def test_gradients_are_clipped_by_their_global_norm(precision, monkeypatch):
     module.configure_gradient_clipping(None, gradient_clip_val=0.5, gradient_clip_algorithm="norm")
     after = torch.nn.utils.get_total_norm([p.grad for p in module.parameters()])
     assert before > 10 and after == pytest.approx(0.5, rel=1e-5)
+
+
+def name_before(name: str) -> str:
+    """A super-resolution parameter's name as it was before the model held its decoder
+    (imagetx/io/names.py reads those)."""
+    if name.startswith("readings."):
+        _, index, rest = name.split(".", 2)
+        return f"layers.{index}.{rest}"
+    return name.removeprefix("decoder.")
+
+
+# The order the super-resolution model registered its parts in then: the decoder's inputs, the
+# encoder and cell sums, then each layer with its reading between self-attention and feed-forward.
+PARTS_BEFORE = ("value_embedding", "positions", "class_embedding", "encoder", "cell_remainder", "layers", "final_norm",
+                "head")
+LAYER_PARTS_BEFORE = ("self_attn", "self_norm", "cross_attn", "cross_norm", "cell_add", "cell_norm", "ffn", "ffn_norm")
+
+
+def place_before(name: str) -> tuple[int, ...]:
+    old = name_before(name).split(".")
+    if old[0] == "layers":
+        return PARTS_BEFORE.index("layers"), int(old[1]), LAYER_PARTS_BEFORE.index(old[2])
+    return (PARTS_BEFORE.index(old[0]),)
+
+
+@pytest.mark.parametrize("reading", ["cross_attention", "cell_add"])
+def test_each_group_lists_the_parameters_in_the_order_a_continuation_s_optimiser_state_has_them(reading):
+    """An optimiser's state is matched to the parameters by their order in each group: a super-
+    resolution model's groups list them as before it held its decoder (a continuation's Adam
+    moments go on with the parameters they belong to)."""
+    config = tiny_config(image_size=8, head="dmol", encoder_layers=1, low_res_size=4, cell_remainder_input=True,
+                         n_layers=2, low_res_reading=reading, num_classes=3)
+    model = ImageTransformerModule(config).model
+    names = {id(p): name for name, p in model.named_parameters()}
+    for group in make_optimizer(model, **optimizer_settings({"low_res_lr_scale": 0.5})).param_groups:
+        order = [names[id(p)] for p in group["params"]]
+        assert order == sorted(order, key=place_before)  # sorted is stable: within a part, the part's own order

@@ -15,7 +15,9 @@ from imagetx.model.inputs import downsample_area
 from imagetx import build_model, ModelConfig
 from imagetx.model.order import sequence_to_images
 from imagetx.model.sampler import (ISOLATED, LOG_PROGRESS_SECONDS, compile_decoding, first_input, progress_bar, sample,
-                                   sample_progressively)
+                                   sample_progressively, start_decoding, with_bounds)
+from imagetx.model.transformer import previous_values
+from imagetx.model.scoring import full_pass
 from scripts.common import sample_uncached
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,18 +32,30 @@ def block_shape(head):
     return (4, 8) if head == "categorical" else (4, 4)
 
 
+def counter(cache) -> int:
+    return int(getattr(cache, "decoder", cache).step)
+
+
 def cached_outputs(model, images, labels=None, low_res=None, step=None):
     """Teacher-force ``images`` through ``step`` (``model.decode_step`` by default): (B, T, P)
-    parameters, and (B, T, 2c) the value bounds each step left in the cache (None without)."""
+    parameters, and (B, T, 2c) the value bounds each step returned (None without)."""
     step = step or model.decode_step
-    cache = model.start_decoding(images.shape[0], labels, low_res)
+    cache = start_decoding(model, images.shape[0], labels, low_res)
     targets = model.targets(images)
-    params, bounds = [step(first_input(model, images.shape[0]), cache)], [cache.bounds]
+    outputs = [with_bounds(step(first_input(model, images.shape[0]), cache))]
     for t in range(1, model.order.length):
-        params.append(step(targets[:, t - 1], cache))
-        bounds.append(cache.bounds)
-    assert int(cache.step) == model.order.length  # one counter, advanced once per step
+        outputs.append(with_bounds(step(targets[:, t - 1], cache)))
+    assert counter(cache) == model.order.length  # one counter, advanced once per step
+    params, bounds = zip(*outputs)
     return torch.stack(params, dim=1), None if bounds[0] is None else torch.cat(bounds, dim=1)
+
+
+def full_outputs(model, images, labels=None, low_res=None):
+    """The full pass's (B, T, P) parameters and (B, T, 2c) value bounds (None without)."""
+    previous = previous_values(model.targets(images))
+    if low_res is None:
+        return model(previous, labels=labels), None
+    return model(previous, labels=labels, low_res=low_res)
 
 
 def cached_params(model, images, labels=None, low_res=None, step=None):
@@ -53,13 +67,13 @@ def prefilled_params(model, images, given, labels=None, low_res=None, step=None)
     """Teacher-force the first ``given`` steps of ``images`` in one ``prefill``, the rest through
     ``step`` (``model.decode_step`` by default): (B, T, P) parameters."""
     step = step or model.decode_step
-    cache = model.start_decoding(images.shape[0], labels, low_res)
+    cache = start_decoding(model, images.shape[0], labels, low_res)
     targets = model.targets(images)
-    params = [model.prefill(targets[:, :given], cache)]
-    assert int(cache.step) == given
+    params = [with_bounds(model.prefill(targets[:, :given], cache))[0]]
+    assert counter(cache) == given
     for t in range(given, model.order.length):
-        params.append(step(targets[:, t - 1], cache)[:, None])
-    assert int(cache.step) == model.order.length
+        params.append(with_bounds(step(targets[:, t - 1], cache))[0][:, None])
+    assert counter(cache) == model.order.length
     return torch.cat(params, dim=1)
 
 
@@ -75,15 +89,15 @@ def check_cached_equals_full(model, images, labels=None, low_res=None, step=None
     """The cached decoder, step by step and after a prefill of each of ``prefill_lengths``,
     gives the full pass's parameters."""
     with torch.no_grad():
-        full = model(images, labels, low_res)
+        full, bounds = full_outputs(model, images, labels, low_res)
         cached, cached_bounds = cached_outputs(model, images, labels, low_res, step)
         targets = model.targets(images)
         assert cached.shape == full.shape
         torch.testing.assert_close(cached, full, rtol=1e-9, atol=1e-9)
-        bounds = model.value_bounds(targets, low_res)
         assert (cached_bounds is None) == (bounds is None) and (bounds is None or torch.equal(cached_bounds, bounds))
+        given = {} if low_res is None else {"low_res": low_res}
         torch.testing.assert_close(model.head.log_prob(cached, targets, cached_bounds),
-                                   model.log_prob(images, labels, low_res), rtol=1e-6, atol=1e-6)
+                                   model.log_prob(images, labels, **given), rtol=1e-6, atol=1e-6)
         for given in prefill_lengths(model):
             prefilled = prefilled_params(model, images, given, labels, low_res, step)
             torch.testing.assert_close(prefilled, full, rtol=1e-9, atol=1e-9, msg=lambda m: f"prefill {given}: {m}")
@@ -112,10 +126,10 @@ def test_ring_buffer_is_shorter_than_the_sequence():
     # step's own, which it brings.
     model = tiny_model(head="categorical", attention="local_1d", **SMALL_BLOCKS)
     cache = model.start_decoding(1)
-    assert all(layer.self_attn.keys.shape[0] == 2 * SMALL_BLOCKS["query_block_length"] - 1 for layer in cache.layers)
+    assert all(layer.keys.shape[0] == 2 * SMALL_BLOCKS["query_block_length"] - 1 for layer in cache.layers)
     assert 32 < model.order.length == 192
     # one step counter, the model's cache's: no layer's cache keeps a copy
-    assert not any(hasattr(part, "step") for layer in cache.layers for part in (layer.self_attn, layer.context))
+    assert not any(hasattr(layer, "step") for layer in cache.layers)
 
 
 @pytest.mark.parametrize("head,attention,reading,low_res_size", [
@@ -348,7 +362,7 @@ def test_temperature_zero_takes_the_argmax_at_every_step(attention):
     model = tiny_model(seed=14, attention=attention, dtype=torch.float64)
     images = sample(model, 2, temperature=0.0)
     with torch.no_grad():
-        logits = model(images)  # by causality, step t's logits depend only on steps < t
+        logits = full_pass(model, images)  # by causality, step t's logits depend only on steps < t
     assert torch.equal(model.targets(images), logits.argmax(-1))
     assert torch.equal(images, sample(model, 2, temperature=0.0, generator=torch.Generator().manual_seed(3)))
 
@@ -555,11 +569,11 @@ def test_the_progress_bar_updates_sparingly_when_its_output_is_not_a_terminal(mo
     # are closed here (a bar left open writes to this test's captured stream after it is closed).
     stream = sys.stderr  # capsys's, for this test
     monkeypatch.setattr(stream, "isatty", lambda: False, raising=False)
-    with progress_bar(range(3, 10), 10, True) as logged:
+    with progress_bar(range(3, 10), True) as logged:
         assert logged.mininterval == LOG_PROGRESS_SECONDS
     monkeypatch.setattr(stream, "isatty", lambda: True, raising=False)
-    with progress_bar(range(3, 10), 10, True) as terminal:
-        assert terminal.mininterval < LOG_PROGRESS_SECONDS and terminal.n == 3 and terminal.total == 10
+    with progress_bar(range(3, 10), True) as terminal:  # a completion given 3 steps: its bar starts at 0 of 7
+        assert terminal.mininterval < LOG_PROGRESS_SECONDS and terminal.n == 0 and terminal.total == 7
     monkeypatch.setattr(stream, "isatty", lambda: False, raising=False)
     capsys.readouterr()
     sample(tiny_model(seed=39, image_size=8), 1, progress=True)  # 192 steps

@@ -12,10 +12,12 @@ import pytest
 import torch
 from PIL import Image
 
-from helpers import dense_attention, random_images, tiny_model, write_cifar_npz
+from helpers import (decode_embeddings, dense_attention, random_images, tiny_model, value_embeddings,
+                     write_cifar_npz)
 from imagetx import ImageTransformer, SuperResolutionTransformer, build_model, load_model, save_pretrained
 from imagetx.model.attention import merge_heads, project_heads
 from imagetx.model.inputs import downsample_area
+from imagetx.model.scoring import full_pass
 from imagetx.data.images import GRID_SCALE
 from imagetx.evaluate import main as evaluate_main
 from imagetx.sample import main as sample_main
@@ -53,8 +55,8 @@ def test_decoder_causal_and_every_output_sees_all_of_the_low_res_input(head, att
     images, low_res = random_images(2, 8, seed=1), random_images(2, 2, seed=2)
     leaf = LeafEmbeddings(model)
     targets = model.targets(images)
-    emb = model.embed_values(targets).detach().requires_grad_()
-    params = model.decode(emb, None, model.encode(low_res))
+    emb = value_embeddings(model, targets).detach().requires_grad_()
+    params = decode_embeddings(model, emb, low_res=low_res)
     length = params.shape[1]
     for t in sorted({0, 1, length // 2, length - 1}):
         proj = torch.randn(params.shape[0], params.shape[-1], dtype=params.dtype,
@@ -81,8 +83,9 @@ def test_the_cell_add_reaches_exactly_the_step_s_own_low_res_pixel(head):
     # cell add, so the gradient's support is the 3 sub-pixels of the low-res pixel under it.
     model = superres_model(head, "local_1d", low_res_size=4, n_layers=1, low_res_reading="cell_add")
     images, low_res = random_images(1, 8, seed=1), random_images(1, 4, seed=2)
-    context = model.encode(low_res).detach().requires_grad_()
-    params = model.decode(model.embed_values(model.targets(images)), None, context)
+    context = model.encoder(low_res, model.decoder.positions).detach().requires_grad_()
+    model.encoder.register_forward_hook(lambda module, args, output: context)  # the encoder's output a leaf
+    params = full_pass(model, images, low_res=low_res)
     for t in range(params.shape[1]):
         (grad,) = torch.autograd.grad(params[0, t].sum(), context, retain_graph=True)
         reached = grad[0].abs().sum(dim=-1) > 0
@@ -96,7 +99,7 @@ def test_the_cell_add_reaches_exactly_the_step_s_own_low_res_pixel(head):
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
 def test_cross_attention_equals_the_dense_reference(head):
     model = superres_model(head, "local_1d", low_res_size=4)
-    attn = model.layers[0].cross_attn
+    attn = model.readings[0].cross_attn
     length = model.order.length
     x = torch.randn(2, length, 16, dtype=torch.float64, requires_grad=True)
     context = torch.randn(2, 48, 16, dtype=torch.float64, requires_grad=True)
@@ -116,7 +119,7 @@ def test_cross_attention_equals_the_dense_reference(head):
 def test_encoder_is_not_causal():
     model = superres_model("categorical", "local_1d")
     leaf = LeafEmbeddings(model)
-    context = model.encode(random_images(1, 2, seed=3))  # (1, 12, d)
+    context = model.encoder(random_images(1, 2, seed=3), model.decoder.positions)  # (1, 12, d)
     proj = torch.randn(context.shape[-1], dtype=context.dtype, generator=torch.Generator().manual_seed(0))
     for i in range(context.shape[1]):
         # a random projection: the plain sum of a LayerNorm output is constant
@@ -204,6 +207,6 @@ def test_the_decoder_alone_refuses_an_encoder_and_build_model_builds_the_extensi
         ImageTransformer(config)
     assert type(build_model(config)) is SuperResolutionTransformer
     assert type(build_model(dataclasses.replace(config, superres=None))) is ImageTransformer
-    # the extension adds parts and renames none of the decoder's
-    decoder = set(build_model(dataclasses.replace(config, superres=None)).state_dict())
+    # the super-resolution model holds the decoder whole, with its own names
+    decoder = {f"decoder.{name}" for name in build_model(dataclasses.replace(config, superres=None)).state_dict()}
     assert decoder < set(build_model(config).state_dict())

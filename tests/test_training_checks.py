@@ -1,6 +1,6 @@
 """Input checks that keep their guarantees without reading the device at every training step:
 the data's values are checked once, as each split is read (``check_fits``); training steps on
-that data check shapes and dtypes only (``ImageTransformer.values_verified``); on any other data,
+that data check shapes and dtypes only (``log_prob(..., check=False)``); on any other data,
 and for every API caller, values are checked as before."""
 
 from __future__ import annotations
@@ -42,21 +42,17 @@ def test_the_datamodule_vouches_for_labels_checked_against_the_models_classes():
     assert not ImageDataModule(num_classes=5).values_checked_for(10)
 
 
-def test_within_values_verified_only_shapes_and_dtypes_are_checked():
+def test_with_check_false_only_shapes_and_dtypes_are_checked():
     model = tiny_model(num_classes=10)
     images, bad = random_images(2, 4), torch.tensor([3, 12])
     with pytest.raises(ValueError, match="labels span 3..12 outside 0..9"):
-        model.check_inputs(images, bad, None)
-    with model.values_verified():
-        model.check_inputs(images, bad, None)  # values unread: the data was checked where it was read
-        with pytest.raises(ValueError, match=r"labels have shape \(3,\); expected \(2,\)"):
-            model.check_inputs(images, torch.tensor([0, 1, 2]), None)
-        with pytest.raises(ValueError, match="images are torch.float32"):
-            model.check_inputs(images.float(), torch.tensor([0, 1]), None)
-    with pytest.raises(ValueError, match="outside 0..9"):  # checked again after it
-        model.check_inputs(images, bad, None)
-    with model.values_verified(False), pytest.raises(ValueError, match="outside 0..9"):
-        model.check_inputs(images, bad, None)
+        model.log_prob(images, bad)
+    with pytest.raises(IndexError):  # values unread: label 12 reaches the class embedding
+        model.log_prob(images, bad, check=False)
+    with pytest.raises(ValueError, match=r"labels have shape \(3,\); expected \(2,\)"):
+        model.log_prob(images, torch.tensor([0, 1, 2]), check=False)
+    with pytest.raises(ValueError, match="images are torch.float32"):
+        model.log_prob(images.float(), torch.tensor([0, 1]), check=False)
 
 
 def test_training_on_other_data_still_checks_every_batchs_labels():

@@ -15,7 +15,8 @@ from helpers import (TINY, TINY_TRAIN_MODEL, one_error_line, random_images, rand
 from imagetx import (CheckpointError, ImageTransformer, ModelConfig, from_pretrained, load_model, push_to_hub,
                      save_pretrained)
 from imagetx.io.checkpoint import imagetx_metadata
-from imagetx.io.weights import FORMAT_VERSION
+from imagetx.io.names import current_names
+from imagetx.io.weights import FORMAT_VERSION, write_weights
 from imagetx.model.inputs import downsample_area
 from imagetx.evaluate import main as evaluate_main
 from imagetx.export import main as export_main
@@ -87,7 +88,7 @@ def test_save_pretrained_then_from_pretrained(tmp_path, overrides):
     images = random_images(2, model.config.image_size, seed=7)
     save_pretrained(model, tmp_path / "weights")
     loaded = from_pretrained(tmp_path / "weights")
-    assert isinstance(loaded, ImageTransformer) and loaded.config == model.config and not loaded.training
+    assert type(loaded) is type(model) and loaded.config == model.config and not loaded.training
     config = json.loads((tmp_path / "weights" / "config.json").read_text())
     assert config == {"format_version": FORMAT_VERSION, **model.config.to_dict()}
     card = (tmp_path / "weights" / "README.md").read_text()  # the Hub's model card, its metadata first
@@ -354,3 +355,25 @@ def test_a_run_driven_from_python_with_path_arguments_writes_a_checkpoint_load_m
     images = random_images(2, 32, seed=4)
     with torch.no_grad():
         assert torch.equal(loaded.nll(images), module.model.eval().nll(images))
+
+
+def test_super_resolution_weights_under_their_older_names_load_as_today_s(tmp_path):
+    """Before the super-resolution model held its decoder, its weights were named as the decoder's
+    own, each layer's reading of the encoder inside the layer (layers.0.cell_add...): such folders
+    (the shipped super-resolution models') load, and score as the model they were written from."""
+    model = tiny_model(seed=3, image_size=8, head="dmol", encoder_layers=1, low_res_size=4, low_res_reading="cell_add",
+                       cell_remainder_input=True, n_layers=2)
+    older = {}
+    for name, value in model.state_dict().items():
+        if name.startswith("readings."):
+            _, index, rest = name.split(".", 2)
+            name = f"layers.{index}.{rest}"
+        older[name.removeprefix("decoder.")] = value
+    assert "layers.1.cell_add.proj.weight" in older and "encoder.embedding.table.weight" in older
+    write_weights(tmp_path / "older", older, model.config)
+    loaded = load_model(tmp_path / "older")
+    images = random_images(2, 8, seed=4)
+    with torch.no_grad():
+        assert torch.equal(loaded.nll(images, low_res=downsample_area(images, 4)),
+                           model.nll(images, low_res=downsample_area(images, 4)))
+    assert list(current_names(model.state_dict())) == list(model.state_dict())  # today's names stay as they are

@@ -19,7 +19,7 @@ from PIL import Image
 from ..io.atomic import atomic_write
 from ..model.config import CHANNELS, LEVELS
 from ..model.modes import eval_mode
-from ..model.scoring import model_inputs
+from ..model.scoring import conditioning
 from ..model.transformer import ImageTransformer
 
 # The colour scale runs from 0 to 24 bits per pixel: 24 = 3 · log2(256) is what a pixel costs
@@ -39,10 +39,10 @@ MAP_IMAGES = 8
 def bits_per_pixel(model: ImageTransformer, images: torch.Tensor, labels: torch.Tensor | None = None) -> np.ndarray:
     """(N, H, W, 3) uint8 -> (N, H, W) float64 bits each pixel costs under the model (given the
     labels, for a class-conditional model; given its 8×8 version, for super-resolution)."""
-    device = model.step_rows.device
+    device = next(model.parameters()).device
     batch = {"images": images.to(device)} | ({} if labels is None else {"labels": labels.to(device)})
     with eval_mode(model):
-        nats = -model.log_prob(*model_inputs(model.config, batch))  # (N, T): a sub-pixel or a pixel each
+        nats = -model.log_prob(batch["images"], **conditioning(model.config, batch))  # (N, T): a sub-pixel or pixel each
     grid = model.order.sequence_to_grid(nats.double().cpu())  # (N, H, 3W) or (N, H, W)
     if model.config.head == "categorical":
         grid = reduce(grid, "n h (w c) -> n h w", "sum", c=CHANNELS)

@@ -20,6 +20,7 @@ from safetensors.torch import save as safetensors_bytes
 
 from ..model.config import ModelConfig
 from ..model.superres import build_model
+from .names import current_names
 from ..model.transformer import ImageTransformer
 from .atomic import atomic_write
 from .errors import CheckpointError
@@ -71,6 +72,7 @@ def checked_model(config: ModelConfig, state: dict[str, torch.Tensor], source: P
     """The model of ``config`` holding the tensors ``state`` read from ``source``, in eval mode; a
     CheckpointError naming any tensor that does not fit, and the ``fix``."""
     model = build_model(config)
+    state = current_names(state)
     check_tensors(source, state, model.state_dict(), fix)
     model.load_state_dict(state)
     return model.to(map_location).eval()

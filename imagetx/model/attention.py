@@ -77,6 +77,17 @@ def prepare(pattern: CausalPattern | None, kernel: str, device: torch.device, he
         pattern.block_mask(device) if uses_flex(kernel, device, head_size) else pattern.blocks(device)
 
 
+def build_patterns(model: nn.Module, device: torch.device | str) -> None:
+    """Build what every self-attention layer of ``model`` reads of its pattern on ``device`` now.
+    Under torch.compile the pass that first builds it breaks its graph there (patterns.BuiltOnce),
+    so the graphs a run traces would depend on what ran before its first compiled pass; built
+    first, every run traces the same graphs, with no break, and finds those an earlier run left in
+    Inductor's cache."""
+    for module in model.modules():
+        if isinstance(module, SelfAttention):
+            prepare(module.pattern, module.kernel, torch.device(device), module.head_size)
+
+
 def pairs_computed(pattern: CausalPattern) -> int:
     """Query-key pairs the SDPA path computes per image and head under ``pattern`` (masked pairs
     included: the kernel computes them; a causal block's upper half is skipped)."""

@@ -13,10 +13,9 @@ within ±(N/2) / (number still to come): for the last pixel of a cell, its own v
 A decoder could learn to add up a cell's earlier pixels through attention; given this
 number it need not. It reads only values generated before step t, so the model stays
 autoregressive (tests perturb later steps and check earlier outputs do not move).
-Decoding one step at a time, the same ``forward`` keeps each group's running sum in a
-``RemainderCache`` instead of summing the whole sequence; a prefill (the first t steps at once)
-starts the sums where t single steps would leave them. The step comes from the model's decoding
-cache, which owns the counter.
+Decoding, ``cell_state`` keeps each group's running sum in a ``RemainderCache`` instead of
+summing the whole sequence, for one step or many at once (a prefill) alike. The steps come from
+the model's decoding cache, which owns the counter.
 """
 
 from __future__ import annotations
@@ -114,33 +113,27 @@ class CellRemainder(nn.Module):
         earlier = grouped.cumsum(dim=2) - grouped  # exclusive: the group's earlier steps only
         return rearrange(earlier, "b g n c -> b (g n) c")[:, self.inverse]
 
-    def forward(self, targets: Tensor, low_res: Tensor | None = None, cache: RemainderCache | None = None,
-                steps: Tensor | None = None) -> Tensor:
-        """Targets (B, T[, 3]) in generation order and the low-res image -> (B, T, c + 1) features
-        (``cell_state``'s arguments, which say what a cache does)."""
-        return self.features(*self.cell_state(targets, low_res, cache, steps))
+    def cell_state(self, previous: Tensor, steps: Tensor, low_res: Tensor | None = None,
+                   cache: RemainderCache | None = None) -> tuple[Tensor, Tensor, Tensor]:
+        """(B, t[, 3]) the value before each of ``steps`` (t,) -> per step, (B, t, c) the sum of its
+        group's earlier values, (B, t, c) its group's low-res value(s) and (t,) how many values its
+        group still has to come: what ``features`` and ``bounds`` read.
 
-    def cell_state(self, targets: Tensor, low_res: Tensor | None = None, cache: RemainderCache | None = None,
-                   steps: Tensor | None = None) -> tuple[Tensor, Tensor, Tensor]:
-        """Targets (B, T[, 3]) in generation order and the low-res image -> per step, (B, T, c) the
-        sum of its group's earlier values, (B, T, c) its group's low-res value(s) and (T,) how many
-        values its group still has to come: what ``features`` and ``bounds`` read.
-
-        With ``cache``, one step t (``steps``, a (1,) index): targets (B, 1[, 3]) is step t−1's
-        value (ignored at t = 0), added to its group's running sum; the low-res values come from
-        the cache (``low_res`` is not needed) -> step t's state. The sums are updated in
-        place. With targets (B, t[, 3]), t > 1, a prefill of steps 0..t−1 into a fresh cache:
-        targets holds each step's value before it, as for one step -> steps 0..t−1's state.
-        """
-        if cache is None:
-            return self.earlier_sums(self.step_values(targets)), self.low_res_values(low_res), self.still_to_come
-        if targets.shape[1] > 1:
-            return self.prefill(targets, cache)
-        t = steps
-        previous_group = self.groups[(t - 1) % self.groups.numel()]  # at t = 0 a value of 0 is added
-        cache.sums.index_add_(1, previous_group, self.step_values(targets) * (t > 0))
-        earlier = cache.sums.index_select(1, self.groups[t])  # (B, 1, c)
-        return earlier, cache.low_values.index_select(1, t), self.still_to_come[t]
+        Without ``cache``: every step from 0, given ``low_res``. With ``cache``: the steps go on
+        from those its sums hold (the low-res values are the cache's), which then hold these too
+        but the last: a step's value is added by the next step, as the decoder reads it."""
+        length = self.groups.numel()
+        if cache is None:  # every step's value but the last's, which no step reads
+            values = F.pad(self.step_values(previous[:, 1:]), (0, 0, 0, length - previous.shape[1] + 1))
+            earlier = self.earlier_sums(values)[:, :steps.numel()]
+            return earlier, self.low_res_values(low_res)[:, steps], self.still_to_come[steps]
+        values = self.step_values(previous) * (steps > 0)[:, None]  # (B, t, c): step s − 1's value, none at s = 0
+        sources = F.one_hot(self.groups[(steps - 1) % length], self.n_groups).to(values.dtype)  # (t, G): its group
+        added = torch.einsum("tg,btc->btgc", sources, values).cumsum(dim=1)  # (B, t, G, c): the chunk's sums so far
+        groups, chunk = self.groups[steps], torch.arange(steps.numel(), device=steps.device)
+        earlier = cache.sums[:, groups] + added[:, chunk, groups]  # sums integers: exact in floats
+        cache.sums += added[:, -1]
+        return earlier, cache.low_values[:, steps], self.still_to_come[steps]
 
     def bounds(self, earlier_sum: Tensor, low_values: Tensor, still_to_come: Tensor) -> Tensor:
         """``cell_state``'s per-step state -> (B, t, 2c): each step's lowest, then highest value(s)
@@ -154,15 +147,3 @@ class CellRemainder(nn.Module):
         lowest = (low_sum - (LEVELS - 1) * (n - 1)).clamp(min=0)
         highest = high_sum.clamp(max=LEVELS - 1)
         return torch.cat([lowest, highest], dim=-1).long()  # sums in floats hold integers exactly
-
-    def prefill(self, previous: Tensor, cache: RemainderCache) -> tuple[Tensor, Tensor, Tensor]:
-        """Steps 0..t−1 at once: ``previous`` (B, t[, 3]) the value before each (step 0's ignored)
-        -> their ``cell_state``. The sums then hold steps 0..t−2, as t single steps leave them:
-        the next step adds step t−1's value."""
-        length = previous.shape[1]
-        values = self.step_values(previous[:, 1:])  # steps 0..t−2
-        cache.sums.index_add_(1, self.groups[: length - 1], values)
-        # Zeros for the steps from t−1 on: a step's state reads only its group's earlier steps.
-        padded = F.pad(values, (0, 0, 0, self.groups.numel() - values.shape[1]))
-        earlier = self.earlier_sums(padded)[:, :length]
-        return earlier, cache.low_values[:, :length], self.still_to_come[:length]

@@ -85,8 +85,9 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
     """FLOPs of one image through ``model`` (any ``ModelConfig``: build it with
     ``build_model(config)``), with the attention kernels it runs on ``device``."""
     cfg = model.config
+    decoder = model.decoder if isinstance(model, SuperResolutionTransformer) else model
     steps = model.order.length  # decoder positions: sub-pixels or pixels
-    raw = {model.value_embedding.proj} if cfg.head == "dmol" else set()
+    raw = {decoder.value_embedding.proj} if cfg.head == "dmol" else set()
     # Every linear layer runs once per decoder step, except the encoder's and the projection of
     # cross-attention's keys and values, which run once per low-resolution sub-pixel, and the
     # cell add's map, once per low-resolution pixel (its 3 sub-pixels at once).
@@ -95,10 +96,10 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
         context = model.encoder.order.length  # low-resolution sub-pixels
         encoder_layers = len(model.encoder.layers)
         per_context = set(model.encoder.modules())
-        per_context |= {layer.cross_attn.to_kv for layer in model.layers if layer.cross_attn is not None}
-        per_low_res_pixel = {layer.cell_add.proj for layer in model.layers if layer.cell_add is not None}
+        per_context |= {reading.cross_attn.to_kv for reading in model.readings if reading.cross_attn is not None}
+        per_low_res_pixel = {reading.cell_add.proj for reading in model.readings if reading.cell_add is not None}
         raw |= {model.cell_remainder.proj} if model.cell_remainder is not None else set()
-        crossing = sum(layer.cross_attn is not None for layer in model.layers)
+        crossing = sum(reading.cross_attn is not None for reading in model.readings)
     projections = inputs = 0
     for module in model.modules():
         if isinstance(module, nn.Linear):
@@ -114,7 +115,7 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
                 projections += flops
     # Scores (q·k) and values (weights·v): 2 products of e per pair and head, h·e = d.
     per_pair = 2 * FLOPS_PER_MAC * cfg.d_model
-    pairs = cfg.n_layers * decoder_attention_pairs(model, device)
+    pairs = cfg.n_layers * decoder_attention_pairs(decoder, device)
     # the encoder and cross-attention to all of it: every pair
     pairs += encoder_layers * context * context + crossing * steps * context
     return Flops(projections, inputs, per_pair * pairs)

@@ -6,9 +6,9 @@ score targets (log-likelihood in nats, per position) and sample with a
 temperature. The head's projection, its scores and its draws run in float32 at least, even
 under bf16 autocast, and in float64 for a float64 model (``precision.py`` says why).
 
-A bounded head (``superres.exact_box_means``) restricts each step's values to bounds,
-renormalised: its scores and draws take them as their own argument, (..., 2c) long, each step's
-lowest values then its highest (the model's ``value_bounds``; decoding, the cache's ``bounds``).
+Given bounds, (..., 2c) long, each step's lowest values then its highest (what a super-resolution
+model with ``exact_box_means`` computes beside its parameters), a head's scores and draws
+restrict each step to its bounds, renormalised.
 """
 
 from __future__ import annotations
@@ -74,14 +74,8 @@ def truncated_logistic(u: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
     return torch.where(mirrored, -z, z)
 
 
-def split_bounds(bounded: bool, bounds: Tensor | None) -> tuple[Tensor, Tensor] | None:
-    """(..., 2c) bounds -> (lowest, highest), each (..., c) long; None for a head without bounds.
-    A bounded head given none, or an unbounded one given some, is refused naming what to pass."""
-    if bounded and bounds is None:
-        raise ValueError("this model restricts each value to what its cell can still take (exact_box_means): "
-                         "pass the bounds (model.value_bounds(targets, low_res) gives them)")
-    if not bounded and bounds is not None:
-        raise ValueError("bounds given to a head without them (exact_box_means=False): pass bounds=None")
+def split_bounds(bounds: Tensor | None) -> tuple[Tensor, Tensor] | None:
+    """(..., 2c) bounds -> (lowest, highest), each (..., c) long; None for None."""
     if bounds is None:
         return None
     lowest, highest = bounds.long().chunk(2, dim=-1)
@@ -110,23 +104,22 @@ def check_temperature(temperature: float) -> None:
 class CategoricalHead(nn.Module):
     """One linear map d -> 256 shared by the three channels; one position per sub-pixel."""
 
-    def __init__(self, d_model: int, bounded: bool = False) -> None:
+    def __init__(self, d_model: int) -> None:
         super().__init__()
         self.proj = nn.Linear(d_model, LEVELS)
-        self.bounded = bounded
 
     def forward(self, hidden: Tensor) -> Tensor:
         """(B, T, d) -> (B, T, 256) logits."""
         return full_precision_linear(self.proj, hidden)
 
     def fits(self, targets: Tensor, bounds: Tensor | None) -> Tensor:
-        """(B, T) whether each target lies within its step's bounds (B, T, 2) (all of them: unbounded)."""
-        return all_within(split_bounds(self.bounded, bounds), targets[..., None])
+        """(B, T) whether each target lies within its step's bounds (B, T, 2) (all of them: no bounds)."""
+        return all_within(split_bounds(bounds), targets[..., None])
 
     def logits(self, params: Tensor, bounds: Tensor | None = None) -> Tensor:
-        """The logits in the scoring precision, those of values outside a bounded step's bounds at −inf."""
+        """The logits in the scoring precision, those of values outside a step's bounds at −inf."""
         logits = params.to(scoring_dtype(params))
-        limits = split_bounds(self.bounded, bounds)
+        limits = split_bounds(bounds)
         if limits is None:
             return logits
         return logits.masked_fill(~within(limits, torch.arange(LEVELS, device=params.device)), -math.inf)
@@ -156,20 +149,19 @@ class DMOLHead(nn.Module):
     then for each channel K means, K log-scales and K coupling coefficients.
     """
 
-    def __init__(self, d_model: int, components: int, bounded: bool = False) -> None:
+    def __init__(self, d_model: int, components: int) -> None:
         super().__init__()
         self.components = components
         self.size = components * (1 + 3 * CHANNELS)  # parameters of the distribution
         self.proj = nn.Linear(d_model, self.size)
-        self.bounded = bounded
 
     def forward(self, hidden: Tensor) -> Tensor:
         """(B, T, d) -> (B, T, 10K) parameters."""
         return full_precision_linear(self.proj, hidden)
 
     def fits(self, targets: Tensor, bounds: Tensor | None) -> Tensor:
-        """(B, T) whether each pixel's three values lie within its step's bounds (B, T, 6) (all: unbounded)."""
-        return all_within(split_bounds(self.bounded, bounds), targets)
+        """(B, T) whether each pixel's three values lie within its step's bounds (B, T, 6) (all: no bounds)."""
+        return all_within(split_bounds(bounds), targets)
 
     def split(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """-> logits (..., K), means, log_scales, coeffs each (..., 3, K)."""
@@ -193,7 +185,7 @@ class DMOLHead(nn.Module):
 
         Channel c's bin [x − 1/255, x + 1/255] (the lowest and highest bins stretched to
         ∓∞) under the logistic with mean m_c and scale e^s, in standardised units
-        lower = (x − m − 1/255)/e^s and upper = (x − m + 1/255)/e^s. A bounded head divides each
+        lower = (x − m − 1/255)/e^s and upper = (x − m + 1/255)/e^s. Given bounds, the head divides each
         by the mass of the channel's bounds [lo, hi] under the same logistic (its end bins
         stretched as the values' are): each component's channels, given the earlier ones, are
         then distributions over the bounds; a value outside them has log p −inf.
@@ -205,7 +197,7 @@ class DMOLHead(nn.Module):
         inv_s = torch.exp(-log_scales)
         log_p = log_mass(inv_s * (centered - HALF_BIN), inv_s * (centered + HALF_BIN), 2.0 * HALF_BIN * inv_s,
                          math.log(2.0 * HALF_BIN) - log_scales, values == 0, values == LEVELS - 1)
-        limits = split_bounds(self.bounded, bounds)
+        limits = split_bounds(bounds)
         if limits is not None:
             lowest, highest = (b.unsqueeze(-1) for b in limits)  # (..., 3, 1)
             lower = centered - (values - lowest).to(means.dtype) / HALF_RANGE - HALF_BIN
@@ -230,7 +222,7 @@ class DMOLHead(nn.Module):
         Pick a component, then draw R, G, B in turn: a logistic draw, rounded to its level
         (the bins of ``channel_log_probs``; values beyond ±1 fall in the edge bins), and
         that *level* (not the continuous draw) enters the coupled means of the later
-        channels, as it does in ``log_prob``. A bounded head draws each channel from its
+        channels, as it does in ``log_prob``. Given bounds, it draws each channel from its
         logistic restricted to the bounds' bins. Temperature divides the mixture logits and
         scales the logistic noise; 0 takes the most likely component and its means (clamped
         to the bounds).
@@ -249,7 +241,7 @@ class DMOLHead(nn.Module):
         u = torch.rand(means.shape, generator=generator, device=means.device, dtype=torch.float64)
         u = u.clamp(min=torch.finfo(torch.float64).tiny)
         noise = torch.log(u) - torch.log1p(-u)  # (..., 3) standard logistic draws
-        limits = split_bounds(self.bounded, bounds)
+        limits = split_bounds(bounds)
 
         def level(y: Tensor) -> Tensor:  # a point on the [-1, 1] scale -> its bin's level (long)
             return torch.round((y.clamp(-1.0, 1.0) + 1.0) * HALF_RANGE).long()

@@ -40,12 +40,34 @@ from tqdm.auto import tqdm
 
 from .config import CHANNELS
 from .heads import check_temperature
-from .transformer import DecodingCache, ImageTransformer
 from .modes import eval_mode
 from .order import sequence_to_images
+from .superres import SuperResolutionCache, SuperResolutionTransformer
+from .transformer import DecodingCache, ImageTransformer
 
-# (value generated at the step before, cache) -> the head's parameters: ``decode_step`` or its compiled form.
-DecodeStep = Callable[[Tensor, DecodingCache], Tensor]
+Model = ImageTransformer | SuperResolutionTransformer
+Cache = DecodingCache | SuperResolutionCache
+# (value generated at the step before, cache) -> what the model's ``decode_step`` returns, or its
+# compiled form: the head's parameters, and for a super-resolution model its value bounds beside them.
+DecodeStep = Callable[[Tensor, Cache], Tensor | tuple[Tensor, Tensor | None]]
+
+
+def with_bounds(outputs: Tensor | tuple[Tensor, Tensor | None]) -> tuple[Tensor, Tensor | None]:
+    """A decoding step's outputs as (the head's parameters, the value bounds or None)."""
+    return outputs if isinstance(outputs, tuple) else (outputs, None)
+
+
+def model_device(model: Model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def start_decoding(model: Model, count: int, labels: Tensor | None, low_res: Tensor | None) -> Cache:
+    """The model's empty decoding cache for ``count`` images: given ``low_res`` where it reads one."""
+    if isinstance(model, SuperResolutionTransformer):
+        return model.start_decoding(count, labels, low_res)
+    if low_res is not None:
+        raise ValueError("this model has no encoder (no superres section): pass low_res=None")
+    return model.start_decoding(count, labels)
 
 
 def check_count(count: int) -> None:
@@ -53,11 +75,11 @@ def check_count(count: int) -> None:
         raise ValueError(f"number of images {count} is invalid: ask for at least 1")
 
 
-def first_input(model: ImageTransformer, count: int) -> Tensor:
+def first_input(model: Model, count: int) -> Tensor:
     """``previous`` for step 0, which ``decode_step`` reads and ignores: zeros of the shape of
     one step's values, (count,) sub-pixels or (count, 3) pixels."""
     per_step = () if model.config.head == "categorical" else (CHANNELS,)
-    return torch.zeros((count, *per_step), dtype=torch.long, device=model.step_rows.device)
+    return torch.zeros((count, *per_step), dtype=torch.long, device=model_device(model))
 
 
 def cache_tensors(state: object) -> Iterator[Tensor]:
@@ -75,11 +97,11 @@ def cache_tensors(state: object) -> Iterator[Tensor]:
 class CompiledDecoding:
     """``model.decode_step`` compiled (``compile_decoding``), called as the step itself."""
 
-    def __init__(self, model: ImageTransformer, compiled: Callable) -> None:
+    def __init__(self, model: Model, compiled: Callable) -> None:
         self.model, self.compiled = model, compiled
         self.marked: weakref.ref | None = None  # the cache whose tensors were last marked static
 
-    def __call__(self, previous: Tensor, cache: DecodingCache) -> Tensor:
+    def __call__(self, previous: Tensor, cache: Cache) -> Tensor | tuple[Tensor, Tensor | None]:
         if self.marked is None or self.marked() is not cache:
             # The caches stay at one address for the whole decoding (written in place): marked so,
             # a CUDA graph may capture a step that writes them, rather than being skipped for
@@ -91,10 +113,10 @@ class CompiledDecoding:
         # the prefix) would otherwise compile a second graph. clone: the parameters (and the
         # step's bounds) are the caller's to keep, and a CUDA graph overwrites its outputs at its
         # next replay.
-        params = self.compiled(self.model, previous.contiguous(), cache).clone()
-        if cache.bounds is not None:
-            cache.bounds = cache.bounds.clone()
-        return params
+        outputs = self.compiled(self.model, previous.contiguous(), cache)
+        if isinstance(outputs, tuple):
+            return tuple(None if output is None else output.clone() for output in outputs)
+        return outputs.clone()
 
 
 # model -> {mode: its compiled decode_step}. Weak: a model's compilations go with it. What is
@@ -107,7 +129,7 @@ COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 ISOLATED = {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
 
 
-def compile_decoding(model: ImageTransformer, mode: str = "default") -> DecodeStep:
+def compile_decoding(model: Model, mode: str = "default") -> DecodeStep:
     """``model.decode_step`` under ``torch.compile(fullgraph=True, dynamic=False)``, in ``mode``
     ("default"; "reduce-overhead" on CUDA: captured as a CUDA graph, replayed at every step).
 
@@ -161,12 +183,11 @@ class DecodingThreads:
 LOG_PROGRESS_SECONDS = 30.0
 
 
-def progress_bar(steps: range, total: int, enabled: bool) -> Iterator[int]:
-    """``steps`` under a tqdm bar over ``total`` steps (the given ones counted as done), redrawn
-    freely on a terminal and sparingly anywhere else."""
+def progress_bar(steps: range, enabled: bool) -> Iterator[int]:
+    """``steps`` under a tqdm bar over the steps to draw (a completion's given ones are not
+    among them: its bar starts at 0), redrawn freely on a terminal and sparingly anywhere else."""
     interval = {} if sys.stderr.isatty() else {"mininterval": LOG_PROGRESS_SECONDS}
-    return tqdm(steps, desc="sampling", unit="step", total=total, initial=steps.start, disable=not enabled,
-                leave=False, **interval)
+    return tqdm(steps, desc="sampling", unit="step", disable=not enabled, leave=False, **interval)
 
 
 def image_temperatures(temperature: float | Sequence[float], count: int) -> list[float]:
@@ -183,7 +204,7 @@ class Drawer:
     """Draws each step's values from the head's parameters at each image's temperature: one
     draw for the batch where they share one, else one per temperature (its images gathered)."""
 
-    def __init__(self, model: ImageTransformer, temperatures: list[float], generator: torch.Generator | None,
+    def __init__(self, model: Model, temperatures: list[float], generator: torch.Generator | None,
                  device: torch.device) -> None:
         self.head, self.generator = model.head, generator
         distinct = sorted(set(temperatures))
@@ -215,7 +236,7 @@ class Progress:
         return self.steps == self.total
 
 
-def partial_images(model: ImageTransformer, values: list[Tensor]) -> Tensor:
+def partial_images(model: Model, values: list[Tensor]) -> Tensor:
     """The values of the steps decoded so far -> (count, H, W, 3) uint8, later cells 0."""
     sequence = torch.stack(values, dim=1)
     missing = model.order.length - sequence.shape[1]
@@ -224,7 +245,7 @@ def partial_images(model: ImageTransformer, values: list[Tensor]) -> Tensor:
     return sequence_to_images(sequence, model.order, model.config.head).to(torch.uint8)
 
 
-def given_values(model: ImageTransformer, count: int, prefix: Tensor | None, given_rows: int) -> Tensor | None:
+def given_values(model: Model, count: int, prefix: Tensor | None, given_rows: int) -> Tensor | None:
     """The values a completion is given, read from ``prefix`` (count, H, W, 3): those of the steps
     in the first ``given_rows`` image rows (``model.given_steps``), (count, k) sub-pixels or
     (count, k, 3) pixels; None without given rows."""
@@ -236,10 +257,10 @@ def given_values(model: ImageTransformer, count: int, prefix: Tensor | None, giv
     given_count = sum(given)
     if not all(given[:given_count]):  # model.given_steps puts them first (whole rows of 2D blocks)
         raise ValueError(f"given_rows={given_rows}: the given steps do not come first in generation order")
-    return model.targets(prefix.to(model.step_rows.device))[:, :given_count]
+    return model.targets(prefix.to(model_device(model)))[:, :given_count]
 
 
-def check_given_fit(model: ImageTransformer, forced: Tensor, bounds: Tensor | None) -> None:
+def check_given_fit(model: Model, forced: Tensor, bounds: Tensor | None) -> None:
     """With ``exact_box_means``, given values that no image with the low-res input's box means
     could have (a completion's rows from another image) are refused in one line, before any step
     is drawn: each given value must lie within the ``bounds`` of its step (the prefill's), which
@@ -249,31 +270,31 @@ def check_given_fit(model: ImageTransformer, forced: Tensor, bounds: Tensor | No
                          "(exact_box_means); give the rows of the image low_res was made from")
 
 
-def decoded(model: ImageTransformer, count: int, step: DecodeStep, draw: Drawer, cache: DecodingCache,
+def decoded(model: Model, count: int, step: DecodeStep, draw: Drawer, cache: Cache,
             forced: Tensor | None, progress: bool) -> Iterator[tuple[list[Tensor], Tensor]]:
     """The decoding loop over ``cache``: yields (the values of the steps so far, whether every
     output so far was finite: a 0-d bool on the device, for the caller to read once) after the
     given steps (``forced``), if any, and after each step drawn."""
-    finite = torch.ones((), dtype=torch.bool, device=model.step_rows.device)
+    finite = torch.ones((), dtype=torch.bool, device=model_device(model))
     values, value = [], first_input(model, count)
     if forced is not None:  # one teacher-forced pass over the given rows fills every cache
-        params = model.prefill(forced, cache)
+        params, bounds = with_bounds(model.prefill(forced, cache))
         finite &= params.isfinite().all()
-        check_given_fit(model, forced, cache.bounds)
+        check_given_fit(model, forced, bounds)
         values, value = list(forced.unbind(1)), forced[:, -1]
         yield values, finite
     total = model.order.length
-    for _ in progress_bar(range(len(values), total), total, progress):
-        params = step(value, cache)
+    for _ in progress_bar(range(len(values), total), progress):
+        params, bounds = with_bounds(step(value, cache))
         finite &= params.isfinite().all()
-        value = draw(params, cache.bounds)
+        value = draw(params, bounds)
         values.append(value)
         yield values, finite
 
 
 @torch.no_grad()
 def sample_progressively(
-    model: ImageTransformer,
+    model: Model,
     count: int,
     labels: Tensor | None = None,
     low_res: Tensor | None = None,
@@ -302,7 +323,7 @@ def sample_progressively(
     forced = given_values(model, count, prefix, given_rows)
     if every is not None and every < 1:
         raise ValueError(f"every={every} is invalid: yield every 1 or more steps")
-    device, total = model.step_rows.device, model.order.length
+    device, total = model_device(model), model.order.length
     step = compile_decoding(model, "default" if compiled is True else compiled) if compiled else model.decode_step
     draw = Drawer(model, temperatures, generator, device)
     given_count = 0 if forced is None else forced.shape[1]
@@ -310,7 +331,7 @@ def sample_progressively(
     with eval_mode(model):
         threads.limit()
         try:
-            cache = model.start_decoding(count, labels, low_res)
+            cache = start_decoding(model, count, labels, low_res)
             for values, finite in decoded(model, count, step, draw, cache, forced, progress):
                 steps = len(values)
                 if every is not None and (steps == given_count or (steps % every == 0 and steps < total)):
@@ -324,7 +345,7 @@ def sample_progressively(
     yield Progress(total, total, partial_images(model, values))
 
 
-def sample(model: ImageTransformer, count: int, *args, **kwargs) -> Tensor:
+def sample(model: Model, count: int, *args, **kwargs) -> Tensor:
     """Generate ``count`` images (count, H, W, 3) uint8: the finished images of
     ``sample_progressively``, which takes the same arguments (and ``every``, which this has no use for)."""
     (finished,) = sample_progressively(model, count, *args, every=None, **kwargs)  # without every: one yield

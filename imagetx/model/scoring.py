@@ -10,27 +10,41 @@ from tqdm.auto import tqdm
 from .config import ModelConfig
 from .inputs import downsample_area
 from .modes import eval_mode
-from .transformer import ImageTransformer
+from .superres import SuperResolutionTransformer
+from .transformer import ImageTransformer, previous_values
 
 
-def model_inputs(config: ModelConfig, batch: dict[str, torch.Tensor]):
-    """(images, labels or None, low_res or None) for a batch: a dict of ``images`` and, where
-    the model takes them, ``labels``. The low-resolution input is made from the image itself."""
-    images = batch["images"]
-    labels = batch["labels"] if config.num_classes else None
-    low_res = downsample_area(images, config.superres.low_res_size) if config.superres else None
-    return images, labels, low_res
+def conditioning(config: ModelConfig, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
+    """What the model of ``config`` takes beside a batch's images (a dict of ``images`` and,
+    where the model takes them, ``labels``), as keyword arguments: ``labels`` (or None), and for a
+    super-resolution model ``low_res``, made from the images themselves."""
+    given = {"labels": batch["labels"] if config.num_classes else None}
+    if config.superres:
+        given["low_res"] = downsample_area(batch["images"], config.superres.low_res_size)
+    return given
 
 
-def batch_bits_per_dim(model: ImageTransformer, batch: dict[str, torch.Tensor], given_rows: int = 0) -> torch.Tensor:
-    """(B,) bits/dim of every image of a batch (as ``model_inputs`` reads it): of the whole
-    image, or of the part below its first ``given_rows`` rows given them."""
-    return model.bits_per_dim(*model_inputs(model.config, batch), given_rows=given_rows)
+def full_pass(model: ImageTransformer | SuperResolutionTransformer, images: torch.Tensor,
+              labels: torch.Tensor | None = None, low_res: torch.Tensor | None = None) -> torch.Tensor:
+    """(B, T, P) the head's parameters at every step of uint8 ``images`` (B, H, W, 3), teacher-forced
+    (inputs unchecked: ``log_prob`` checks them)."""
+    previous = previous_values(model.targets(images))
+    if isinstance(model, SuperResolutionTransformer):
+        return model(previous, labels=labels, low_res=low_res)[0]
+    return model(previous, labels=labels)
+
+
+def batch_bits_per_dim(model: ImageTransformer | SuperResolutionTransformer, batch: dict[str, torch.Tensor],
+                       given_rows: int = 0, check: bool = True) -> torch.Tensor:
+    """(B,) bits/dim of every image of a batch (``conditioning`` reads what else it holds): of the
+    whole image, or of the part below its first ``given_rows`` rows given them. ``check`` False:
+    the batch's values were checked as it was read (``ImageTransformer.log_prob``)."""
+    return model.bits_per_dim(batch["images"], **conditioning(model.config, batch), given_rows=given_rows, check=check)
 
 
 @torch.no_grad()
-def evaluate(model: ImageTransformer, images: torch.Tensor, labels: torch.Tensor | None, batch_size: int = 32,
-             rows: int = 0, progress: bool = True) -> dict[str, float]:
+def evaluate(model: ImageTransformer | SuperResolutionTransformer, images: torch.Tensor, labels: torch.Tensor | None,
+             batch_size: int = 32, rows: int = 0, progress: bool = True) -> dict[str, float]:
     """Bits/dim over all ``images`` (N, H, W, 3); with ``rows`` > 0, of the part below them.
     ``labels``: for a class-conditional model (None for unlabelled images). Scored in eval
     mode (no dropout), whatever mode the model is in; it is left in its own mode.

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import inspect
 import pickle
-from contextlib import nullcontext
 from functools import partial
 from typing import Literal
 
@@ -30,12 +29,14 @@ from torchmetrics import MeanMetric
 
 from .budget import Horizon, budget_timer, place_decay, run_budget
 from .continuation import TIMER_STATE, continued_moments
-from ..io.checkpoint import imagetx_metadata, model_config_of, read_checkpoint, refused
+from ..io.checkpoint import LIGHTNING_PREFIX, imagetx_metadata, model_config_of, read_checkpoint, refused
+from ..io.names import current_names
+from ..model.attention import build_patterns
 from ..model.config import ModelConfig
 from ..data.datamodule import ImageDataModule
 from ..model.flops import Flops, count_flops
 from ..model.scoring import batch_bits_per_dim
-from ..model.superres import build_model
+from ..model.superres import SuperResolutionTransformer, build_model
 from ..model.transformer import ImageTransformer
 from .nonfinite import NonFiniteLossError, NonFiniteSteps, gradients_not_finite, non_finite_tensors, step_kind
 from .schedule import noam, warmup_then_decay
@@ -138,7 +139,7 @@ class ImageTransformerModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self.flops = count_flops(self.model, self.device)
-        self.model.build_patterns(self.device)  # before any compiled pass: the same graphs in every run
+        build_patterns(self.model, self.device)  # before any compiled pass: the same graphs in every run
 
     def on_train_start(self) -> None:
         """The next update's learning rate from this run's schedule. A resumed optimiser holds the
@@ -161,8 +162,7 @@ class ImageTransformerModule(L.LightningModule):
     def shared_step(self, batch: dict[str, torch.Tensor], split: str) -> torch.Tensor:
         self.batch_images = batch["images"].shape[0]
         # Data checked as it was read: the model checks shapes and dtypes only, reading nothing back.
-        with self.model.values_verified() if self.data_checked else nullcontext():
-            bpd = self.bits_per_dim(batch)
+        bpd = batch_bits_per_dim(self.model, batch, check=not self.data_checked)
         batch_size = bpd.shape[0]
         if split == "train":
             loss = bpd.mean()
@@ -288,6 +288,7 @@ class ImageTransformerModule(L.LightningModule):
         its own schedule over its own budget, the time budget counted afresh. A checkpoint taken
         before the decay, resumed with another budget (resume.py refuses one taken later), gets a
         horizon fitted to the new budget."""
+        checkpoint["state_dict"] = current_names(checkpoint["state_dict"], LIGHTNING_PREFIX)
         stored = checkpoint.get("imagetx", {})
         self.nonfinite.skipped = int(stored.get("nonfinite_skips", 0))
         self.images_seen = int(stored.get("images_seen", 0))
@@ -317,7 +318,8 @@ def optimizer_settings(hyper_parameters: dict) -> dict:
 def parameter_groups(model: ImageTransformer, peak_lr: float, low_res_lr_scale: float) -> list[dict]:
     """The optimiser's parameter groups: the parts that read the low-resolution input at
     ``low_res_lr_scale`` times the peak learning rate, the rest at the peak."""
-    low_res = {id(p) for module in model.low_res_modules() for p in module.parameters()}
+    low_res_modules = model.low_res_modules() if isinstance(model, SuperResolutionTransformer) else []
+    low_res = {id(p) for module in low_res_modules for p in module.parameters()}
     groups = [{"params": [p for p in model.parameters() if id(p) not in low_res], "lr": peak_lr},
               {"params": [p for p in model.parameters() if id(p) in low_res], "lr": peak_lr * low_res_lr_scale}]
     return [group for group in groups if group["params"]]
