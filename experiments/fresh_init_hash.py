@@ -35,12 +35,21 @@ CONFIGS = {
 }
 
 
+def one_level_reader():
+    try:
+        from imagetx.io.older import model_config
+    except ImportError:
+        return ModelConfig.from_dict
+    return model_config
+
+
 def state_hash(fields: dict, seed: int) -> tuple[str, int]:
     """(SHA-256 of the seeded model's state_dict, its number of tensors)."""
     torch.manual_seed(seed)
-    # Trees before build_model built every model with ImageTransformer(config).
+    # Trees before build_model built every model with ImageTransformer(config); trees since issue 94
+    # read the one-level form (which every tree reads) in imagetx.io.older, before it in from_dict.
     build = getattr(imagetx, "build_model", imagetx.ImageTransformer)
-    state = build(ModelConfig.from_dict({**BASE, **fields})).state_dict()  # the one-level form every tree reads
+    state = build(one_level_reader()({**BASE, **fields})).state_dict()
     digest = hashlib.sha256()
     for name, value in state.items():
         digest.update(name.encode())

@@ -163,12 +163,14 @@ def training_step(spec: dict, cfg, device):
     import torch
 
     from imagetx import ImageTransformer, build_model
+    from imagetx.model.patterns import FLEX_BLOCK_SIZE
     from imagetx.model.scoring import batch_bits_per_dim
     from imagetx.training.module import make_optimizer, optimizer_settings
 
     hp = read_preset(spec["preset"])["model"]
     torch.manual_seed(0)
-    model = build_model(cfg).to(device).train()
+    model = build_model(cfg, spec.get("kernel", "auto"), spec.get("flex_block_size", FLEX_BLOCK_SIZE))
+    model = model.to(device).train()
     optimizer = make_optimizer(model, **optimizer_settings(hp))
     images, labels, _ = make_inputs(cfg, spec["batch"], device)  # the low-res input: made from the images
     batch = {"images": images} | ({} if labels is None else {"labels": labels})

@@ -146,7 +146,7 @@ def machine_info(device: str, threads: int | None) -> dict:
 
 def preset_model_config(path, overrides: dict | None = None):
     """The ``ModelConfig`` of the preset YAML at ``path`` (its ``model.config``), with ``overrides``:
-    a field by its name, a section's by a dotted one, as on the command line (``attention.kernel``)."""
+    a field by its name, a section's by a dotted one, as on the command line (``attention.n_heads``)."""
     import yaml
 
     from imagetx.model.config import ModelConfig
@@ -159,7 +159,7 @@ def preset_model_config(path, overrides: dict | None = None):
 
 
 def set_dotted(tree: dict, key: str, value) -> None:
-    """Set ``tree``'s entry at the dotted ``key`` (``model.config.attention.kernel``) to ``value``, in
+    """Set ``tree``'s entry at the dotted ``key`` (``model.config.attention.n_heads``) to ``value``, in
     place, making the sections on the way that ``tree`` leaves out (or holds as null)."""
     *sections, name = key.split(".")
     for section in sections:

@@ -3,7 +3,7 @@
     .venv/bin/python -m scripts.flops_table [--kernel flex] [--json flops.json]
 
 ``--kernel``: whose attention work is counted: ``sdpa`` (the gathered blocks, the CPU's
-path) or ``flex`` (FlexAttention's 128×128 tiles, what ``attention.kernel: auto`` runs on a
+path) or ``flex`` (FlexAttention's 128×128 tiles, what the ``auto`` kernel runs on a
 GPU); no GPU is needed to count either. Parameters are counted too."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ GIGA = 1e9
 
 
 def preset_flops(path: Path, kernel: str) -> dict:
-    model = build_model(preset_model_config(path, {"attention.kernel": kernel}))
+    model = build_model(preset_model_config(path), kernel)
     flops = count_flops(model, "cpu")
     return {"preset": path.stem, "parameters": sum(p.numel() for p in model.parameters()),
             "forward_gflops": flops.forward / GIGA, "training_gflops": flops.training / GIGA,

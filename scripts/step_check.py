@@ -5,6 +5,7 @@ images, with the figures that say what changed since the last lease.
     python -m scripts.step_check --preset configs/cifar10_dmol_25min.yaml --json step.json
     python -m scripts.step_check --preset configs/cifar10_dmol_25min.yaml --name heads64 \\
         --set attention.n_heads=4 --batch 240          # a candidate: ModelConfig fields, another batch
+    python -m scripts.step_check --name blocks32 --flex-block-size 32      # how attention runs
 
 One training step is scripts/bench_worker.py's ``training_step`` (the preset's optimiser; bf16
 autocast where the preset trains in bf16), with the network compiled by ``COMPILE_OPTIONS`` of the training module
@@ -63,11 +64,12 @@ def top_kernels(step, device, steps: int = 3) -> list[dict]:
 
 
 def check(preset: str, overrides: dict, batch: int | None, device_name: str, warmup: int, steps: int,
-          compile_model: bool) -> dict:
+          compile_model: bool, run_options: dict) -> dict:
     import torch
     from torch._dynamo.utils import counters
 
     from imagetx.model.attention import build_patterns
+    from imagetx.model.patterns import FLEX_BLOCK_SIZE
     from imagetx.training.module import COMPILE_OPTIONS
     from imagetx.training.throughput import table_peak
 
@@ -76,8 +78,12 @@ def check(preset: str, overrides: dict, batch: int | None, device_name: str, war
     batch = batch or values["data"]["batch_size"]
     bf16 = str(values.get("trainer", {}).get("precision", "32")).startswith("bf16")
     device = torch.device(device_name)
-    model, step, losses = training_step({"preset": preset, "batch": batch, "precision": "bf16" if bf16 else "fp32"},
-                                        cfg, device)
+    # how attention runs: the preset's model options, then the variant's
+    attention = {"kernel": values["model"].get("attention_kernel", "auto"),
+                 "flex_block_size": values["model"].get("flex_block_size", FLEX_BLOCK_SIZE)}
+    attention.update({key: value for key, value in run_options.items() if value is not None})
+    spec = {"preset": preset, "batch": batch, "precision": "bf16" if bf16 else "fp32", **attention}
+    model, step, losses = training_step(spec, cfg, device)
     build_patterns(model, device)  # as the training module does, before the first compiled pass
     if compile_model:
         model.compile(**COMPILE_OPTIONS)  # in place: ``step`` calls the compiled network
@@ -90,7 +96,7 @@ def check(preset: str, overrides: dict, batch: int | None, device_name: str, war
     flops = flops_per_image(model, device)["flops_per_image"]
     peak = table_peak(device, torch.bfloat16 if bf16 else torch.float32)
     result = {
-        "preset": preset, "overrides": overrides, "batch": batch, "device": str(device),
+        "preset": preset, "overrides": overrides, **attention, "batch": batch, "device": str(device),
         "device_name": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
         "torch": torch.__version__, "bf16": bf16, "compiled": compile_model,
         "params": sum(p.numel() for p in model.parameters()),
@@ -113,6 +119,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a ModelConfig field of the variant (repeatable)")
     parser.add_argument("--batch", type=int, default=None, help="images a step (default: the preset's)")
+    parser.add_argument("--attention-kernel", default=None, choices=("auto", "flex", "sdpa"),
+                        help="how attention runs (default: the preset's model.attention_kernel)")
+    parser.add_argument("--flex-block-size", type=int, default=None,
+                        help="FlexAttention's tiles: 16, 32, 64 or 128 (default: the preset's)")
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--warmup", type=int, default=5, help="untimed steps, the compiling one first")
     parser.add_argument("--steps", type=int, default=20, help="timed steps (the median is reported)")
@@ -121,8 +131,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if not Path(args.preset).is_file():
         raise SystemExit(f"error: --preset {args.preset}: no such file")
+    run_options = {"kernel": args.attention_kernel, "flex_block_size": args.flex_block_size}
     result = {"name": args.name, **check(args.preset, model_overrides(args.set), args.batch, args.device,
-                                          args.warmup, args.steps, args.compile)}
+                                          args.warmup, args.steps, args.compile, run_options)}
     line = (f"{args.name}: {result['images_per_s']:,.0f} images/s at batch {result['batch']}, "
             f"MFU {'-' if result['mfu'] is None else format(result['mfu'], '.1%')}, "
             f"{result['compiled_graphs']} compiled graphs, {result['graph_breaks']} graph breaks, "

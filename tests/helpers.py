@@ -15,6 +15,8 @@ import torch
 from einops import rearrange
 
 from imagetx import ImageTransformer, build_model, ModelConfig
+from imagetx.io.older import model_config
+from imagetx.model.patterns import FLEX_BLOCK_SIZE
 from imagetx.model.transformer import previous_values
 
 
@@ -49,15 +51,17 @@ TINY = dict(
 
 def tiny_config(**overrides) -> ModelConfig:
     """A ModelConfig for a tiny model with dropout 0. Any field can be overridden by its name, a
-    section's as well: the one-level form ``ModelConfig.from_dict`` reads (``attention`` the kind,
-    ``encoder_layers`` > 0 a super-resolution model)."""
-    return ModelConfig.from_dict({**TINY, **overrides})
+    section's as well: the one-level form older files hold, which ``imagetx.io.older`` reads
+    (``attention`` the kind, ``encoder_layers`` > 0 a super-resolution model)."""
+    return model_config({**TINY, **overrides})
 
 
-def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, **overrides) -> ImageTransformer:
-    """A seeded tiny ImageTransformer in eval mode."""
+def tiny_model(seed: int = 0, dtype: torch.dtype = torch.float32, attention_kernel: str = "auto",
+               flex_block_size: int = FLEX_BLOCK_SIZE, **overrides) -> ImageTransformer:
+    """A seeded tiny ImageTransformer in eval mode, its attention run by ``attention_kernel`` in tiles
+    of ``flex_block_size`` (``build_model``)."""
     torch.manual_seed(seed)
-    model = build_model(tiny_config(**overrides))
+    model = build_model(tiny_config(**overrides), attention_kernel, flex_block_size)
     return model.to(dtype).eval()
 
 

@@ -31,7 +31,8 @@ def test_usage_names_the_command_and_train_help_leads_with_its_own_options():
         assert text.startswith(f"usage: python -m imagetx.{name} "), (text[:200], outputs[name][1][-2000:])
     train = helps["train"]
     assert "--optimizer" not in train.replace("--model.optimizer", "") and "--lr_scheduler" not in train
-    assert len(train.splitlines()) < 520 and train.splitlines()[0].count("[") == 4  # a one-line usage
+    # no help for Lightning's optimizer and scheduler classes, which would add hundreds of lines; a one-line usage
+    assert len(train.splitlines()) < 600 and train.splitlines()[0].count("[") == 4
 
 
 @pytest.mark.parametrize("module", PARSERS)

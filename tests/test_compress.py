@@ -115,7 +115,7 @@ def test_format_1_files_are_decoded_as_they_were_coded(monkeypatch):
 def test_a_file_compressed_before_the_config_had_sections_names_the_same_model():
     """tests/data/completion_val_first2.itx: the first two val images of tests/data, compressed with
     the shipped completion model by commit bf0de5f, whose config was one level. The fingerprint
-    hashes that form (ModelConfig.to_flat_dict), so the file names today's model. (It was coded
+    hashes that form (imagetx.io.older.one_level), so the file names today's model. (It was coded
     with native kernels, so it decodes only where they compute as that machine's did: the
     portable file's test, tests/test_codec_portable.py, decodes on every machine.)"""
     model = load_model(SHIPPED)

@@ -20,8 +20,11 @@ import yaml
 from helpers import random_images, tiny_config, tiny_model
 from imagetx import AttentionConfig, build_model, ModelConfig, SuperResolutionConfig
 from imagetx.training.module import ImageTransformerModule
-from imagetx.model.config import LAST_COMMIT_WITH_RADIUS
+from imagetx.io.older import LAST_COMMIT_WITH_RADIUS, model_config, one_level
 from imagetx.model.patterns import pattern_for
+
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def assert_rejected(field: str, **overrides) -> None:
@@ -132,9 +135,9 @@ def test_a_saved_cross_attention_radius_is_refused_naming_the_last_commit_that_r
     # the one-level form, the only one that had the field
     values = {"image_size": 8, "encoder_layers": 1, "low_res_size": 4, "cross_attention_radius": radius}
     with pytest.raises(ValueError, match=rf"cross_attention_radius was removed.*commit {LAST_COMMIT_WITH_RADIUS}"):
-        ModelConfig.from_dict(values)
+        model_config(values)
     # a null radius (every low-res cell: today's cross-attention) still reads
-    assert ModelConfig.from_dict({**values, "cross_attention_radius": None}) == ModelConfig.from_dict(
+    assert model_config({**values, "cross_attention_radius": None}) == model_config(
         {k: v for k, v in values.items() if k != "cross_attention_radius"})
 
 
@@ -172,33 +175,56 @@ def test_the_core_config_is_twelve_fields_and_every_field_says_what_it_is():
 
 
 def test_the_one_level_form_of_earlier_files_reads_as_the_sections():
-    flat = {"image_size": 8, "head": "dmol", "n_heads": 2, "attention": "local_2d", "query_block_length": 16,
-            "memory_blocks": 2, "query_block_shape": [2, 2], "memory_flange": [1, 1], "relative_positions": "rotary",
-            "attention_kernel": "sdpa", "flex_block_size": 32, "encoder_layers": 1, "low_res_size": 4,
+    """The lineage's continuations store their config in the one-level form of the files written
+    before the sections (io/older.py reads it), with the run options at the values every stored
+    model had (attention_kernel auto, flex_block_size 128) and the other attention kind's geometry."""
+    flat = {"image_size": 8, "head": "dmol", "n_heads": 2, "attention": "local_2d", "query_block_length": 256,
+            "memory_blocks": 1, "query_block_shape": [2, 2], "memory_flange": [1, 1], "relative_positions": "rotary",
+            "attention_kernel": "auto", "flex_block_size": 128, "encoder_layers": 1, "low_res_size": 4,
             "low_res_reading": "cell_add", "cell_remainder_input": True, "exact_box_means": True,
             "low_res_zero_start": True}
-    attention = AttentionConfig(n_heads=2, kind="local_2d", query_block_length=16, memory_blocks=2,
-                                query_block_shape=(2, 2), memory_flange=(1, 1), relative_positions="rotary",
-                                kernel="sdpa", flex_block_size=32)
+    attention = AttentionConfig(n_heads=2, kind="local_2d", query_block_shape=(2, 2), memory_flange=(1, 1),
+                                relative_positions="rotary")
     superres = SuperResolutionConfig(encoder_layers=1, low_res_size=4, low_res_reading="cell_add",
                                      cell_remainder_input=True, exact_box_means=True, low_res_zero_start=True)
     config = ModelConfig(image_size=8, head="dmol", attention=attention, superres=superres)
-    assert ModelConfig.from_dict(flat) == config
-    assert config.to_flat_dict() == {**ModelConfig().to_flat_dict(), **flat}  # written back: the fingerprint's form
+    assert model_config(flat) == config
+    assert one_level(config) == {**one_level(ModelConfig()), **flat}  # written back: the fingerprint's form
+    # how it ran, where it was another than every stored model's, is refused naming today's option
+    with pytest.raises(ValueError, match="attention.kernel is how a model runs.*--model.attention_kernel"):
+        model_config({**flat, "attention_kernel": "sdpa"})
     # a plain decoder's: encoder_layers 0 beside the low-res fields' defaults
     plain = {"attention": "full", "encoder_layers": 0, "low_res_size": 8, "low_res_reading": "cross_attention",
              "cell_remainder_input": False, "exact_box_means": False, "low_res_zero_start": False}
-    assert ModelConfig.from_dict(plain) == ModelConfig(attention=AttentionConfig(kind="full"))
-    assert plain.items() <= ModelConfig(attention=AttentionConfig(kind="full")).to_flat_dict().items()
+    assert model_config(plain) == ModelConfig(attention=AttentionConfig(kind="full"))
+    assert plain.items() <= one_level(ModelConfig(attention=AttentionConfig(kind="full"))).items()
     # a low-res setting without an encoder is refused, not dropped
     with pytest.raises(ValueError, match=r"cell_remainder_input=True is invalid: needs a low-resolution input"):
-        ModelConfig.from_dict({**plain, "cell_remainder_input": True})
+        model_config({**plain, "cell_remainder_input": True})
     # a section given beside one-level fields is kept as given (its encoder_layers: the section's default)
-    assert ModelConfig.from_dict({"attention": "full", "superres": {"low_res_size": 4}}).superres == \
+    assert model_config({"attention": "full", "superres": {"low_res_size": 4}}).superres == \
         SuperResolutionConfig(low_res_size=4)
     # a field given both in its section and beside it: refused, not one of the two kept
     with pytest.raises(ValueError, match="attention is given both as a section and field by field"):
-        ModelConfig.from_dict({"attention": {"n_heads": 2}, "n_heads": 4})
+        model_config({"attention": {"n_heads": 2}, "n_heads": 4})
+    # today's form itself takes none of it
+    with pytest.raises(ValueError, match=r"unknown ModelConfig field\(s\) \['n_heads'\]"):
+        ModelConfig.from_dict({"n_heads": 2})
+
+
+def test_a_stored_config_holds_what_the_model_computes():
+    """No run option, and only the geometry of the attention kind in use; a shipped 1D model's
+    config.json holds 16 fields (20 before: the kernel, its tiles and the 2D geometry)."""
+    for kind, own, other in (("local_1d", "query_block_length", "query_block_shape"),
+                             ("local_2d", "memory_flange", "memory_blocks")):
+        stored = tiny_config(attention=kind).to_dict()["attention"]
+        assert own in stored and other not in stored and "kernel" not in stored and "flex_block_size" not in stored
+    assert not {"query_block_length", "query_block_shape"} & set(tiny_config(attention="full").to_dict()["attention"])
+    for name in ("completion", "cifar10_gpu"):
+        values = json.loads((REPO / "pretrained" / name / "config.json").read_text())
+        values.pop("format_version")
+        count = sum(len(value) if isinstance(value, dict) else 1 for value in values.values())
+        assert count <= 16, (name, count)
 
 
 def test_a_sections_unknown_field_is_named():
@@ -224,7 +250,7 @@ def test_to_dict_from_dict_round_trip():
 
 
 def test_from_dict_accepts_a_partial_dict():
-    cfg = ModelConfig.from_dict({"d_model": 32, "query_block_shape": [8, 8]})
+    cfg = ModelConfig.from_dict({"d_model": 32, "attention": {"kind": "local_2d", "query_block_shape": [8, 8]}})
     assert cfg.d_model == 32 and cfg.attention.query_block_shape == (8, 8) and cfg.n_layers == ModelConfig().n_layers
 
 
@@ -315,9 +341,10 @@ def test_the_cell_add_needs_an_encoder():
 
 @pytest.mark.parametrize("size", [8, 48, 256, 32.0])
 def test_flex_block_size_must_be_a_kernel_tile(size):
-    assert_rejected("flex_block_size", flex_block_size=size)
+    with pytest.raises(ValueError, match=rf"flex_block_size {size!r} is invalid: choose one of 16, 32, 64, 128"):
+        build_model(tiny_config(), flex_block_size=size)
 
 
 def test_flex_block_size_reaches_the_self_attention_pattern():
     for size in (16, 128):
-        assert pattern_for(tiny_config(flex_block_size=size)).flex_block_size == size
+        assert build_model(tiny_config(), flex_block_size=size).pattern.flex_block_size == size

@@ -1,4 +1,4 @@
-"""FlexAttention (imagetx/model/attention.py, ``ModelConfig.attention.kernel``) against the dense
+"""FlexAttention (imagetx/model/attention.py, ``build_model(..., kernel="flex")``) against the dense
 reference (docs/model.md §4).
 
 FlexAttention runs its compiled forward on the CPU but has no backward there, so on the CPU
@@ -161,7 +161,7 @@ def test_auto_is_flex_on_cuda_only_for_heads_its_cuda_kernel_takes():
     assert uses_flex("flex", cpu, 8) and uses_flex("auto", cuda, 16)
     with pytest.raises(ValueError, match="'flex' needs heads of at least 16 channels on CUDA, got 8"):
         uses_flex("flex", cuda, 8)
-    with pytest.raises(ValueError, match="attention.kernel='triton' is invalid"):
+    with pytest.raises(ValueError, match="attention kernel 'triton' is unknown: choose one of auto, flex, sdpa"):
         tiny_model(attention_kernel="triton")
 
 

@@ -104,7 +104,7 @@ def test_local_attention_counts_its_blocks_not_the_dense_square():
 def test_flex_attention_counts_the_tiles_of_its_block_mask():
     """With FlexAttention the attention is every 128×128 tile the block mask does not skip:
     full causal attention over 192 steps is tiles (0,0), (1,0) and (1,1), each computed whole."""
-    flex, sdpa = (count_flops(build_model(tiny_config(image_size=8, attention="full", attention_kernel=kernel)))
+    flex, sdpa = (count_flops(build_model(tiny_config(image_size=8, attention="full"), kernel))
                   for kernel in ("flex", "sdpa"))
     assert flex.projections == sdpa.projections
     assert flex.attention == 2 * FLOPS_PER_MAC * 16 * 3 * 128 * 128

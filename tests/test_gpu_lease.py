@@ -149,7 +149,7 @@ def test_the_card_counts_the_minutes_on_the_weights_path():
 
 def test_candidates_are_each_measured_and_a_failure_recorded(dry_env, tmp_path):
     candidates = tmp_path / "candidates.txt"
-    candidates.write_text("# a comment, then a blank line\n\nfine --batch 3\nbroken --set attention.flex_block_size=48\n")
+    candidates.write_text("# a comment, then a blank line\n\nfine --batch 3\nbroken --flex-block-size 48\n")
     done = lease(["candidates", "120"], dict(dry_env, CANDIDATES=str(candidates)))
     assert done.returncode == 0, done.stdout + done.stderr
     lines = (Path(dry_env["WORK"]) / "step_candidates.json").read_text().splitlines()

@@ -10,7 +10,6 @@ it) and samples with the compiled decoding step. What the CPU cannot run: docs/g
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import pytest
@@ -40,9 +39,8 @@ def test_recipe_sizing_matches_its_arithmetic():
     # The preset's comment and docs/gpu.md size the run from these figures; a change to the
     # model must change them too.
     values = recipe()
-    as_on_cuda = {"attention": {"kernel": "flex"}}
-    config = ModelConfig.from_dict(with_changes(values["model"]["config"], as_on_cuda))
-    flops = count_flops(build_model(config))
+    config = ModelConfig.from_dict(values["model"]["config"])
+    flops = count_flops(build_model(config, kernel="flex"))  # as on CUDA
     assert round(flops.training / 1e9, 1) == 55.8 and round(flops.forward / 1e9, 1) == 18.6
     # every batch of one shape: the compiled model never recompiles for a short last batch
     data = values["data"]
@@ -100,9 +98,8 @@ def test_recipe_trains_evaluates_and_samples_on_the_cpu(tmp_path, data_root):
     # Scoring: the trained weights through FlexAttention, compiled and under bf16 autocast (a
     # GPU's validation with this recipe), against the CPU's SDPA path in float32.
     model = load_model(run_dir / "checkpoints" / "last.ckpt")
-    assert model.config.attention.kernel == "auto"  # on this CPU: SDPA
-    flex = dataclasses.replace(model.config.attention, kernel="flex")
-    flex_model = build_model(dataclasses.replace(model.config, attention=flex)).eval()
+    assert model.layers[0].self_attn.kernel == "auto"  # on this CPU: SDPA
+    flex_model = build_model(model.config, kernel="flex").eval()
     flex_model.load_state_dict(model.state_dict())
     flex_model.compile()
     images, labels = load("cifar10", data_root, "val", val_size=2)

@@ -61,7 +61,7 @@ def test_gradients_are_clipped_by_their_global_norm(precision, monkeypatch):
 
 def name_before(name: str) -> str:
     """A super-resolution parameter's name as it was before the model held its decoder
-    (imagetx/io/names.py reads those)."""
+    (imagetx/io/older.py reads those)."""
     if name.startswith("readings."):
         _, index, rest = name.split(".", 2)
         return f"layers.{index}.{rest}"

@@ -220,12 +220,12 @@ def test_resume_with_another_model_configuration_is_a_clear_error(tmp_path, data
     assert "Traceback" not in "\n".join(err)
 
 
-@pytest.mark.parametrize("missing", ["attention.flex_block_size", "dropout"])
+@pytest.mark.parametrize("missing", ["attention.relative_positions", "dropout"])
 def test_resume_from_a_checkpoint_written_before_a_field_existed(tmp_path, data_root, capsys, missing):
     """A checkpoint lacks a field added to ModelConfig since it was written (a continuation written
     before a field existed must resume): it trained with the field's default.
-    attention.flex_block_size: this run uses the default too, so it resumes. dropout: this run's 0.1
-    is not the default 0.3, so it is refused as another model (the control)."""
+    attention.relative_positions: this run uses the default too, so it resumes. dropout: this run's
+    0.1 is not the default 0.3, so it is refused as another model (the control)."""
     run_dir = tmp_path / "run"
     train(tmp_path, run_dir, data_root, max_steps=1)
     last = run_dir / "checkpoints" / "last.ckpt"
@@ -235,7 +235,7 @@ def test_resume_from_a_checkpoint_written_before_a_field_existed(tmp_path, data_
     del (stored[section[0]] if section else stored)[name]
     torch.save(checkpoint, last)
     capsys.readouterr()
-    if missing == "attention.flex_block_size":
+    if missing == "attention.relative_positions":
         resumed = train(tmp_path, run_dir, data_root, max_steps=2, extra=("--resume", "last"))
         assert resumed["global_step"] == 2
         return

@@ -15,7 +15,7 @@ from helpers import (TINY, TINY_TRAIN_MODEL, one_error_line, random_images, rand
 from imagetx import (CheckpointError, ImageTransformer, ModelConfig, from_pretrained, load_model, push_to_hub,
                      save_pretrained)
 from imagetx.io.checkpoint import imagetx_metadata
-from imagetx.io.names import current_names
+from imagetx.io.older import current_names
 from imagetx.io.weights import FORMAT_VERSION, write_weights
 from imagetx.model.inputs import downsample_area
 from imagetx.evaluate import main as evaluate_main

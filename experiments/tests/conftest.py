@@ -15,7 +15,8 @@ import pytest
 import torch
 import yaml
 
-from imagetx import ImageTransformer, build_model, ModelConfig
+from imagetx import ImageTransformer, build_model
+from imagetx.io.older import model_config
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -24,7 +25,7 @@ torch.set_num_threads(1)
 
 # A tiny model: one layer, d_model 16, dropout 0. Image size and head come per test.
 TINY = dict(n_layers=1, d_model=16, n_heads=2, d_filter=32, dropout=0.0, attention="local_1d",
-            memory_blocks=1, position_encoding="sinusoidal", norm="post", mixture_components=2)  # one level (from_dict)
+            memory_blocks=1, position_encoding="sinusoidal", norm="post", mixture_components=2)  # one level (io.older)
 
 # The tiny DMOL model the training config below trains.
 TINY_TRAIN_MODEL = dict(image_size=32, head="dmol", mixture_components=2, n_layers=1, d_model=16, d_filter=32,
@@ -34,9 +35,9 @@ TINY_TRAIN_MODEL = dict(image_size=32, head="dmol", mixture_components=2, n_laye
 
 def tiny_model(seed: int = 0, **overrides) -> ImageTransformer:
     """A seeded tiny ImageTransformer in eval mode; any ModelConfig field can be overridden, a
-    section's by its own name (the one-level form ``ModelConfig.from_dict`` reads)."""
+    section's by its own name (the one-level form older files hold, ``imagetx.io.older`` reads)."""
     torch.manual_seed(seed)
-    return build_model(ModelConfig.from_dict({**TINY, **overrides})).eval()
+    return build_model(model_config({**TINY, **overrides})).eval()
 
 
 def write_cifar_npz(root: Path, train_sizes=(6, 6), seed: int = 0) -> np.ndarray:

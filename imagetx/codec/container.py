@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from ..io.older import one_level
 from ..model.transformer import ImageTransformer
 from .arithmetic import Arithmetic
 
@@ -84,10 +85,11 @@ class Header:
 
 
 def model_fingerprint(model: ImageTransformer) -> bytes:
-    """SHA-256 of the model's config (its fields, one level, as sorted JSON) and of every tensor of its
-    state (name, dtype, shape and bytes, in name order), first ``FINGERPRINT_BYTES`` bytes."""
+    """SHA-256 of the model's config (its fields in the one-level form files have always been
+    fingerprinted in, ``io.older.one_level``, as sorted JSON) and of every tensor of its state
+    (name, dtype, shape and bytes, in name order), first ``FINGERPRINT_BYTES`` bytes."""
     sha = hashlib.sha256()
-    sha.update(json.dumps(model.config.to_flat_dict(), sort_keys=True, default=str).encode())
+    sha.update(json.dumps(one_level(model.config), sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
         tensor = tensor.detach().cpu().contiguous()
         sha.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())

@@ -32,10 +32,12 @@ from ..model.config import ModelConfig
 from ..model.transformer import ImageTransformer
 from .atomic import atomic_write
 from .errors import CheckpointError
+from .older import model_config
 from .weights import checked_model
 
-# 2: the config in sections (ModelConfig.to_dict); 1: the one-level form, still read (ModelConfig.from_dict)
-FORMAT_VERSION = 2
+# 3: the config as ModelConfig.to_dict writes it; 2: in sections, with the attention kernel and its
+# tiles; 1: one level. Each read (io/older.py).
+FORMAT_VERSION = 3
 LIGHTNING_PREFIX = "model."  # the LightningModule keeps the network as ``self.model``
 CHECKPOINT_DIR = "checkpoints"  # under the run's directory (trainer.default_root_dir)
 LAST = "last.ckpt"
@@ -118,7 +120,7 @@ def read_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 def model_config_of(checkpoint: dict[str, Any]) -> ModelConfig:
     try:
-        return ModelConfig.from_dict(checkpoint["imagetx"]["model_config"]).validate()
+        return model_config(checkpoint["imagetx"]["model_config"]).validate()
     except (KeyError, TypeError, ValueError) as error:
         raise CheckpointError(f"the checkpoint's model configuration is not usable: {error}") from error
 

@@ -20,7 +20,7 @@ from safetensors.torch import save as safetensors_bytes
 
 from ..model.config import ModelConfig
 from ..model.superres import build_model
-from .names import current_names
+from .older import current_names, model_config
 from ..model.transformer import ImageTransformer
 from .atomic import atomic_write
 from .errors import CheckpointError
@@ -29,9 +29,10 @@ WEIGHTS_FILE = "model.safetensors"
 CONFIG_FILE = "config.json"
 CARD_FILE = "README.md"  # the model card save_pretrained adds (io/hub.py)
 FORMAT_KEY = "format_version"
-# 2: the config in sections (ModelConfig.to_dict); 1: the one-level form, still read (ModelConfig.from_dict)
-FORMAT_VERSION = 2
-READ_VERSIONS = (1, FORMAT_VERSION)
+# 3: the config as ModelConfig.to_dict writes it (what the model computes); 2: in sections, with the
+# attention kernel and its tiles and both kinds' geometry; 1: one level. 1 and 2 are read (io/older.py).
+FORMAT_VERSION = 3
+READ_VERSIONS = (1, 2, FORMAT_VERSION)
 LISTED = 3  # names of missing, extra or misshapen tensors given in one error line
 
 
@@ -94,7 +95,7 @@ def read_config(path: Path) -> ModelConfig:
         raise CheckpointError(f"{path}: {FORMAT_KEY} {version!r}, where this imagetx reads {READ_VERSIONS}: read the "
                               "folder with the imagetx that wrote it, or export it again with this one")
     try:
-        return ModelConfig.from_dict(values).validate()
+        return model_config(values).validate()
     except (TypeError, ValueError) as error:
         raise CheckpointError(f"{path}: {error}; fix the field or export the folder again") from error
 

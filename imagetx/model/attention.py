@@ -8,7 +8,7 @@ through the output projection (``merge_heads``).
 ``attend`` takes what the queries may see as one argument:
 
 * a pattern (``patterns.py``: geometry only): the full pass, through FlexAttention under the
-  pattern's block mask (``ModelConfig.attention.kernel`` flex, or auto on CUDA: ``uses_flex``), or
+  pattern's block mask (the model's kernel flex, or auto on CUDA: ``uses_flex``), or
   through the SDPA reference path, the pattern's gathered blocks in one fused call
   (``attend_in_blocks``);
 * a boolean (Tq, Tk) mask: decoding, where the keys are a cache's, their steps known;
@@ -32,10 +32,13 @@ from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from .config import ATTENTION_KERNELS, FLEX_BLOCK_SIZE
-from .patterns import BlockIndex, CausalPattern
+from .patterns import FLEX_BLOCK_SIZE, BlockIndex, CausalPattern
 from .rotary import Rotary2D
 
+# How attention runs, the same numbers every way: "flex" = FlexAttention, block-sparse; "sdpa" =
+# the pattern's gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
+# elsewhere (FlexAttention has no backward on the CPU). A build option (``build_model``).
+ATTENTION_KERNELS = ("auto", "flex", "sdpa")
 # FlexAttention's compiled CUDA kernel (Inductor's lowering) refuses heads of fewer channels: "NYI:
 # embedding dimension of the query, key, and value must be at least 16". Its CPU kernel takes them.
 FLEX_MIN_HEAD_SIZE = 16
@@ -216,6 +219,8 @@ class SelfAttention(nn.Module):
     def __init__(self, d_model: int, n_heads: int, pattern: CausalPattern | None = None, kernel: str = "auto",
                  rotary: Rotary2D | None = None) -> None:
         super().__init__()
+        if kernel not in ATTENTION_KERNELS:
+            raise ValueError(f"attention kernel {kernel!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
         self.n_heads, self.pattern, self.kernel = n_heads, pattern, kernel
         self.head_size = d_model // n_heads
         self.rotary = rotary

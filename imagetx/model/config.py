@@ -1,10 +1,12 @@
 """Model configuration: the paper's hyper-parameters in one dataclass, with two sections.
 
 ``ModelConfig`` holds the network's sizes and heads (docs/model.md §1–§3, §5); its ``attention``
-section says which positions each step sees and how (§4), and its ``superres`` section, when set,
-adds an encoder over a low-resolution input (§6). The configuration is stored in every checkpoint
-so that evaluation and sampling rebuild the model from the file alone; ``from_dict`` also reads
-the one-level form that files written before the sections use.
+section says which positions each step sees (§4), and its ``superres`` section, when set, adds an
+encoder over a low-resolution input (§6). It holds what the model computes, not how it runs (the
+attention kernel and its tiles are build options: ``build_model``). The configuration is stored in
+every checkpoint so that evaluation and sampling rebuild the model from the file alone
+(``to_dict``: the geometry of the attention kind in use only); ``imagetx.io.older`` reads the forms
+older files hold.
 """
 
 from __future__ import annotations
@@ -17,26 +19,15 @@ Head = Literal["categorical", "dmol"]
 Attention = Literal["local_1d", "local_2d", "full"]
 PositionEncodingKind = Literal["sinusoidal", "learned"]
 Norm = Literal["post", "pre"]
-AttentionKernel = Literal["auto", "flex", "sdpa"]
 LowResReading = Literal["cross_attention", "cell_add"]
 RelativePositions = Literal["none", "rotary"]
-HEADS, ATTENTIONS, POSITION_ENCODINGS, NORMS, ATTENTION_KERNELS, LOW_RES_READINGS, RELATIVE_POSITIONS = (
-    get_args(choice) for choice in (Head, Attention, PositionEncodingKind, Norm, AttentionKernel, LowResReading,
-                                    RelativePositions))
-# Relative positions that lost to rotary ones (0.1 bits/dim at quick's size, three seeds) and were
-# removed; the last commit that reads a model with one:
-REMOVED_RELATIVE_POSITIONS = ("table", "distance", "rotary_distance")
-LAST_COMMIT_WITH_THEM = "0bb0603"
-# Local cross-attention (a radius of low-res cells around each step) lost to the cell add, which
-# reads the step's own low-res pixel as well as radius 0 did in 17 % less time, and was removed;
-# the last commit that reads a model with one. A saved model's null radius (every cell) is today's
-# cross-attention.
-REMOVED_CROSS_ATTENTION_RADIUS = "cross_attention_radius"
-LAST_COMMIT_WITH_RADIUS = "1ba98d3"
-# FlexAttention's kernel blocks: powers of two (its tiles), from its CUDA kernel's smallest to its
-# default, FLEX_BLOCK_SIZE (128 queries × 128 keys).
-FLEX_BLOCK_SIZE = 128
-FLEX_BLOCK_SIZES = (16, 32, 64, FLEX_BLOCK_SIZE)
+HEADS, ATTENTIONS, POSITION_ENCODINGS, NORMS, LOW_RES_READINGS, RELATIVE_POSITIONS = (
+    get_args(choice) for choice in (Head, Attention, PositionEncodingKind, Norm, LowResReading, RelativePositions))
+# Each kind's own geometry, the only fields of it ``to_dict`` stores.
+GEOMETRY = {"local_1d": ("query_block_length", "memory_blocks"), "local_2d": ("query_block_shape", "memory_flange"),
+            "full": ()}
+ATTENTION_DEFAULTS = {"query_block_length": 256, "memory_blocks": 1, "query_block_shape": (16, 16),
+                      "memory_flange": (16, 32)}
 CHANNELS = 3  # RGB
 LEVELS = 256  # values of one sub-pixel
 # Half the value range, 127.5: v / HALF_RANGE - 1 maps the integers 0..255 onto [-1, 1]
@@ -46,36 +37,32 @@ HALF_RANGE = (LEVELS - 1) / 2
 
 @dataclass
 class AttentionConfig:
-    """§4: decoder self-attention — its heads, which earlier positions each step sees, and how."""
+    """§4: decoder self-attention — its heads, which earlier positions each step sees, and where they lie."""
     n_heads: int = 4  # heads of every attention layer: d_model / n_heads channels each
     kind: Attention = "local_1d"  # which earlier positions a step sees: local 1D or 2D blocks, or all
     # 1D local attention: query blocks of this many positions, in raster order ...
-    query_block_length: int = 256
+    query_block_length: int = ATTENTION_DEFAULTS["query_block_length"]
     # ... each also seeing this many whole previous blocks (T2T: exactly one).
-    memory_blocks: int = 1
+    memory_blocks: int = ATTENTION_DEFAULTS["memory_blocks"]
     # 2D local attention: query block (rows, cols) in grid cells, and the flange (rows above, cols
     # either side) of memory around it. T2T default: (16,16), (16,32). Any flange height is causal:
     # in block-raster order every row above a block belongs to an earlier row of blocks.
-    query_block_shape: tuple[int, int] = (16, 16)
-    memory_flange: tuple[int, int] = (16, 32)
+    query_block_shape: tuple[int, int] = ATTENTION_DEFAULTS["query_block_shape"]
+    memory_flange: tuple[int, int] = ATTENTION_DEFAULTS["memory_flange"]
     # Where each key lies relative to its query (not in the paper, whose inputs carry absolute
     # positions only): "none", or "rotary", 2D rotary embeddings of queries and keys
     # (imagetx/model/rotary.py: nothing added to the scores).
     relative_positions: RelativePositions = "none"
-    # How it runs, the same numbers either way: "flex" = FlexAttention, block-sparse; "sdpa" = the
-    # gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa elsewhere
-    # (FlexAttention has no backward on the CPU). imagetx/model/attention.py.
-    kernel: AttentionKernel = "auto"
-    # FlexAttention's kernel blocks, queries × keys: a power of two from 16 (the smallest tile its
-    # CUDA kernel computes) to 128 (its default). Blocks a pattern allows none of are skipped, so
-    # blocks the size of a one-row query block compute fewer masked pairs; larger blocks keep the
-    # GPU's matrix units busier. Same numbers for every size.
-    flex_block_size: int = FLEX_BLOCK_SIZE
 
     def __post_init__(self) -> None:
         # YAML and JSON hand us lists; the dataclass promises tuples.
         self.query_block_shape = tuple(self.query_block_shape)  # type: ignore[assignment]
         self.memory_flange = tuple(self.memory_flange)  # type: ignore[assignment]
+        # Another kind's geometry does nothing and is not stored: kept at its defaults, so that a
+        # config equals its stored form read back.
+        for kind, names in GEOMETRY.items():
+            for name in names if kind != self.kind else ():
+                setattr(self, name, ATTENTION_DEFAULTS[name])
 
 
 @dataclass
@@ -160,13 +147,8 @@ class ModelConfig:
 
     def _check_choices(self) -> None:
         attention = self.attention
-        if attention.relative_positions in REMOVED_RELATIVE_POSITIONS:
-            _invalid("attention.relative_positions", attention.relative_positions,
-                     "this kind was removed (rotary positions learn faster at no kernel cost); use 'rotary' or "
-                     f"'none', or commit {LAST_COMMIT_WITH_THEM} of imagetx to read a model trained with it")
         choices = [("head", self.head, HEADS), ("position_encoding", self.position_encoding, POSITION_ENCODINGS),
                    ("norm", self.norm, NORMS), ("attention.kind", attention.kind, ATTENTIONS),
-                   ("attention.kernel", attention.kernel, ATTENTION_KERNELS),
                    ("attention.relative_positions", attention.relative_positions, RELATIVE_POSITIONS)]
         if self.superres is not None:
             choices.append(("superres.low_res_reading", self.superres.low_res_reading, LOW_RES_READINGS))
@@ -201,9 +183,6 @@ class ModelConfig:
         """The blocks of local self-attention against the generation grid."""
         attention = self.attention
         rows, cols = self.grid_shape
-        size = attention.flex_block_size
-        if not isinstance(size, int) or size not in FLEX_BLOCK_SIZES:
-            _invalid("attention.flex_block_size", size, f"choose one of {', '.join(map(str, FLEX_BLOCK_SIZES))}")
         if attention.kind == "local_1d":
             if attention.query_block_length < 1:
                 _invalid("attention.query_block_length", attention.query_block_length, "must be a positive integer")
@@ -238,75 +217,22 @@ class ModelConfig:
 
     # ----- (de)serialisation -------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        """Plain JSON/YAML values: the sections as mappings, pairs as lists."""
+        """Plain JSON/YAML values: the sections as mappings, pairs as lists; of the attention
+        section's geometry only the kind's own (``GEOMETRY``)."""
         out = asdict(self)
-        for pair in ("query_block_shape", "memory_flange"):
-            out["attention"][pair] = list(out["attention"][pair])
-        return out
-
-    def to_flat_dict(self) -> dict[str, Any]:
-        """The one-level form of files written before the sections, which ``from_dict`` reads: a
-        section's fields beside the rest (``attention`` the kind, ``attention_kernel`` its kernel),
-        a plain decoder's ``encoder_layers`` 0 beside the low-res defaults. The codec's model
-        fingerprint hashes it, so that files compressed in that time still decode."""
-        out = self.to_dict()
-        attention, superres = out.pop("attention"), out.pop("superres")
-        sections = {"attention": attention,
-                    "superres": superres or {**asdict(SuperResolutionConfig()), "encoder_layers": 0}}
-        out["attention"] = attention["kind"]
-        for name, (section, field_name) in FLAT_NAMES.items():
-            out[name] = sections[section][field_name]
+        attention = out["attention"]
+        for kind, names in GEOMETRY.items():
+            for name in names:
+                if kind != self.attention.kind:
+                    del attention[name]
+                elif isinstance(attention[name], tuple):
+                    attention[name] = list(attention[name])
         return out
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> "ModelConfig":
-        """A config from ``to_dict``'s form, or from the one-level form of files written before the
-        sections (``attention`` the kind, every other field beside it, ``encoder_layers`` 0 for a
-        plain decoder)."""
-        values = dict(values)
-        if isinstance(values.get("attention"), str) or any(name in values for name in FLAT_NAMES):
-            values = _nest(values)
-        return _from_fields(cls, values, "ModelConfig")
-
-
-# The one-level form: each field that now lives in a section, under its name there.
-FLAT_NAMES = {
-    **{name: ("attention", name) for name in ("n_heads", "query_block_length", "memory_blocks", "query_block_shape",
-                                              "memory_flange", "relative_positions", "flex_block_size")},
-    "attention_kernel": ("attention", "kernel"),
-    **{name: ("superres", name) for name in ("encoder_layers", "low_res_size", "low_res_reading",
-                                             "cell_remainder_input", "exact_box_means", "low_res_zero_start")},
-}
-
-
-def _nest(values: dict[str, Any]) -> dict[str, Any]:
-    """The one-level form -> the sectioned one. There, ``encoder_layers`` 0 was a plain decoder."""
-    if values.pop(REMOVED_CROSS_ATTENTION_RADIUS, None) is not None:
-        raise ValueError(f"ModelConfig.{REMOVED_CROSS_ATTENTION_RADIUS} was removed (the cell add reads the step's "
-                         "own low-res pixel as well, faster): use low_res_reading 'cell_add' or a null radius, "
-                         f"or commit {LAST_COMMIT_WITH_RADIUS} of imagetx to read a model trained with one")
-    sections: dict[str, dict[str, Any]] = {"attention": {}, "superres": {}}
-    if isinstance(values.get("attention"), str):
-        sections["attention"]["kind"] = values.pop("attention")
-    for name, (section, field_name) in FLAT_NAMES.items():
-        if name in values:
-            sections[section][field_name] = values.pop(name)
-    superres_given = values.get("superres") is not None
-    for section, moved in sections.items():
-        given = values.get(section)
-        if given is not None and (not isinstance(given, dict) or set(given) & set(moved)):
-            raise ValueError(f"ModelConfig.{section} is given both as a section and field by field: give it once")
-        values[section] = {**(given or {}), **moved}
-    superres = sections["superres"]
-    if not superres_given and not superres.get("encoder_layers", 0):  # one level, no encoder: a plain decoder
-        for flag in ("cell_remainder_input", "exact_box_means", "low_res_zero_start"):
-            if superres.get(flag):
-                _invalid(flag, superres[flag], "needs a low-resolution input: set encoder_layers > 0")
-        if superres.get("low_res_reading", "cross_attention") != "cross_attention":
-            _invalid("low_res_reading", superres["low_res_reading"],
-                     "needs a low-resolution input: set encoder_layers > 0")
-        values["superres"] = None
-    return values
+        """A config from ``to_dict``'s form (a section's fields left out take their defaults)."""
+        return _from_fields(cls, dict(values), "ModelConfig")
 
 
 def _from_fields(kind: type, values: dict[str, Any], name: str) -> Any:

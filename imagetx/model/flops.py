@@ -16,7 +16,7 @@ computes them), never the dense T² it does not:
   all of them. The cell add (``low_res_reading: cell_add``) is no attention: its map runs once
   per low-resolution pixel.
 
-Where FlexAttention runs instead (``attention.kernel`` flex, or auto on CUDA: ``attention.uses_flex``),
+Where FlexAttention runs instead (the model's kernel flex, or auto on CUDA: ``attention.uses_flex``),
 a pattern's attention is every tile (``flex_block_size`` squared pairs) of its block mask that
 the kernel does not skip, computed whole: fewer pairs than the gathered blocks where a block's
 keys are mostly outside the image (2D), more where blocks are narrower than a tile (``quick``'s
@@ -76,7 +76,7 @@ def tile_pairs(mask: BlockMask) -> int:
 
 def decoder_attention_pairs(model: ImageTransformer, device: torch.device | str = "cpu") -> int:
     """Query-key pairs one decoder self-attention layer computes per image and head on ``device``."""
-    if uses_flex(model.config.attention.kernel, torch.device(device), model.config.head_size):
+    if uses_flex(model.layers[0].self_attn.kernel, torch.device(device), model.config.head_size):
         return tile_pairs(model.pattern.block_mask(device))
     return pairs_computed(model.pattern)
 

@@ -30,8 +30,14 @@ from einops import rearrange
 from torch import Tensor
 from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
-from .config import FLEX_BLOCK_SIZE
 from .order import GenerationOrder
+
+# FlexAttention's kernel blocks, queries × keys: powers of two (its tiles), from its CUDA kernel's
+# smallest to its default, FLEX_BLOCK_SIZE (128 × 128). Blocks a pattern allows none of are
+# skipped, so blocks the size of a one-row query block compute fewer masked pairs; larger blocks
+# keep the GPU's matrix units busier. The same numbers for every size.
+FLEX_BLOCK_SIZE = 128
+FLEX_BLOCK_SIZES = (16, 32, 64, FLEX_BLOCK_SIZE)
 
 Built = TypeVar("Built")
 # (query steps, key steps) -> bool, True where the query may attend to the key; elementwise
@@ -128,7 +134,7 @@ class CausalPattern:
 
     def __init__(self, order: GenerationOrder, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
         self.order = order
-        self.flex_block_size = flex_block_size  # the block mask's kernel blocks (ModelConfig.attention.flex_block_size)
+        self.flex_block_size = flex_block_size  # the block mask's kernel blocks (FLEX_BLOCK_SIZES)
         self.built = BuiltOnce()
 
     @property
@@ -234,7 +240,8 @@ class Local2D(CausalPattern):
     are never attended.
     """
 
-    def __init__(self, order: GenerationOrder, flange: tuple[int, int], flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
+    def __init__(self, order: GenerationOrder, flange: tuple[int, int],
+                 flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
         if order.block is None:
             raise ValueError("2D local attention needs a block-raster order: GenerationOrder(rows, cols, block)")
         super().__init__(order, flex_block_size)
@@ -283,11 +290,14 @@ class Local2D(CausalPattern):
         return f"Local2D(query={self.block}, flange={self.flange})"
 
 
-def pattern_for(config) -> CausalPattern:
+def pattern_for(config, flex_block_size: int = FLEX_BLOCK_SIZE) -> CausalPattern:
     """The self-attention pattern (and, with it, the generation order) of a decoder built
-    from ``config``: raster order for 1D and full attention, block-raster order for 2D."""
-    attention, order = config.attention, GenerationOrder.for_config(config)
-    tiles = attention.flex_block_size
+    from ``config``: raster order for 1D and full attention, block-raster order for 2D; its
+    FlexAttention block mask in blocks of ``flex_block_size``."""
+    if not isinstance(flex_block_size, int) or flex_block_size not in FLEX_BLOCK_SIZES:
+        raise ValueError(f"flex_block_size {flex_block_size!r} is invalid: choose one of "
+                         f"{', '.join(map(str, FLEX_BLOCK_SIZES))}")
+    attention, order, tiles = config.attention, GenerationOrder.for_config(config), flex_block_size
     if attention.kind == "full":
         return FullCausal(order, tiles)
     if attention.kind == "local_1d":

@@ -35,6 +35,7 @@ from .embedding import PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
 from .inputs import check_image_tensor, check_labels
 from .order import GenerationOrder, images_to_sequence
+from .patterns import FLEX_BLOCK_SIZE
 from .transformer import (DecodingCache, ImageTransformer, TransformerLayer, image_nll, previous_values, scored_dims,
                           zero_start)
 
@@ -160,16 +161,16 @@ class SuperResolutionCache:
 
 class SuperResolutionTransformer(nn.Module):
     """The decoder given a low-resolution image (B, h, w, 3) as ``low_res``, read through an encoder
-    (docs/model.md §6)."""
+    (docs/model.md §6). ``kernel``, ``flex_block_size``: the decoder's (``ImageTransformer``)."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
         super().__init__()
         self.config = config.validate()
         if config.superres is None:
             raise ValueError("a config without a superres section is a plain decoder: ImageTransformer(config)")
         # Registered in this order, the parts that read the low-res input come after the decoder's,
         # in the order the optimiser's groups have always listed them (encoder, cell sums, readings).
-        self.decoder = ImageTransformer(dataclasses.replace(config, superres=None))
+        self.decoder = ImageTransformer(dataclasses.replace(config, superres=None), kernel, flex_block_size)
         self.encoder = Encoder(config)
         self.cell_remainder = None
         if config.superres.cell_remainder_input:
@@ -304,7 +305,9 @@ class SuperResolutionTransformer(nn.Module):
             raise ValueError(f"low_res has {low_res.shape[0]} images for {count} targets")
 
 
-def build_model(config: ModelConfig) -> ImageTransformer | SuperResolutionTransformer:
+def build_model(config: ModelConfig, kernel: str = "auto",
+                flex_block_size: int = FLEX_BLOCK_SIZE) -> ImageTransformer | SuperResolutionTransformer:
     """The network ``config`` describes: the decoder, or with a ``superres`` section the
-    super-resolution model."""
-    return (SuperResolutionTransformer if config.superres else ImageTransformer)(config)
+    super-resolution model. ``kernel`` ("auto", "flex", "sdpa") and ``flex_block_size`` (16, 32, 64,
+    128): how its decoder's self-attention runs, the same numbers every way (attention.py)."""
+    return (SuperResolutionTransformer if config.superres else ImageTransformer)(config, kernel, flex_block_size)

@@ -30,7 +30,7 @@ from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
 from .inputs import check_image_tensor, check_labels
 from .order import images_to_sequence
-from .patterns import CausalPattern, pattern_for
+from .patterns import FLEX_BLOCK_SIZE, CausalPattern, pattern_for
 from .rotary import Rotary2D
 
 
@@ -39,12 +39,12 @@ class TransformerLayer(nn.Module):
     is causal under ``pattern`` (with ``rotary`` positions, shared by every layer); without a
     pattern it sees every position (an encoder's)."""
 
-    def __init__(self, config: ModelConfig, pattern: CausalPattern | None = None,
-                 rotary: Rotary2D | None = None) -> None:
+    def __init__(self, config: ModelConfig, pattern: CausalPattern | None = None, rotary: Rotary2D | None = None,
+                 kernel: str = "auto") -> None:
         super().__init__()
         d = config.d_model
         self.pre_norm = config.norm == "pre"
-        self.self_attn = SelfAttention(d, config.attention.n_heads, pattern, config.attention.kernel, rotary)
+        self.self_attn = SelfAttention(d, config.attention.n_heads, pattern, kernel, rotary)
         self.self_norm = nn.LayerNorm(d)
         self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
         self.ffn_norm = nn.LayerNorm(d)
@@ -99,17 +99,18 @@ class DecodingCache:
 
 
 class ImageTransformer(nn.Module):
-    """The decoder-only autoregressive model over sub-pixels or pixels. Saving, loading and
-    sharing it: ``imagetx.io``."""
+    """The decoder-only autoregressive model over sub-pixels or pixels. ``kernel`` and
+    ``flex_block_size``: how its self-attention runs (attention.py, patterns.py), the same numbers
+    every way. Saving, loading and sharing it: ``imagetx.io``."""
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
         super().__init__()
         if config.superres:
             raise ValueError("a config with a superres section is a super-resolution model: "
                              "SuperResolutionTransformer(config); build_model(config) builds either")
         self.config = config.validate()
         d = config.d_model
-        self.pattern = pattern_for(config)
+        self.pattern = pattern_for(config, flex_block_size)
         self.order = self.pattern.order
         rows, cols = self.order.grid_cell()
         self.register_buffer("step_rows", rows, persistent=False)
@@ -122,7 +123,8 @@ class ImageTransformer(nn.Module):
         self.input_dropout = nn.Dropout(config.dropout)
         # No parameters, and T × e/2 angles: one for every layer.
         rotary = Rotary2D(config.head_size, self.order) if config.rotary else None
-        self.layers = nn.ModuleList(TransformerLayer(config, self.pattern, rotary) for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(TransformerLayer(config, self.pattern, rotary, kernel)
+                                    for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
         self.head = CategoricalHead(d) if categorical else DMOLHead(d, config.mixture_components)
 

@@ -30,11 +30,12 @@ from torchmetrics import MeanMetric
 from .budget import Horizon, budget_timer, place_decay, run_budget
 from .continuation import TIMER_STATE, continued_moments
 from ..io.checkpoint import LIGHTNING_PREFIX, imagetx_metadata, model_config_of, read_checkpoint, refused
-from ..io.names import current_names
+from ..io.older import current_names
 from ..model.attention import build_patterns
 from ..model.config import ModelConfig
 from ..data.datamodule import ImageDataModule
 from ..model.flops import Flops, count_flops
+from ..model.patterns import FLEX_BLOCK_SIZE
 from ..model.scoring import batch_bits_per_dim
 from ..model.superres import SuperResolutionTransformer, build_model
 from ..model.transformer import ImageTransformer
@@ -77,6 +78,8 @@ class ImageTransformerModule(L.LightningModule):
         # The learning rate of the parts that read the low-resolution input (encoder,
         # cross-attention, cell remainder input), as a fraction of peak_lr's.
         low_res_lr_scale: float = 1.0,
+        attention_kernel: Literal["auto", "flex", "sdpa"] = "auto",  # how attention runs; auto: flex on CUDA
+        flex_block_size: int = FLEX_BLOCK_SIZE,  # FlexAttention's tiles: 16, 32, 64 or 128
     ) -> None:
         super().__init__()
         model_config = config or ModelConfig()
@@ -84,7 +87,7 @@ class ImageTransformerModule(L.LightningModule):
         # plain dict: readable in W&B and YAML (a checkpoint stores it once, on_save_checkpoint).
         config = model_config.to_dict()
         self.save_hyperparameters()
-        self.model = build_model(model_config)
+        self.model = build_model(model_config, attention_kernel, flex_block_size)
         self.val_bpd = MeanMetric()
         self.nonfinite = NonFiniteSteps(max_nonfinite_skips)
         self.step_loss: torch.Tensor | None = None  # this optimiser step's loss, until its update is decided

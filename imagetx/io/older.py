@@ -1,0 +1,142 @@
+"""What older files hold, read as today's: the model configuration in the forms files of this
+imagetx's lineage store (``model_config``), and super-resolution weights under older parameter
+names (``current_names``).
+
+A super-resolution model's weights were once named as if it were the decoder itself, its readings
+of the encoder inside the decoder's layers (``layers.3.cross_attn.to_q.weight``); today the model
+holds the decoder (``decoder.layers.3.self_attn...``) and its readings beside it
+(``readings.3.cross_attn.to_q.weight``). Shipped folders, checkpoints and continuations written
+then are read through ``current_names``. The order of the parameters is what it was, so an
+optimiser's state (matched by order) goes on as before.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict
+from typing import Any
+
+from torch import Tensor
+
+from ..model.config import GEOMETRY, AttentionConfig, ModelConfig, SuperResolutionConfig
+
+# The parts of a super-resolution model's decoder layers that read the encoder, then named under
+# ``layers.<i>.``, and the decoder's own top-level parts.
+READING_PARTS = ("cross_attn", "cross_norm", "cell_add", "cell_norm")
+DECODER_PARTS = ("value_embedding", "positions", "class_embedding", "layers", "final_norm", "head")
+READING = re.compile(rf"layers\.(\d+)\.({'|'.join(READING_PARTS)})\.")
+
+
+def current_names(state: dict[str, Tensor], prefix: str = "") -> dict[str, Tensor]:
+    """``state`` (names under ``prefix``: "model." in a training checkpoint) with a
+    super-resolution model's older names made today's; any other state as it is. An older
+    super-resolution state is one with an encoder and no ``decoder.`` part."""
+    names = [name.removeprefix(prefix) for name in state if name.startswith(prefix)]
+    if not any(name.startswith("encoder.") for name in names) or any(name.startswith("decoder.") for name in names):
+        return state
+    return {rename(name, prefix): value for name, value in state.items()}
+
+
+def rename(name: str, prefix: str) -> str:
+    if not name.startswith(prefix):
+        return name
+    own = name.removeprefix(prefix)
+    reading = READING.match(own)
+    if reading:
+        return f"{prefix}readings.{reading.group(1)}.{own[len('layers.'):].split('.', 1)[1]}"
+    if own.split(".", 1)[0] in DECODER_PARTS:
+        return f"{prefix}decoder.{own}"
+    return name
+
+
+# ----- the model configuration -------------------------------------------------------------------
+
+# The last commit of imagetx that reads what this one refuses (a file of its time reads there):
+# relative positions that lost to rotary ones and were removed ...
+REMOVED_RELATIVE_POSITIONS = ("table", "distance", "rotary_distance")
+LAST_COMMIT_WITH_THEM = "0bb0603"
+# ... and local cross-attention (a radius of low-res cells around each step, which the cell add
+# reads as well in 17 % less time); a saved null radius (every cell) is today's cross-attention.
+REMOVED_CROSS_ATTENTION_RADIUS = "cross_attention_radius"
+LAST_COMMIT_WITH_RADIUS = "1ba98d3"
+# How attention runs, stored in the configuration until it became a build option (``build_model``),
+# with the values every stored model had; another value is refused, naming the option.
+RUN_OPTIONS = {"kernel": ("auto", "--model.attention_kernel"), "flex_block_size": (128, "--model.flex_block_size")}
+# The one-level form of files written before the sections: each field that now lives in a
+# section, under its name there (the kernel, then a field of the attention section, as
+# ``attention_kernel``).
+FLAT_NAMES = {
+    **{name: ("attention", name) for name in ("n_heads", "query_block_length", "memory_blocks", "query_block_shape",
+                                              "memory_flange", "relative_positions", "flex_block_size")},
+    "attention_kernel": ("attention", "kernel"),
+    **{name: ("superres", name) for name in ("encoder_layers", "low_res_size", "low_res_reading",
+                                             "cell_remainder_input", "exact_box_means", "low_res_zero_start")},
+}
+
+
+def model_config(values: dict[str, Any]) -> ModelConfig:
+    """The configuration a file stores, in any form a file of this imagetx's lineage holds: today's
+    (``ModelConfig.to_dict``); with the attention kernel and its tiles in the attention section and
+    another kind's geometry beside its own (files before they left it); or one level, every
+    section's fields beside the rest (files before the sections: the lineage's continuations)."""
+    values = dict(values)
+    if isinstance(values.get("attention"), str) or any(name in values for name in FLAT_NAMES):
+        values = nested(values)
+    attention = dict(values.get("attention") or {})
+    for name, (stored, option) in RUN_OPTIONS.items():
+        if name in attention and attention.pop(name) != stored:
+            raise ValueError(f"attention.{name} is how a model runs, no longer part of its configuration: "
+                             f"leave it out and give {option} instead")
+    kind = attention.get("kind", AttentionConfig.kind)
+    for other, names in GEOMETRY.items():
+        for name in names if other != kind else ():
+            attention.pop(name, None)
+    if attention.get("relative_positions") in REMOVED_RELATIVE_POSITIONS:
+        raise ValueError(f"attention.relative_positions {attention['relative_positions']!r} was removed (rotary "
+                         f"positions learn faster at no kernel cost): read this file with commit "
+                         f"{LAST_COMMIT_WITH_THEM} of imagetx")
+    return ModelConfig.from_dict({**values, "attention": attention})
+
+
+def nested(values: dict[str, Any]) -> dict[str, Any]:
+    """The one-level form -> the sectioned one. There, ``encoder_layers`` 0 was a plain decoder."""
+    if values.pop(REMOVED_CROSS_ATTENTION_RADIUS, None) is not None:
+        raise ValueError(f"{REMOVED_CROSS_ATTENTION_RADIUS} was removed (the cell add reads the step's own low-res "
+                         f"pixel as well, faster): read this file with commit {LAST_COMMIT_WITH_RADIUS} of imagetx")
+    sections: dict[str, dict[str, Any]] = {"attention": {}, "superres": {}}
+    if isinstance(values.get("attention"), str):
+        sections["attention"]["kind"] = values.pop("attention")
+    for name, (section, field_name) in FLAT_NAMES.items():
+        if name in values:
+            sections[section][field_name] = values.pop(name)
+    superres_given = values.get("superres") is not None
+    for section, moved in sections.items():
+        given = values.get(section)
+        if given is not None and (not isinstance(given, dict) or set(given) & set(moved)):
+            raise ValueError(f"ModelConfig.{section} is given both as a section and field by field: give it once")
+        values[section] = {**(given or {}), **moved}
+    superres = sections["superres"]
+    if not superres_given and not superres.get("encoder_layers", 0):  # one level, no encoder: a plain decoder
+        for name in ("low_res_reading", "cell_remainder_input", "exact_box_means", "low_res_zero_start"):
+            if superres.get(name, getattr(SuperResolutionConfig, name)) != getattr(SuperResolutionConfig, name):
+                raise ValueError(f"ModelConfig.{name}={superres[name]!r} is invalid: needs a low-resolution input: "
+                                 "set encoder_layers > 0")
+        values["superres"] = None
+    return values
+
+
+def one_level(config: ModelConfig) -> dict[str, Any]:
+    """``config`` in the one-level form, with the run options at the values every stored model had
+    and both kinds' geometry: what the codec's model fingerprint hashes (codec/container.py), as it
+    hashed it for files compressed before today's form."""
+    out = config.to_dict()
+    attention, superres = out.pop("attention"), out.pop("superres")
+    run_options = {name: stored for name, (stored, _) in RUN_OPTIONS.items()}
+    attention = {**asdict(AttentionConfig()), **attention, **run_options}
+    attention = {name: list(value) if isinstance(value, tuple) else value for name, value in attention.items()}
+    sections = {"attention": attention,
+                "superres": superres or {**asdict(SuperResolutionConfig()), "encoder_layers": 0}}
+    out["attention"] = attention["kind"]
+    for name, (section, field_name) in FLAT_NAMES.items():
+        out[name] = sections[section][field_name]
+    return out
