@@ -10,6 +10,7 @@
 #                                                         # (and candidates for $CANDIDATES_SECONDS, where set)
 #   bash ops/gpu_lease.sh begin [OVERRIDES]           # call 1: `first`, detached, beside the calls staging data
 #   bash ops/gpu_lease.sh await SECONDS               # wait for `begin`'s first; fails as it did
+#   bash ops/gpu_lease.sh grow GROWTH                 # the staged continuation grown (--layers N, --dropout P)
 #   bash ops/gpu_lease.sh pilot MAX_TIME [OVERRIDES]  # the preset on the shards staged so far
 #   bash ops/gpu_lease.sh launch MAX_TIME [OVERRIDES] # the run, detached (setsid): outlives the call
 #   bash ops/gpu_lease.sh wait SECONDS                # progress every 30 s until the run ends or SECONDS pass
@@ -95,7 +96,13 @@ needs_tests() {
       "run 'bash ops/gpu_lease.sh tests' first" >&2; exit 1; }
 }
 
-TRAIN=("$PYTHON" -m imagetx.train --config "$CONFIG" --data.root "$DATA" --wandb disabled)  # the preset, W&B off
+# A continuation grown to a new shape (`grow` below, imagetx/training/grow.py) names the settings its run
+# needs in its manifest (train_overrides): every run of the lease takes them, warm's too.
+GROWN_SHAPE=()
+[ -e "$CONTINUATION/continuation.json" ] && mapfile -t GROWN_SHAPE < <("$PYTHON" -c 'import json, sys
+sys.stdout.write("".join(w + "\n" for w in json.load(open(sys.argv[1])).get("train_overrides", [])))' \
+    "$CONTINUATION/continuation.json")
+TRAIN=("$PYTHON" -m imagetx.train --config "$CONFIG" --data.root "$DATA" --wandb disabled "${GROWN_SHAPE[@]}")
 
 short_run() {  # short_run FOLDER [ARGS...]: the preset into a fresh FOLDER, in the foreground; its log lines
   rm -rf "$1" && mkdir -p "$1"
@@ -224,6 +231,20 @@ await)
   tail -20 "$WORK/first.out"
   echo "await: first ended (exit $(cat "$WORK/first.rc")) ${SECONDS} s after this call began"
   exit "$(cat "$WORK/first.rc")"
+  ;;
+grow)
+  # The lineage's rule (docs/gpu.md, "When the model grows"): the continuation staged from the repository
+  # grown in place, computing the same function (imagetx/training/grow.py), before `warm` and `launch`,
+  # which then take the grown shape from its manifest. Grown on this machine, where it costs seconds: the
+  # grown continuation would not fit call 1 beside the wheels and a shard. The staged copy is grown too,
+  # since every call's `setup` stages it again.
+  [ -e "$CONTINUATION/continuation.json" ] || { echo "grow: no continuation staged (run setup first)" >&2; exit 1; }
+  rm -rf "$WORK/grown"
+  "$PYTHON" -m imagetx.training.grow "$CONTINUATION" "$WORK/grown" "${@:2}"
+  for packed in "$STAGE"/*/continuation; do
+    [ -e "$packed/continuation.json" ] && rm -rf "$packed" && cp -r "$WORK/grown" "$packed"
+  done
+  rm -rf "$CONTINUATION" && mv "$WORK/grown" "$CONTINUATION"
   ;;
 pilot)
   needs_tests

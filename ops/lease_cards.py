@@ -45,7 +45,21 @@ def lineage_rows(lineage: list[dict], superres: bool) -> str:
                 f"{number(lease.get('images_per_s'), ',.0f')} | {number(lease.get('mfu'), '.1%')} | "
                 f"{number(lease.get('peak_memory_gib'), '.1f')} | {number(lease.get('continuation_step'), ',')} |")
 
-    return "\n".join(row(lease) for lease in lineage)
+    def grown_row(lease: dict) -> str:
+        """The growth a lease went on from, a row of its own: same lineage, new shape."""
+        blanks = " – |" * (7 if superres else 6)  # images seen to continuation: the columns after steps
+        grown = lease["grown"]
+        return f"| grown | {lease['date']} | – | 0 | at step {grown['step']:,}: {grown_shapes(grown)} |{blanks}"
+
+    return "\n".join(grown_row(lease) + "\n" + row(lease) if lease.get("grown") else row(lease) for lease in lineage)
+
+
+def grown_shapes(grown: dict) -> str:
+    """A growth's shapes in words: what changed, and the parameters."""
+    old, new = grown["from"], grown["to"]
+    words = {"n_layers": "layers", "d_model": "d", "n_heads": "heads", "d_filter": "filter", "dropout": "dropout"}
+    changed = [f"{words[key]} {old[key]} → {new[key]}" for key in words if old[key] != new[key]]
+    return f"{', '.join(changed)} ({old['parameters'] / 1e6:.1f} M → {new['parameters'] / 1e6:.1f} M parameters)"
 
 
 def table(lineage: list[dict], superres: bool) -> str:
@@ -73,6 +87,10 @@ def lineage_notes(lineage: list[dict]) -> str:
         unbounded = lease.get("val_bpd_without_bounds")
         without = "" if unbounded is None else f" The shipped weights without exact_box_means: {unbounded:.3f}."
         lines.append(f"- Lease {lease['lease']}: validations during training (step: val bits/dim) {curve or '–'}.{without}")
+        if lease.get("grown"):
+            lines.append(f"  - Went on from the previous lease's continuation grown at step {lease['grown']['step']:,} "
+                         f"(`bash ops/gpu_lease.sh grow`, imagetx/training/grow.py: the same function, a larger "
+                         f"shape): {grown_shapes(lease['grown'])}.")
         if lease.get("step_check"):
             lines.append(f"  - {step_check_sentence(lease['step_check'])}")
         lines += [f"  - {note}" for note in lease.get("notes", [])]

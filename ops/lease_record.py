@@ -98,6 +98,29 @@ def scores(results: Path, superres: bool) -> dict:
             "val_bpd_other_input": read("input_use.json", "bpd_other_image_input")}
 
 
+def model_shape(config_file: Path) -> dict:
+    """The shape of the model whose config.json is ``config_file``: layers, width, heads, filter, dropout and
+    parameters (counted on the model it builds)."""
+    from imagetx.io.weights import read_config
+    from imagetx.model.superres import build_model
+
+    config = read_config(config_file)
+    parameters = sum(p.numel() for p in build_model(config).parameters())
+    return {"n_layers": config.n_layers, "d_model": config.d_model, "n_heads": config.attention.n_heads,
+            "d_filter": config.d_filter, "dropout": config.dropout, "parameters": parameters}
+
+
+def growth(before: Path, after: Path, step: int) -> dict | None:
+    """Where the lease's model has another shape than the shipped one it went on from (its continuation was
+    grown, imagetx/training/grow.py: ``gpu_lease.sh grow``): the growth at the lease's first step, from the
+    shape of ``before`` (the shipped config.json) to that of ``after``; None where nothing grew or there
+    was no model before."""
+    if not before.exists():
+        return None
+    old, new = model_shape(before), model_shape(after)
+    return None if old == new else {"step": step, "from": old, "to": new}
+
+
 def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_record: Path | None = None) -> dict:
     """Install a lease's results into ``into`` (pretrained/NAME) and its lineage folder (lineage/NAME);
     returns the lease's lineage entry. ``notes``: what the figures alone do not say (a test that failed,
@@ -128,6 +151,10 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_recor
         else:
             lease["continuation_step"] = None  # the next lease goes on from the continuation already here
         into.mkdir(parents=True, exist_ok=True)
+        (scratch / "shipped_config.json").write_text(json.dumps(config, indent=2) + "\n")
+        grown = growth(into / "config.json", scratch / "shipped_config.json", lease["first_step"])
+        if grown:  # the lineage's row for it (same lineage, new shape): ops/lease_cards.py
+            lease["grown"] = grown
         shutil.copy(files_at / "model.safetensors", into)
         (into / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         lineage_path = history / "lineage.json"
