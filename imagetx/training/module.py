@@ -221,7 +221,7 @@ class ImageTransformerModule(L.LightningModule):
             found = found.int()
             torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX)
             found = found.bool()
-        if not scaled:
+        if not scaled:  # GradScaler's protocol with fused optimisers: no public call skips an update on the device
             optimizer.found_inf = found.float()
         self.nonfinite.note(found, self.global_step + 1, step_kind(loss))
 
