@@ -81,9 +81,10 @@ def environment(portable: bool) -> dict[str, str]:
 
 def restart_with(portable: bool, module: str) -> None:
     """Run ``python -m module`` with this command's arguments again, in place of this process,
-    with the portable settings set or removed, unless this process already computes so or has
-    restarted once (it then goes on, and the codec says what is wrong)."""
-    if current().portable == portable or os.environ.get(RESTARTED):
+    with the portable settings set or removed, unless this process already computes so or is such
+    a restart (it then goes on, and the codec says what is wrong; the mark is not passed on to the
+    processes it starts)."""
+    if os.environ.pop(RESTARTED, None) or current().portable == portable:
         return
     sys.stdout.flush()
     sys.stderr.flush()
