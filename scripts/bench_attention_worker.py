@@ -35,7 +35,7 @@ def layer_pass(pattern, kernel: str, batch: int, use_autocast: bool, backward: b
 
     from imagetx.model.attention import SelfAttention
 
-    length = pattern.query_length
+    length = pattern.length
     module = SelfAttention(D_MODEL, N_HEADS, pattern, kernel=kernel).to(device)
     x = torch.randn(batch, length, D_MODEL, device=device, requires_grad=backward)
     out_dtype = torch.bfloat16 if use_autocast else torch.float32

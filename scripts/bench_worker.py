@@ -163,7 +163,7 @@ def training_step(spec: dict, cfg, device):
     import torch
 
     from imagetx import ImageTransformer, build_model
-    from imagetx.model.patterns import FLEX_BLOCK_SIZE
+    from imagetx.model.attention import FLEX_BLOCK_SIZE
     from imagetx.model.scoring import batch_bits_per_dim
     from imagetx.training.module import make_optimizer, optimizer_settings
 

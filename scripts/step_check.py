@@ -69,7 +69,7 @@ def check(preset: str, overrides: dict, batch: int | None, device_name: str, war
     from torch._dynamo.utils import counters
 
     from imagetx.model.attention import build_patterns
-    from imagetx.model.patterns import FLEX_BLOCK_SIZE
+    from imagetx.model.attention import FLEX_BLOCK_SIZE
     from imagetx.training.module import COMPILE_OPTIONS
     from imagetx.training.throughput import table_peak
 

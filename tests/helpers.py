@@ -16,7 +16,7 @@ from einops import rearrange
 
 from imagetx import ImageTransformer, build_model, ModelConfig
 from imagetx.io.older import model_config
-from imagetx.model.patterns import FLEX_BLOCK_SIZE
+from imagetx.model.attention import FLEX_BLOCK_SIZE
 from imagetx.model.transformer import previous_values
 
 

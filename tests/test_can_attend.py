@@ -166,10 +166,8 @@ def test_causal_and_sees_itself(pattern):
             assert not mask[i, j], f"query {i} sees the later step {j}"
 
 
-@pytest.mark.parametrize("pattern", all_patterns(), ids=lambda p: f"{p.describe()}-{p.length}")
-def test_blocks_spell_out_exactly_can_attend(pattern):
-    # The blocks that the training pass, the position biases and the decoding ring are read
-    # from, laid back onto a dense (T, T) matrix by hand, are the reference.
+def blocks_laid_out(pattern) -> torch.Tensor:
+    """The pattern's blocks laid back onto a dense (T, T) matrix by hand."""
     blocks = pattern.blocks("cpu")
     n = pattern.length
     dense = torch.zeros(n, n + 1, dtype=torch.bool)  # column n: the zero key
@@ -182,7 +180,26 @@ def test_blocks_spell_out_exactly_can_attend(pattern):
                 if blocks.can_attend[b, l, s]:
                     assert key < n, f"query {query} may read the zero key"
                     dense[query, key] = True
-    assert torch.equal(dense[:, :n], pattern.can_attend())
+    return dense[:, :n]
+
+
+@pytest.mark.parametrize("pattern", all_patterns(), ids=lambda p: f"{p.describe()}-{p.length}")
+def test_blocks_spell_out_exactly_can_attend(pattern):
+    # The blocks that the training pass and the decoding ring are read from are the reference.
+    assert torch.equal(blocks_laid_out(pattern), pattern.can_attend())
+
+
+def test_the_blocks_follow_the_rule_and_a_ring_refuses_one_that_is_not_causal():
+    # One definition: the blocks' masks are the rule on the keys where the blocks look, so a rule
+    # that also lets a query see the key after it shows in them (inside a block), and the ring,
+    # read from them, refuses it.
+    pattern = Local1D(GenerationOrder(1, 12), 4, 1)
+    honest = pattern.mask_rule()
+    pattern.mask_rule = lambda: (lambda query, key: honest(query, key) | (key == query + 1))
+    seen = blocks_laid_out(pattern)
+    assert seen[1, 2] and seen[5, 6] and not seen[3, 4]  # 4 is in the next block, where block 0 does not look
+    with pytest.raises(ValueError, match="cached decoding needs a causal pattern"):
+        pattern.ring()
 
 
 @pytest.mark.parametrize("pattern", all_patterns(), ids=lambda p: f"{p.describe()}-{p.length}")

@@ -345,6 +345,7 @@ def test_flex_block_size_must_be_a_kernel_tile(size):
         build_model(tiny_config(), flex_block_size=size)
 
 
-def test_flex_block_size_reaches_the_self_attention_pattern():
+def test_flex_block_size_reaches_every_self_attention_layer():
     for size in (16, 128):
-        assert build_model(tiny_config(), flex_block_size=size).pattern.flex_block_size == size
+        model = build_model(tiny_config(n_layers=2), flex_block_size=size)
+        assert [layer.self_attn.flex_block_size for layer in model.layers] == [size, size]

@@ -99,8 +99,8 @@ def assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, block: i
     """Kernel blocks (block × block pairs) with no allowed pair are skipped, those with some are
     run, and only those the rule allows whole are run without the mask_mod: read off can_attend,
     tile by tile, the end padding counted as not allowed."""
-    mask = pattern.block_mask("cpu")
-    assert mask is pattern.block_mask("cpu")  # built once
+    mask = pattern.block_mask("cpu", block)
+    assert mask is pattern.block_mask("cpu", block)  # built once
     assert mask.BLOCK_SIZE == (block, block)
     tiles = -(-pattern.length // block) * block
     allowed = torch.zeros(tiles, tiles, dtype=torch.bool)
@@ -117,32 +117,38 @@ def assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, block: i
 def test_block_mask_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern):
     assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, KERNEL_BLOCK)
     if pattern.length == 1024:  # 1D blocks of one 32-wide row: 8 kernel blocks, each needs 2
-        assert int(pattern.block_mask("cpu").to_dense().sum()) == 8 + 7
+        assert int(pattern.block_mask("cpu", KERNEL_BLOCK).to_dense().sum()) == 8 + 7
 
 
-# Kernel blocks smaller than FlexAttention's default (ModelConfig.attention.flex_block_size): the one-row
+# Kernel blocks smaller than FlexAttention's default (build_model's flex_block_size): the one-row
 # pattern of the GPU recipe (32 x 32 pixels, blocks of one row over the row above) in blocks of
 # a half, one and two rows; a 2D pattern and full attention in blocks that do not divide T.
-FINE_BLOCKS = [Local1D(GenerationOrder(32, 32), 32, 1, size) for size in (16, 32, 64)] + [
-    Local2D(GenerationOrder(16, 24, (4, 8)), (4, 8), 32), FullCausal(GenerationOrder(10, 13), 16)]
+def in_blocks(pattern, block: int):
+    """A (pattern, kernel block size) case, named by both."""
+    return pytest.param(pattern, block, id=f"{pattern.describe()}-block{block}")
 
 
-@pytest.mark.parametrize("pattern", FINE_BLOCKS, ids=lambda p: f"{p.describe()}-block{p.flex_block_size}")
-def test_smaller_kernel_blocks_equal_the_dense_reference(pattern):
+FINE_BLOCKS = [in_blocks(Local1D(GenerationOrder(32, 32), 32, 1), size) for size in (16, 32, 64)] + [
+    in_blocks(Local2D(GenerationOrder(16, 24, (4, 8)), (4, 8)), 32), in_blocks(FullCausal(GenerationOrder(10, 13)), 16)]
+
+
+@pytest.mark.parametrize("pattern,block", FINE_BLOCKS)
+def test_smaller_kernel_blocks_equal_the_dense_reference(pattern, block):
     q, k, v = rand_qkv(pattern.length)
     with torch.no_grad():
-        got = attend(q.float(), k.float(), v.float(), pattern, "flex")
+        got = attend(q.float(), k.float(), v.float(), pattern, "flex", block)
     torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v), atol=2e-6, rtol=0)
-    assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, pattern.flex_block_size)
-    if isinstance(pattern, Local1D) and pattern.flex_block_size == 32:
+    assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, block)
+    if isinstance(pattern, Local1D) and block == 32:
         # one block per row: the first row's diagonal block, then 2 for each later row; of the
         # 128-pair default's 8 x 2 - 1 blocks of 16,384 pairs, a quarter of the pairs
-        assert int(pattern.block_mask("cpu").to_dense().sum()) == 32 + 31
+        assert int(pattern.block_mask("cpu", block).to_dense().sum()) == 32 + 31
 
 
 def test_tile_options_pin_cuda_tiles_to_blocks_smaller_than_the_default():
     # The CUDA kernel's tiles must divide the mask's blocks (and N1 % M1 == M2 % N2 == 0).
-    fine, default = (Local1D(GenerationOrder(32, 32), 32, 1, size).block_mask("cpu") for size in (32, 128))
+    pattern = Local1D(GenerationOrder(32, 32), 32, 1)
+    fine, default = (pattern.block_mask("cpu", size) for size in (32, 128))
     options = attention.tile_options(fine, torch.device("cuda"))
     assert options == {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 32}
     assert attention.tile_options(default, torch.device("cuda")) is None  # the kernel's own tiles
@@ -289,12 +295,12 @@ def test_cached_sampler_equals_the_flex_full_pass(name):
 
 
 def test_compiled_model_through_flex_equals_eager():
-    # The block mask is built outside the model's graph (``BuiltOnce``) and the kernel
+    # The block mask is built outside the model's graph (``attention.prepare``) and the kernel
     # compiled as part of it.
     model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
     with torch.no_grad():
         expected = full_pass(model, images, labels, low_res)
-        model.decoder.layers[0].self_attn.pattern.built.kept.clear()  # so that the compiled pass builds it
+        model.decoder.layers[0].self_attn.pattern.kept.clear()  # so that the compiled pass builds it
         got = torch.compile(model)(previous_values(model.targets(images)), labels=labels, low_res=low_res)[0]
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
@@ -303,8 +309,8 @@ def test_compiled_model_through_flex_equals_eager():
 
 @pytest.mark.skipif(not torch.cuda.is_available(),
                     reason=f"FlexAttention has no backward on the CPU (torch {torch.__version__}); runs on a GPU")
-@pytest.mark.parametrize("pattern", PATTERNS + FINE_BLOCKS, ids=lambda p: f"{p.describe()}-block{p.flex_block_size}")
-def test_flex_values_and_gradients_equal_dense_on_cuda(pattern):
+@pytest.mark.parametrize("pattern,block", [in_blocks(p, KERNEL_BLOCK) for p in PATTERNS] + FINE_BLOCKS)
+def test_flex_values_and_gradients_equal_dense_on_cuda(pattern, block):
     device = torch.device("cuda")
     q64, k64, v64 = (t.requires_grad_() for t in rand_qkv(pattern.length, dim=16, device=device))
     projection = torch.randn(q64.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64).to(device)
@@ -315,7 +321,7 @@ def test_flex_values_and_gradients_equal_dense_on_cuda(pattern):
     ref = dense_reference(pattern, q64, k64, v64)
     ref_grads = grads(ref, [q64, k64, v64])
     q, k, v = (t.detach().float().requires_grad_() for t in (q64, k64, v64))
-    got = attend(q, k, v, pattern, "flex")
+    got = attend(q, k, v, pattern, "flex", block)
     got_grads = grads(got, [q, k, v])
     torch.testing.assert_close(got.double(), ref, atol=1e-4, rtol=0)
     for name, g, r in zip(["q", "k", "v"], got_grads, ref_grads):

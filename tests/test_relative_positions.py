@@ -53,12 +53,12 @@ def test_rotary_turns_bfloat16_in_float32_and_rounds_once():
     got = rotary(x)
     assert got.dtype == torch.bfloat16 and torch.equal(got, rotary(x.float()).bfloat16())
     exact = rotary(x.double())
-    cos, sin = (rotary.cos.bfloat16()[:, None], rotary.sin.bfloat16()[:, None])
+    cos, sin = rotary.cos.bfloat16(), rotary.sin.bfloat16()  # (T, 1, e/2)
     first, second = x.chunk(2, dim=-1)
     in_bf16 = torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
     assert (got.double() - exact).abs().mean() < (in_bf16.double() - exact).abs().mean()
     rows, cols = order.grid_cell()
-    assert torch.equal(rotary.cos[:, 0], rows.double().cos()) and torch.equal(rotary.sin[:, 4], cols.double().sin())
+    assert torch.equal(rotary.cos[:, 0, 0], rows.double().cos()) and torch.equal(rotary.sin[:, 0, 4], cols.double().sin())
 
 
 def test_rotary_turns_the_decoding_step_as_the_full_pass_turns_it():

@@ -32,13 +32,19 @@ from einops import rearrange
 from torch import Tensor, nn
 from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
-from .patterns import FLEX_BLOCK_SIZE, BlockIndex, CausalPattern
-from .rotary import Rotary2D
+from .patterns import BlockIndex, CausalPattern, MaskRule
+from .rotary import Rotary2D, rotate
 
 # How attention runs, the same numbers every way: "flex" = FlexAttention, block-sparse; "sdpa" =
 # the pattern's gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
 # elsewhere (FlexAttention has no backward on the CPU). A build option (``build_model``).
 ATTENTION_KERNELS = ("auto", "flex", "sdpa")
+# FlexAttention's kernel blocks, queries × keys: powers of two (its tiles), from its CUDA kernel's
+# smallest to its default, FLEX_BLOCK_SIZE (128 × 128). Blocks a pattern allows none of are
+# skipped, so blocks the size of a one-row query block compute fewer masked pairs; larger blocks
+# keep the GPU's matrix units busier. The same numbers for every size. A build option too.
+FLEX_BLOCK_SIZE = 128
+FLEX_BLOCK_SIZES = (16, 32, 64, FLEX_BLOCK_SIZE)
 # FlexAttention's compiled CUDA kernel (Inductor's lowering) refuses heads of fewer channels: "NYI:
 # embedding dimension of the query, key, and value must be at least 16". Its CPU kernel takes them.
 FLEX_MIN_HEAD_SIZE = 16
@@ -47,14 +53,24 @@ FLEX_MIN_HEAD_SIZE = 16
 # ----- the one entry ----------------------------------------------------------------------------
 
 def attend(q: Tensor, k: Tensor, v: Tensor, allowed: CausalPattern | Tensor | None = None,
-           kernel: str = "auto") -> Tensor:
+           kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> Tensor:
     """q (Tq, N, e) over k, v (Tk, N, e) -> (Tq, N, e): over the keys ``allowed`` lets each query
-    see (a pattern; a (Tq, Tk) bool mask; None: every key), equal to the dense reference."""
+    see (a pattern; a (Tq, Tk) bool mask; None: every key), equal to the dense reference.
+    FlexAttention runs in kernel blocks of ``flex_block_size``."""
     if allowed is None or isinstance(allowed, Tensor):
         return sdpa(q, k, v, mask=allowed)
     if uses_flex(kernel, q.device, q.shape[-1]):
-        return flex_attend(q, k, v, allowed.block_mask(q.device))
+        return flex_attend(q, k, v, allowed.block_mask(q.device, flex_block_size))
     return attend_in_blocks(q, k, v, allowed.blocks(q.device))
+
+
+def check_kernel(kernel: str, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
+    """Refuse, in one line naming the choices, a kernel or kernel block size there is none of."""
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel {kernel!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
+    if not isinstance(flex_block_size, int) or flex_block_size not in FLEX_BLOCK_SIZES:
+        raise ValueError(f"flex_block_size {flex_block_size!r} is invalid: choose one of "
+                         f"{', '.join(map(str, FLEX_BLOCK_SIZES))}")
 
 
 def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
@@ -62,8 +78,7 @@ def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
     ``head_size`` channels: flex, or auto on CUDA. auto is the SDPA path elsewhere, because
     FlexAttention on the CPU has a compiled forward but no backward (it raises for inputs that
     require a gradient). ``flex`` asked for where it cannot run raises, naming the way out."""
-    if kernel not in ATTENTION_KERNELS:
-        raise ValueError(f"attention kernel {kernel!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
+    check_kernel(kernel)
     narrow = device.type == "cuda" and head_size < FLEX_MIN_HEAD_SIZE
     if kernel == "flex" and narrow:
         raise ValueError(f"attention kernel 'flex' needs heads of at least {FLEX_MIN_HEAD_SIZE} channels on CUDA, "
@@ -71,24 +86,35 @@ def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
     return kernel == "flex" or (kernel == "auto" and device.type == "cuda" and not narrow)
 
 
-def prepare(pattern: CausalPattern | None, kernel: str, device: torch.device, head_size: int) -> None:
+def prepare(pattern: CausalPattern | None, kernel: str, flex_block_size: int, device: torch.device,
+            head_size: int) -> None:
     """Build what ``attend`` reads of ``pattern`` on ``device`` (its block mask, or its blocks),
-    where it is not built yet. Traced by torch.compile, building is a graph break
-    (``patterns.BuiltOnce``): the layers call this before their projections, so that it breaks a
-    frame that holds no tensors rather than ``attend``'s own."""
-    if pattern is not None:
-        pattern.block_mask(device) if uses_flex(kernel, device, head_size) else pattern.blocks(device)
+    where it is not built yet. The layers call this before their projections.
+
+    Traced by torch.compile, the build runs eagerly, outside the graph: it is set-up, done once,
+    not a step of every pass (and ``create_block_mask`` cannot be traced). That breaks the graph
+    here, in a frame that holds no tensors rather than ``attend``'s; a model whose patterns are
+    built before it is compiled (``build_patterns``) compiles without a break. Run eagerly, the
+    build is called as it is: ``torch.compiler.disable`` imports torch._dynamo (~115 MiB
+    resident, ~2 s), which eager scoring and sampling never need."""
+    if pattern is None:
+        return
+    flex = uses_flex(kernel, device, head_size)
+    if pattern.is_built(device, flex_block_size if flex else None):
+        return
+    build = (lambda: pattern.block_mask(device, flex_block_size)) if flex else (lambda: pattern.blocks(device))
+    (torch.compiler.disable(build) if torch.compiler.is_compiling() else build)()
 
 
 def build_patterns(model: nn.Module, device: torch.device | str) -> None:
     """Build what every self-attention layer of ``model`` reads of its pattern on ``device`` now.
-    Under torch.compile the pass that first builds it breaks its graph there (patterns.BuiltOnce),
+    Under torch.compile the pass that first builds it breaks its graph there (``prepare``),
     so the graphs a run traces would depend on what ran before its first compiled pass; built
     first, every run traces the same graphs, with no break, and finds those an earlier run left in
     Inductor's cache."""
     for module in model.modules():
         if isinstance(module, SelfAttention):
-            prepare(module.pattern, module.kernel, torch.device(device), module.head_size)
+            prepare(module.pattern, module.kernel, module.flex_block_size, torch.device(device), module.head_size)
 
 
 def pairs_computed(pattern: CausalPattern) -> int:
@@ -106,9 +132,11 @@ def pairs_computed(pattern: CausalPattern) -> int:
 def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
     """(Tq, N, e) queries over the (Tk, N, e) keys ``mask`` (Tq, Tk) allows (None: every key): one
     fused call on views."""
-    q, k, v = (rearrange(t, "t n e -> 1 n t e") for t in (q, k, v))
+    # t n e -> 1 n t e, by torch's own view ops: this runs at every decoding step of every layer,
+    # where einops' bookkeeping would cost as much as the attention
+    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return rearrange(out, "1 n t e -> t n e")
+    return out.squeeze(0).transpose(0, 1)  # 1 n t e -> t n e
 
 
 def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex) -> Tensor:
@@ -193,16 +221,21 @@ class SelfAttentionCache:
     values: Tensor
     steps: Tensor
     piece: int
+    rule: MaskRule  # the pattern's
+    step_masks: Tensor  # (T, ring + 1): the pattern's mask of each single step (``CausalPattern.step_masks``)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, steps: Tensor, pattern: CausalPattern) -> Tensor:
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, steps: Tensor) -> Tensor:
         """The queries, keys and values (t, N, e) of ``steps`` (t,) over the cached keys and their
-        own, masked by ``pattern``'s rule on the keys' steps; then kept. More than a piece's steps
+        own, masked by the pattern's rule on the keys' steps; then kept. More than a piece's steps
         run a piece at a time, each kept before the next reads the ring."""
         if steps.shape[0] > self.piece:
             pieces = zip(*(t.split(self.piece) for t in (q, k, v, steps)))
-            return torch.cat([self.attend(*piece, pattern) for piece in pieces])
-        key_steps = torch.cat([self.steps, steps])  # (ring + t,)
-        allowed = (key_steps >= 0) & pattern.mask_rule()(steps[:, None], key_steps[None, :].clamp(min=0))
+            return torch.cat([self.attend(*piece) for piece in pieces])
+        if steps.shape[0] == 1:  # the ring holds the steps before it, in order: its mask is looked up
+            allowed = self.step_masks[steps]  # (1, ring + 1)
+        else:
+            key_steps = torch.cat([self.steps, steps])  # (ring + t,)
+            allowed = (key_steps >= 0) & self.rule(steps[:, None], key_steps[None, :].clamp(min=0))
         out = attend(q, torch.cat([self.keys, k]), torch.cat([self.values, v]), allowed)
         slots = steps % self.steps.shape[0]
         self.keys.index_copy_(0, slots, k)
@@ -217,11 +250,11 @@ class SelfAttention(nn.Module):
     their grid positions (``rotary``)."""
 
     def __init__(self, d_model: int, n_heads: int, pattern: CausalPattern | None = None, kernel: str = "auto",
-                 rotary: Rotary2D | None = None) -> None:
+                 rotary: Rotary2D | None = None, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
         super().__init__()
-        if kernel not in ATTENTION_KERNELS:
-            raise ValueError(f"attention kernel {kernel!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
-        self.n_heads, self.pattern, self.kernel = n_heads, pattern, kernel
+        check_kernel(kernel, flex_block_size)
+        self.n_heads, self.pattern = n_heads, pattern
+        self.kernel, self.flex_block_size = kernel, flex_block_size  # how it runs (``attend``)
         self.head_size = d_model // n_heads
         self.rotary = rotary
         # T2T's attention projections carry no bias.
@@ -236,21 +269,23 @@ class SelfAttention(nn.Module):
         ring = self.pattern.ring()
         keys = weight.new_zeros(ring, batch * self.n_heads, self.head_size)
         steps = torch.full((ring,), -1, dtype=torch.long, device=weight.device)
-        return SelfAttentionCache(keys, torch.zeros_like(keys), steps, self.pattern.piece())
+        return SelfAttentionCache(keys, torch.zeros_like(keys), steps, self.pattern.piece(), self.pattern.mask_rule(),
+                                  self.pattern.step_masks(weight.device))
 
     def forward(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0) -> Tensor:
         """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or with
         ``cache`` the next t steps (one decoding step, or a prefill)."""
         if cache is None:
-            prepare(self.pattern, self.kernel, x.device, self.head_size)
+            prepare(self.pattern, self.kernel, self.flex_block_size, x.device, self.head_size)
         q, k, v = project_heads(self.to_qkv, x, self.n_heads, 3)  # each (t, B·h, e)
         steps = start + torch.arange(x.shape[1], device=x.device)
         if self.rotary is not None:  # cached keys are kept turned: each by its own step
-            q, k = self.rotary(q, steps), self.rotary(k, steps)
+            angles = self.rotary.angles(steps, q.dtype)
+            q, k = rotate(q, *angles), rotate(k, *angles)
         if cache is None:
-            out = attend(q, k, v, self.pattern, self.kernel)
+            out = attend(q, k, v, self.pattern, self.kernel, self.flex_block_size)
         else:
-            out = cache.attend(q, k, v, steps, self.pattern)
+            out = cache.attend(q, k, v, steps)
         return merge_heads(self.to_out, out, self.n_heads)  # (B, t, d)
 
 

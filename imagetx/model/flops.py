@@ -76,8 +76,9 @@ def tile_pairs(mask: BlockMask) -> int:
 
 def decoder_attention_pairs(model: ImageTransformer, device: torch.device | str = "cpu") -> int:
     """Query-key pairs one decoder self-attention layer computes per image and head on ``device``."""
-    if uses_flex(model.layers[0].self_attn.kernel, torch.device(device), model.config.head_size):
-        return tile_pairs(model.pattern.block_mask(device))
+    attention = model.layers[0].self_attn
+    if uses_flex(attention.kernel, torch.device(device), model.config.head_size):
+        return tile_pairs(model.pattern.block_mask(device, attention.flex_block_size))
     return pairs_computed(model.pattern)
 
 

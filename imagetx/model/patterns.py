@@ -5,24 +5,30 @@ One layout throughout: q, k, v are sequence-first (T, N, e), N = batch·heads an
 size, in generation order.
 
 One pattern type, ``CausalPattern`` (full, 1D and 2D local), over the steps of a
-``GenerationOrder``. A pattern answers:
+``GenerationOrder``. Each pattern states two things:
 
-* ``mask_rule()``: its rule, as arithmetic on query and key steps (``MaskRule``),
-  so that it runs on any device. On index grids it gives ``can_attend()``, the dense boolean
-  (Tq, Tk) matrix (True = the query, a row, may attend to the key, a column): the reference of
-  every test (``dense_attention`` of tests/helpers.py with it defines the right answer). As
-  FlexAttention's ``mask_mod`` it gives ``block_mask(device)``, built once per device.
-* ``blocks(device)``: its sparsity, built once per device: queries in blocks, each block with
-  the steps of its keys and which of them each query may see. The SDPA path and decoding's ring
-  buffer (its length, ``ring``, and the steps it attends at once, ``piece``) are read from it, at
-  a cost of O(T·(keys per block)), never O(T²). Tests prove each equal to the reference.
+* ``mask_rule()``: which keys a query may see, as arithmetic on query and key steps
+  (``MaskRule``), so that it runs on any device;
+* ``block_keys()``: where its queries look: queries in blocks of ``block_length`` steps, each
+  block with the steps of the keys its queries may read (a superset of what the rule allows).
+
+Every form the kernels and decoding read derives from those two, here, and is built once per
+device (tests prove each equal to the dense matrix):
+
+* ``can_attend()``: the rule on index grids, the dense boolean (Tq, Tk) matrix (True = the query,
+  a row, may attend to the key, a column): the reference of every test (``dense_attention`` of
+  tests/helpers.py with it defines the right answer);
+* ``blocks(device)``: the block keys, each with which of its queries the rule lets see it
+  (``BlockIndex``): the SDPA path's gather, O(T·(keys per block)), never O(T²);
+* ``block_mask(device, block_size)``: the rule as FlexAttention's ``mask_mod``;
+* ``ring()``, ``piece()`` and ``step_masks(device)``: decoding's ring buffer, read from the
+  blocks, and each decoding step's mask over it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
 
 import torch
 import torch.nn.functional as F
@@ -32,39 +38,10 @@ from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from .order import GenerationOrder
 
-# FlexAttention's kernel blocks, queries × keys: powers of two (its tiles), from its CUDA kernel's
-# smallest to its default, FLEX_BLOCK_SIZE (128 × 128). Blocks a pattern allows none of are
-# skipped, so blocks the size of a one-row query block compute fewer masked pairs; larger blocks
-# keep the GPU's matrix units busier. The same numbers for every size.
-FLEX_BLOCK_SIZE = 128
-FLEX_BLOCK_SIZES = (16, 32, 64, FLEX_BLOCK_SIZE)
-
-Built = TypeVar("Built")
 # (query steps, key steps) -> bool, True where the query may attend to the key; elementwise
 # over tensors that broadcast (index grids for the dense matrix, 0-d indices in a mask_mod).
 MaskRule = Callable[[Tensor, Tensor], Tensor]
 
-
-def dense_mask(rule: MaskRule, query_length: int, key_length: int) -> Tensor:
-    """(Tq, Tk) bool: ``rule`` on every query-key pair, on the CPU (the tests' reference)."""
-    return rule(torch.arange(query_length)[:, None], torch.arange(key_length)[None, :])
-
-
-def build_block_mask(rule: MaskRule, query_length: int, key_length: int, device: torch.device | str,
-                     block_size: int = FLEX_BLOCK_SIZE) -> BlockMask:
-    """FlexAttention's ``BlockMask`` of ``rule``, broadcast over batch and heads: which kernel
-    blocks of ``block_size`` × ``block_size`` pairs to skip, which to run whole, which to mask.
-    Kernel blocks the rule allows only in part keep it as their ``mask_mod``, so a pattern finer
-    than a kernel block (a one-row 1D block, a narrow 2D flange) stays exact. Hundreds of µs to
-    build: a pattern builds it once per device (``block_mask``) and every layer reuses it."""
-
-    def mask_mod(batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
-        return rule(query, key)
-
-    return create_block_mask(mask_mod, None, None, query_length, key_length, device=device, BLOCK_SIZE=block_size)
-
-
-# ----- a pattern's sparsity, built once ------------------------------------------------------
 
 @dataclass(frozen=True)
 class BlockIndex:
@@ -84,58 +61,22 @@ class BlockIndex:
         n_blocks, block_len, _ = self.can_attend.shape
         return torch.arange(n_blocks * block_len, device=self.key_steps.device).view(n_blocks, block_len)
 
-    def to(self, device: torch.device) -> "BlockIndex":
+    def to(self, device: torch.device | str) -> "BlockIndex":
         return BlockIndex(self.key_steps.to(device), self.can_attend.to(device), self.causal)
-
-
-def ring_length(blocks: BlockIndex, length: int) -> int:
-    """The fewest slots of a decoding ring (step s in slot s % ring) that still hold the oldest key
-    any later query reads: the longest distance from a query back to a key it sees, since a step
-    attends over the ring before its own key overwrites a slot (``attention.SelfAttentionCache``).
-    Read from the blocks one at a time (the largest tensor one block's, never T²)."""
-    ring = 1
-    for queries, keys, can_attend in zip(blocks.query_steps, blocks.key_steps, blocks.can_attend):
-        allowed = can_attend & (queries[:, None] < length) & (keys[None, :] < length)
-        query, key = allowed.nonzero(as_tuple=True)
-        if bool((keys[key] > queries[query]).any()):
-            raise ValueError("cached decoding needs a causal pattern: a query sees a later key")
-        if query.numel():
-            ring = max(ring, int((queries[query] - keys[key]).max()))
-    return ring
-
-
-class BuiltOnce:
-    """What a pattern builds from its geometry alone (its blocks, block mask, decoding ring),
-    kept once per device. A pattern holds one as ``self.built``."""
-
-    def __init__(self) -> None:
-        self.kept: dict[tuple[str, torch.device], object] = {}
-
-    def once(self, what: str, device: torch.device | str, build: Callable[[], Built]) -> Built:
-        """``build()`` the first time ``what`` is asked for on ``device``; after that, the same object.
-
-        Traced by ``torch.compile``, ``build`` runs eagerly, outside the graph: it is set-up, done
-        once, not a step of every pass (and ``create_block_mask`` cannot be traced). That leaves a
-        graph break where it was first asked for; a model run once before it is compiled
-        (which builds everything) compiles without one. Run eagerly, ``build`` is called as it
-        is: ``torch.compiler.disable`` imports torch._dynamo (~115 MiB resident, ~2 s), which
-        eager scoring and sampling never need."""
-        key = (what, torch.device(device))
-        if key not in self.kept:
-            self.kept[key] = torch.compiler.disable(build)() if torch.compiler.is_compiling() else build()
-        return self.kept[key]  # type: ignore[return-value]
 
 
 # ----- the pattern type --------------------------------------------------------------------------
 
 class CausalPattern:
-    """Which earlier steps of ``order`` each step's query may see. Subclasses define the rule
-    (``mask_rule``) and their blocks (``build_blocks``); the rest derives from them."""
+    """Which earlier steps of ``order`` each step's query may see. Subclasses state the rule
+    (``mask_rule``) and where each block of ``block_length`` queries looks (``block_keys``);
+    every other form derives from them here, built on first use and kept per device."""
 
-    def __init__(self, order: GenerationOrder, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
+    block_length: int  # queries per block of ``block_keys``
+
+    def __init__(self, order: GenerationOrder) -> None:
         self.order = order
-        self.flex_block_size = flex_block_size  # the block mask's kernel blocks (FLEX_BLOCK_SIZES)
-        self.built = BuiltOnce()
+        self.kept: dict[tuple, object] = {}
 
     @property
     def length(self) -> int:
@@ -145,32 +86,104 @@ class CausalPattern:
         """(query steps, key steps) -> bool, True where the query may attend to the key."""
         raise NotImplementedError
 
-    def can_attend(self) -> Tensor:
-        """(T, T) bool, True where the query (row) may attend to the key (column)."""
-        return dense_mask(self.mask_rule(), self.length, self.length)
-
-    def build_blocks(self) -> BlockIndex:
-        """The pattern's blocks, on the CPU (``blocks`` keeps them, per device)."""
+    def block_keys(self) -> Tensor:
+        """(n, S) long: the steps of the keys each block of ``block_length`` queries may read,
+        every key the rule lets one of them see among them; a step outside [0, T): none."""
         raise NotImplementedError
 
-    def blocks(self, device: torch.device | str) -> BlockIndex:
-        cpu = self.built.once("blocks", "cpu", self.build_blocks)
-        return self.built.once("blocks", device, lambda: cpu.to(device))
+    # ----- derived forms
 
-    def block_mask(self, device: torch.device | str) -> BlockMask:
-        """FlexAttention's block mask of the rule, on ``device``."""
-        return self.built.once("block_mask", device, lambda: build_block_mask(
-            self.mask_rule(), self.length, self.length, device, self.flex_block_size))
+    def can_attend(self) -> Tensor:
+        """(T, T) bool, True where the query (row) may attend to the key (column)."""
+        steps = torch.arange(self.length)
+        return self.mask_rule()(steps[:, None], steps[None, :])
+
+    def blocks(self, device: torch.device | str) -> BlockIndex:
+        """The block keys and which of them each query sees, by the rule (keys outside the
+        sequence: step T, seen by none)."""
+        if torch.device(device).type != "cpu":
+            return self.keep(("blocks", torch.device(device)), lambda: self.blocks("cpu").to(device))
+        return self.keep(("blocks", torch.device("cpu")), self.build_blocks)
+
+    def build_blocks(self) -> BlockIndex:
+        keys, length = self.block_keys(), self.length
+        queries = torch.arange(keys.shape[0] * self.block_length).view(keys.shape[0], self.block_length)
+        inside = (keys >= 0) & (keys < length)
+        can_attend = self.mask_rule()(queries[:, :, None], keys.clamp(0, length - 1)[:, None, :]) & inside[:, None, :]
+        # One block whose keys are its queries, each seeing those up to itself: SDPA's causal kernel.
+        causal = keys.shape == queries.shape and torch.equal(keys, queries) and \
+            torch.equal(can_attend, can_attend.new_ones(can_attend.shape[1:]).tril().expand_as(can_attend))
+        return BlockIndex(keys.masked_fill(~inside, length), can_attend, causal)
+
+    def block_mask(self, device: torch.device | str, block_size: int) -> BlockMask:
+        """FlexAttention's ``BlockMask`` of the rule on ``device``, broadcast over batch and heads:
+        which kernel blocks of ``block_size`` × ``block_size`` pairs to skip, which to run whole,
+        which to mask. Kernel blocks the rule allows only in part keep it as their ``mask_mod``, so
+        a pattern finer than a kernel block (a one-row 1D block, a narrow 2D flange) stays exact.
+        Hundreds of µs to build: every layer reuses it."""
+        rule = self.mask_rule()
+
+        def mask_mod(batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
+            return rule(query, key)
+
+        return self.keep(("block_mask", torch.device(device), block_size), lambda: create_block_mask(
+            mask_mod, None, None, self.length, self.length, device=device, BLOCK_SIZE=block_size))
 
     def ring(self) -> int:
-        """Slots of the decoding ring (``attention.SelfAttentionCache``)."""
-        return self.built.once("ring", "cpu", lambda: ring_length(self.blocks("cpu"), self.length))
+        """Slots of a decoding ring (``attention.SelfAttentionCache``): the fewest that still hold
+        the oldest key any later query reads, the longest distance from a query back to a key it
+        sees (a step attends over the ring before its own key overwrites a slot). Read from the
+        blocks one at a time: for each, from its last query back to its earliest key one of its
+        queries sees (the last query sees all of them, in every pattern here; elsewhere a ring a
+        little longer than needed)."""
+        return self.keep(("ring",), self.build_ring)
+
+    def build_ring(self) -> int:
+        blocks, ring = self.blocks("cpu"), 1
+        for queries, keys, can_attend in zip(blocks.query_steps, blocks.key_steps, blocks.can_attend):
+            real = can_attend[queries < self.length]  # end padding reads nothing
+            if bool((real & (keys[None, :] > queries[: real.shape[0], None])).any()):
+                raise ValueError("cached decoding needs a causal pattern: a query sees a later key")
+            seen = real.any(0)
+            if real.shape[0] and bool(seen.any()):
+                ring = max(ring, int(queries[real.shape[0] - 1] - keys[seen].min()))
+        return ring
+
+    def step_masks(self, device: torch.device | str) -> Tensor:
+        """(T, ring + 1) bool, on ``device``: which keys step s sees when the steps before it went
+        through a decoding ring in order: slot j holds the latest step before s that is j modulo
+        the ring (none yet: unseen), the last column is s itself. One decoding step's mask is a
+        row of it, read in one look-up instead of the rule's arithmetic."""
+        return self.keep(("step_masks", torch.device(device)), lambda: self.build_step_masks().to(device))
+
+    def build_step_masks(self) -> Tensor:
+        ring, rule, masks = self.ring(), self.mask_rule(), []
+        # a ring's worth of steps at a time: the step numbers (long) of the whole table would be
+        # eight times the table
+        for steps in torch.arange(self.length).split(ring):
+            steps = steps[:, None]
+            held = steps - 1 - (steps - 1 - torch.arange(ring)) % ring  # (t, ring); negative: no step yet
+            keys = torch.cat([held, steps], dim=1)
+            masks.append((keys >= 0) & rule(steps, keys.clamp(min=0)))
+        return torch.cat(masks)
 
     def piece(self) -> int:
         """The most steps a decoding ring attends at once (a prefill runs in pieces): a query
         block, whose keys are the ring's and its own, and at most the ring, so that a piece writes
         distinct slots."""
-        return min(self.ring(), self.blocks("cpu").can_attend.shape[1])
+        return min(self.ring(), self.block_length)
+
+    def keep(self, what: tuple, build: Callable[[], object]):
+        """``build()`` the first time ``what`` is asked for; after that, the same object."""
+        if what not in self.kept:
+            self.kept[what] = build()
+        return self.kept[what]
+
+    def is_built(self, device: torch.device | str, block_size: int | None = None) -> bool:
+        """Whether the blocks (``block_size`` None) or the block mask of ``block_size`` are kept on
+        ``device``."""
+        device = torch.device(device)
+        return (("blocks", device) if block_size is None else ("block_mask", device, block_size)) in self.kept
 
     def describe(self) -> str:
         return type(self).__name__
@@ -179,21 +192,18 @@ class CausalPattern:
 class FullCausal(CausalPattern):
     """Every query sees every earlier position and itself: the O(T²) baseline."""
 
+    def __init__(self, order: GenerationOrder) -> None:
+        super().__init__(order)
+        self.block_length = order.length  # one block: full attention's sparsity is no sparsity
+
     def mask_rule(self) -> MaskRule:
         def rule(query: Tensor, key: Tensor) -> Tensor:
             return key <= query
 
         return rule
 
-    def build_blocks(self) -> BlockIndex:
-        # One causal block holding the whole sequence: full attention's sparsity is no sparsity.
-        return BlockIndex(torch.arange(self.length)[None], self.can_attend()[None], causal=True)
-
-    def ring(self) -> int:
-        return max(1, self.length - 1)  # the last step reads the first
-
-    def piece(self) -> int:
-        return self.ring()  # its one block is the sequence: a prefill is O(t²) by the pattern itself
+    def block_keys(self) -> Tensor:
+        return torch.arange(self.length)[None]
 
 
 class Local1D(CausalPattern):
@@ -204,9 +214,8 @@ class Local1D(CausalPattern):
     every real position, so causality alone keeps it unseen.
     """
 
-    def __init__(self, order: GenerationOrder, block_length: int, memory_blocks: int = 1,
-                 flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
-        super().__init__(order, flex_block_size)
+    def __init__(self, order: GenerationOrder, block_length: int, memory_blocks: int = 1) -> None:
+        super().__init__(order)
         self.block_length, self.memory_blocks = block_length, memory_blocks
 
     def mask_rule(self) -> MaskRule:
@@ -217,15 +226,11 @@ class Local1D(CausalPattern):
 
         return rule
 
-    def build_blocks(self) -> BlockIndex:
+    def block_keys(self) -> Tensor:
         """Block b's keys: the steps of blocks b−m .. b, (m+1)·lq of them."""
         lq, m = self.block_length, self.memory_blocks
         n_blocks = -(-self.length // lq)
-        key_steps = (torch.arange(n_blocks)[:, None] - m) * lq + torch.arange((m + 1) * lq)
-        query_steps = torch.arange(n_blocks * lq).view(n_blocks, lq)
-        can_attend = (key_steps[:, None, :] >= 0) & (key_steps[:, None, :] <= query_steps[:, :, None])
-        key_steps = key_steps.masked_fill((key_steps < 0) | (key_steps >= self.length), self.length)
-        return BlockIndex(key_steps, can_attend)
+        return (torch.arange(n_blocks)[:, None] - m) * lq + torch.arange((m + 1) * lq)
 
     def describe(self) -> str:
         return f"Local1D(lq={self.block_length}, memory_blocks={self.memory_blocks})"
@@ -240,12 +245,12 @@ class Local2D(CausalPattern):
     are never attended.
     """
 
-    def __init__(self, order: GenerationOrder, flange: tuple[int, int],
-                 flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
+    def __init__(self, order: GenerationOrder, flange: tuple[int, int]) -> None:
         if order.block is None:
             raise ValueError("2D local attention needs a block-raster order: GenerationOrder(rows, cols, block)")
-        super().__init__(order, flex_block_size)
+        super().__init__(order)
         self.block, self.flange = tuple(order.block), tuple(flange)
+        self.block_length = self.block[0] * self.block[1]
 
     def mask_rule(self) -> MaskRule:
         (qh, qw), (fh, fw) = self.block, self.flange
@@ -266,40 +271,29 @@ class Local2D(CausalPattern):
 
         return rule
 
-    def build_blocks(self) -> BlockIndex:
+    def block_keys(self) -> Tensor:
         """Every block's keys: M flange cells and the L = qh·qw block cells — the top flange
-        (raster), the left flange, then the block itself; a cell outside the grid is step T.
-        can_attend: inside-the-grid flange cells, and the block's own cells causally."""
+        (raster), the left flange, then the block itself; a cell outside the grid is step −1."""
         (qh, qw), (fh, fw) = self.block, self.flange
-        block_len = qh * qw
         # Step numbers laid on the grid, padded with 0 ("outside") above and either side;
         # windows: nh, nw, fh+qh, qw+2fw — each block's rows and columns of context.
         steps = self.order.sequence_to_grid(torch.arange(1, self.length + 1)[None])[0]
         windows = F.pad(steps, (fw, fw, fh, 0)).unfold(0, fh + qh, qh).unfold(1, qw + 2 * fw, qw)
         top = rearrange(windows[:, :, :fh, :], "nh nw r c -> (nh nw) (r c)")
         left = rearrange(windows[:, :, fh:, :fw], "nh nw r c -> (nh nw) (r c)")
-        own = rearrange(torch.arange(1, self.length + 1), "(n l) -> n l", l=block_len)
-        key_steps = torch.cat([top, left, own], dim=1) - 1  # -1: outside the grid
-        n_blocks, n_memory = top.shape[0], top.shape[1] + left.shape[1]
-        causal = torch.ones(block_len, block_len, dtype=torch.bool).tril()
-        memory = (key_steps[:, None, :n_memory] >= 0).expand(-1, block_len, -1)
-        can_attend = torch.cat([memory, causal.expand(n_blocks, -1, -1)], dim=2)
-        return BlockIndex(key_steps.masked_fill(key_steps < 0, self.length), can_attend)
+        own = rearrange(torch.arange(1, self.length + 1), "(n l) -> n l", l=self.block_length)
+        return torch.cat([top, left, own], dim=1) - 1
 
     def describe(self) -> str:
         return f"Local2D(query={self.block}, flange={self.flange})"
 
 
-def pattern_for(config, flex_block_size: int = FLEX_BLOCK_SIZE) -> CausalPattern:
+def pattern_for(config) -> CausalPattern:
     """The self-attention pattern (and, with it, the generation order) of a decoder built
-    from ``config``: raster order for 1D and full attention, block-raster order for 2D; its
-    FlexAttention block mask in blocks of ``flex_block_size``."""
-    if not isinstance(flex_block_size, int) or flex_block_size not in FLEX_BLOCK_SIZES:
-        raise ValueError(f"flex_block_size {flex_block_size!r} is invalid: choose one of "
-                         f"{', '.join(map(str, FLEX_BLOCK_SIZES))}")
-    attention, order, tiles = config.attention, GenerationOrder.for_config(config), flex_block_size
+    from ``config``: raster order for 1D and full attention, block-raster order for 2D."""
+    attention, order = config.attention, GenerationOrder.for_config(config)
     if attention.kind == "full":
-        return FullCausal(order, tiles)
+        return FullCausal(order)
     if attention.kind == "local_1d":
-        return Local1D(order, attention.query_block_length, attention.memory_blocks, tiles)
-    return Local2D(order, attention.memory_flange, tiles)
+        return Local1D(order, attention.query_block_length, attention.memory_blocks)
+    return Local2D(order, attention.memory_flange)

@@ -43,14 +43,22 @@ class Rotary2D(nn.Module):
         angles = torch.cat([rows[:, None] * frequencies, cols[:, None] * frequencies], dim=1)  # (T, e/2)
         # Kept in float64, so that a float64 model turns by exact angles; ``forward`` rounds them
         # to the precision it turns in. ``model.float()`` would round them once, as it should.
-        self.register_buffer("cos", angles.cos(), persistent=False)
-        self.register_buffer("sin", angles.sin(), persistent=False)
+        self.register_buffer("cos", rearrange(angles.cos(), "t p -> t 1 p"), persistent=False)  # (T, 1, e/2)
+        self.register_buffer("sin", rearrange(angles.sin(), "t p -> t 1 p"), persistent=False)
+
+    def angles(self, steps: Tensor | slice, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """The cosines and sines (t, 1, e/2) of ``steps``' angles, to turn tensors of ``dtype`` by
+        (``rotate``): in float32 at least, so that bf16 queries and keys (mixed precision) are
+        rounded once, after the rotation, not at each product."""
+        dtype = torch.promote_types(dtype, torch.float32)
+        return self.cos[steps].to(dtype), self.sin[steps].to(dtype)
 
     def forward(self, x: Tensor, steps: Tensor | slice = slice(None)) -> Tensor:
-        """x (t, N, e) of ``steps`` (all T by default, or the decoding step's (1,) index) ->
-        x turned: dimension i pairs with i + e/2. Turned in float32 at least: bf16 queries and
-        keys (mixed precision) are rounded once, after the rotation, not at each product."""
-        dtype = torch.promote_types(x.dtype, torch.float32)
-        cos, sin = (rearrange(t[steps].to(dtype), "t p -> t 1 p") for t in (self.cos, self.sin))
-        first, second = x.to(dtype).chunk(2, dim=-1)
-        return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1).to(x.dtype)
+        """x (t, N, e) of ``steps`` (all T by default, or the decoding step's (1,) index) -> x turned."""
+        return rotate(x, *self.angles(steps, x.dtype))
+
+
+def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x (t, N, e) turned by the angles of ``Rotary2D.angles``: dimension i pairs with i + e/2."""
+    first, second = x.to(cos.dtype).chunk(2, dim=-1)
+    return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1).to(x.dtype)

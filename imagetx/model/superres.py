@@ -28,14 +28,13 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
-from .attention import CrossAttention, CrossAttentionCache
+from .attention import FLEX_BLOCK_SIZE, CrossAttention, CrossAttentionCache
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
 from .embedding import PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
 from .inputs import check_image_tensor, check_labels
 from .order import GenerationOrder, images_to_sequence
-from .patterns import FLEX_BLOCK_SIZE
 from .transformer import (DecodingCache, ImageTransformer, TransformerLayer, image_nll, previous_values, scored_dims,
                           zero_start)
 

@@ -24,13 +24,13 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from .attention import SelfAttention, SelfAttentionCache
+from .attention import FLEX_BLOCK_SIZE, SelfAttention, SelfAttentionCache
 from .config import CHANNELS, ModelConfig
 from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, DMOLHead
 from .inputs import check_image_tensor, check_labels
 from .order import images_to_sequence
-from .patterns import FLEX_BLOCK_SIZE, CausalPattern, pattern_for
+from .patterns import CausalPattern, pattern_for
 from .rotary import Rotary2D
 
 
@@ -40,11 +40,11 @@ class TransformerLayer(nn.Module):
     pattern it sees every position (an encoder's)."""
 
     def __init__(self, config: ModelConfig, pattern: CausalPattern | None = None, rotary: Rotary2D | None = None,
-                 kernel: str = "auto") -> None:
+                 kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
         super().__init__()
         d = config.d_model
         self.pre_norm = config.norm == "pre"
-        self.self_attn = SelfAttention(d, config.attention.n_heads, pattern, kernel, rotary)
+        self.self_attn = SelfAttention(d, config.attention.n_heads, pattern, kernel, rotary, flex_block_size)
         self.self_norm = nn.LayerNorm(d)
         self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
         self.ffn_norm = nn.LayerNorm(d)
@@ -100,7 +100,7 @@ class DecodingCache:
 
 class ImageTransformer(nn.Module):
     """The decoder-only autoregressive model over sub-pixels or pixels. ``kernel`` and
-    ``flex_block_size``: how its self-attention runs (attention.py, patterns.py), the same numbers
+    ``flex_block_size``: how its self-attention runs (attention.py), the same numbers
     every way. Saving, loading and sharing it: ``imagetx.io``."""
 
     def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
@@ -110,7 +110,7 @@ class ImageTransformer(nn.Module):
                              "SuperResolutionTransformer(config); build_model(config) builds either")
         self.config = config.validate()
         d = config.d_model
-        self.pattern = pattern_for(config, flex_block_size)
+        self.pattern = pattern_for(config)
         self.order = self.pattern.order
         rows, cols = self.order.grid_cell()
         self.register_buffer("step_rows", rows, persistent=False)
@@ -123,7 +123,7 @@ class ImageTransformer(nn.Module):
         self.input_dropout = nn.Dropout(config.dropout)
         # No parameters, and T × e/2 angles: one for every layer.
         rotary = Rotary2D(config.head_size, self.order) if config.rotary else None
-        self.layers = nn.ModuleList(TransformerLayer(config, self.pattern, rotary, kernel)
+        self.layers = nn.ModuleList(TransformerLayer(config, self.pattern, rotary, kernel, flex_block_size)
                                     for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
         self.head = CategoricalHead(d) if categorical else DMOLHead(d, config.mixture_components)

@@ -35,7 +35,7 @@ from ..model.attention import build_patterns
 from ..model.config import ModelConfig
 from ..data.datamodule import ImageDataModule
 from ..model.flops import Flops, count_flops
-from ..model.patterns import FLEX_BLOCK_SIZE
+from ..model.attention import FLEX_BLOCK_SIZE
 from ..model.scoring import batch_bits_per_dim
 from ..model.superres import SuperResolutionTransformer, build_model
 from ..model.transformer import ImageTransformer
