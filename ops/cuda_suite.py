@@ -24,10 +24,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 RECORD = REPO / "ops" / "cuda_suite_passed.json"
 # What the CUDA tests exercise: the model package, the two test files and what they import.
-COVERED = ("imagetx/model/*.py", "tests/test_flex_attention.py", "tests/test_sampler.py", "tests/helpers.py",
+COVERED = ("imagetx/model/*.py", "tests/model/test_flex_attention.py", "tests/model/test_sampler.py", "tests/helpers.py",
            "tests/conftest.py", "scripts/common.py")
-WHOLE_SUITE = ["tests/test_sampler.py", "tests/test_flex_attention.py", "-k", "cuda"]
-RUN_CHECKS = ["tests/test_flex_attention.py", "-k", "cuda"]
+WHOLE_SUITE = ["tests/model/test_sampler.py", "tests/model/test_flex_attention.py", "-k", "cuda"]
+RUN_CHECKS = ["tests/model/test_flex_attention.py", "-k", "cuda"]
 
 
 def covered_files(root: Path = REPO) -> list[Path]:

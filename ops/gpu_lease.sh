@@ -31,7 +31,7 @@
 # pipefail), so that a call's result says what went wrong.
 #
 # DRY_RUN=1 runs every step on this CPU, under $WORK (no wheels, no nvidia-smi, the CUDA tests
-# replaced by a check that pytest runs, evaluate and sample on the CPU): tests/test_gpu_lease.py
+# replaced by a check that pytest runs, evaluate and sample on the CPU): tests/ops/test_gpu_lease.py
 # runs it end to end with a tiny preset, so that a typo here is found in CI, not on the GPU.
 set -euo pipefail
 DRY_RUN=${DRY_RUN:-0}
@@ -137,7 +137,7 @@ tests)
   echo "CUDA tests: ${SELECTION[0]} (${SELECTION[*]:1})"
   if [ "$DRY_RUN" = 1 ]; then  # no CUDA here: that pytest runs from the copied code is what can be checked
     # (with a file of the reference masks' tests, one of the quickest: CI runs this step twice)
-    PYTHONPATH=$PWD:$SITE timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider tests/test_can_attend.py \
+    PYTHONPATH=$PWD:$SITE timeout 240 "$PYTHON" -m pytest -q -p no:cacheprovider tests/model/test_can_attend.py \
         | tee "$WORK/cuda_tests.log" | tail -3
   else
     # -rs lists any skip, and a skipped one fails the step: on the GPU each of them must run.

@@ -16,7 +16,7 @@
 # The run trains with those settings; where the steps in `first` failed, or where the run stops on a
 # non-finite loss or gradient, in float32 with TF32, uncompiled, for the training seconds left (the
 # first run's result kept beside, result_first.json).
-# DRY_RUN=1 runs every step on this CPU with a tiny network in float32 (tests/test_pixelcnn_lease.py);
+# DRY_RUN=1 runs every step on this CPU with a tiny network in float32 (tests/ops/test_pixelcnn_lease.py);
 # PRIMARY_ARGS (environment) adds arguments to the first run only.
 set -euo pipefail
 DRY_RUN=${DRY_RUN:-0}

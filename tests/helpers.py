@@ -9,6 +9,7 @@ that the whole suite runs in seconds on two shared CPU cores.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -19,6 +20,9 @@ from imagetx.io.older import model_config
 from imagetx.model.attention import FLEX_BLOCK_SIZE
 from imagetx.model.transformer import previous_values
 
+
+# Files the tests read: real CIFAR-10 val images, compressed files made by earlier versions.
+ASSETS = Path(__file__).parent / "assets"
 
 # The val bits/dim on the shipped completion model's card (pretrained/completion/README.md), which
 # the demo shows beside its samples: one place to change when the model is shipped anew.

@@ -63,7 +63,7 @@ def test_the_causality_check_catches_a_leak(monkeypatch):
 def test_the_scored_distribution_sums_to_one_over_each_channel_in_the_coupled_order():
     """At a pixel of a real forward pass, for every mixture component: R's 256 probabilities sum
     to 1; G's given every R; B's given 64 random (R, G). So the mixture's 256³ values sum to 1,
-    the weights summing to 1. (The head's joint over all 256³ values is summed in tests/test_heads.py.)"""
+    the weights summing to 1. (The head's joint over all 256³ values is summed in tests/model/test_heads.py.)"""
     k = 3
     net = small_net(nr_logistic_mix=k)
     t = 16 * WIDTH + 5

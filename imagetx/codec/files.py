@@ -44,7 +44,7 @@ PNG_DEPTH_OFFSET = 24
 # coded as the RGB pixels it gives (an upright turn moves pixels, a palette lookup gives the colours
 # the file shows). Any other note (an animation's first frame, CMYK converted, 16-bit values
 # scaled, transparency laid on white) means the file's own pixels would not come back: refused.
-# tests/test_compress_cli.py feeds every kind, so a change of these words fails there.
+# tests/codec/test_compress_cli.py feeds every kind, so a change of these words fails there.
 LOSSLESS_NOTES = ("turned upright", "palette colours looked up")
 # Modes made RGB without changing a value (to_rgb spreads grey to three channels, and drops an
 # alpha channel that it found opaque everywhere), as the input's line says it.

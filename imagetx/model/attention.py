@@ -25,15 +25,18 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
-from torch.nn.attention.flex_attention import BlockMask, flex_attention
 
 from .patterns import BlockIndex, CausalPattern, MaskRule
 from .rotary import Rotary2D, rotate
+
+if TYPE_CHECKING:  # FlexAttention's module is imported where it runs: it brings sympy (~0.5 s) into a process
+    from torch.nn.attention.flex_attention import BlockMask
 
 # How attention runs, the same numbers every way: "flex" = FlexAttention, block-sparse; "sdpa" =
 # the pattern's gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
@@ -163,6 +166,8 @@ def compiled_flex_attention():
     (and warns), which defeats the point. Shapes are static: each new (batch, length) compiles
     once more, and the CPU kernel that dynamic shapes generate does not build (a C++ compile
     error: an undeclared ``cur_qSplitSize``)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
     return torch.compile(flex_attention, dynamic=False)
 
 
@@ -185,6 +190,8 @@ def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tenso
     the kernel's batch. Copied contiguous: in a compiled model, Inductor's CPU lowering rejects
     views of a graph's inputs, and the copy is small next to the attention."""
     q, k, v = (rearrange(t, "t n e -> n 1 t e").contiguous() for t in (q, k, v))
+    from torch.nn.attention.flex_attention import flex_attention
+
     # Inside a compiled model the model's compilation builds the kernel.
     kernel = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
     out = kernel(q, k, v, block_mask=block_mask, kernel_options=tile_options(block_mask, q.device))

@@ -32,15 +32,18 @@ left out, as model FLOPs leave out every recomputation: training ≈ 3 × forwar
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
-from torch.nn.attention.flex_attention import BlockMask
 
 from .config import CHANNELS
 from .attention import pairs_computed, uses_flex
 from .superres import SuperResolutionTransformer
 from .transformer import ImageTransformer
+
+if TYPE_CHECKING:
+    from torch.nn.attention.flex_attention import BlockMask
 
 # 2 FLOPs (a multiply and an add) per multiply-add of a matrix product.
 FLOPS_PER_MAC = 2

@@ -29,14 +29,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor
-from torch.nn.attention.flex_attention import BlockMask, create_block_mask
 
 from .order import GenerationOrder
+
+if TYPE_CHECKING:  # imported where a block mask is built: FlexAttention's module brings sympy (~0.5 s)
+    from torch.nn.attention.flex_attention import BlockMask
 
 # (query steps, key steps) -> bool, True where the query may attend to the key; elementwise
 # over tensors that broadcast (index grids for the dense matrix, 0-d indices in a mask_mod).
@@ -121,6 +124,8 @@ class CausalPattern:
         which to mask. Kernel blocks the rule allows only in part keep it as their ``mask_mod``, so
         a pattern finer than a kernel block (a one-row 1D block, a narrow 2D flange) stays exact.
         Hundreds of µs to build: every layer reuses it."""
+        from torch.nn.attention.flex_attention import create_block_mask
+
         rule = self.mask_rule()
 
         def mask_mod(batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:

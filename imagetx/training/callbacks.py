@@ -39,7 +39,7 @@ class LastCheckpoint(Checkpoint):
     Kept: ModelCheckpoint(save_last=True) writes the stopping step's last.ckpt after the loop has
     closed the epoch, and a run resumed from it counts that epoch as done (its order and dropout
     then drawn from the next); from inside the loop, it ends bitwise as the uninterrupted run
-    (docs/training.md, "Crashes"; tests/test_reliability_resume.py).
+    (docs/training.md, "Crashes"; tests/training/test_reliability_resume.py).
     A ``Checkpoint``, so Lightning runs it after the other callbacks (the Timer among them)."""
 
     def __init__(self, dirpath: str | Path, every_n_steps: int = 0) -> None:

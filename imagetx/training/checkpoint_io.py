@@ -3,7 +3,7 @@
 Kept: Lightning's TorchCheckpointIO writes through an fsspec transaction, into the system's temporary
 folder and then moved over the target (a copy where that is another filesystem), with no fsync; here the
 file is written beside it, fsynced and renamed, and a full disk says that the previous file is intact
-(docs/training.md, "When things go wrong"; tests/test_reliability_checkpoints.py)."""
+(docs/training.md, "When things go wrong"; tests/training/test_reliability_checkpoints.py)."""
 
 from __future__ import annotations
 

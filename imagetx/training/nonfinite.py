@@ -12,7 +12,7 @@ more steps were skipped than allowed. Weights that are not finite are never save
 Kept: Lightning skips no step. ``detect_anomaly`` (autograd's anomaly mode, slow on every step) raises
 at the first NaN of a backward, EarlyStopping's ``check_finite`` stops only at a check, after the update
 has made the weights NaN; here the step is skipped on the device, read at logging steps (docs/model.md §8;
-tests/test_host_reads.py)."""
+tests/training/test_host_reads.py)."""
 
 from __future__ import annotations
 

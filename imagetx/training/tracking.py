@@ -8,7 +8,7 @@ already set in the environment is respected. ``SafeWandbLogger`` keeps W&B failu
 
 Kept: Lightning's CSVLogger and WandbLogger, less ThroughputMonitor's validation rows (their step counts
 validation batches: metrics.csv's step ran backwards) and with a failing W&B call turning W&B off instead
-of stopping the run (tests/test_train_output.py, tests/test_reliability_wandb.py).
+of stopping the run (tests/training/test_train_output.py, tests/training/test_reliability_wandb.py).
 """
 
 from __future__ import annotations

@@ -206,7 +206,7 @@ def test_the_blocks_follow_the_rule_and_a_ring_refuses_one_that_is_not_causal():
 def test_decoding_ring_is_as_long_as_the_widest_reach(pattern):
     # A step attends over the ring and its own key, then overwrites the oldest slot: the ring must
     # hold the keys back to the farthest one any step reads, and need hold no more
-    # (tests/test_attention.py: decoding through it equals the full pass; one slot fewer does not).
+    # (tests/model/test_attention.py: decoding through it equals the full pass; one slot fewer does not).
     mask = pattern.can_attend()
     reach = max(t - int(mask[t].nonzero().min()) for t in range(pattern.length))
     assert pattern.ring() == max(1, reach)

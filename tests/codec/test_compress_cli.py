@@ -20,7 +20,7 @@ from imagetx import decompress as decompress_cli
 from imagetx.codec import files
 from imagetx.io.hub import save_pretrained
 
-# In this process the codec runs on this machine's own kernels; tests/test_codec_portable.py runs
+# In this process the codec runs on this machine's own kernels; tests/codec/test_codec_portable.py runs
 # the commands as programs, with portable arithmetic, in processes of their own.
 NATIVE = ("--portable", "false")
 

@@ -26,7 +26,7 @@ from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 STEPS = 12
 # Dropout and flips on, so the RNG matters; validation every 3 steps and last.ckpt every step.
 SETTINGS = dict(model={"dropout": 0.1}, data={"random_flip": True}, top={"checkpoint_every_n_steps": 1},
@@ -92,7 +92,7 @@ def test_sigkill_then_resume_last_matches_an_uninterrupted_run(tmp_path, data_ro
     config = write_train_config(
         tmp_path / "killed.yaml", run_dir, data_root, STEPS, **SETTINGS,
         callbacks=[{"class_path": "test_reliability_resume.SlowSteps", "init_args": {"seconds": 0.3}}])
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO / "tests"), str(REPO)]),
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(__file__).parent), str(REPO / "tests"), str(REPO)]),
            "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}  # the in-process runs use one thread too
     process = subprocess.Popen([sys.executable, "-m", "imagetx.train", "--config", str(config), "--wandb", "disabled"],
                                cwd=tmp_path, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)

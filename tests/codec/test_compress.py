@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import random_images, tiny_model
+from helpers import ASSETS, random_images, tiny_model
 from imagetx.codec import CodecError, compress, compress_with_stats, decompress, model_fingerprint, read_header
 import imagetx.codec.api as codec_api
 from imagetx.codec.arithmetic import PORTABLE_COMMAND, Arithmetic, current
@@ -22,7 +22,7 @@ from imagetx.codec.distributions import PRECISION, TOTAL, PixelDistributions, ca
 from imagetx import build_model
 from imagetx.io.load import load_model
 
-SHIPPED = Path(__file__).resolve().parents[1] / "pretrained" / "completion"
+SHIPPED = Path(__file__).resolve().parents[2] / "pretrained" / "completion"
 
 
 def odd_images(size: int, seed: int = 0) -> np.ndarray:
@@ -113,13 +113,13 @@ def test_format_1_files_are_decoded_as_they_were_coded(monkeypatch):
 
 
 def test_a_file_compressed_before_the_config_had_sections_names_the_same_model():
-    """tests/data/completion_val_first2.itx: the first two val images of tests/data, compressed with
+    """tests/assets/completion_val_first2.itx: the first two val images of tests/data, compressed with
     the shipped completion model by commit bf0de5f, whose config was one level. The fingerprint
     hashes that form (imagetx.io.older.one_level), so the file names today's model. (It was coded
     with native kernels, so it decodes only where they compute as that machine's did: the
-    portable file's test, tests/test_codec_portable.py, decodes on every machine.)"""
+    portable file's test, tests/codec/test_codec_portable.py, decodes on every machine.)"""
     model = load_model(SHIPPED)
-    header = read_header((Path(__file__).parent / "data" / "completion_val_first2.itx").read_bytes())
+    header = read_header((ASSETS / "completion_val_first2.itx").read_bytes())
     assert (header.version, header.arithmetic) == (2, None)
     assert header.fingerprint == model_fingerprint(model)
     # the control: the same model under a config one field away is another model

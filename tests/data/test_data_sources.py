@@ -34,7 +34,7 @@ from imagetx.train import main as train_main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SIDE = 8
 
 

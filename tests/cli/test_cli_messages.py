@@ -16,7 +16,7 @@ from helpers import one_error_line, tiny_model
 from imagetx import save_pretrained
 from imagetx.data.images import MAX_FILE_BYTES, megabytes
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PARSERS = ["imagetx.sample", "imagetx.evaluate", "imagetx.export", "imagetx.demo.__main__"]
 
 

@@ -24,7 +24,7 @@ from test_continuation import wsd_config
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class InterruptAt(L.Callback):

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ops import cuda_suite
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def copy_of_covered(root: Path) -> Path:
@@ -52,4 +52,4 @@ def test_no_record_or_a_damaged_one_runs_the_whole_suite(tmp_path):
 def test_the_repository_record_names_a_digest_and_the_checks_select_the_cuda_tests():
     record = json.loads(cuda_suite.RECORD.read_text())
     assert re.fullmatch(r"[0-9a-f]{64}", record["files_sha256"]) and record["passed"] > 0
-    assert "tests/test_flex_attention.py" in cuda_suite.RUN_CHECKS and "cuda" in cuda_suite.RUN_CHECKS[-1]
+    assert "tests/model/test_flex_attention.py" in cuda_suite.RUN_CHECKS and "cuda" in cuda_suite.RUN_CHECKS[-1]

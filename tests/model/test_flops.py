@@ -27,7 +27,7 @@ from imagetx import ImageTransformer, build_model, ModelConfig
 from imagetx.model.inputs import downsample_area
 from imagetx.model.flops import FLOPS_PER_MAC, count_flops
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
 # 8×8 images (categorical grid 8×24, 192 steps), two layers; each case one path of the model.
 CASES = {

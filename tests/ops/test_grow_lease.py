@@ -24,7 +24,7 @@ from ops.lease_record import growth
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "ops" / "gpu_lease.sh"
 
 

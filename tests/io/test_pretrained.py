@@ -1,7 +1,7 @@
 """The shipped models in pretrained/ (their model cards: pretrained/*/README.md).
 
 Each loads through the safe-weights path, scores the 32 fixed val images of
-tests/data/cifar10_val_first32.npz (the first 32 of the last 5,000 CIFAR-10 training images,
+tests/assets/cifar10_val_first32.npz (the first 32 of the last 5,000 CIFAR-10 training images,
 ``train-4.npz[5000:5032]`` of ../shared/cifar10, with their labels) within 0.01 bits/dim of
 the figure recorded here when it was exported, and does its job: a completion keeps its given
 rows bit-identical, a super-resolved sample box-averages back to its 8×8 input exactly. Each GPU
@@ -18,6 +18,7 @@ import torch
 import yaml
 from PIL import Image
 
+from helpers import ASSETS
 from imagetx.model.inputs import downsample_area
 from imagetx.model.scoring import evaluate
 from imagetx.sample import main as sample_main
@@ -27,8 +28,8 @@ from imagetx.model.config import ModelConfig
 from imagetx.training.resume import checkpoint_to_resume
 from ops.lease_cards import LINEAGE, card, lineage_folder
 
-REPO = Path(__file__).resolve().parents[1]
-VAL_IMAGES = Path(__file__).parent / "data" / "cifar10_val_first32.npz"
+REPO = Path(__file__).resolve().parents[2]
+VAL_IMAGES = ASSETS / "cifar10_val_first32.npz"
 
 # bits/dim over the 32 fixed val images, measured with `evaluate` (float32, CPU) when the weights
 # were exported, or for cifar10_gpu and superres_gpu when their lease's weights came home

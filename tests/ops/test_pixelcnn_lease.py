@@ -17,7 +17,7 @@ import pytest
 
 from helpers import stage_shards
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "ops" / "pixelcnn_lease.sh"
 
 

@@ -20,7 +20,7 @@ from imagetx.model.transformer import previous_values
 from imagetx.model.scoring import full_pass
 from scripts.common import sample_uncached
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 # Image size 8: the categorical grid is 8x24 (192 steps), the DMOL grid 8x8 (64 steps).
 # Small blocks make locality and the ring buffer matter: 1D blocks of 16 steps, 2D blocks

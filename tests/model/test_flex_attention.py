@@ -16,10 +16,11 @@ from __future__ import annotations
 import pytest
 import torch
 import torch._dynamo
+import torch.nn.attention.flex_attention as flex_module
 
 from helpers import (bits_per_dim, decode_embeddings, decoder, dense_attention, random_images, random_labels, tiny_model,
                      value_embeddings)
-from imagetx.model import attention, patterns
+from imagetx.model import attention
 from imagetx.model.inputs import downsample_area
 from imagetx.model.attention import attend, uses_flex
 from imagetx.model.order import GenerationOrder
@@ -236,8 +237,8 @@ def test_bits_per_dim_through_flex_equals_sdpa(name, monkeypatch):
 def test_block_mask_is_built_once_for_every_layer(monkeypatch):
     model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
     built = []
-    original = patterns.create_block_mask
-    monkeypatch.setattr(patterns, "create_block_mask",
+    original = flex_module.create_block_mask  # what patterns.py imports where it builds one
+    monkeypatch.setattr(flex_module, "create_block_mask",
                         lambda *args, **kwargs: built.append(args) or original(*args, **kwargs))
     with torch.no_grad():
         bits_per_dim(model, images, labels, low_res)

@@ -1,7 +1,7 @@
 """The demo page's handlers (imagetx.demo.tasks), called as the page calls them, without a
 browser: completions keep the given rows, every kind of picture is read or refused with its
 reason (never an exception), the val bits/dim comes from the model card, and the command's
-argument errors are one line. tests/test_demo_browser.py drives the real page."""
+argument errors are one line. tests/demo/test_demo_browser.py drives the real page."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from imagetx.demo.tasks import SCALE, SUPERRES_TEMPERATURES, Models, card_bits_p
 from imagetx.io.load import load_model
 from imagetx.model.inputs import downsample_area
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REFUSED = "**Cannot do that**"
 
 

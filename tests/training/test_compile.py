@@ -13,7 +13,7 @@ from imagetx.model.inputs import downsample_area
 from imagetx.model.transformer import previous_values
 from imagetx.training.module import COMPILE_OPTIONS, ImageTransformerModule
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_compiled_module_matches_eager_and_keeps_parameter_names():

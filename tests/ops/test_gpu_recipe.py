@@ -27,7 +27,7 @@ from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
-RECIPE = Path(__file__).resolve().parents[1] / "configs" / "cifar10_dmol_25min.yaml"
+RECIPE = Path(__file__).resolve().parents[2] / "configs" / "cifar10_dmol_25min.yaml"
 TRAIN_IMAGES, VAL_IMAGES = 45_000, 5_000  # CIFAR-10's training split with val_size 5,000
 
 

@@ -88,7 +88,7 @@ def test_with_several_processes_the_images_of_all_are_counted_beside_one_process
     """``train/samples`` is Lightning's count of one process's images; with several processes
     ``train/total_samples`` counts all of theirs (each takes batches of the same size), beside
     Lightning's ``train/samples_per_sec``, the images/s of all. (Lightning's setup, which builds
-    the meters, is stubbed: it needs a running Trainer; tests/test_ddp.py runs two processes.)"""
+    the meters, is stubbed: it needs a running Trainer; tests/training/test_ddp.py runs two processes.)"""
     from types import SimpleNamespace
 
     from lightning.fabric.utilities.throughput import Throughput

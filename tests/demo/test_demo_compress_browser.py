@@ -1,4 +1,4 @@
-"""The demo's compress tab in a real browser (as tests/test_demo_browser.py drives the others):
+"""The demo's compress tab in a real browser (as tests/demo/test_demo_browser.py drives the others):
 a photo is compressed with the shipped model, the page shows the size beside PNG, WebP and
 JPEG XL and the bits map, and the file it offers decompresses to the pixels it showed; a bad
 upload shows why it is refused."""

@@ -27,7 +27,7 @@ from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def train(tmp_path, run_dir, data_root, max_steps, *extra, **settings):
@@ -145,7 +145,7 @@ def test_remove_stale_temporaries_only_touches_temporaries(tmp_path):
 
 def test_a_continued_run_rewrites_last_ckpt_in_place(tmp_path, data_root):
     """No last-v1.ckpt: --resume last must find the newest state. (A new run in the folder, without
-    --resume, is refused: tests/test_train.py.)"""
+    --resume, is refused: tests/training/test_train.py.)"""
     run_dir = tmp_path / "run"
     train(tmp_path, run_dir, data_root, 2)
     train(tmp_path, run_dir, data_root, 3, "--resume", "last", top={"checkpoint_every_n_steps": 1})

@@ -16,13 +16,13 @@ import numpy as np
 import pytest
 import torch
 
+from helpers import ASSETS
 from imagetx.codec import read_header
 from imagetx.codec.arithmetic import PORTABLE_ENVIRONMENT, RESTARTED
 
 pytestmark = pytest.mark.slow
 
-REPO = Path(__file__).resolve().parents[1]
-DATA = Path(__file__).parent / "data"
+REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "pretrained" / "completion"
 # Two machines, by this CPU's best ATen capability: the kernels and MKL instruction set each runs with.
 MACHINES = {"AVX512": ({"ATEN_CPU_CAPABILITY": "avx512", "MKL_ENABLE_INSTRUCTIONS": "AVX512"},
@@ -49,7 +49,7 @@ def command(name: str, *args: str, machine: dict[str, str]) -> subprocess.Comple
 def round_trip(tmp_path: Path, coder: dict, decoder: dict, portable: bool) -> tuple[np.ndarray, str]:
     """One val image compressed on ``coder``, decompressed on ``decoder`` -> (the image, the
     decoder's last line on stderr: empty where it decoded)."""
-    images = np.load(DATA / "cifar10_val_first32.npz")["images"][:1]
+    images = np.load(ASSETS / "cifar10_val_first32.npz")["images"][:1]
     np.savez(tmp_path / "in.npz", images=images)
     itx, out = tmp_path / "one.itx", tmp_path / "out.npz"
     coded = command("compress", str(tmp_path / "in.npz"), "--ckpt", str(SHIPPED), "--out", str(itx), "--force",
@@ -82,18 +82,18 @@ def test_control_a_native_file_does_not_and_says_why_in_one_line(tmp_path, direc
 
 
 def test_the_committed_portable_file_decodes_on_every_machine(tmp_path):
-    """tests/data/completion_val_first2_portable.itx: the first two val images, compressed with
+    """tests/assets/completion_val_first2_portable.itx: the first two val images, compressed with
     the shipped completion model by ``imagetx-compress`` (portable arithmetic, torch 2.14.1). With
     that torch it decodes here, whatever the CPU; with another torch, whose kernels may differ,
     it decodes or says in one line which torch coded it."""
-    data = DATA / "completion_val_first2_portable.itx"
+    data = ASSETS / "completion_val_first2_portable.itx"
     recorded = read_header(data.read_bytes()).arithmetic
     assert recorded.portable and recorded.kernels == "DEFAULT"
     out = tmp_path / "out.npz"
     decoded = command("decompress", str(data), "--ckpt", str(SHIPPED), "--out", str(out), machine={})
     if recorded.torch == torch.__version__ or decoded.returncode == 0:
         assert decoded.returncode == 0, decoded.stderr
-        expected = np.load(DATA / "cifar10_val_first32.npz")["images"][:2]
+        expected = np.load(ASSETS / "cifar10_val_first32.npz")["images"][:2]
         assert np.array_equal(np.load(out)["images"], expected)
     else:
         assert f"torch {recorded.torch}" in decoded.stderr.strip().splitlines()[-1], decoded.stderr

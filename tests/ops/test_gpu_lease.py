@@ -23,7 +23,7 @@ from helpers import stage_shards, train_metrics, write_cifar_npz, write_train_co
 from imagetx.train import main as train_main
 from ops.lease_cards import lineage_folder, minutes_sentence
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "ops" / "gpu_lease.sh"
 PEAK = 0.003
 MiB = 2**20

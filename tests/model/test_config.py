@@ -24,7 +24,7 @@ from imagetx.io.older import LAST_COMMIT_WITH_RADIUS, model_config, one_level
 from imagetx.model.patterns import pattern_for
 
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def assert_rejected(field: str, **overrides) -> None:
@@ -77,7 +77,7 @@ def test_2d_block_must_be_positive():
 
 
 def test_flange_taller_than_the_block_is_accepted():
-    # Causal in block-raster order (tests/test_causality.py checks it by gradients).
+    # Causal in block-raster order (tests/model/test_causality.py checks it by gradients).
     model = build_model(tiny_config(attention="local_2d", query_block_shape=(1, 3), memory_flange=(3, 1)))
     assert model.config.attention.memory_flange == (3, 1)
 
@@ -282,7 +282,7 @@ def test_image_size_64_builds_and_scores(head, attention):
         assert abs(nll.item() - 64 * 64 * 3 * math.log(256)) < 1e-2 * 64
 
 
-PRESETS = sorted((Path(__file__).resolve().parents[1] / "configs").glob("*.yaml"))
+PRESETS = sorted((Path(__file__).resolve().parents[2] / "configs").glob("*.yaml"))
 
 
 def test_presets_are_found():

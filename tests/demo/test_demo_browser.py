@@ -28,7 +28,7 @@ from helpers import COMPLETION_CARD_BPD, write_pictures
 from imagetx.data.images import MAX_FILE_BYTES, load_image_file
 from imagetx.demo.tasks import SCALE
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 INSTALL = "apt-get install -y chromium"
 # a headless browser that reaches nothing but the page: no first-run, sync, update or QUIC traffic
 CHROMIUM_ARGS = ["--headless=new", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",

@@ -13,7 +13,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import write_train_config
+from helpers import ASSETS, write_train_config
 from imagetx import ModelConfig, build_model
 from imagetx.io.checkpoint import imagetx_metadata, model_config_of
 from imagetx.io.errors import CheckpointError
@@ -24,8 +24,8 @@ from imagetx.training.grow import (ATTENTION_HEADS, GROWN, PREFIX, grow, grow_ch
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
-REPO = Path(__file__).resolve().parents[1]
-VAL_IMAGES = Path(__file__).parent / "data" / "cifar10_val_first32.npz"  # real CIFAR-10 val images
+REPO = Path(__file__).resolve().parents[2]
+VAL_IMAGES = ASSETS / "cifar10_val_first32.npz"  # real CIFAR-10 val images
 LINEAGE = REPO / "lineage" / "cifar10_gpu" / "continuation"  # the GPU model's newest continuation
 EXACT = 1e-6  # bits/dim: the same function, up to float32's summation order
 # The GPU recipe's decoder, tiny: DMOL over 32x32 pixels, pre-norm, rotary positions, one-row blocks.
