@@ -75,6 +75,7 @@ first)
   ;;
 launch)
   # The run, detached from the call (setsid: its own process group, which `finish` signals).
+  [[ "${2:-}" =~ ^[0-9]+$ ]] || { echo "launch needs the training seconds: bash ops/pixelcnn_lease.sh launch SECONDS" >&2; exit 2; }
   if running; then echo "a run is going already (pid $(cat "$RUN/run.pid"))" >&2; exit 1; fi
   rm -rf "$RUN" && mkdir -p "$RUN"
   [ -d "$CODE" ] || copy_code "$CODE"

@@ -34,8 +34,9 @@ def test_a_pixelcnn_lease_on_the_cpu_brings_back_its_result_curve_and_samples(tm
     env = dict(os.environ, DRY_RUN="1", WORK=str(tmp_path / "work"), STAGE=str(stage), OUT=str(out),
                SITE=str(tmp_path / "site"), PYTHON=sys.executable, LAUNCH_WAIT="1", POLL="1", CURVE_SECONDS="1",
                OMP_NUM_THREADS="1")
-    refused = lease(["launch"], env)  # no budget given: the step says how to call it
-    assert refused.returncode != 0
+    refused = lease(["launch"], env)  # no budget given: the step says how to call it, and starts nothing
+    assert refused.returncode != 0 and "launch needs the training seconds" in refused.stderr
+    assert not (tmp_path / "work" / "pixelcnn").exists()
     for step in (["setup"], ["begin"], ["await", "300"], ["launch", "3"], ["wait", "120"], ["finish", "120"]):
         done = lease(step, env)
         assert done.returncode == 0, f"{step}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
