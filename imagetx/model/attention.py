@@ -115,9 +115,10 @@ def build_patterns(model: nn.Module, device: torch.device | str) -> None:
     so the graphs a run traces would depend on what ran before its first compiled pass; built
     first, every run traces the same graphs, with no break, and finds those an earlier run left in
     Inductor's cache."""
+    device = torch.empty(0, device=device).device  # as a pass's tensors name it ("cuda" -> "cuda:0"): their key
     for module in model.modules():
         if isinstance(module, SelfAttention):
-            prepare(module.pattern, module.kernel, module.flex_block_size, torch.device(device), module.head_size)
+            prepare(module.pattern, module.kernel, module.flex_block_size, device, module.head_size)
 
 
 def pairs_computed(pattern: CausalPattern) -> int:
