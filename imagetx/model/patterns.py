@@ -124,6 +124,10 @@ class CausalPattern:
         which to mask. Kernel blocks the rule allows only in part keep it as their ``mask_mod``, so
         a pattern finer than a kernel block (a one-row 1D block, a narrow 2D flange) stays exact.
         Hundreds of µs to build: every layer reuses it."""
+        return self.keep(("block_mask", torch.device(device), block_size),
+                         lambda: self.build_block_mask(device, block_size))
+
+    def build_block_mask(self, device: torch.device | str, block_size: int) -> BlockMask:
         from torch.nn.attention.flex_attention import create_block_mask
 
         rule = self.mask_rule()
@@ -131,8 +135,7 @@ class CausalPattern:
         def mask_mod(batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
             return rule(query, key)
 
-        return self.keep(("block_mask", torch.device(device), block_size), lambda: create_block_mask(
-            mask_mod, None, None, self.length, self.length, device=device, BLOCK_SIZE=block_size))
+        return create_block_mask(mask_mod, None, None, self.length, self.length, device=device, BLOCK_SIZE=block_size)
 
     def ring(self) -> int:
         """Slots of a decoding ring (``attention.SelfAttentionCache``): the fewest that still hold
