@@ -68,6 +68,11 @@ class BlockIndex:
         return BlockIndex(self.key_steps.to(device), self.can_attend.to(device), self.causal)
 
 
+def form_key(form: str, device: torch.device | str, *sizes: int) -> tuple:
+    """Where a pattern keeps a form it built: by name, device and, for a block mask, tile size."""
+    return (form, torch.device(device), *sizes)
+
+
 # ----- the pattern type --------------------------------------------------------------------------
 
 class CausalPattern:
@@ -104,9 +109,7 @@ class CausalPattern:
     def blocks(self, device: torch.device | str) -> BlockIndex:
         """The block keys and which of them each query sees, by the rule (keys outside the
         sequence: step T, seen by none)."""
-        if torch.device(device).type != "cpu":
-            return self.keep(("blocks", torch.device(device)), lambda: self.blocks("cpu").to(device))
-        return self.keep(("blocks", torch.device("cpu")), self.build_blocks)
+        return self.on_device("blocks", device, self.build_blocks)
 
     def build_blocks(self) -> BlockIndex:
         keys, length = self.block_keys(), self.length
@@ -124,8 +127,7 @@ class CausalPattern:
         which to mask. Kernel blocks the rule allows only in part keep it as their ``mask_mod``, so
         a pattern finer than a kernel block (a one-row 1D block, a narrow 2D flange) stays exact.
         Hundreds of µs to build: every layer reuses it."""
-        return self.keep(("block_mask", torch.device(device), block_size),
-                         lambda: self.build_block_mask(device, block_size))
+        return self.keep(form_key("block_mask", device, block_size), lambda: self.build_block_mask(device, block_size))
 
     def build_block_mask(self, device: torch.device | str, block_size: int) -> BlockMask:
         from torch.nn.attention.flex_attention import create_block_mask
@@ -162,7 +164,7 @@ class CausalPattern:
         through a decoding ring in order: slot j holds the latest step before s that is j modulo
         the ring (none yet: unseen), the last column is s itself. One decoding step's mask is a
         row of it, read in one look-up instead of the rule's arithmetic."""
-        return self.keep(("step_masks", torch.device(device)), lambda: self.build_step_masks().to(device))
+        return self.on_device("step_masks", device, self.build_step_masks)
 
     def build_step_masks(self) -> Tensor:
         ring, rule, masks = self.ring(), self.mask_rule(), []
@@ -187,11 +189,16 @@ class CausalPattern:
             self.kept[what] = build()
         return self.kept[what]
 
+    def on_device(self, form: str, device: torch.device | str, build_on_cpu: Callable[[], object]):
+        """A form built once on the CPU (``build_on_cpu``), kept, and copied once to each other device."""
+        cpu = self.keep(form_key(form, "cpu"), build_on_cpu)
+        return cpu if torch.device(device).type == "cpu" else self.keep(form_key(form, device), lambda: cpu.to(device))
+
     def is_built(self, device: torch.device | str, block_size: int | None = None) -> bool:
         """Whether the blocks (``block_size`` None) or the block mask of ``block_size`` are kept on
         ``device``."""
-        device = torch.device(device)
-        return (("blocks", device) if block_size is None else ("block_mask", device, block_size)) in self.kept
+        key = form_key("blocks", device) if block_size is None else form_key("block_mask", device, block_size)
+        return key in self.kept
 
     def describe(self) -> str:
         return type(self).__name__
