@@ -179,7 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--compile", action="store_true", help="torch.compile the training loss (static shapes)")
     parser.add_argument("--curve-seconds", type=float, default=0.0,
                         help="score the Polyak weights on the val images every so many training seconds (0: never)")
-    parser.add_argument("--grid", default=None, help="also draw 16 samples of the Polyak weights into this PNG")
+    parser.add_argument("--grid", default=None, help="also draw samples of the Polyak weights into this PNG")
+    parser.add_argument("--grid-samples", type=int, default=16, help="samples in the grid, in rows of 8")
     parser.add_argument("--progress-seconds", type=float, default=30.0, help="seconds between progress lines")
     parser.add_argument("--json", default=None, help="also write the result here")
     return parser
@@ -188,8 +189,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> None:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.max_minutes <= 0 or args.batch_size < 1 or (args.val_limit is not None and args.val_limit < 1):
-        parser.error("--max-minutes, --batch-size and --val-limit must be positive")
+    if args.max_minutes <= 0 or args.batch_size < 1 or args.grid_samples < 1 or (
+            args.val_limit is not None and args.val_limit < 1):
+        parser.error("--max-minutes, --batch-size, --grid-samples and --val-limit must be positive")
     if not 0 <= args.polyak_decay < 1:
         parser.error("--polyak-decay must be in [0, 1)")
     if args.max_nonfinite_skips < 0:
@@ -326,8 +328,8 @@ def main(argv: list[str] | None = None) -> None:
           f"(trained weights {raw:.4f}) over {len(val_images):,} images, scored in float32 in "
           f"{time.perf_counter() - scored:.0f} s" + (f"; in bf16 {val_bf16:.4f}" if bf16 else ""), flush=True)
     if args.grid and not stop:
-        drawn = sample_images(scored_net, 16, torch.Generator(device).manual_seed(args.seed), bf16)
-        print(f"16 samples: {save_grid([drawn[:8], drawn[8:]], args.grid)}", flush=True)
+        drawn = sample_images(scored_net, args.grid_samples, torch.Generator(device).manual_seed(args.seed), bf16)
+        print(f"{args.grid_samples} samples: {save_grid(list(drawn.split(8)), args.grid)}", flush=True)
 
     images_per_sec = statistics.median(line["images_per_sec"] for line in progress)
     emit({"model": "pixelcnn_pp", "steps": steps, "minutes": round(minutes, 3), "images_seen": images_seen,

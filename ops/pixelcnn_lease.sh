@@ -42,7 +42,8 @@ else
   FAST=(--precision bf16 --compile)  # the head projects and scores in float32 under bf16 autocast
 fi
 
-GRID=(--grid "$RUN/samples.png")  # 16 samples (1,024 passes of the network); DRAW_SAMPLES=0: none
+# GRID_SAMPLES samples (1,024 passes of the network at that batch; 16 unless set); DRAW_SAMPLES=0: none
+GRID=(--grid "$RUN/samples.png" --grid-samples "${GRID_SAMPLES:-16}")
 [ "${DRAW_SAMPLES:-1}" != 0 ] || GRID=()
 # The run's process group (`train` leads it: setsid), alive while any of its processes is.
 running() { [ -f "$RUN/run.pid" ] && kill -0 -- "-$(cat "$RUN/run.pid")" 2>/dev/null; }

@@ -8,6 +8,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from experiments.lease_horizon_replay import replay
 from experiments.tests.conftest import REPO_ROOT
 
@@ -46,6 +48,7 @@ def test_steering_brings_an_end_forward_that_a_late_cost_pushed_past_the_budget(
     assert steered["last_multiplier"] < 0.01 and steered["updates_at_rate_0"] <= 1
 
 
+@pytest.mark.slow
 def test_the_script_prints_the_figures_as_json(tmp_path):
     done = subprocess.run([sys.executable, "-m", "experiments.lease_horizon_replay", "--steer_every", "0",
                            "--json", str(tmp_path / "replay.json")], capture_output=True, text=True, cwd=REPO_ROOT)

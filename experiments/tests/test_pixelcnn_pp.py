@@ -87,6 +87,7 @@ def test_the_scored_distribution_sums_to_one_over_each_channel_in_the_coupled_or
     torch.testing.assert_close(weights, torch.ones_like(weights))
 
 
+@pytest.mark.slow
 def test_a_tiny_run_scores_about_8_bits_per_dim_and_hands_back_its_json(tmp_path):
     root = tmp_path / "data"
     # Uniform random images (no model beats 8 bits/dim): 48 to train on (3 whole batches), 40 val.
@@ -112,6 +113,7 @@ def test_a_tiny_run_scores_about_8_bits_per_dim_and_hands_back_its_json(tmp_path
     assert result["threads"] == 1 and result["torch"] == torch.__version__
 
 
+@pytest.mark.slow
 def test_samples_are_drawn_from_the_distribution_of_the_finished_image_at_each_pixel(monkeypatch):
     """``sample_images`` draws pixel t from the parameters the network gives at t while only the pixels
     before t are drawn; the network being causal, those are the parameters it gives at t for the finished

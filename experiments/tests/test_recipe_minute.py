@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from experiments.recipe_minute_table import GPU_IMAGES_PER_S, SLOPE_PER_DOUBLING
 from experiments.tests.conftest import REPO_ROOT
@@ -39,6 +40,7 @@ def test_differences_are_taken_seed_by_seed_and_projected_by_the_gpu_speed(tmp_p
     assert variants["rows4"]["delta_mean"] is None  # nothing ran
 
 
+@pytest.mark.slow
 def test_a_subset_keeps_the_first_images_and_the_same_val(tmp_path):
     source = tmp_path / "source"
     source.mkdir()

@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from experiments.tests.conftest import REPO_ROOT, write_train_config
 
 
@@ -14,6 +16,7 @@ def step_cost(*args):
                           capture_output=True, text=True, cwd=REPO_ROOT)
 
 
+@pytest.mark.slow
 def test_each_variant_is_timed_with_its_own_overrides(tmp_path, data_root):
     config = write_train_config(tmp_path / "tiny.yaml", tmp_path / "unused", data_root)
     done = step_cost("--config", str(config), "--steps", "2", "--warmup", "1",
@@ -25,6 +28,7 @@ def test_each_variant_is_timed_with_its_own_overrides(tmp_path, data_root):
     assert all(v["seconds_per_step"] > 0 for v in variants.values())
 
 
+@pytest.mark.slow
 def test_a_bad_variant_is_refused_in_one_line(tmp_path, data_root):
     config = write_train_config(tmp_path / "tiny.yaml", tmp_path / "unused", data_root)
     for variant, problem in [("typo model.config.d_modle=8", "unknown ModelConfig field"),

@@ -8,10 +8,12 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from experiments.tests.conftest import REPO_ROOT
 
 
+@pytest.mark.slow
 def test_information_script_sees_what_a_constant_cell_input_gives_away(tmp_path):
     # Images whose 4x4 cells are flat: the 8x8 input holds every pixel, so a predictor that
     # uses it must code far fewer bits than one that sees only the neighbours.

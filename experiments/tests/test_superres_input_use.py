@@ -91,6 +91,7 @@ def test_input_use_script_compares_with_a_baseline_position_by_position(tmp_path
     assert wrong.returncode != 0 and "without encoder" in wrong.stderr and "Traceback" not in wrong.stderr
 
 
+@pytest.mark.slow
 def test_box_means_of_the_samples_are_measured_against_their_own_inputs(tmp_path, superres_ckpt):
     root = tmp_path / "data"
     write_cifar_npz(root, train_sizes=(6,))

@@ -44,7 +44,7 @@ def dry_env(tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     return dict(os.environ, DRY_RUN="1", WORK=str(tmp_path / "work"), STAGE=str(stage), OUT=str(out),
-                SITE=str(tmp_path / "site"), CONFIG=str(config), PYTHON=sys.executable, LAUNCH_WAIT="5", POLL="2",
+                SITE=str(tmp_path / "site"), CONFIG=str(config), PYTHON=sys.executable, LAUNCH_WAIT="1", POLL="1",
                 WARM_STEPS="2", GRID_SAMPLES="2", COMPLETIONS="2", EVAL_BATCH="2", VAL_SIZE="2", WANDB_MODE="disabled")
 
 

@@ -38,6 +38,7 @@ def tiny_preset(tmp_path: Path, data: Path) -> Path:
     return config
 
 
+@pytest.mark.slow
 def test_a_lease_grows_its_staged_continuation_and_warms_the_grown_shape(tmp_path):
     stage = stage_shards(tmp_path / "stage")
     config = tiny_preset(tmp_path, stage / "a")

@@ -14,8 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
+from PIL import Image
 
 from helpers import stage_shards
+from imagetx.data.images import GRID_SCALE, grid_image
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "ops" / "pixelcnn_lease.sh"
@@ -33,7 +36,7 @@ def test_a_pixelcnn_lease_on_the_cpu_brings_back_its_result_curve_and_samples(tm
     out.mkdir()
     env = dict(os.environ, DRY_RUN="1", WORK=str(tmp_path / "work"), STAGE=str(stage), OUT=str(out),
                SITE=str(tmp_path / "site"), PYTHON=sys.executable, LAUNCH_WAIT="1", POLL="1", CURVE_SECONDS="1",
-               OMP_NUM_THREADS="1")
+               GRID_SAMPLES="2", OMP_NUM_THREADS="1")  # a grid of 2: 16 would draw for 40 s of the suite
     refused = lease(["launch"], env)  # no budget given: the step says how to call it, and starts nothing
     assert refused.returncode != 0 and "launch needs the training seconds" in refused.stderr
     assert not (tmp_path / "work" / "pixelcnn").exists()
@@ -53,6 +56,8 @@ def test_a_pixelcnn_lease_on_the_cpu_brings_back_its_result_curve_and_samples(tm
     assert result["images_per_sec"] > 0 and result["flops_per_image"] > 0
     assert result["mfu"] is None and result["peak_memory_gib"] is None  # a CPU: no peak, no CUDA allocator
     assert result["stopped_by"] is None
+    one_row_of_two = grid_image([torch.zeros(2, 32, 32, 3, dtype=torch.uint8)]).size  # GRID_SAMPLES reached the run
+    assert Image.open(out / "samples.png").size == tuple(GRID_SCALE * side for side in one_row_of_two)
 
     # A run that outlives finish's wait: its training is stopped, and it still scores and hands back its result.
     for produced in out.iterdir():

@@ -83,6 +83,7 @@ def traced_batch_sizes(order: str, **options) -> list[tuple]:
     return sorted(traced)
 
 
+@pytest.mark.slow
 def test_a_resumed_run_traces_the_graphs_of_a_fresh_one():
     """A fresh run validates first (its sanity check), a resumed run trains first; the module's
     compile options must trace the same graphs either way, or the resumed run misses the Inductor

@@ -95,6 +95,7 @@ def write_data(root):
     return torch.from_numpy(val.copy())
 
 
+@pytest.mark.slow
 def test_ddp_two_cpu_processes_identical_weights_and_global_val_bpd(tmp_path):
     data_root, run_dir, probe_dir = tmp_path / "data", tmp_path / "run", tmp_path / "probe"
     val_images = write_data(data_root)

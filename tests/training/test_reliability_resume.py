@@ -87,6 +87,7 @@ def uninterrupted(tmp_path, data_root):
     return checkpoint, train_metrics(run_dir)
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_last_matches_an_uninterrupted_run(tmp_path, data_root, uninterrupted):
     run_dir = tmp_path / "killed"
     config = write_train_config(
