@@ -117,16 +117,18 @@ class Run:
 REGULARISED = {"flip_s0": dict(flip=True), "drop01_s0": dict(dropout=0.1), "drop02_s0": dict(dropout=0.2),
                "flipdrop_s0": dict(flip=True, dropout="best")}
 
-# In order of what decides most: arm 1 and the regularisers, then the grown arms, the second seeds,
-# from scratch, the 2D row. A run starts when a slot is free and what it needs has finished.
+# In order of what decides most: arm 1 and the regularisers, the grown arms, the second seeds, from
+# scratch, the 2D row. Dropout 0.2 after the grown arms: arm 1 ended 150 epochs with val below its own
+# training images (docs/experiments.md, entry 35), so more dropout is the arm least likely to decide.
+# A run starts when a slot is free and what it needs has finished.
 PLAN = [
     Run("trunk", "trunk", "50 epochs from step 0; continuation at 40 epochs (the branch point)", end_epochs=50),
     Run("cont_s0", "arm", "1: continue as is (dropout 0)"),
     Run("flip_s0", "arm", "2: random flips", flip=True),
     Run("drop01_s0", "arm", "2: dropout 0.1", dropout=0.1),
-    Run("drop02_s0", "arm", "2: dropout 0.2", dropout=0.2),
     Run("deep_s0", "arm", "3a: twice the depth (identity layers)", layers=2 * BASE_LAYERS),
     Run("wide_s0", "arm", "3b: twice the attention width (new heads' output at zero)", heads=2 * BASE_HEADS),
+    Run("drop02_s0", "arm", "2: dropout 0.2", dropout=0.2),
     # arm 1 decayed earlier: the lineage's curve of decayed val against epochs, each point a lease's end
     Run("cont_e75_s0", "arm", "1, decayed at 75 epochs", end_epochs=75),
     Run("cont_e100_s0", "arm", "1, decayed at 100 epochs", end_epochs=100),
@@ -616,8 +618,8 @@ def write_status() -> None:
     lines += ["", f"Expected: about {left:.0f} hours of one core for the runs not finished, {left / PARALLEL:.0f} "
               f"wall hours two at a time (the pace of {STEP_S} s a base step and {VALIDATION_S / 60:.0f} minutes a "
               "validation, measured on the trunk beside other work; a run already going has part of its hours behind "
-              "it). The order is the plan's: arm 1 and the regularisers, the grown arms, the second seeds, from "
-              "scratch, the 2D row."]
+              "it). The order is the plan's: arm 1 and the regularisers (dropout 0.2 after the grown arms), the grown "
+              "arms, the second seeds, from scratch, the 2D row."]
     lines += ["", "Kept for a later session: `ckpt/trunk_continuation/` (the branch point, packed), "
               "`ckpt/NAME/last.ckpt` (each unfinished run's newest checkpoint) and `NAME.steps.csv.gz` (its "
               "metrics up to that step); "
