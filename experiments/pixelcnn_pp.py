@@ -57,6 +57,7 @@ from experiments.pixelcnn_pp_model import PixelCNNpp, to_model_input
 from imagetx.data.datamodule import ImageDataModule, TrainOrder
 from imagetx.data.images import save_grid
 from imagetx.model.config import CHANNELS
+from imagetx.sample import IMAGES_PER_ROW
 from imagetx.training.nonfinite import NonFiniteLossError, NonFiniteSteps, gradients_not_finite, step_kind
 from imagetx.training.throughput import table_peak
 from scripts.common import sync
@@ -180,7 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--curve-seconds", type=float, default=0.0,
                         help="score the Polyak weights on the val images every so many training seconds (0: never)")
     parser.add_argument("--grid", default=None, help="also draw samples of the Polyak weights into this PNG")
-    parser.add_argument("--grid-samples", type=int, default=16, help="samples in the grid, in rows of 8")
+    parser.add_argument("--grid-samples", type=int, default=16,
+                        help=f"samples in the grid, in rows of {IMAGES_PER_ROW}")
     parser.add_argument("--progress-seconds", type=float, default=30.0, help="seconds between progress lines")
     parser.add_argument("--json", default=None, help="also write the result here")
     return parser
@@ -329,7 +331,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{time.perf_counter() - scored:.0f} s" + (f"; in bf16 {val_bf16:.4f}" if bf16 else ""), flush=True)
     if args.grid and not stop:
         drawn = sample_images(scored_net, args.grid_samples, torch.Generator(device).manual_seed(args.seed), bf16)
-        print(f"{args.grid_samples} samples: {save_grid(list(drawn.split(8)), args.grid)}", flush=True)
+        print(f"{args.grid_samples} samples: {save_grid(list(drawn.split(IMAGES_PER_ROW)), args.grid)}", flush=True)
 
     images_per_sec = statistics.median(line["images_per_sec"] for line in progress)
     emit({"model": "pixelcnn_pp", "steps": steps, "minutes": round(minutes, 3), "images_seen": images_seen,

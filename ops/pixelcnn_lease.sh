@@ -42,8 +42,9 @@ else
   FAST=(--precision bf16 --compile)  # the head projects and scores in float32 under bf16 autocast
 fi
 
-# GRID_SAMPLES samples (1,024 passes of the network at that batch; 16 unless set); DRAW_SAMPLES=0: none
-GRID=(--grid "$RUN/samples.png" --grid-samples "${GRID_SAMPLES:-16}")
+# The grid's samples (1,024 passes of the network at that batch): GRID_SAMPLES, where set, else the
+# script's default; DRAW_SAMPLES=0: none
+GRID=(--grid "$RUN/samples.png" ${GRID_SAMPLES:+--grid-samples "$GRID_SAMPLES"})
 [ "${DRAW_SAMPLES:-1}" != 0 ] || GRID=()
 # The run's process group (`train` leads it: setsid), alive while any of its processes is.
 running() { [ -f "$RUN/run.pid" ] && kill -0 -- "-$(cat "$RUN/run.pid")" 2>/dev/null; }
