@@ -19,7 +19,9 @@ cd "$(dirname "$0")/.."
 GPU_MODEL=${GPU_MODEL:-pretrained/cifar10_gpu}  # or pretrained/superres_gpu (docs/gpu.md): the model the lease trains on
 LINEAGES=lineage  # beside pretrained/: each lease-trained model's training history (ops/lease_cards.py, LINEAGE)
 LINEAGE=$LINEAGES/$(basename "$GPU_MODEL")  # this model's: lineage.json, leases/lease_N/, continuation/
-HELD_BACK=(pretrained "$LINEAGES")  # what no call carries
+# What no call carries: the shipped models, their lineages, and the CPU road study's checkpoints
+# (experiments/road_results/ckpt: ~12 MiB, read by no step of a lease).
+HELD_BACK=(pretrained "$LINEAGES" experiments/road_results/ckpt)
 SHARDS=${SHARDS:-../shared/cifar10}
 PYTHON=${PYTHON:-.venv/bin/python}
 EXCLUDE=.git/info/exclude
@@ -66,7 +68,8 @@ home)
   fi
   "$PYTHON" ops/lease_record.py home "$2" --into "$GPU_MODEL" --suite-record ops/cuda_suite_passed.json \
       "${@:3}"  # [--note TEXT ...]: the model into $GPU_MODEL, its history into $LINEAGE
-  git add "${HELD_BACK[@]}"
+  git reset -q -- "${HELD_BACK[@]}"  # the index of every held-back path as in HEAD again
+  git add "$GPU_MODEL" "$LINEAGE"    # then the lease's files, staged for its commit
   git status --short "${HELD_BACK[@]}"
   ;;
 *)
