@@ -178,10 +178,13 @@ candidates)
     left=$((end - SECONDS))
     [ "$left" -gt 10 ] || { echo "candidates: out of time before $name" >&2; break; }
     # shellcheck disable=SC2086  # a candidate's arguments are words
-    if ! timeout "$left" "$PYTHON" -m scripts.step_check --preset "$CONFIG" --name "$name" $args "${CHECK[@]}" \
-        --json "$WORK/candidate.json" >"$WORK/candidate.out" 2>&1; then
+    rc=0; timeout "$left" "$PYTHON" -m scripts.step_check --preset "$CONFIG" --name "$name" $args "${CHECK[@]}" \
+        --json "$WORK/candidate.json" >"$WORK/candidate.out" 2>&1 || rc=$?
+    if [ "$rc" != 0 ]; then  # why, in the record that comes home: out of time (timeout's 124) or the error's last lines
       tail -3 "$WORK/candidate.out" >&2
-      printf '{"name": "%s", "failed": true}\n' "$name" >>"$WORK/step_candidates.json"; continue
+      "$PYTHON" -c 'import json, sys; print(json.dumps({"name": sys.argv[1], "failed": True, "exit": int(sys.argv[2]),
+          "seconds_left": int(sys.argv[3]), "last_lines": open(sys.argv[4], errors="replace").read().splitlines()[-8:]}))' \
+          "$name" "$rc" "$left" "$WORK/candidate.out" >>"$WORK/step_candidates.json"; continue
     fi
     grep -m1 "^$name: " "$WORK/candidate.out" || true
     "$PYTHON" -c 'import json, sys; print(json.dumps(json.load(open(sys.argv[1]))))' "$WORK/candidate.json" \

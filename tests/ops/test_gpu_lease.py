@@ -155,7 +155,9 @@ def test_candidates_are_each_measured_and_a_failure_recorded(dry_env, tmp_path):
     lines = (Path(dry_env["WORK"]) / "step_candidates.json").read_text().splitlines()
     fine, broken = (json.loads(line) for line in lines)
     assert fine["name"] == "fine" and fine["images_per_s"] > 0 and fine["batch"] == 2  # the dry run's tiny batch
-    assert broken == {"name": "broken", "failed": True}
+    assert broken["name"] == "broken" and broken["failed"] is True
+    assert broken["exit"] not in (0, 124) and 10 < broken["seconds_left"] <= 120  # an error, not the clock
+    assert "flex_block_size" in broken["last_lines"][-1]  # why it failed comes home with the record
     assert "flex_block_size" in done.stderr
 
 
