@@ -117,10 +117,11 @@ class Run:
 REGULARISED = {"flip_s0": dict(flip=True), "drop01_s0": dict(dropout=0.1), "drop02_s0": dict(dropout=0.2),
                "flipdrop_s0": dict(flip=True, dropout="best")}
 
-# In order of what decides most: arm 1 and the regularisers, the grown arms, the second seeds, from
-# scratch, the 2D row. Dropout 0.2 after the grown arms: arm 1 ended 150 epochs with val below its own
-# training images (docs/experiments.md, entry 35), so more dropout is the arm least likely to decide.
-# A run starts when a slot is free and what it needs has finished.
+# In order of what decides most: arm 1 and the regularisers, the grown arms and their second seeds
+# beside arm 1's, the earlier decays, from scratch, the 2D row. Dropout 0.2 after the second seeds: arm 1
+# ended 150 epochs with val below its own training images, and dropout 0.1 ran 0.2-0.7 above arm 1 at
+# every validation to 110 epochs (docs/experiments.md, entry 35), so more dropout is the arm least
+# likely to decide. A run starts when a slot is free and what it needs has finished.
 PLAN = [
     Run("trunk", "trunk", "50 epochs from step 0; continuation at 40 epochs (the branch point)", end_epochs=50),
     Run("cont_s0", "arm", "1: continue as is (dropout 0)"),
@@ -128,20 +129,20 @@ PLAN = [
     Run("drop01_s0", "arm", "2: dropout 0.1", dropout=0.1),
     Run("deep_s0", "arm", "3a: twice the depth (identity layers)", layers=2 * BASE_LAYERS),
     Run("wide_s0", "arm", "3b: twice the attention width (new heads' output at zero)", heads=2 * BASE_HEADS),
-    Run("drop02_s0", "arm", "2: dropout 0.2", dropout=0.2),
+    Run("cont_s1", "arm", "1, seed 1", seed=1),
+    Run("deep_s1", "arm", "3a, seed 1", seed=1, layers=2 * BASE_LAYERS),
+    Run("wide_s1", "arm", "3b, seed 1", seed=1, heads=2 * BASE_HEADS),
     # arm 1 decayed earlier: the lineage's curve of decayed val against epochs, each point a lease's end
     Run("cont_e75_s0", "arm", "1, decayed at 75 epochs", end_epochs=75),
     Run("cont_e100_s0", "arm", "1, decayed at 100 epochs", end_epochs=100),
     # and before the lineage's regime: the slope of that curve below 50 epochs, against which the slope
     # above 50 is measured (the projection of the leases, road_table.py)
     Run("trunk_e25", "trunk", "25 epochs from step 0 (the trunk's schedule, shorter)", end_epochs=25),
+    Run("drop02_s0", "arm", "2: dropout 0.2", dropout=0.2),
     Run("flipdrop_s0", "arm", "2: flips + the better dropout", flip=True, regulariser="dropout"),
-    Run("cont_s1", "arm", "1, seed 1", seed=1),
     Run("bestreg_s1", "arm", "2: the best regulariser, seed 1", seed=1, regulariser="best"),
     Run("deepreg_s0", "arm", "3c: twice the depth + the best regulariser", layers=2 * BASE_LAYERS, regulariser="best"),
     Run("widereg_s0", "arm", "3c: twice the width + the best regulariser", heads=2 * BASE_HEADS, regulariser="best"),
-    Run("deep_s1", "arm", "3a, seed 1", seed=1, layers=2 * BASE_LAYERS),
-    Run("wide_s1", "arm", "3b, seed 1", seed=1, heads=2 * BASE_HEADS),
     Run("scratch_deep", "scratch", "4: twice the depth from step 0, the trunk's + an arm's FLOPs", layers=4),
     Run("scratch_wide", "scratch", "4: twice the width from step 0, the trunk's + an arm's FLOPs", heads=8),
     Run("row2d_s0", "row", "5: 2D local attention, entry 33's table", extra=LOCAL_2D),
