@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # What a GPU lease carries and brings home, on this machine (docs/gpu.md, "A lease, call by call"):
 #   bash ops/lease_files.sh prepare           # before the first call: .whl/, .stage/{cont,a,b,c}
+#   bash ops/lease_files.sh prepare --no-continuation  # a lease without one (PixelCNN++): .whl/, .stage/{a,b,c}
+#   bash ops/lease_files.sh release           # after a lease whose results go elsewhere: what prepare held back, back
 #   bash ops/lease_files.sh home FILES_AT [--note TEXT ...]  # after the last: pretrained/cifar10_gpu, its card,
 #                                                            # lineage/cifar10_gpu (lineage.json, leases, continuation)
 # GPU_MODEL=pretrained/superres_gpu (environment) for the super-resolution model's lease (CONFIG=configs/superres_gpu.yaml
@@ -32,18 +34,36 @@ EXCLUDE=.git/info/exclude
 # first try at scoring stopped on it).
 WHEELS=(jsonargparse==4.53.0 docstring_parser==0.18.0 typeshed_client==2.14.0 torchdata==0.11.0 constriction==0.5.0)
 
+release_held_back() {  # back in git's index as in HEAD, and out of .git/info/exclude
+  if [ -f "$EXCLUDE" ]; then
+    for held in "${HELD_BACK[@]}"; do grep -vxF "/$held/" "$EXCLUDE" >"$EXCLUDE.new" || true; mv "$EXCLUDE.new" "$EXCLUDE"; done
+  fi
+  git reset -q -- "${HELD_BACK[@]}"
+}
+
 case "${1:-}" in
 prepare)
+  [ "${2:-}" = "" ] || [ "${2:-}" = "--no-continuation" ] || {
+    echo "usage: bash ops/lease_files.sh prepare [--no-continuation]" >&2; exit 2; }
   rm -rf .whl  # exactly the list above: a wheel left from an older list would be installed too
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl "${WHEELS[@]}"
   # Call 1 carries .whl, .stage/cont and .stage/a (one shard: the warm-up's data); calls 2 and 3 two
-  # shards each (docs/gpu.md, "A lease, call by call").
+  # shards each (docs/gpu.md, "A lease, call by call"). Without a continuation call 1 has room for two.
   rm -rf .stage && mkdir -p .stage/cont .stage/a .stage/b .stage/c
-  cp "$SHARDS"/train-0.npz .stage/a/
-  cp "$SHARDS"/train-1.npz "$SHARDS"/train-2.npz .stage/b/
-  cp "$SHARDS"/train-3.npz "$SHARDS"/train-4.npz .stage/c/
-  if [ -f "$LINEAGE/continuation/continuation.json" ]; then
+  if [ "${2:-}" = "--no-continuation" ]; then
+    rmdir .stage/cont
+    cp "$SHARDS"/train-0.npz "$SHARDS"/train-1.npz .stage/a/
+    cp "$SHARDS"/train-2.npz "$SHARDS"/train-3.npz .stage/b/
+    cp "$SHARDS"/train-4.npz .stage/c/
+  else
+    cp "$SHARDS"/train-0.npz .stage/a/
+    cp "$SHARDS"/train-1.npz "$SHARDS"/train-2.npz .stage/b/
+    cp "$SHARDS"/train-3.npz "$SHARDS"/train-4.npz .stage/c/
+  fi
+  if [ "${2:-}" = "--no-continuation" ]; then
+    echo "no continuation carried"
+  elif [ -f "$LINEAGE/continuation/continuation.json" ]; then
     cp -r "$LINEAGE/continuation" .stage/cont/continuation
     echo "the lease goes on from $LINEAGE/continuation (step $(grep -o '"step": [0-9]*' \
         "$LINEAGE/continuation/continuation.json" | cut -d' ' -f2))"
@@ -55,7 +75,7 @@ prepare)
     if [ -n "$(git ls-files "$held")" ]; then git rm -r -q --cached "$held"; fi
     grep -qsxF "/$held/" "$EXCLUDE" || echo "/$held/" >>"$EXCLUDE"
   done
-  for folder in .whl .stage/cont .stage/a .stage/b .stage/c; do
+  for folder in .whl .stage/*; do
     echo "$folder: $(du -sm "$folder" | cut -f1) MiB"
   done
   echo "the working tree every call sends: $(git ls-files -co --exclude-standard -z | du -cm --files0-from=- \
@@ -63,16 +83,17 @@ prepare)
   ;;
 home)
   [ -d "${2:-}" ] || { echo "usage: bash ops/lease_files.sh home FILES_AT (the folder the last call's files are in)" >&2; exit 2; }
-  if [ -f "$EXCLUDE" ]; then
-    for held in "${HELD_BACK[@]}"; do grep -vxF "/$held/" "$EXCLUDE" >"$EXCLUDE.new" || true; mv "$EXCLUDE.new" "$EXCLUDE"; done
-  fi
+  release_held_back
   "$PYTHON" ops/lease_record.py home "$2" --into "$GPU_MODEL" --suite-record ops/cuda_suite_passed.json \
       "${@:3}"  # [--note TEXT ...]: the model into $GPU_MODEL, its history into $LINEAGE
-  git reset -q -- "${HELD_BACK[@]}"  # the index of every held-back path as in HEAD again
-  git add "$GPU_MODEL" "$LINEAGE"    # then the lease's files, staged for its commit
+  git add "$GPU_MODEL" "$LINEAGE"  # the lease's files, staged for its commit
+  git status --short "${HELD_BACK[@]}"
+  ;;
+release)
+  release_held_back
   git status --short "${HELD_BACK[@]}"
   ;;
 *)
-  echo "usage: bash ops/lease_files.sh prepare | home FILES_AT" >&2; exit 2
+  echo "usage: bash ops/lease_files.sh prepare [--no-continuation] | home FILES_AT | release" >&2; exit 2
   ;;
 esac
