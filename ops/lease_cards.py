@@ -40,7 +40,8 @@ def lineage_rows(lineage: list[dict], superres: bool) -> str:
 
     def row(lease: dict) -> str:
         other = f" {number(lease.get('val_bpd_other_input'), '.3f')} |" if superres else ""
-        return (f"| {lease['lease']} | {lease['date']} | {lease['device']} | {lease['training_minutes']} | "
+        return (f"| {lease['lease']} | {lease['date']} | {lease['device']} | {lease['training_minutes']} / "
+                f"{number(lease.get('device_minutes'), '.1f')} | "
                 f"{lease['first_step']:,} → {lease['last_step']:,} | {lease['images_seen']:,} | {bpd(lease)} |{other} "
                 f"{number(lease.get('images_per_s'), ',.0f')} | {number(lease.get('mfu'), '.1%')} | "
                 f"{number(lease.get('peak_memory_gib'), '.1f')} | {number(lease.get('continuation_step'), ',')} |")
@@ -49,7 +50,7 @@ def lineage_rows(lineage: list[dict], superres: bool) -> str:
         """The growth a lease went on from, a row of its own: same lineage, new shape."""
         blanks = " – |" * (7 if superres else 6)  # images seen to continuation: the columns after steps
         grown = lease["grown"]
-        return f"| grown | {lease['date']} | – | 0 | at step {grown['step']:,}: {grown_shapes(grown)} |{blanks}"
+        return f"| grown | {lease['date']} | – | 0 / 0 | at step {grown['step']:,}: {grown_shapes(grown)} |{blanks}"
 
     return "\n".join(grown_row(lease) + "\n" + row(lease) if lease.get("grown") else row(lease) for lease in lineage)
 
@@ -64,8 +65,8 @@ def grown_shapes(grown: dict) -> str:
 
 def table(lineage: list[dict], superres: bool) -> str:
     score = "val bits/dim given the 8×8 input | given another image's |" if superres else "val bits/dim |"
-    columns = f"| lease | date | GPU | training minutes | steps | images seen | {score} images/s | MFU | peak GiB | " \
-              "continuation at step |"
+    columns = f"| lease | date | GPU | training / device minutes | steps | images seen | {score} images/s | MFU | " \
+              "peak GiB | continuation at step |"
     return f"{columns}\n{'|---' * (columns.count('|') - 1)}|\n{lineage_rows(lineage, superres)}"
 
 

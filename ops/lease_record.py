@@ -2,7 +2,7 @@
 model"). Two models are trained so: pretrained/cifar10_gpu and pretrained/superres_gpu (--into).
 
     python ops/lease_record.py summary RUN_DIR OUT.json [--device cuda]   # on the lent machine
-    python ops/lease_record.py home FILES_AT [--into pretrained/cifar10_gpu] [--note TEXT ...]  # here, after it
+    python ops/lease_record.py home FILES_AT [--into pretrained/cifar10_gpu] [--note TEXT ...] [--device-minutes M]
     python ops/lease_record.py card [--into pretrained/cifar10_gpu]          # the card again, from the lineage
 
 ``summary`` (run by ``ops/gpu_lease.sh finish``) reads the run's last checkpoint and metrics:
@@ -121,11 +121,14 @@ def growth(before: Path, after: Path, step: int) -> dict | None:
     return None if old == new else {"step": step, "from": old, "to": new}
 
 
-def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_record: Path | None = None) -> dict:
+def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_record: Path | None = None,
+         device_minutes: float | None = None) -> dict:
     """Install a lease's results into ``into`` (pretrained/NAME) and its lineage folder (lineage/NAME);
     returns the lease's lineage entry. ``notes``: what the figures alone do not say (a test that failed,
     a step run by hand), kept in the lineage and the card. ``suite_record``: where a record of the whole
-    CUDA suite's pass goes, when the lease ran it (ops/cuda_suite.py)."""
+    CUDA suite's pass goes, when the lease ran it (ops/cuda_suite.py). ``device_minutes``: the lease's
+    device time (the device tool's held seconds at its last call, / 60), which the card shows beside
+    the training minutes."""
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
         with tarfile.open(files_at / "results.tar") as tar:
@@ -162,6 +165,8 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_recor
         lease["lease"] = len(lineage) + 1
         if notes:
             lease["notes"] = list(notes)
+        if device_minutes is not None:
+            lease["device_minutes"] = device_minutes
         folder = history / "leases" / f"lease_{lease['lease']}"
         folder.mkdir(parents=True, exist_ok=True)
         for name in ("metrics.csv", "train.log", "step_candidates.json"):  # the last where the lease measured them
@@ -192,6 +197,8 @@ def main(argv: list[str] | None = None) -> None:
     h.add_argument("--into", type=Path, default=GPU_MODEL)
     h.add_argument("--note", action="append", help="a line for the lineage and the card (repeatable)")
     h.add_argument("--suite-record", type=Path, help="where a whole CUDA suite pass's record goes, if the lease ran it")
+    h.add_argument("--device-minutes", type=float,
+                   help="the lease's device minutes (held at its last call), for the card")
     c = verbs.add_parser("card", help="here: write the model card again from its lineage folder's lineage.json")
     c.add_argument("--into", type=Path, default=GPU_MODEL)
     options = parser.parse_args(argv)
@@ -203,7 +210,7 @@ def main(argv: list[str] | None = None) -> None:
             write_card(options.into)
             print(f"card written: {options.into / 'README.md'}")
         else:
-            lease = home(options.files_at, options.into, options.note, options.suite_record)
+            lease = home(options.files_at, options.into, options.note, options.suite_record, options.device_minutes)
             print(f"lease {lease['lease']} installed in {options.into}: val bits/dim {lease['val_bpd']}, "
                   f"steps {lease['first_step']} → {lease['last_step']}")
     except (CheckpointError, OSError, KeyError, ValueError, tarfile.TarError) as error:

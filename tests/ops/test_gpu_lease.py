@@ -21,7 +21,7 @@ import yaml
 
 from helpers import stage_shards, train_metrics, write_cifar_npz, write_train_config
 from imagetx.train import main as train_main
-from ops.lease_cards import lineage_folder, minutes_sentence
+from ops.lease_cards import lineage_folder, minutes_sentence, table
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "ops" / "gpu_lease.sh"
@@ -62,9 +62,9 @@ def run_lease(env: dict, *launch: str, check: tuple[list[str], ...] = (["begin",
             assert "CUDA tests: " in done.stdout, done.stdout[-3000:]  # which ones (ops/cuda_suite.py)
 
 
-def bring_home(out: Path, into: Path) -> list[dict]:
+def bring_home(out: Path, into: Path, *options: str) -> list[dict]:
     done = subprocess.run([sys.executable, str(REPO / "ops" / "lease_record.py"), "home", str(out), "--into",
-                           str(into)], capture_output=True, text=True, timeout=120)
+                           str(into), *options], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads((lineage_folder(into) / "lineage.json").read_text())
 
@@ -116,8 +116,9 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     assert done.returncode == 0 and "continuation staged: step 8 images 16" in done.stdout, done.stdout + done.stderr
     # on from step 8 to 16: the decay over its last 20 %; the tests alone (the first lease ran `first`)
     run_lease(second_env, "--trainer.max_steps", "16", check=(["tests"],))
-    lineage = bring_home(out, model)
+    lineage = bring_home(out, model, "--device-minutes", "13.1")
     second = lineage[1]
+    assert "device_minutes" not in lineage[0] and second["device_minutes"] == 13.1
     assert [entry["lease"] for entry in lineage] == [1, 2]
     assert second["first_step"] == 8 and second["last_step"] == 16 and second["images_seen"] == 32
     assert second["continuation_step"] == 14  # 16 - round(0.2 x 8)
@@ -134,6 +135,15 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     card = (model / "README.md").read_text()
     assert "| 2 |" in card and f"value: {second['val_bpd']:.3f}" in card
     assert minutes_sentence(lineage) in card
+
+
+def test_the_cards_rows_give_each_leases_training_and_device_minutes():
+    lease = {"lease": 1, "date": "2026-11-28", "device": "GPU", "training_minutes": 6.1, "first_step": 0,
+             "last_step": 10, "images_seen": 1200, "val_bpd": 3.0}
+    header, _, unknown, known = table([lease, dict(lease, lease=2, device_minutes=13.1)], superres=False).splitlines()
+    assert "| training / device minutes |" in header
+    assert "| 6.1 / – |" in unknown and "| 6.1 / 13.1 |" in known  # a lease that did not record it: a dash
+    assert unknown.count("|") == known.count("|") == header.count("|")
 
 
 def test_the_card_counts_the_minutes_on_the_weights_path():
