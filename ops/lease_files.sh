@@ -50,25 +50,24 @@ prepare)
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl "${WHEELS[@]}"
   # Call 1 carries .whl, .stage/cont and .stage/a (one shard: the warm-up's data); calls 2 and 3 two
   # shards each (docs/gpu.md, "A lease, call by call"). Without a continuation call 1 has room for two.
-  rm -rf .stage && mkdir -p .stage/cont .stage/a .stage/b .stage/c
+  rm -rf .stage && mkdir -p .stage/a .stage/b .stage/c
   if [ "${2:-}" = "--no-continuation" ]; then
-    rmdir .stage/cont
     cp "$SHARDS"/train-0.npz "$SHARDS"/train-1.npz .stage/a/
     cp "$SHARDS"/train-2.npz "$SHARDS"/train-3.npz .stage/b/
     cp "$SHARDS"/train-4.npz .stage/c/
+    echo "no continuation carried"
   else
+    mkdir .stage/cont
     cp "$SHARDS"/train-0.npz .stage/a/
     cp "$SHARDS"/train-1.npz "$SHARDS"/train-2.npz .stage/b/
     cp "$SHARDS"/train-3.npz "$SHARDS"/train-4.npz .stage/c/
-  fi
-  if [ "${2:-}" = "--no-continuation" ]; then
-    echo "no continuation carried"
-  elif [ -f "$LINEAGE/continuation/continuation.json" ]; then
-    cp -r "$LINEAGE/continuation" .stage/cont/continuation
-    echo "the lease goes on from $LINEAGE/continuation (step $(grep -o '"step": [0-9]*' \
-        "$LINEAGE/continuation/continuation.json" | cut -d' ' -f2))"
-  else
-    echo "no continuation in $LINEAGE: the lease starts the recipe"
+    if [ -f "$LINEAGE/continuation/continuation.json" ]; then
+      cp -r "$LINEAGE/continuation" .stage/cont/continuation
+      echo "the lease goes on from $LINEAGE/continuation (step $(grep -o '"step": [0-9]*' \
+          "$LINEAGE/continuation/continuation.json" | cut -d' ' -f2))"
+    else
+      echo "no continuation in $LINEAGE: the lease starts the recipe"
+    fi
   fi
   mkdir -p "$(dirname "$EXCLUDE")"  # a fresh clone may have no .git/info
   for held in "${HELD_BACK[@]}"; do
