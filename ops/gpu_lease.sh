@@ -15,15 +15,19 @@
 #   bash ops/gpu_lease.sh launch MAX_TIME [OVERRIDES] # the run, detached (setsid): outlives the call
 #   bash ops/gpu_lease.sh wait SECONDS                # progress every 30 s until the run ends or SECONDS pass
 #   bash ops/gpu_lease.sh finish SECONDS              # the model and continuation into $OUT first; then scores
+#   bash ops/gpu_lease.sh more [--again]              # what `finish` had no room for (a call of its own)
 # CONFIG (environment) picks the preset; MAX_TIME is Lightning's DD:HH:MM:SS, this run's own training time.
 # Every lease adds to one model: where a packed continuation was staged (.stage/*/continuation/, from
 # the repository's lineage/cifar10_gpu/continuation by ops/lease_files.sh prepare), the run goes
 # on from it (--resume) with a schedule of its own; else it starts the recipe. Either way the run's
-# schedule is warmup-stable-decay, so it writes checkpoints/continue.ckpt before its decay, and
-# `finish` brings back the decayed model (model.safetensors, bf16), that continuation packed
-# (continue.ckpt.partNN) and results.tar (continuation.json, config.json, lease.json, metrics.csv,
-# train.log, eval_val.json, the grids; for a super-resolution model also eval_val_bounded.json and
-# input_use.json): at most 8 files of at most 16 MiB.
+# schedule is warmup-stable-decay, so it writes checkpoints/continue.ckpt before its decay. What comes
+# home goes through an outbox (ops/outbox.py), each file once, as each call has room (at most 8 files
+# of at most 16 MiB, 64 MiB together): `wait` sends that continuation packed (continue.ckpt.partNN) as
+# soon as the run has written it; `finish` the decayed model (model.safetensors, bf16, in parts
+# model.safetensors.partNN) and results.tar (continuation.json, model.safetensors.parts.json,
+# config.json, lease.json, metrics.csv, train.log, eval_val.json, the grids; for a super-resolution
+# model also eval_val_bounded.json and input_use.json), and what it has room for of the rest; `more`,
+# in a call of its own, what is left. `ops/lease_record.py home` takes every call's folder.
 # The machine has torch, lightning, einops; what else imagetx needs travels as wheels in .whl/
 # (W&B stays behind: --wandb disabled, metrics go to csv/).
 #
@@ -58,6 +62,13 @@ LOG_LINES="data:|horizon|continuation|Time limit|Error|error"
 TESTS_PASSED=$WORK/cuda_tests_passed  # written by `tests`; `pilot` and `launch` refuse without it
 CONTINUATION=$WORK/continuation      # a packed continuation, staged by `setup` when one was carried
 MOMENTS=${MOMENTS:-none}             # the packed continuation's Adam moments: none (continuation.py, MOMENTS)
+PACKED=$WORK/packed                  # the run's continuation packed, once (`wait` or `finish`)
+OUTBOX=$WORK/outbox                  # what comes home, each file once, as the calls have room (ops/outbox.py)
+# What one call brings back (the device tool): at most OUT_FILES files of at most OUT_FILE_MIB, OUT_MIB
+# together; larger files travel in parts of PART_MIB. RESULTS_MIB: the room `finish` keeps for results.tar
+# (logs, metrics and grids: about 1 MiB). Options here so that the dry run can exercise them.
+OUT_FILES=${OUT_FILES:-8} OUT_FILE_MIB=${OUT_FILE_MIB:-16} OUT_MIB=${OUT_MIB:-64} PART_MIB=${PART_MIB:-15}
+RESULTS_MIB=${RESULTS_MIB:-4}
 
 # The run's own process id, written at launch. (Matching command lines with `pgrep -f` also
 # matches the shell of any call whose command names the module, which then waits on itself.)
@@ -80,11 +91,25 @@ print("val/bpd by step:", [(r["step"], r["val/bpd"]) for r in rows if r.get("val
 EOF
 }
 
-in_out() { cp "$@" "$OUT"/ && echo "in \$OUT: $*"; }  # results go back as soon as they exist
+queue_home() { "$PYTHON" ops/outbox.py queue "$OUTBOX" "$@" --file-mib "$OUT_FILE_MIB"; }
+send_home() { "$PYTHON" ops/outbox.py send "$OUTBOX" "$OUT" --files "$OUT_FILES" --total-mib "$OUT_MIB" "$@"; }
+
+# The run's continuation packed in parts and queued to come home, once; `wait` calls it when the run's log
+# says the file is written whole, `finish` when the run has ended. Adam's moments go as MOMENTS says.
+continuation_home() {
+  [ ! -e "$PACKED/continuation.json" ] || return 0
+  rm -rf "$PACKED.new"
+  "$PYTHON" -m imagetx.training.continuation pack "$RUN/checkpoints/continue.ckpt" "$PACKED.new" \
+      --moments "$MOMENTS" --part-mib "$PART_MIB" >/dev/null
+  queue_home "$PACKED.new"/continue.ckpt.part*
+  mv "$PACKED.new" "$PACKED"
+}
+CONTINUATION_WRITTEN="the last before the decay"  # ContinuationCheckpoint's line, printed once the file is whole
 
 results_tar() {  # the small results in one file (the 8-file limit), remade as more of them exist
   local files=() name
-  for name in continuation.json config.json lease.json metrics.csv train.log cuda_suite_passed.json step_check.json \
+  for name in continuation.json model.safetensors.parts.json config.json lease.json metrics.csv train.log \
+      cuda_suite_passed.json step_check.json \
       step_candidates.json eval_val.json eval_val_bounded.json input_use.json grids grids_bounded; do
     [ -e "$WORK/results/$name" ] && files+=("$name")
   done
@@ -270,13 +295,21 @@ launch)
   grep -E "$LOG_LINES" "$RUN/train.log" || true
   ;;
 wait)
+  # Progress until the run ends or SECONDS pass; the continuation comes home with this call once the run
+  # has written it (at the decay's start), leaving `finish`'s call the model and the figures.
   end=$((SECONDS + $2))
+  send_continuation() {
+    [ ! -e "$PACKED/continuation.json" ] && grep -q "$CONTINUATION_WRITTEN" "$RUN/train.log" || return 0
+    { continuation_home && send_home; } || echo "wait: the continuation could not be packed yet" >&2
+  }
   while [ $SECONDS -lt $end ] && running; do
     sleep "${POLL:-30}"
     [ "$DRY_RUN" = 1 ] || \
       echo "--- $(date +%T)  $(nvidia-smi --query-gpu=memory.used,utilization.gpu --format=csv,noheader)"
     latest_metrics "$RUN" | tail -2
+    send_continuation
   done
+  send_continuation
   grep -E "$LOG_LINES" "$RUN/train.log" | tail -5 || true
   ;;
 finish)
@@ -289,19 +322,20 @@ finish)
     sleep 5
   done
   tail -3 "$RUN/train.log"
-  # What the lease is for comes back first: the decayed model, the continuation, metrics and log.
-  rm -rf "$WORK/results" "$WORK/packed" && mkdir -p "$WORK/results"
+  # What the lease is for comes back first: the decayed model, the continuation (unless `wait` sent it),
+  # then metrics and log; what finds no room in this call waits for `more`.
+  rm -rf "$WORK/results" "$WORK/model_parts" && mkdir -p "$WORK/results"
   "$PYTHON" -m imagetx.export --ckpt "$RUN/checkpoints/last.ckpt" --out "$WORK/export" --dtype bf16 --force | tail -1
-  in_out "$WORK/export/model.safetensors"
+  "$PYTHON" -m imagetx.io.parts split "$WORK/export/model.safetensors" "$WORK/model_parts" --part-mib "$PART_MIB" >/dev/null
+  queue_home "$WORK"/model_parts/model.safetensors.part??
+  cp "$WORK/model_parts/model.safetensors.parts.json" "$WORK/results/"
   if [ -e "$RUN/checkpoints/continue.ckpt" ]; then
-    # parts of 15 MiB: the device tool brings back files of at most 16 MiB
-    "$PYTHON" -m imagetx.training.continuation pack "$RUN/checkpoints/continue.ckpt" "$WORK/packed" \
-        --moments "$MOMENTS" --part-mib 15
-    in_out "$WORK"/packed/continue.ckpt.part*
-    cp "$WORK/packed/continuation.json" "$WORK/results/"
+    continuation_home
+    cp "$PACKED/continuation.json" "$WORK/results/"
   else
     echo "no continue.ckpt: the run ended before its decay began; the next lease starts where the last began" >&2
   fi
+  send_home --keep-files 1 --keep-mib "$RESULTS_MIB"
   "$PYTHON" ops/lease_record.py summary "$RUN" "$WORK/results/lease.json" --device "$DEVICE"
   cp "$WORK/export/config.json" "$RUN/train.log" "$WORK/results/"
   for kept in cuda_suite_passed.json step_check.json step_candidates.json; do [ ! -e "$WORK/$kept" ] || cp "$WORK/$kept" "$WORK/results/"; done
@@ -350,7 +384,14 @@ finish)
   ls -la "$OUT"
   exit "$failed"
   ;;
+more)
+  # What `finish` had no room for, in a call of its own (again until nothing is left); --again: everything
+  # from the start, where a call's files did not come back.
+  send_home "${@:2}"
+  ls -la "$OUT"
+  ;;
 *)
-  echo "usage: bash ops/gpu_lease.sh setup|tests|warm|speed|first|begin|await|pilot|launch|wait|finish ..." >&2; exit 2
+  echo "usage: bash ops/gpu_lease.sh setup|tests|warm|speed|first|begin|await|pilot|launch|wait|finish|more ..." >&2
+  exit 2
   ;;
 esac

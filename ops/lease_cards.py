@@ -47,10 +47,11 @@ def lineage_rows(lineage: list[dict], superres: bool) -> str:
                 f"{number(lease.get('peak_memory_gib'), '.1f')} | {number(lease.get('continuation_step'), ',')} |")
 
     def grown_row(lease: dict) -> str:
-        """The growth a lease went on from, a row of its own: same lineage, new shape."""
+        """The growth a lease went on from, a row of its own: same lineage, new shape (no minutes of its own:
+        its seconds on the lent machine are the lease's, in the lease's row)."""
         blanks = " – |" * (7 if superres else 6)  # images seen to continuation: the columns after steps
         grown = lease["grown"]
-        return f"| grown | {lease['date']} | – | 0 / 0 | at step {grown['step']:,}: {grown_shapes(grown)} |{blanks}"
+        return f"| grown | {lease['date']} | – | – | at step {grown['step']:,}: {grown_shapes(grown)} |{blanks}"
 
     return "\n".join(grown_row(lease) + "\n" + row(lease) if lease.get("grown") else row(lease) for lease in lineage)
 

@@ -3,8 +3,9 @@
 #   bash ops/lease_files.sh prepare           # before the first call: .whl/, .stage/{cont,a,b,c}
 #   bash ops/lease_files.sh prepare --no-continuation  # a lease without one (PixelCNN++): .whl/, .stage/{a,b,c}
 #   bash ops/lease_files.sh release           # after a lease whose results go elsewhere: what prepare held back, back
-#   bash ops/lease_files.sh home FILES_AT [--note TEXT ...]  # after the last: pretrained/cifar10_gpu, its card,
-#                                                            # lineage/cifar10_gpu (lineage.json, leases, continuation)
+#   bash ops/lease_files.sh home FILES_AT... [--note TEXT ...]  # after the last: pretrained/cifar10_gpu, its card,
+#                                              # lineage/cifar10_gpu (lineage.json, leases, continuation); a folder for
+#                                              # each call that brought files back (wait, finish, more)
 # GPU_MODEL=pretrained/superres_gpu (environment) for the super-resolution model's lease (CONFIG=configs/superres_gpu.yaml
 # on the lent machine).
 #
@@ -24,6 +25,9 @@ LINEAGE=$LINEAGES/$(basename "$GPU_MODEL")  # this model's: lineage.json, leases
 # What no call carries: the shipped models, their lineages, and the CPU road study's checkpoints
 # (experiments/road_results/ckpt: ~12 MiB, read by no step of a lease).
 HELD_BACK=(pretrained "$LINEAGES" experiments/road_results/ckpt)
+# The largest continuation call 1 carries beside the wheels (1.4 MiB), a shard (27 MiB) and the working tree
+# (4 MiB) within a call's 64 MiB, with a few MiB to spare: 14 layers' (28.3 MiB) does, 28 layers' (56.4) not.
+CONTINUATION_BESIDE_SHARD_MIB=30
 SHARDS=${SHARDS:-../shared/cifar10}
 PYTHON=${PYTHON:-.venv/bin/python}
 EXCLUDE=.git/info/exclude
@@ -49,42 +53,55 @@ prepare)
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl "${WHEELS[@]}"
   # Call 1 carries .whl, .stage/cont and .stage/a (one shard: the warm-up's data); calls 2 and 3 two
-  # shards each (docs/gpu.md, "A lease, call by call"). Without a continuation call 1 has room for two.
+  # shards each (docs/gpu.md, "A lease, call by call"). Without a continuation call 1 has room for two
+  # shards, and so has call 2 after a continuation too large to travel beside one (a grown model's:
+  # 56 MiB at 28 layers), which call 1 carries alone with the wheels: then .stage/a, b, c a call each.
+  continuation=  # what the lease goes on from, if anything
+  if [ "${2:-}" != "--no-continuation" ] && [ -f "$LINEAGE/continuation/continuation.json" ]; then
+    continuation=$LINEAGE/continuation
+  fi
   rm -rf .stage && mkdir -p .stage/a .stage/b .stage/c
-  if [ "${2:-}" = "--no-continuation" ]; then
-    cp "$SHARDS"/train-0.npz "$SHARDS"/train-1.npz .stage/a/
-    cp "$SHARDS"/train-2.npz "$SHARDS"/train-3.npz .stage/b/
-    cp "$SHARDS"/train-4.npz .stage/c/
-    echo "no continuation carried"
-  else
-    mkdir .stage/cont
+  if [ -n "$continuation" ] && [ "$(du -sm "$continuation" | cut -f1)" -le "$CONTINUATION_BESIDE_SHARD_MIB" ]; then
     cp "$SHARDS"/train-0.npz .stage/a/
     cp "$SHARDS"/train-1.npz "$SHARDS"/train-2.npz .stage/b/
     cp "$SHARDS"/train-3.npz "$SHARDS"/train-4.npz .stage/c/
-    if [ -f "$LINEAGE/continuation/continuation.json" ]; then
-      cp -r "$LINEAGE/continuation" .stage/cont/continuation
-      echo "the lease goes on from $LINEAGE/continuation (step $(grep -o '"step": [0-9]*' \
-          "$LINEAGE/continuation/continuation.json" | cut -d' ' -f2))"
-    else
-      echo "no continuation in $LINEAGE: the lease starts the recipe"
-    fi
+  else
+    cp "$SHARDS"/train-0.npz "$SHARDS"/train-1.npz .stage/a/
+    cp "$SHARDS"/train-2.npz "$SHARDS"/train-3.npz .stage/b/
+    cp "$SHARDS"/train-4.npz .stage/c/
+  fi
+  if [ -n "$continuation" ]; then
+    mkdir .stage/cont && cp -r "$continuation" .stage/cont/continuation
+    echo "the lease goes on from $continuation (step $(grep -o '"step": [0-9]*' "$continuation/continuation.json" \
+        | cut -d' ' -f2), $(du -sm "$continuation" | cut -f1) MiB)"
+    if [ -e .stage/a/train-1.npz ]; then echo "call 1 carries .whl and .stage/cont alone; .stage/a, b and c a call each"; fi
+  elif [ "${2:-}" = "--no-continuation" ]; then
+    echo "no continuation carried"
+  else
+    echo "no continuation in $LINEAGE: the lease starts the recipe"
   fi
   mkdir -p "$(dirname "$EXCLUDE")"  # a fresh clone may have no .git/info
   for held in "${HELD_BACK[@]}"; do
     if [ -n "$(git ls-files "$held")" ]; then git rm -r -q --cached "$held"; fi
     grep -qsxF "/$held/" "$EXCLUDE" || echo "/$held/" >>"$EXCLUDE"
   done
+  tree=$(git ls-files -co --exclude-standard -z | du -cm --files0-from=- | tail -1 | cut -f1)
+  echo "the working tree every call sends: $tree MiB (+ what it carries; 64 MiB in all)"
+  first=$([ -d .stage/cont ] && echo .stage/cont || echo .stage/a)  # call 1 carries the wheels beside it
   for folder in .whl .stage/*; do
-    echo "$folder: $(du -sm "$folder" | cut -f1) MiB"
+    mib=$(du -sm "$folder" | cut -f1)
+    echo "$folder: $mib MiB"
+    call=$((tree + mib + $([ "$folder" = "$first" ] && du -sm .whl | cut -f1 || echo 0)))
+    if [ "$folder" != .whl ] && [ "$call" -gt 64 ]; then
+      echo "warning: the call carrying $folder sends $call MiB, over the 64 a call takes" >&2
+    fi
   done
-  echo "the working tree every call sends: $(git ls-files -co --exclude-standard -z | du -cm --files0-from=- \
-      | tail -1 | cut -f1) MiB (+ what it carries; 64 MiB in all)"
   ;;
 home)
-  [ -d "${2:-}" ] || { echo "usage: bash ops/lease_files.sh home FILES_AT (the folder the last call's files are in)" >&2; exit 2; }
+  [ -d "${2:-}" ] || { echo "usage: bash ops/lease_files.sh home FILES_AT... (each call's folder of files)" >&2; exit 2; }
   release_held_back
-  "$PYTHON" ops/lease_record.py home "$2" --into "$GPU_MODEL" --suite-record ops/cuda_suite_passed.json \
-      "${@:3}"  # [--note TEXT ...]: the model into $GPU_MODEL, its history into $LINEAGE
+  "$PYTHON" ops/lease_record.py home "${@:2}" --into "$GPU_MODEL" --suite-record ops/cuda_suite_passed.json
+  # FILES_AT... [--note TEXT ...]: the model into $GPU_MODEL, its history into $LINEAGE
   git add "$GPU_MODEL" "$LINEAGE"  # the lease's files, staged for its commit
   git status --short "${HELD_BACK[@]}"
   ;;

@@ -2,15 +2,17 @@
 model"). Two models are trained so: pretrained/cifar10_gpu and pretrained/superres_gpu (--into).
 
     python ops/lease_record.py summary RUN_DIR OUT.json [--device cuda]   # on the lent machine
-    python ops/lease_record.py home FILES_AT [--into pretrained/cifar10_gpu] [--note TEXT ...] [--device-minutes M]
+    python ops/lease_record.py home FILES_AT [FILES_AT ...] [--into pretrained/cifar10_gpu] [--note TEXT ...]
+                                    [--device-minutes M]
     python ops/lease_record.py card [--into pretrained/cifar10_gpu]          # the card again, from the lineage
 
 ``summary`` (run by ``ops/gpu_lease.sh finish``) reads the run's last checkpoint and metrics:
 steps (from where this lease started to its end), images seen by the model since its first lease,
 training minutes (and those up to its continuation, from that checkpoint's timer), images/s, MFU,
-peak memory, the val curve, the GPU and torch. ``home`` takes what the lease brought back (the
-decayed bf16 model, the packed continuation, results.tar) and checks the continuation's parts
-against its manifest. What a user loads goes into the shipped-weights folder (``--into``,
+peak memory, the val curve, the GPU and torch. ``home`` takes what the lease brought back, from
+every call's folder that brought some (ops/outbox.py: the decayed bf16 model in parts, the packed
+continuation, results.tar) and checks the model's and the continuation's parts against their
+records before anything is replaced. What a user loads goes into the shipped-weights folder (``--into``,
 pretrained/NAME: weights, config.json, the grids and the model card, README.md with the Hub's
 metadata, ops/lease_cards.py); the training history into the model's lineage folder, lineage/NAME
 beside pretrained/ (ops/lease_cards.py, ``lineage_folder``): the continuation, the lease's logs in
@@ -36,6 +38,7 @@ sys.path.insert(0, str(REPO))
 
 from imagetx.io.checkpoint import load_weights_only  # noqa: E402
 from imagetx.io.errors import CheckpointError  # noqa: E402
+from imagetx.io.parts import MANIFEST_SUFFIX, read_parts  # noqa: E402
 from imagetx.training.continuation import CONTINUE, MANIFEST, TIMER_STATE, unpack  # noqa: E402
 from ops.lease_cards import is_superres, lineage_folder, write_card  # noqa: E402
 
@@ -121,17 +124,45 @@ def growth(before: Path, after: Path, step: int) -> dict | None:
     return None if old == new else {"step": step, "from": old, "to": new}
 
 
-def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_record: Path | None = None,
+MODEL = "model.safetensors"
+
+
+def brought_back(folders: list[Path]) -> dict[str, Path]:
+    """Each file the lease's calls brought back, by name (a name sent again: the later call's copy)."""
+    found = {}
+    for folder in folders:
+        if not folder.is_dir():
+            raise ValueError(f"{folder} is not a folder of files a call brought back")
+        found.update({path.name: path for path in sorted(folder.iterdir()) if path.is_file()})
+    return found
+
+
+def gather(found: dict[str, Path], names: list[str], folders: list[Path], into: Path) -> None:
+    """Copy the files ``names`` from what came back into ``into``; one line naming the fix for any missing."""
+    missing = [name for name in names if name not in found]
+    if missing:
+        raise ValueError(f"{', '.join(missing)} not among the files in {', '.join(map(str, folders))}: "
+                         "`bash ops/gpu_lease.sh more` on the lent machine (while it is warm) sends what "
+                         "`finish` had no room for; give home every call's folder")
+    into.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        shutil.copy(found[name], into / name)
+
+
+def home(folders: list[Path], into: Path, notes: list[str] | None = None, suite_record: Path | None = None,
          device_minutes: float | None = None) -> dict:
-    """Install a lease's results into ``into`` (pretrained/NAME) and its lineage folder (lineage/NAME);
-    returns the lease's lineage entry. ``notes``: what the figures alone do not say (a test that failed,
+    """Install a lease's results, from the folders of the calls that brought them back (``folders``),
+    into ``into`` (pretrained/NAME) and its lineage folder (lineage/NAME); returns the lease's lineage
+    entry. ``notes``: what the figures alone do not say (a test that failed,
     a step run by hand), kept in the lineage and the card. ``suite_record``: where a record of the whole
     CUDA suite's pass goes, when the lease ran it (ops/cuda_suite.py). ``device_minutes``: the lease's
     device time (the device tool's held seconds at its last call, / 60), which the card shows beside
     the training minutes."""
     with tempfile.TemporaryDirectory() as scratch:
         scratch = Path(scratch)
-        with tarfile.open(files_at / "results.tar") as tar:
+        found = brought_back(folders)
+        gather(found, ["results.tar"], folders, scratch / "tar")
+        with tarfile.open(scratch / "tar" / "results.tar") as tar:
             tar.extractall(scratch, filter="data")  # plain files only, nothing outside scratch
         lease = json.loads((scratch / "lease.json").read_text())
         config = json.loads((scratch / "config.json").read_text())
@@ -141,13 +172,19 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_recor
             config["superres"]["exact_box_means"] = True
         history = lineage_folder(into)
         continuation = history / "continuation"
-        if (scratch / MANIFEST).exists():  # check the parts before anything of the old lineage is replaced
+        # The model and the continuation checked against their parts' records before anything is replaced.
+        if (scratch / (MODEL + MANIFEST_SUFFIX)).exists():  # the model in parts (gpu_lease.sh finish)
+            record = json.loads((scratch / (MODEL + MANIFEST_SUFFIX)).read_text())
+            gather(found, record["parts"], folders, scratch / "model_parts")
+            (scratch / MODEL).write_bytes(read_parts(scratch / "model_parts", record))
+        else:
+            gather(found, [MODEL], folders, scratch)
+        if (scratch / MANIFEST).exists():
             staged = scratch / "continuation"
             staged.mkdir()
             shutil.copy(scratch / MANIFEST, staged)
-            for part in json.loads((scratch / MANIFEST).read_text())["parts"]:
-                shutil.copy(files_at / part, staged)
-            unpack(staged, scratch / CONTINUE)  # raises if a part is missing or changed
+            gather(found, json.loads((scratch / MANIFEST).read_text())["parts"], folders, staged)
+            unpack(staged, scratch / CONTINUE)  # raises if a part is cut short or changed
             shutil.rmtree(continuation, ignore_errors=True)
             shutil.copytree(staged, continuation)
             lease["continuation_step"] = json.loads((scratch / MANIFEST).read_text())["step"]
@@ -158,7 +195,7 @@ def home(files_at: Path, into: Path, notes: list[str] | None = None, suite_recor
         grown = growth(into / "config.json", scratch / "shipped_config.json", lease["first_step"])
         if grown:  # the lineage's row for it (same lineage, new shape): ops/lease_cards.py
             lease["grown"] = grown
-        shutil.copy(files_at / "model.safetensors", into)
+        shutil.copy(scratch / MODEL, into)
         (into / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         lineage_path = history / "lineage.json"
         lineage = json.loads(lineage_path.read_text()) if lineage_path.exists() else []
@@ -193,7 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     s.add_argument("out", type=Path)
     s.add_argument("--device", default="cuda")
     h = verbs.add_parser("home", help="here: install what a lease brought back")
-    h.add_argument("files_at", type=Path)
+    h.add_argument("files_at", type=Path, nargs="+", help="the folder of each call's files (finish's, and wait's "
+                   "or more's where they brought some)")
     h.add_argument("--into", type=Path, default=GPU_MODEL)
     h.add_argument("--note", action="append", help="a line for the lineage and the card (repeatable)")
     h.add_argument("--suite-record", type=Path, help="where a whole CUDA suite pass's record goes, if the lease ran it")

@@ -28,7 +28,6 @@ is built from").
 from __future__ import annotations
 
 import argparse
-import hashlib
 import io
 import json
 from pathlib import Path
@@ -38,6 +37,7 @@ import torch
 from ..io.atomic import atomic_write
 from ..io.checkpoint import load_weights_only
 from ..io.errors import CheckpointError
+from ..io.parts import read_parts, write_parts
 
 CONTINUE = "continue.ckpt"
 MANIFEST = "continuation.json"
@@ -96,17 +96,10 @@ def pack(checkpoint_path: str | Path, folder: str | Path, moments: str = "none",
     data = buffer.getvalue()
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    if part_bytes is not None and part_bytes < 1:
-        raise ValueError(f"part_bytes={part_bytes}: must be positive")
-    parts, size = [], part_bytes or len(data)
-    for index, start in enumerate(range(0, len(data), size)):
-        name = f"{CONTINUE}.part{index:02d}"
-        atomic_write(folder / name, lambda handle, chunk=data[start:start + size]: handle.write(chunk))
-        parts.append(name)
+    written = write_parts(data, folder, CONTINUE, part_bytes)
     meta = checkpoint["imagetx"]
     manifest = {"step": checkpoint["global_step"], "images_seen": meta.get("images_seen"), "moments": moments,
-                "model_config": meta["model_config"], "bytes": len(data),
-                "sha256": hashlib.sha256(data).hexdigest(), "parts": parts}
+                "model_config": meta["model_config"], **written}
     atomic_write(folder / MANIFEST, lambda handle: handle.write(json.dumps(manifest, indent=1).encode()))
     return manifest
 
@@ -122,15 +115,13 @@ def unpack(folder: str | Path, to: str | Path, option: str = "--resume") -> Path
     folder, to = Path(folder), Path(to)
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
-        data = b"".join((folder / name).read_bytes() for name in manifest["parts"])
-        expected_bytes, expected_sha = int(manifest["bytes"]), manifest["sha256"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
+        data = read_parts(folder, manifest)
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as error:
         raise CheckpointError(f"{option} {folder}: the packed continuation cannot be read ({error}); "
                               "bring its continuation.json and every part back together") from error
-    if len(data) != expected_bytes or hashlib.sha256(data).hexdigest() != expected_sha:
+    except ValueError as error:
         raise CheckpointError(f"{option} {folder}: its parts do not add up to the file continuation.json "
-                              f"describes ({len(data)} of {expected_bytes} bytes, or another SHA-256): "
-                              "a part is missing, cut short or changed")
+                              "describes: a part is missing, cut short or changed") from error
     to.parent.mkdir(parents=True, exist_ok=True)
     atomic_write(to, lambda handle: handle.write(data))
     return to

@@ -48,30 +48,49 @@ def dry_env(tmp_path):
                 WARM_STEPS="2", GRID_SAMPLES="2", COMPLETIONS="2", EVAL_BATCH="2", VAL_SIZE="2", WANDB_MODE="disabled")
 
 
+def call(step: list[str], env: dict) -> tuple[subprocess.CompletedProcess, Path | None]:
+    """One call of the device tool: the step with an empty $OUT of its own; the folder if files came back."""
+    work = Path(env["WORK"])
+    out = work.parent / f"{work.name}_out_{len(list(work.parent.glob(work.name + '_out_*')))}"
+    out.mkdir()
+    done = lease(step, dict(env, OUT=str(out)))
+    assert done.returncode == 0, f"{step}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+    return done, out if any(out.iterdir()) else None
+
+
 def run_lease(env: dict, *launch: str, check: tuple[list[str], ...] = (["begin", "--data.val_size", "2"],
-                                                                       ["await", "300"])) -> None:
-    """One lease's steps on the machine; ``check``: the steps before the launch (``begin``: the tests beside
-    the warm-up, detached, as call 1 starts them; ``await``: the launching call waits for them)."""
+                                                                       ["await", "300"])) -> list[Path]:
+    """One lease's steps on the machine, a call each; ``check``: the steps before the launch (``begin``: the
+    tests beside the warm-up, detached, as call 1 starts them; ``await``: the launching call waits for them).
+    Returns the folders of the calls that brought files back, and of the `more` calls `finish` asked for."""
+    folders = []
     for step in (*check,
                  ["launch", "00:00:02:00", "--data.val_size", "2", *launch], ["wait", "120"],
                  ["finish", "60"]):
-        done = lease(step, env)
-        assert done.returncode == 0, f"{step}: {done.stdout[-3000:]}{done.stderr[-3000:]}"
+        done, out = call(step, env)
+        folders += [out] if out else []
         if step[0] == "await":  # the warm-up beside the tests trained its steps in a folder of its own
             assert "warm: compiled and ran 2 steps" in done.stdout, done.stdout[-3000:]
             assert "CUDA tests: " in done.stdout, done.stdout[-3000:]  # which ones (ops/cuda_suite.py)
+    while "left for 'bash ops/gpu_lease.sh more'" in done.stdout:
+        done, out = call(["more"], env)
+        folders.append(out)
+    return folders
 
 
-def bring_home(out: Path, into: Path, *options: str) -> list[dict]:
-    done = subprocess.run([sys.executable, str(REPO / "ops" / "lease_record.py"), "home", str(out), "--into",
-                           str(into), *options], capture_output=True, text=True, timeout=120)
+def bring_home(folders: list[Path], into: Path, *options: str, fails: bool = False) -> list[dict] | str:
+    done = subprocess.run([sys.executable, str(REPO / "ops" / "lease_record.py"), "home", *map(str, folders),
+                           "--into", str(into), *options], capture_output=True, text=True, timeout=120)
+    if fails:
+        assert done.returncode != 0, done.stdout
+        return done.stderr
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads((lineage_folder(into) / "lineage.json").read_text())
 
 
 @pytest.mark.slow
 def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
-    out, work = Path(dry_env["OUT"]), Path(dry_env["WORK"])
+    work = Path(dry_env["WORK"])
     done = lease(["setup"], dry_env)
     assert done.returncode == 0, done.stdout + done.stderr
     assert sorted(p.name for p in (work / "data").iterdir()) == ["train-0.npz", "train-1.npz"]
@@ -80,16 +99,30 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     refused = lease(["launch", "00:00:02:00"], dry_env)  # the tests have not passed yet
     assert refused.returncode == 1 and "CUDA correctness tests have not passed" in refused.stderr
 
-    run_lease(dry_env)  # 10 steps; the horizon fixed after step 4: the decay from step 8
-    files = sorted(out.iterdir())
-    assert {"model.safetensors", "results.tar", "continue.ckpt.part00"} <= {p.name for p in files}, files
-    assert len(files) <= 8 and all(p.stat().st_size <= 16 * MiB for p in files)  # what a call brings back
-    with tarfile.open(out / "results.tar") as tar:
+    # 10 steps; the horizon fixed after step 4: the decay from step 8. What a call brings back made tiny
+    # (4 files of 4 KiB: parts of 3; the tiny model 7.5 KiB, its continuation 23), so that each takes several
+    # parts and the lease more calls, as a grown model's do at the device tool's 8 files of 16 MiB.
+    limits = dict(OUT_FILES="4", OUT_FILE_MIB=str(4 / 1024), PART_MIB=str(3 / 1024))
+    folders = run_lease(dict(dry_env, **limits))
+    waited, finished, *more = folders
+    sent = [sorted(p.name for p in folder.iterdir()) for folder in folders]
+    assert all(name.startswith("continue.ckpt.part") for name in sent[0]), sent  # wait: as soon as it was written
+    assert "results.tar" in sent[1] and more, sent  # what finish had no room for came in calls of their own
+    everything = [name for names in sent for name in names]
+    assert len(everything) == len(set(everything)) == 8 + 3 + 1, sent  # each part once, in the order queued
+    assert all(len(names) <= 4 for names in sent)
+    assert all(p.stat().st_size <= 3 * 1024 for folder in folders for p in folder.iterdir() if p.name != "results.tar")
+    with tarfile.open(finished / "results.tar") as tar:
         names = set(tar.getnames())
-    assert {"continuation.json", "config.json", "lease.json", "metrics.csv", "train.log", "eval_val.json"} <= names
+    assert {"continuation.json", "model.safetensors.parts.json", "config.json", "lease.json", "metrics.csv",
+            "train.log", "eval_val.json"} <= names
     assert sum(name.endswith(".png") for name in names) == 2, names  # the sample grid and the completion grid
     model = tmp_path / "pretrained" / "cifar10_gpu"
-    first = bring_home(out, model)[0]
+    # without the `more` calls' files: one line naming the fix, and nothing installed
+    assert "`bash ops/gpu_lease.sh more`" in bring_home([waited, finished], model, fails=True)
+    assert not model.exists()
+    first = bring_home(folders, model)[0]
+    assert (model / "model.safetensors").read_bytes() == (work / "export" / "model.safetensors").read_bytes()
     history = tmp_path / "lineage" / "cifar10_gpu"
     assert lineage_folder(model) == history
     # the model folder holds what a user loads; the lineage, the lease's logs and the continuation beside it
@@ -109,14 +142,15 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     # The next lease: a fresh machine, the shards and the repository's continuation carried in.
     stage = Path(dry_env["STAGE"])
     shutil.copytree(history / "continuation", stage / "cont" / "continuation")
-    for produced in out.iterdir():
-        produced.unlink()
     second_env = dict(dry_env, WORK=str(tmp_path / "work2"), SITE=str(tmp_path / "site2"))
     done = lease(["setup"], second_env)
     assert done.returncode == 0 and "continuation staged: step 8 images 16" in done.stdout, done.stdout + done.stderr
-    # on from step 8 to 16: the decay over its last 20 %; the tests alone (the first lease ran `first`)
-    run_lease(second_env, "--trainer.max_steps", "16", check=(["tests"],))
-    lineage = bring_home(out, model, "--device-minutes", "13.1")
+    # on from step 8 to 16: the decay over its last 20 %; the tests alone (the first lease ran `first`); the
+    # device tool's limits: wait's call brings the continuation, finish's the model and the figures
+    folders = run_lease(second_env, "--trainer.max_steps", "16", check=(["tests"],))
+    assert [sorted(p.name for p in folder.iterdir()) for folder in folders] == [
+        ["continue.ckpt.part00"], ["model.safetensors.part00", "results.tar"]]
+    lineage = bring_home(folders, model, "--device-minutes", "13.1")
     second = lineage[1]
     assert "device_minutes" not in lineage[0] and second["device_minutes"] == 13.1
     assert [entry["lease"] for entry in lineage] == [1, 2]
@@ -208,7 +242,7 @@ def test_a_superres_lease_brings_back_what_its_input_is_worth(dry_env, tmp_path)
     assert use["images"] == 2 and use["bpd_own_input"] == pytest.approx(scores[0], abs=1e-4)
     assert scores[1] <= scores[0]  # the bounds only take mass from values the input rules out
     model = tmp_path / "pretrained" / "superres_gpu"
-    (lease_1,) = bring_home(out, model)
+    (lease_1,) = bring_home([out], model)
     # shipped with the bounds: its score, the grid and the config are the bounded model's
     assert lease_1["val_bpd"] == scores[1] and lease_1["val_bpd_without_bounds"] == scores[0]
     assert lease_1["val_bpd_other_input"] == use["bpd_other_image_input"]
