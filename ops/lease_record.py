@@ -173,12 +173,9 @@ def home(folders: list[Path], into: Path, notes: list[str] | None = None, suite_
         history = lineage_folder(into)
         continuation = history / "continuation"
         # The model and the continuation checked against their parts' records before anything is replaced.
-        if (scratch / (MODEL + MANIFEST_SUFFIX)).exists():  # the model in parts (gpu_lease.sh finish)
-            record = json.loads((scratch / (MODEL + MANIFEST_SUFFIX)).read_text())
-            gather(found, record["parts"], folders, scratch / "model_parts")
-            (scratch / MODEL).write_bytes(read_parts(scratch / "model_parts", record))
-        else:
-            gather(found, [MODEL], folders, scratch)
+        record = json.loads((scratch / (MODEL + MANIFEST_SUFFIX)).read_text())  # the model's parts (finish)
+        gather(found, record["parts"], folders, scratch / "model_parts")
+        (scratch / MODEL).write_bytes(read_parts(scratch / "model_parts", record))
         if (scratch / MANIFEST).exists():
             staged = scratch / "continuation"
             staged.mkdir()
