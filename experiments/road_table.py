@@ -95,6 +95,21 @@ def arms_table(figures: dict[str, dict]) -> list[str]:
     return lines
 
 
+def seed_means(figures: dict[str, dict]) -> dict[str, dict]:
+    """Each arm's decayed val over its seeds (runs NAME_s0, NAME_s1, ... ending at equal added FLOPs): the
+    mean, the seeds and their spread (largest − smallest), and the mean against arm 1's (``cont``): what
+    the decision reads, an arm's lead counting only where it exceeds the seeds' spread."""
+    groups: dict[str, list[float]] = {}
+    for name, f in figures.items():
+        arm, _, seed = name.rpartition("_s")
+        if f["kind"] == "arm" and seed.isdigit() and f["val_bpd"] is not None and BY_NAME[name].end_epochs == 150:
+            groups.setdefault(arm, []).append(f["val_bpd"])
+    means = {arm: {"seeds": len(v), "mean": sum(v) / len(v), "spread": max(v) - min(v)} for arm, v in groups.items()}
+    for figures_of_arm in means.values():
+        figures_of_arm["against_arm_1"] = figures_of_arm["mean"] - means["cont"]["mean"] if "cont" in means else None
+    return means
+
+
 def curve_table(figures: dict[str, dict]) -> list[str]:
     """Each run's val every 10 epochs (the learning rate at its peak until the decay) / the mean training
     loss of those 10 epochs."""
@@ -220,6 +235,10 @@ def main(argv: list[str] | None = None) -> None:
     arms = {name: f["val_bpd"] for name, f in figures.items() if f["kind"] == "arm" and f["val_bpd"] is not None
             and BY_NAME[name].end_epochs == 150}
     best = min(arms, key=arms.get) if arms else None
+    means = seed_means(figures)
+    for arm, m in sorted(means.items(), key=lambda item: item[1]["mean"]):
+        print(f"{arm}: mean {m['mean']:.4f} over {m['seeds']} seed(s), spread {m['spread']:.4f}, against arm 1 "
+              f"{number(m['against_arm_1'], '+.4f')}")
     projections = {name: projection(figures, name) for name in arms}
     for name, p in projections.items():
         if p:
@@ -227,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
                   f"{p['leases']['2.95']} / {p['leases']['2.9']}")
     if args.plot:
         plot(figures, args.plot)
-    emit({"best_arm": best, "arms": arms, "decayed_curve": decayed, "rows": rows, "projections": projections,
+    emit({"best_arm": best, "arms": arms, "seed_means": means, "decayed_curve": decayed, "rows": rows, "projections": projections,
           "going": [name for name, f in figures.items() if f["going"]]}, args.json)
 
 

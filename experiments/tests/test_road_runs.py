@@ -144,3 +144,16 @@ def test_the_projection_bends_the_lineages_slope_by_the_proxys():
     # an arm that ends above the trunk's decayed val projects no lease to either target
     figures["cont_s0"]["val_bpd"] = 3.9
     assert projection(figures, "cont_s0")["leases"] == {"2.95": None, "2.9": None}
+
+
+def test_the_seeds_of_an_arm_are_averaged_and_set_against_arm_1s():
+    from experiments.road_table import seed_means
+
+    arm = lambda val, kind="arm": {"kind": kind, "val_bpd": val}  # noqa: E731
+    figures = {"trunk": arm(3.56, "trunk"), "cont_s0": arm(3.50), "cont_s1": arm(3.52), "deep_s0": arm(3.39),
+               "deep_s1": arm(3.43), "wide_s0": arm(None), "cont_e75_s0": arm(3.6)}
+    means = seed_means(figures)
+    assert set(means) == {"cont", "deep"}  # the trunk, a run going, an earlier decay: not arms at equal FLOPs
+    assert means["deep"]["seeds"] == 2 and means["deep"]["mean"] == pytest.approx(3.41)
+    assert means["deep"]["spread"] == pytest.approx(0.04) and means["cont"]["spread"] == pytest.approx(0.02)
+    assert means["deep"]["against_arm_1"] == pytest.approx(-0.10) and means["cont"]["against_arm_1"] == 0
