@@ -95,15 +95,21 @@ def arms_table(figures: dict[str, dict]) -> list[str]:
     return lines
 
 
+def finished_arms(figures: dict[str, dict]) -> dict[str, float]:
+    """Each finished arm's decayed val, of the arms ending at equal added FLOPs (not the earlier decays)."""
+    return {name: f["val_bpd"] for name, f in figures.items() if f["kind"] == "arm" and f["val_bpd"] is not None
+            and BY_NAME[name].end_epochs == 150}
+
+
 def seed_means(figures: dict[str, dict]) -> dict[str, dict]:
     """Each arm's decayed val over its seeds (runs NAME_s0, NAME_s1, ... ending at equal added FLOPs): the
     mean, the seeds and their spread (largest − smallest), and the mean against arm 1's (``cont``): what
     the decision reads, an arm's lead counting only where it exceeds the seeds' spread."""
     groups: dict[str, list[float]] = {}
-    for name, f in figures.items():
+    for name, val in finished_arms(figures).items():
         arm, _, seed = name.rpartition("_s")
-        if f["kind"] == "arm" and seed.isdigit() and f["val_bpd"] is not None and BY_NAME[name].end_epochs == 150:
-            groups.setdefault(arm, []).append(f["val_bpd"])
+        if seed.isdigit():
+            groups.setdefault(arm, []).append(val)
     means = {arm: {"seeds": len(v), "mean": sum(v) / len(v), "spread": max(v) - min(v)} for arm, v in groups.items()}
     for figures_of_arm in means.values():
         figures_of_arm["against_arm_1"] = figures_of_arm["mean"] - means["cont"]["mean"] if "cont" in means else None
@@ -232,8 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     print("arm 1 decayed (epochs, val):", ", ".join(f"{e:.0f}: {v:.4f}" for e, v in decayed))
     rows = {name: f["val_bpd"] for name, f in figures.items() if f["kind"] == "row"}
     print("2D row:", rows, "beside entry 33's recipe", ENTRY_33_RECIPE)
-    arms = {name: f["val_bpd"] for name, f in figures.items() if f["kind"] == "arm" and f["val_bpd"] is not None
-            and BY_NAME[name].end_epochs == 150}
+    arms = finished_arms(figures)
     best = min(arms, key=arms.get) if arms else None
     means = seed_means(figures)
     for arm, m in sorted(means.items(), key=lambda item: item[1]["mean"]):

@@ -37,14 +37,13 @@ import torch
 from ..io.atomic import atomic_write
 from ..io.checkpoint import load_weights_only
 from ..io.errors import CheckpointError
-from ..io.parts import read_parts, write_parts
+from ..io.parts import MiB, read_parts, write_parts
 
 CONTINUE = "continue.ckpt"
 MANIFEST = "continuation.json"
 # Lightning's Timer keeps the time a run has trained under this key of checkpoint["callbacks"];
 # a continuation drops it, so that its max_time is its own.
 TIMER_STATE = "Timer"
-MiB = 2**20
 # How a packed continuation keeps Adam's moments, with the float32 weights: fp32 as trained
 # (12 bytes a parameter), bf16 both (8), second: only the second moment, in bf16 (6: the first
 # restarts from zero and is back within ~1/(1-beta1) = 10 steps), none: Adam starts afresh with a
