@@ -23,6 +23,18 @@ MiB = 2**20
 MANIFEST_SUFFIX = ".parts.json"  # split's manifest of FILE: FILE.parts.json
 
 
+def mib_to_part_bytes(text: str) -> int:
+    """``--part-mib``'s value (MiB, fractions allowed) as the bytes of a part: every CLI that writes parts
+    takes it so, and refuses a size under one byte in argparse's one line."""
+    try:
+        part_bytes = int(float(text) * MiB)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of MiB") from None
+    if part_bytes < 1:
+        raise argparse.ArgumentTypeError(f"{text} MiB: a part must be at least one byte")
+    return part_bytes
+
+
 def write_parts(data: bytes, folder: str | Path, name: str, part_bytes: int | None = None) -> dict:
     """``data`` into ``folder/name.partNN``, each of at most ``part_bytes`` (None: one part); returns
     what ``read_parts`` checks them against: {"bytes", "sha256", "parts"}."""
@@ -70,17 +82,15 @@ def main(argv: list[str] | None = None) -> None:
     cut = verbs.add_parser("split", help="a file in parts, with their record NAME.parts.json")
     cut.add_argument("file", type=Path)
     cut.add_argument("folder", type=Path)
-    cut.add_argument("--part-mib", type=float, required=True, help="parts of at most this many MiB")
+    cut.add_argument("--part-mib", dest="part_bytes", type=mib_to_part_bytes, required=True,
+                     help="parts of at most this many MiB")
     glue = verbs.add_parser("join", help="the parts a NAME.parts.json names, joined and checked")
     glue.add_argument("manifest", type=Path)
     glue.add_argument("out", type=Path)
     options = parser.parse_args(argv)
     try:
         if options.verb == "split":
-            part_bytes = int(options.part_mib * MiB)
-            if part_bytes < 1:
-                parser.error(f"--part-mib {options.part_mib}: must be at least one byte")
-            print(split(options.file, options.folder, part_bytes))
+            print(split(options.file, options.folder, options.part_bytes))
         else:
             print(join(options.manifest, options.out))
     except (OSError, ValueError, KeyError, TypeError) as error:

@@ -37,7 +37,7 @@ import torch
 from ..io.atomic import atomic_write
 from ..io.checkpoint import load_weights_only
 from ..io.errors import CheckpointError
-from ..io.parts import MiB, read_parts, write_parts
+from ..io.parts import mib_to_part_bytes, read_parts, write_parts
 
 CONTINUE = "continue.ckpt"
 MANIFEST = "continuation.json"
@@ -133,13 +133,11 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("checkpoint", help=f"the {CONTINUE} a run wrote")
     parser.add_argument("folder", help="where the parts and continuation.json go")
     parser.add_argument("--moments", choices=MOMENTS, default="none", help="how Adam's moments are kept")
-    parser.add_argument("--part-mib", type=float, default=None, help="parts of at most this many MiB (default: one)")
+    parser.add_argument("--part-mib", dest="part_bytes", type=mib_to_part_bytes, default=None,
+                        help="parts of at most this many MiB (default: one)")
     options = parser.parse_args(args)
-    part_bytes = None if options.part_mib is None else int(options.part_mib * MiB)
-    if part_bytes is not None and part_bytes < 1:
-        parser.error(f"--part-mib {options.part_mib}: must be at least one byte")
     try:
-        manifest = pack(options.checkpoint, options.folder, options.moments, part_bytes)
+        manifest = pack(options.checkpoint, options.folder, options.moments, options.part_bytes)
     except CheckpointError as error:
         raise SystemExit(f"error: {error}") from None
     print(json.dumps({key: manifest[key] for key in ("step", "images_seen", "moments", "bytes", "parts")}))

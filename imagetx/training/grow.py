@@ -40,6 +40,7 @@ from torch import nn
 
 from ..io.checkpoint import load_weights_only, model_config_of
 from ..io.errors import CheckpointError
+from ..io.parts import mib_to_part_bytes
 from ..model.attention import SelfAttention
 from ..model.config import ModelConfig
 from ..model.superres import build_model
@@ -216,14 +217,14 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--attention-heads", type=int, help="decoder self-attention heads of the head size")
     parser.add_argument("--dropout", type=float, help="the grown model's dropout")
     parser.add_argument("--seed", type=int, default=0, help="seeds the new tensors (default 0)")
-    parser.add_argument("--part-mib", type=float, default=None, help="parts of at most this many MiB (default: one)")
+    parser.add_argument("--part-mib", dest="part_bytes", type=mib_to_part_bytes, default=None,
+                        help="parts of at most this many MiB (default: one)")
     options = parser.parse_args(args)
     if options.out.exists() and any(options.out.iterdir()):
         parser.error(f"{options.out} is not empty: grow into a new folder")
-    part_bytes = None if options.part_mib is None else int(options.part_mib * 2**20)
     try:
         manifest = grow(options.source, options.out, options.layers, options.attention_heads, options.dropout,
-                        options.seed, part_bytes)
+                        options.seed, options.part_bytes)
     except (CheckpointError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
     print(json.dumps({key: manifest[key] for key in ("step", "images_seen", GROWN, "train_overrides")}))

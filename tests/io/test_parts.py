@@ -50,3 +50,22 @@ def test_split_and_join_on_the_command_line(tmp_path, capsys):
     with pytest.raises(SystemExit, match="^error: .*model.safetensors.part03"):
         main(["join", str(manifest), str(tmp_path / "again")])
     assert not (tmp_path / "again").exists()  # nothing written from parts that do not add up
+
+
+@pytest.mark.parametrize("value, why", [("0", "at least one byte"), ("-1", "at least one byte"),
+                                        ("big", "not a number of MiB")])
+def test_every_command_that_writes_parts_refuses_a_part_size_in_one_line(tmp_path, capsys, value, why):
+    from imagetx.training.continuation import main as pack_main
+    from imagetx.training.grow import main as grow_main
+
+    source = tmp_path / "file"
+    source.write_bytes(b"x")
+    for command in (lambda: main(["split", str(source), str(tmp_path / "parts"), "--part-mib", value]),
+                    lambda: pack_main(["pack", str(source), str(tmp_path / "packed"), "--part-mib", value]),
+                    lambda: grow_main([str(source), str(tmp_path / "grown"), "--part-mib", value])):
+        with pytest.raises(SystemExit) as stop:
+            command()
+        assert stop.value.code == 2  # argparse's usage error, before anything is read or written
+        error = capsys.readouterr().err.strip().splitlines()[-1]
+        assert error.endswith(why) and "argument --part-mib" in error
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["file"]
