@@ -121,12 +121,19 @@ needs_tests() {
       "run 'bash ops/gpu_lease.sh tests' first" >&2; exit 1; }
 }
 
-# A continuation grown to a new shape (`grow` below, imagetx/training/grow.py) names the settings its run
-# needs in its manifest (train_overrides): every run of the lease takes them, warm's too.
-GROWN_SHAPE=()
-[ -e "$CONTINUATION/continuation.json" ] && mapfile -t GROWN_SHAPE < <("$PYTHON" -c 'import json, sys
-sys.stdout.write("".join(w + "\n" for w in json.load(open(sys.argv[1])).get("train_overrides", [])))' \
-    "$CONTINUATION/continuation.json")
+# The staged continuation's model where it is not the preset's (grown by this lease's `grow` below or by
+# an earlier one): every run of the lease and the speed checks take its settings, KEY=VALUE lines from
+# imagetx/training/resume.py, read again only when the staged manifest changed (a Python start a step).
+GROWN_SHAPE=() STEP_SHAPE=()
+if [ -e "$CONTINUATION/continuation.json" ]; then
+  if ! cmp -s "$CONTINUATION/continuation.json" "$WORK/shape.for"; then
+    "$PYTHON" -m imagetx.training.resume settings "$CONTINUATION" --preset "$CONFIG" >"$WORK/shape.settings"
+    cp "$CONTINUATION/continuation.json" "$WORK/shape.for"
+  fi
+  while IFS= read -r setting; do
+    GROWN_SHAPE+=("--model.config.${setting%%=*}" "${setting#*=}") && STEP_SHAPE+=(--set "$setting")
+  done <"$WORK/shape.settings"
+fi
 TRAIN=("$PYTHON" -m imagetx.train --config "$CONFIG" --data.root "$DATA" --wandb disabled "${GROWN_SHAPE[@]}")
 
 short_run() {  # short_run FOLDER [ARGS...]: the preset into a fresh FOLDER, in the foreground; its log lines
@@ -188,8 +195,8 @@ speed)
   # The preset's training step alone (scripts/step_check.py): images/s, MFU, memory, compiled graphs,
   # graph breaks, the costliest kernels; after `warm`, whose Inductor cache can serve its compilation.
   if [ "$DRY_RUN" = 1 ]; then SPEED=("${TINY_STEP[@]}"); else SPEED=(--device cuda); fi
-  timeout 240 "$PYTHON" -m scripts.step_check --preset "$CONFIG" "${SPEED[@]}" --json "$WORK/step_check.json" \
-      "${@:2}" 2>&1 | grep -v "^USDT\|^ERROR:.*gpuGetDeviceCount"
+  timeout 240 "$PYTHON" -m scripts.step_check --preset "$CONFIG" "${SPEED[@]}" "${STEP_SHAPE[@]}" \
+      --json "$WORK/step_check.json" "${@:2}" 2>&1 | grep -v "^USDT\|^ERROR:.*gpuGetDeviceCount"
   ;;
 candidates)
   # Candidates for a faster step (ops/speed_candidates.txt: NAME and step_check arguments a line), each
@@ -204,7 +211,7 @@ candidates)
     [ "$left" -gt 10 ] || { echo "candidates: out of time before $name" >&2; break; }
     # shellcheck disable=SC2086  # a candidate's arguments are words
     rc=0; timeout "$left" "$PYTHON" -m scripts.step_check --preset "$CONFIG" --name "$name" $args "${CHECK[@]}" \
-        --json "$WORK/candidate.json" >"$WORK/candidate.out" 2>&1 || rc=$?
+        "${STEP_SHAPE[@]}" --json "$WORK/candidate.json" >"$WORK/candidate.out" 2>&1 || rc=$?
     if [ "$rc" != 0 ]; then  # why, in the record that comes home: out of time (timeout's 124) or the error's last lines
       tail -3 "$WORK/candidate.out" >&2
       "$PYTHON" -c 'import json, sys; print(json.dumps({"name": sys.argv[1], "failed": True, "exit": int(sys.argv[2]),

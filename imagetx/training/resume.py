@@ -20,12 +20,14 @@ another budget after its decay, a run trained on at learning rate 0, silently (d
 
 from __future__ import annotations
 
+import argparse
+import json
 from pathlib import Path
 
 from ..io.checkpoint import CHECKPOINT_DIR, LAST, model_config_of, read_checkpoint
 from ..io.errors import CheckpointError
 from ..model.config import ModelConfig
-from .continuation import CONTINUE, TIMER_STATE, is_packed, unpack
+from .continuation import CONTINUE, MANIFEST, TIMER_STATE, is_packed, unpack
 
 JOINED = "continued-from.ckpt"  # a packed continuation, joined, under the new run's checkpoints/
 
@@ -56,11 +58,23 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
     differ = [f"{key}={stored.get(key)!r} there, {wanted.get(key)!r} here" for key in {**wanted, **stored}
               if stored.get(key) != wanted.get(key)]
     if differ:
+        settings = " ".join(f"--model.config.{setting.replace('=', ' ', 1)}"
+                            for setting in settings_to_resume(model_config_of(checkpoint), config))
         raise CheckpointError(f"--resume {path}: the checkpoint's model differs from this run's "
-                              f"({'; '.join(differ[:3])}): resume with the configuration it was trained with, "
-                              "or start a new run elsewhere")
+                              f"({'; '.join(differ[:3])}): resume with the configuration it was trained with "
+                              f"({settings}), or start a new run elsewhere")
     check_budget(path, checkpoint, budget)
     return str(path)
+
+
+def settings_to_resume(stored: ModelConfig, config: ModelConfig) -> list[str]:
+    """``KEY=VALUE`` for each model field (a section's dotted) where ``stored``, a checkpoint's model,
+    differs from ``config``, a run's: what a run of ``config``'s preset sets (``--model.config.KEY VALUE``)
+    to resume that checkpoint, a grown one's (grow.py) for instance. Values in JSON, as both the training
+    command line and ``scripts/step_check.py --set`` read them (a plain word as itself)."""
+    there, here = dotted_fields(stored.to_dict()), dotted_fields(config.to_dict())
+    return [f"{key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in there.items()
+            if here.get(key) != value]
 
 
 def dotted_fields(values: dict, prefix: str = "") -> dict:
@@ -159,3 +173,34 @@ def interrupted_at(root: Path, step: int) -> str:
         return f"training interrupted (Ctrl-C) after step {step}, before any checkpoint was written: start it again"
     return (f"training interrupted (Ctrl-C) after step {step}; {root / CHECKPOINT_DIR / LAST} holds step {saved}: "
             "continue with --resume last")
+
+
+def stored_model_config(source: Path) -> ModelConfig:
+    """The model of a checkpoint, or of a packed continuation (from its manifest: nothing joined)."""
+    if is_packed(source):
+        return ModelConfig.from_dict(json.loads((source / MANIFEST).read_text())["model_config"])
+    return model_config_of(read_checkpoint(source, mmap=True))
+
+
+def main(args: list[str] | None = None) -> None:
+    import yaml
+
+    parser = argparse.ArgumentParser(
+        prog="python -m imagetx.training.resume",
+        description="Print the model settings (KEY=VALUE, one a line) a run of PRESET adds to resume SOURCE: "
+                    "none for a checkpoint of the preset's own model; the grown fields for a grown one.")
+    parser.add_argument("verb", choices=["settings"])
+    parser.add_argument("source", type=Path, help="a checkpoint, or a packed continuation folder")
+    parser.add_argument("--preset", type=Path, required=True, help="the training preset (YAML) the run starts from")
+    options = parser.parse_args(args)
+    try:
+        preset = ModelConfig.from_dict(yaml.safe_load(options.preset.read_text())["model"]["config"])
+        stored = stored_model_config(options.source)
+    except (OSError, KeyError, TypeError, ValueError, CheckpointError, yaml.YAMLError) as error:
+        raise SystemExit(f"error: {options.source} with {options.preset}: {error}") from None
+    for setting in settings_to_resume(stored, preset):
+        print(setting)
+
+
+if __name__ == "__main__":
+    main()

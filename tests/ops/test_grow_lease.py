@@ -65,6 +65,17 @@ def test_a_lease_grows_its_staged_continuation_and_warms_the_grown_shape(tmp_pat
     lease("warm", "--data.val_size", "2")  # the preset's graphs, at the grown shape
     warm = torch.load(tmp_path / "work" / "warm" / "checkpoints" / "last.ckpt", weights_only=True)
     assert model_config_of(warm).n_layers == 2 and model_config_of(warm).dropout == 0.1
+    # The lease after: its continuation is the grown run's own, packed by `wait` (no record of a growth):
+    # the shape still comes from its model against the preset, for the runs and the speed check alike.
+    staged = stage / "cont" / "continuation" / MANIFEST
+    staged.write_text(json.dumps({key: value for key, value in json.loads(staged.read_text()).items()
+                                  if key not in ("grown", "train_overrides")}))
+    lease("setup")
+    lease("warm", "--data.val_size", "2")
+    warm = torch.load(tmp_path / "work" / "warm" / "checkpoints" / "last.ckpt", weights_only=True)
+    assert model_config_of(warm).n_layers == 2 and model_config_of(warm).dropout == 0.1
+    lease("speed")
+    assert json.loads((tmp_path / "work" / "step_check.json").read_text())["overrides"]["n_layers"] == 2
 
 
 def test_home_records_a_growth_as_a_row_of_the_card(tmp_path):

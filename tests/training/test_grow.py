@@ -18,9 +18,10 @@ from imagetx import ModelConfig, build_model
 from imagetx.io.checkpoint import imagetx_metadata, model_config_of
 from imagetx.io.errors import CheckpointError
 from imagetx.train import main as train_main
-from imagetx.training.continuation import CONTINUE, MANIFEST, unpack
+from imagetx.training.continuation import CONTINUE, MANIFEST, pack, unpack
 from imagetx.training.grow import (ATTENTION_HEADS, GROWN, PREFIX, grow, grow_checkpoint, main as grow_main,
                                    model_heads, widen_attention)
+from imagetx.training.resume import main as resume_main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
@@ -153,9 +154,11 @@ def test_the_lineage_continuation_grown_twice_as_deep_scores_real_images_as_it_d
                                atol=EXACT)
 
 
-def test_a_run_resumes_from_a_grown_packed_continuation_at_its_step(tmp_path, data_root):
+def test_a_run_resumes_from_a_grown_packed_continuation_at_its_step(tmp_path, data_root, capsys):
     """The lease's way on: a run writes its continuation, grow packs it deeper with dropout, and a run
-    resumes from the folder with the printed overrides, at the continuation's step, and trains on."""
+    resumes from the folder with the printed overrides, at the continuation's step, and trains on. The
+    lease after goes on from that run's own continuation: its settings against the preset come from its
+    model (``python -m imagetx.training.resume settings``, what ops/gpu_lease.sh reads)."""
     config = write_train_config(tmp_path / "first.yaml", tmp_path / "first", data_root, 5,
                                 model={"norm": "pre"}, top={"checkpoint_every_n_steps": 1})
     values = yaml.safe_load(config.read_text())
@@ -171,10 +174,20 @@ def test_a_run_resumes_from_a_grown_packed_continuation_at_its_step(tmp_path, da
     last = torch.load(tmp_path / "second" / "checkpoints" / "last.ckpt", weights_only=True)
     assert last["global_step"] == 8 and last["imagetx"]["first_step"] == manifest["step"]
     assert model_config_of(last).n_layers == 2 and model_config_of(last).dropout == 0.1
-    # without the overrides the run is refused: its configuration is not the continuation's
+    # without the overrides the run is refused: its configuration is not the continuation's, and the
+    # line names the settings
+    capsys.readouterr()
     with pytest.raises(SystemExit):
         train_main(["--config", str(config), "--wandb", "disabled", "--trainer.max_steps", "8",
                     "--trainer.default_root_dir", str(tmp_path / "third"), "--resume", str(tmp_path / "grown")])
+    assert "(--model.config.n_layers 2 --model.config.dropout 0.1)" in capsys.readouterr().err
+    # the next lease's continuation: the grown run's own, packed as a lease's `wait` packs it (no overrides)
+    pack(tmp_path / "second" / "checkpoints" / CONTINUE, tmp_path / "next")
+    assert "train_overrides" not in json.loads((tmp_path / "next" / MANIFEST).read_text())
+    for source, settings in ((tmp_path / "next", ["n_layers=2", "dropout=0.1"]),
+                             (tmp_path / "first" / "checkpoints" / CONTINUE, [])):
+        resume_main(["settings", str(source), "--preset", str(config)])
+        assert capsys.readouterr().out.split() == settings
 
 
 def test_pack_keeps_what_grow_wrote(tmp_path):
