@@ -46,8 +46,11 @@ from pathlib import Path
 # by ROAD_REPO, which ``environment`` passes on.
 REPO = Path(os.environ.get("ROAD_REPO") or Path(__file__).resolve().parents[1])
 COMMIT = "0387453243b55783f1054fa562d5144f311d10be"  # the tree's HEAD when the study began
-OVERLAY = ["imagetx/training/grow.py", "experiments/road_wide_attention.py", "experiments/road_runs.py",
-           "experiments/road_table.py", "experiments/subset_shards.py"]  # this study's files, laid over the copy
+OVERLAY = ["experiments/road_wide_attention.py", "experiments/road_runs.py", "experiments/road_table.py",
+           "experiments/subset_shards.py"]  # this study's files, laid over the copy as they are now
+# the library file the study added, laid over the copy as every grown arm ran it (the commit that added
+# it): the library's later changes (its command line, its imports of files newer than COMMIT) stay out
+PINNED = {"imagetx/training/grow.py": "e5eeda9"}
 ROAD = REPO / "runs" / "road"
 CODE, RUNS, GROWN = ROAD / "code", ROAD / "runs", ROAD / "grown"
 RESULTS = REPO / "experiments" / "road_results"
@@ -306,14 +309,23 @@ def evaluate_command(run: Run, split: str) -> list[str]:
 
 # ----- the copy of the code, the subset ------------------------------------------------------------------
 
+def lay_over() -> None:
+    """This study's files over the copy: the newest of its own (a run going already has read its own),
+    the library's at their pinned commit."""
+    for name in OVERLAY:
+        shutil.copy(REPO / name, CODE / name)
+    for name, commit in PINNED.items():
+        (CODE / name).write_bytes(subprocess.run(["git", "-C", str(REPO), "show", f"{commit}:{name}"], check=True,
+                                                 capture_output=True).stdout)
+
+
 def prepare() -> None:
     """The copy of the code at COMMIT with this study's files over it, and the subset's shard."""
     if not (CODE / "imagetx").exists():
         CODE.mkdir(parents=True, exist_ok=True)
         archive = subprocess.run(["git", "-C", str(REPO), "archive", COMMIT], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", str(CODE)], input=archive, check=True)
-    for name in OVERLAY:  # the newest of this study's files (a run going already has read its own)
-        shutil.copy(REPO / name, CODE / name)
+    lay_over()
     if not (SUBSET / "train-0.npz").exists():
         subprocess.run([str(PYTHON), "-m", "experiments.subset_shards", str(SOURCE), str(SUBSET), "--train",
                         str(SUBSET_IMAGES)], cwd=CODE, check=True, env=environment())
@@ -687,8 +699,7 @@ def main() -> None:
     parser.add_argument("name", nargs="?", help="job: the run")
     options, rest = parser.parse_known_args()
     if options.verb == "table":  # in the copy of the code the runs use: the tree's may be mid-change
-        for name in OVERLAY:
-            shutil.copy(REPO / name, CODE / name)
+        lay_over()
         # the paths given are the caller's, whose folder is not the copy's
         rest = [str(Path(word).resolve()) if before in ("--plot", "--json") else word
                 for before, word in zip(["", *rest], rest)]
