@@ -13,6 +13,11 @@ is its continuation checkpoint, written just before the decay (continuation.py).
 with the budget it has already spent, which Lightning would end at once, is refused before the
 loggers start, naming the way on (``refuse_finished``).
 
+A checkpoint of another model than the run's preset (a grown continuation, grow.py) resumes with the
+settings ``settings_to_resume`` names, which the refusal quotes and a script reads one a line:
+
+    python -m imagetx.training.resume settings CHECKPOINT_OR_PACKED_FOLDER --preset PRESET.yaml   # n_layers=28
+
 Kept: Lightning's ``ckpt_path`` checks neither the model configuration nor the budget; resumed with
 another budget after its decay, a run trained on at learning rate 0, silently (docs/training.md,
 "What training is built from").
