@@ -46,7 +46,7 @@ from ..model.config import ModelConfig
 from ..model.superres import build_model
 from ..model.transformer import ImageTransformer, zero_start
 from .continuation import MANIFEST, is_packed, pack, slim_moments, unpack
-from .resume import settings_to_resume
+from .resume import settings_to_resume, training_flags
 
 PREFIX = "model."  # the LightningModule's name for the network: its tensors in a checkpoint's state_dict
 # Where a checkpoint's metadata keeps the decoder self-attention heads of a model grown wider than its
@@ -178,8 +178,7 @@ def shape(config: ModelConfig, heads: int, tensors: int, parameters: int) -> dic
 def train_overrides(source: ModelConfig, grown: dict) -> list[str]:
     """The command-line settings a run resuming from the grown checkpoint ``grown`` needs beyond the
     ``source``'s configuration (resume.py refuses a configuration other than the checkpoint's)."""
-    return [word for setting in settings_to_resume(model_config_of(grown), source)
-            for word in (f"--model.config.{setting.split('=', 1)[0]}", setting.split("=", 1)[1])]
+    return training_flags(settings_to_resume(model_config_of(grown), source))
 
 
 def read_continuation(source: Path) -> dict:

@@ -58,13 +58,12 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
     if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
         raise CheckpointError(f"--resume {path}: this checkpoint holds weights only (no optimiser or loop state); "
                               "resume from a checkpoint written by imagetx.train, e.g. checkpoints/last.ckpt")
-    stored = dotted_fields(model_config_of(checkpoint).to_dict())  # a field added since it was written: its default
-    wanted = dotted_fields(config.to_dict())
+    stored_config = model_config_of(checkpoint)  # a field added since it was written: its default
+    stored, wanted = dotted_fields(stored_config.to_dict()), dotted_fields(config.to_dict())
     differ = [f"{key}={stored.get(key)!r} there, {wanted.get(key)!r} here" for key in {**wanted, **stored}
               if stored.get(key) != wanted.get(key)]
     if differ:
-        settings = " ".join(f"--model.config.{setting.replace('=', ' ', 1)}"
-                            for setting in settings_to_resume(model_config_of(checkpoint), config))
+        settings = " ".join(training_flags(settings_to_resume(stored_config, config)))
         raise CheckpointError(f"--resume {path}: the checkpoint's model differs from this run's "
                               f"({'; '.join(differ[:3])}): resume with the configuration it was trained with "
                               f"({settings}), or start a new run elsewhere")
@@ -80,6 +79,12 @@ def settings_to_resume(stored: ModelConfig, config: ModelConfig) -> list[str]:
     there, here = dotted_fields(stored.to_dict()), dotted_fields(config.to_dict())
     return [f"{key}={value if isinstance(value, str) else json.dumps(value)}" for key, value in there.items()
             if here.get(key) != value]
+
+
+def training_flags(settings: list[str]) -> list[str]:
+    """``settings_to_resume``'s ``KEY=VALUE`` as the training command line's words: ``--model.config.KEY VALUE``."""
+    return [word for setting in settings for word in (f"--model.config.{setting.split('=', 1)[0]}",
+                                                       setting.split("=", 1)[1])]
 
 
 def dotted_fields(values: dict, prefix: str = "") -> dict:
