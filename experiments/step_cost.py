@@ -25,7 +25,7 @@ from experiments.json_result import emit
 from imagetx import build_model, ModelConfig
 from imagetx.model.scoring import batch_bits_per_dim
 from imagetx.training.module import make_optimizer, optimizer_settings
-from scripts.common import set_dotted
+from imagetx.training.presets import read_preset, set_dotted
 
 
 def build(preset: dict, overrides: list[str]):
@@ -57,8 +57,7 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
-    with open(args.config) as handle:
-        preset = yaml.safe_load(handle)
+    preset = read_preset(args.config)
     variants = {}
     for text in args.variant:
         name, *overrides = text.split()

@@ -178,11 +178,13 @@ def print_run_header(args: argparse.Namespace, info: dict, load: tuple[float, fl
 
 def build_plan(args: argparse.Namespace) -> list[dict]:
     """The worker specs, in run order: per preset, every size x batch x attention, then its sampling."""
+    from imagetx.training.presets import preset_model_config
+
     sizes = args.image_sizes
     common = dict(device=args.device, precision=args.precision, threads=args.threads, smoke=args.quick_smoke)
     plan = []
     for preset in args.presets:
-        base_attention = read_preset(preset)["model"]["config"].get("attention", "local_1d")
+        base_attention = preset_model_config(preset_path(preset)).attention.kind
         attentions = [base_attention] + ([] if args.no_full or base_attention == "full" else ["full"])
         for size in sizes:
             for batch in batches_for(preset, args.batch):

@@ -26,7 +26,7 @@ import json
 import sys
 from pathlib import Path
 
-from scripts.common import (RESULT_MARKER, PeakMemory, machine_info, preset_model_config, reset_peak_rss,
+from scripts.common import (RESULT_MARKER, PeakMemory, machine_info, reset_peak_rss,
                             run_subprocess, timed)
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -68,6 +68,7 @@ def worker(spec: dict) -> dict:
 
     from imagetx import build_model
     from imagetx.model.scoring import full_pass
+    from imagetx.training.presets import preset_model_config
 
     torch.set_num_threads(spec["threads"])
     overrides = {"image_size": spec["size"], **({"n_layers": spec["layers"]} if spec["layers"] else {})}

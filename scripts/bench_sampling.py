@@ -38,7 +38,8 @@ import torch
 from imagetx import ImageTransformer, build_model, load_model
 from imagetx.data.sources import Reader, tensors
 from imagetx.model.sampler import compile_decoding, first_input, sample, start_decoding
-from scripts.common import preset_model_config, sample_uncached, sync, timed
+from imagetx.training.presets import preset_model_config
+from scripts.common import sample_uncached, sync, timed
 
 
 @torch.no_grad()

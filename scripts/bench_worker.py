@@ -83,7 +83,7 @@ import time
 from functools import partial
 from pathlib import Path
 
-from scripts.common import PeakMemory, preset_model_config, sample_uncached, sync, timed
+from scripts.common import PeakMemory, sample_uncached, sync, timed
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -117,6 +117,8 @@ def read_preset(name: str) -> dict:
 def build_config(spec: dict):
     """The ModelConfig of a configuration: the preset's, with image size, attention (and, for
     the smoke run, the model size) overridden."""
+    from imagetx.training.presets import preset_model_config
+
     smoke = SMOKE_MODEL if spec.get("smoke") else {}
     return preset_model_config(preset_path(spec["preset"]), {"image_size": spec["image_size"],
                                                           "attention.kind": spec["attention"], **smoke})

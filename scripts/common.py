@@ -2,9 +2,8 @@
 (``run_subprocess``, the result a JSON line marked ``RESULT_MARKER``), memory read from
 the process (``current_rss_bytes``, ``maxrss_bytes``, ``reset_peak_rss``) and a peak over
 some work (``PeakMemory``), the machine described (``machine_info``), timings that include
-the device's queued work (``timed``, ``sync``), a preset's model configuration
-(``preset_model_config``; its overrides, and the experiments', set by dotted keys: ``set_dotted``),
-table cells (``fmt``) and the baseline that cached sampling is measured against (``sample_uncached``).
+the device's queued work (``timed``, ``sync``), table cells (``fmt``) and the baseline that
+cached sampling is measured against (``sample_uncached``). A preset's model: ``imagetx.training.presets``.
 
 Standard library only at import time (torch is imported inside the functions that need
 it), so that a driver process does not pay for it.
@@ -142,31 +141,6 @@ def machine_info(device: str, threads: int | None) -> dict:
         info["cuda_device"] = torch.cuda.get_device_name(0)
         info["cuda_version"] = torch.version.cuda
     return info
-
-
-def preset_model_config(path, overrides: dict | None = None):
-    """The ``ModelConfig`` of the preset YAML at ``path`` (its ``model.config``), with ``overrides``:
-    a field by its name, a section's by a dotted one, as on the command line (``attention.n_heads``)."""
-    import yaml
-
-    from imagetx.model.config import ModelConfig
-
-    with open(path) as handle:
-        fields = yaml.safe_load(handle)["model"]["config"]
-    for key, value in (overrides or {}).items():
-        set_dotted(fields, key, value)
-    return ModelConfig.from_dict(fields)
-
-
-def set_dotted(tree: dict, key: str, value) -> None:
-    """Set ``tree``'s entry at the dotted ``key`` (``model.config.attention.n_heads``) to ``value``, in
-    place, making the sections on the way that ``tree`` leaves out (or holds as null)."""
-    *sections, name = key.split(".")
-    for section in sections:
-        if tree.get(section) is None:
-            tree[section] = {}
-        tree = tree[section]
-    tree[name] = value
 
 
 def fmt(value, spec: str, missing: str = "-") -> str:

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from imagetx.model.flops import count_flops
 from imagetx import build_model
-from scripts.common import fmt, preset_model_config
+from imagetx.training.presets import preset_model_config
+from scripts.common import fmt
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 GIGA = 1e9

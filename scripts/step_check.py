@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from scripts.bench_worker import flops_per_image, preset_path, read_preset, training_memory, training_step
-from scripts.common import PeakMemory, preset_model_config, timed
+from scripts.common import PeakMemory, timed
 
 TOP_KERNELS = 10  # rows of the profile kept: enough to see attention, matmuls and the elementwise tail
 
@@ -71,6 +71,7 @@ def check(preset: str, overrides: dict, batch: int | None, device_name: str, war
     from imagetx.model.attention import build_patterns
     from imagetx.model.attention import FLEX_BLOCK_SIZE
     from imagetx.training.module import COMPILE_OPTIONS
+    from imagetx.training.presets import preset_model_config
     from imagetx.training.throughput import table_peak
 
     values = read_preset(preset)

@@ -29,10 +29,13 @@ import argparse
 import json
 from pathlib import Path
 
+import yaml
+
 from ..io.checkpoint import CHECKPOINT_DIR, LAST, model_config_of, read_checkpoint
 from ..io.errors import CheckpointError
 from ..model.config import ModelConfig
 from .continuation import CONTINUE, MANIFEST, TIMER_STATE, is_packed, unpack
+from .presets import dotted_fields, preset_model_config
 
 JOINED = "continued-from.ckpt"  # a packed continuation, joined, under the new run's checkpoints/
 
@@ -85,18 +88,6 @@ def training_flags(settings: list[str]) -> list[str]:
     """``settings_to_resume``'s ``KEY=VALUE`` as the training command line's words: ``--model.config.KEY VALUE``."""
     return [word for setting in settings for word in (f"--model.config.{setting.split('=', 1)[0]}",
                                                        setting.split("=", 1)[1])]
-
-
-def dotted_fields(values: dict, prefix: str = "") -> dict:
-    """A config's values by field name, a section's dotted (``attention.n_heads``), as the command line
-    names them."""
-    out = {}
-    for key, value in values.items():
-        if isinstance(value, dict):
-            out.update(dotted_fields(value, f"{prefix}{key}."))
-        else:
-            out[prefix + key] = value
-    return out
 
 
 def decaying(checkpoint: dict) -> bool:
@@ -193,8 +184,6 @@ def stored_model_config(source: Path) -> ModelConfig:
 
 
 def main(args: list[str] | None = None) -> None:
-    import yaml
-
     parser = argparse.ArgumentParser(
         prog="python -m imagetx.training.resume",
         description="Print the model settings (KEY=VALUE, one a line) a run of PRESET adds to resume SOURCE: "
@@ -204,7 +193,7 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("--preset", type=Path, required=True, help="the training preset (YAML) the run starts from")
     options = parser.parse_args(args)
     try:
-        preset = ModelConfig.from_dict(yaml.safe_load(options.preset.read_text())["model"]["config"])
+        preset = preset_model_config(options.preset)
         stored = stored_model_config(options.source)
     except (OSError, KeyError, TypeError, ValueError, CheckpointError, yaml.YAMLError) as error:
         raise SystemExit(f"error: {options.source} with {options.preset}: {error}") from None

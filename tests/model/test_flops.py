@@ -18,7 +18,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -26,6 +25,7 @@ from helpers import bits_per_dim, random_images, random_labels, tiny_config
 from imagetx import ImageTransformer, build_model, ModelConfig
 from imagetx.model.inputs import downsample_area
 from imagetx.model.flops import FLOPS_PER_MAC, count_flops
+from imagetx.training.presets import preset_model_config
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs"
 
@@ -114,7 +114,7 @@ def test_flex_attention_counts_the_tiles_of_its_block_mask():
 @pytest.mark.parametrize("preset", sorted(path.stem for path in CONFIGS.glob("*.yaml")))
 def test_every_preset_counted_as_flop_counter_mode_counts_it(preset):
     """Full-size presets, their forward pass counted on the meta device (shapes only, instant)."""
-    cfg = ModelConfig.from_dict(yaml.safe_load((CONFIGS / f"{preset}.yaml").read_text())["model"]["config"])
+    cfg = preset_model_config(CONFIGS / f"{preset}.yaml")
     model = build_model(cfg)
     flops = count_flops(model)
     model = model.to("meta")

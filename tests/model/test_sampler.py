@@ -8,16 +8,16 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
 
 from helpers import random_images, random_labels, tiny_model
 from imagetx.model.inputs import downsample_area
-from imagetx import build_model, ModelConfig
+from imagetx import build_model
 from imagetx.model.order import sequence_to_images
 from imagetx.model.sampler import (ISOLATED, LOG_PROGRESS_SECONDS, compile_decoding, first_input, progress_bar, sample,
                                    sample_progressively, start_decoding, with_bounds)
 from imagetx.model.transformer import previous_values
 from imagetx.model.scoring import full_pass
+from imagetx.training.presets import preset_model_config
 from scripts.common import sample_uncached
 
 REPO = Path(__file__).resolve().parents[2]
@@ -441,9 +441,7 @@ def largest_allocation(fn) -> int:
 def test_starting_to_decode_the_imagenet64_preset_builds_nothing_of_size_t_squared():
     # 12,288 steps: a dense (T, T) bool mask alone would be 151 MB. Decoding reads the ring
     # from the pattern's blocks instead; the dense reference itself is the negative control.
-    with open(REPO / "configs" / "imagenet64.yaml") as handle:
-        config = ModelConfig.from_dict(yaml.safe_load(handle)["model"]["config"])
-    model = build_model(config).eval()
+    model = build_model(preset_model_config(REPO / "configs" / "imagenet64.yaml")).eval()
     t_squared = model.order.length ** 2
     assert largest_allocation(lambda: model.start_decoding(1)) < t_squared // 16
     assert largest_allocation(model.pattern.can_attend) >= t_squared
