@@ -109,9 +109,9 @@ def preset_name(name: str) -> str:
 
 
 def read_preset(name: str) -> dict:
-    import yaml
+    from imagetx.training.presets import read_preset as read_file
 
-    return yaml.safe_load(preset_path(name).read_text())
+    return read_file(preset_path(name))
 
 
 def build_config(spec: dict):

@@ -2,9 +2,9 @@
 command: its model (``preset_model_config``), with settings named as on the command line, a section's field
 by a dotted name (``attention.n_heads`` for ``--model.config.attention.n_heads``).
 
-``set_dotted`` writes a value at such a name and ``dotted_fields`` lists a config's values by them. The
-training command reads the same file through LightningCLI, so a preset read here gives the model that
-training builds from it.
+``set_dotted`` writes a value at such a name and ``dotted_fields`` lists a config's values by them. Used
+where a preset's network is wanted without training it: benchmarks, the speed check, the settings a grown
+checkpoint resumes with (resume.py).
 """
 
 from __future__ import annotations
