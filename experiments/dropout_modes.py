@@ -19,23 +19,22 @@ import torch
 from experiments.json_result import emit
 from imagetx import load_model
 from imagetx.data.sources import load
+from imagetx.model.modes import eval_mode
 
 
 def scores(model, images: torch.Tensor, draws: int) -> dict[str, float]:
-    """Bits/dim of ``images`` with dropout off, on everywhere, on the inputs only, on the residuals only."""
+    """Bits/dim of ``images`` with dropout off, on everywhere, on the inputs only, on the residuals only;
+    the model is handed back in its own mode (``eval_mode``)."""
     def bpd(input_on: bool, residual_on: bool) -> float:
-        model.eval()
         model.input_dropout.train(input_on)
         for layer in model.layers:
             layer.dropout.train(residual_on)
         runs = draws if input_on or residual_on else 1
         return sum(model.bits_per_dim(images).mean().item() for _ in range(runs)) / runs
 
-    with torch.no_grad():
-        figures = {"eval": bpd(False, False), "train_mode": bpd(True, True),
-                   "input_dropout_only": bpd(True, False), "residual_dropout_only": bpd(False, True)}
-    model.eval()
-    return figures
+    with torch.no_grad(), eval_mode(model):
+        return {"eval": bpd(False, False), "train_mode": bpd(True, True),
+                "input_dropout_only": bpd(True, False), "residual_dropout_only": bpd(False, True)}
 
 
 def main() -> None:

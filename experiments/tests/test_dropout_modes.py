@@ -22,6 +22,9 @@ def test_without_dropout_every_mode_scores_alike_and_with_it_train_mode_differs(
     assert noisy["eval"] != noisy["train_mode"] and noisy["eval"] != noisy["input_dropout_only"]
     assert noisy["eval"] != noisy["residual_dropout_only"]
     assert not any(module.training for module in model.modules())  # handed back in eval mode
+    model.train()
+    assert scores(model, images, draws=2)["eval"] == noisy["eval"]
+    assert all(module.training for module in model.modules())  # and in train mode, where it was in it
 
 
 def test_the_command_scores_the_splits_first_images(tmp_path, data_root):
