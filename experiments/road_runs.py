@@ -126,10 +126,11 @@ SINGLE = {"flip_s0": dict(flip=True), "drop01_s0": dict(dropout=0.1), "drop02_s0
 # beside arm 1's, the short trunk (the projection's early slope), then what the rule for the grown lineage
 # still waits on: dropout 0.2 (the single regularisers' last, which the regulariser of the grown arm waits
 # for) beside depth from scratch, the grown arm with the best regulariser (whether the grown lineage
-# flips) and its second seed at the base shape, flips with dropout, the earlier decays, the 2D row. Width last: at
-# equal added FLOPs twice the width ended 0.002 below arm 1 against twice the depth's 0.104
-# (docs/experiments.md, entry 35), so its second seed and its regularised arm decide nothing the rule
-# needs. A run starts when a slot is free and what it needs has finished.
+# flips). Then the rows the study lists that no run has covered yet: the 2D row (item 5) and the wide arm
+# with the best regulariser (item 3c). Last, what confirms without deciding: the best regulariser's second
+# seed, flips with dropout, the earlier decays, width's second seed and width from scratch (at equal added
+# FLOPs twice the width ended 0.002 below arm 1 against twice the depth's 0.104, entry 35).
+# A run starts when a slot is free and what it needs has finished.
 PLAN = [
     Run("trunk", "trunk", "50 epochs from step 0; continuation at 40 epochs (the branch point)", end_epochs=50),
     Run("cont_s0", "arm", "1: continue as is (dropout 0)"),
@@ -145,15 +146,15 @@ PLAN = [
     Run("drop02_s0", "arm", "2: dropout 0.2", dropout=0.2),
     Run("scratch_deep", "scratch", "4: twice the depth from step 0, the trunk's + an arm's FLOPs", layers=4),
     Run("deepreg_s0", "arm", "3c: twice the depth + the best regulariser", layers=2 * BASE_LAYERS, regulariser="best"),
+    Run("row2d_s0", "row", "5: 2D local attention, entry 33's table", extra=LOCAL_2D),
+    Run("row2d_s1", "row", "5: 2D local attention, seed 1", seed=1, extra=LOCAL_2D),
+    Run("widereg_s0", "arm", "3c: twice the width + the best regulariser", heads=2 * BASE_HEADS, regulariser="best"),
     Run("bestreg_s1", "arm", "2: the best regulariser, seed 1", seed=1, regulariser="best"),
     Run("flipdrop_s0", "arm", "2: flips + the better dropout", flip=True, regulariser="dropout"),
     # arm 1 decayed earlier: the lineage's curve of decayed val against epochs, each point a lease's end
     Run("cont_e75_s0", "arm", "1, decayed at 75 epochs", end_epochs=75),
     Run("cont_e100_s0", "arm", "1, decayed at 100 epochs", end_epochs=100),
-    Run("row2d_s0", "row", "5: 2D local attention, entry 33's table", extra=LOCAL_2D),
-    Run("row2d_s1", "row", "5: 2D local attention, seed 1", seed=1, extra=LOCAL_2D),
     Run("wide_s1", "arm", "3b, seed 1", seed=1, heads=2 * BASE_HEADS),
-    Run("widereg_s0", "arm", "3c: twice the width + the best regulariser", heads=2 * BASE_HEADS, regulariser="best"),
     Run("scratch_wide", "scratch", "4: twice the width from step 0, the trunk's + an arm's FLOPs", heads=8),
 ]
 BY_NAME = {run.name: run for run in PLAN}
@@ -633,9 +634,7 @@ def write_status() -> None:
     lines += ["", f"Expected: about {left:.0f} hours of one core for the runs not finished, {left / PARALLEL:.0f} "
               f"wall hours two at a time (the pace of {STEP_S} s a base step and {VALIDATION_S / 60:.0f} minutes a "
               "validation, measured on the trunk beside other work; a run already going has part of its hours behind "
-              "it). The order is the plan's: arm 1 and the regularisers, the grown arms and their second seeds, the "
-              "short trunk, dropout 0.2 beside depth from scratch, the regulariser's arms, the earlier decays, the 2D "
-              "row, width last."]
+              "it). The order is the plan's (`PLAN` in experiments/road_runs.py; its comment says why)."]
     lines += ["", "Kept for a later session: `ckpt/trunk_continuation/` (the branch point, packed), "
               "`ckpt/NAME/last.ckpt` (each unfinished run's newest checkpoint) and `NAME.steps.csv.gz` (its "
               "metrics up to that step); "
