@@ -197,6 +197,9 @@ def plot(figures: dict[str, dict], path: Path) -> None:
     base = flops_per_image()
     figure, (by_epoch, by_flops) = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True)
     trunk = {updates: value for updates, _, value in figures.get("trunk", {}).get("val_curve", [])}
+    # a colour of its own for every run of the plan's curves (19 of them; the default cycle has 10)
+    palette = plt.get_cmap("tab20").colors
+    colour = {run.name: palette[i % len(palette)] for i, run in enumerate(r for r in PLAN if r.kind != "row")}
     for name, f in figures.items():
         if f["kind"] == "row" or not f["val_curve"]:
             continue
@@ -206,7 +209,7 @@ def plot(figures: dict[str, dict], path: Path) -> None:
         xs = [e for _, e, _ in f["val_curve"]]
         ys = [v for _, _, v in f["val_curve"]]
         label = f"{name}{' (going)' if f['going'] else ''}"
-        line, = by_epoch.plot(xs, ys, style, marker=".", label=label)
+        line, = by_epoch.plot(xs, ys, style, marker=".", label=label, color=colour[name])
         compute = compute_axis(f, base)
         by_flops.plot([c for c, _ in compute], [v for _, v in compute], style, marker=".", color=line.get_color())
         if f["val_bpd"] is not None:  # the decayed end
