@@ -125,11 +125,12 @@ SINGLE = {"flip_s0": dict(flip=True), "drop01_s0": dict(dropout=0.1), "drop02_s0
 # In order of what decides most: arm 1 and the regularisers, the grown arms and their second seeds
 # beside arm 1's, the short trunk (the projection's early slope), then what the rule for the grown lineage
 # still waits on: dropout 0.2 (the single regularisers' last, which the regulariser of the grown arm waits
-# for) beside depth from scratch, the grown arm with the best regulariser (whether the grown lineage
-# flips). Then the rows the study lists that no run has covered yet: the 2D row (item 5) and the wide arm
-# with the best regulariser (item 3c). Last, what confirms without deciding: the best regulariser's second
-# seed, flips with dropout, the earlier decays, width's second seed and width from scratch (at equal added
-# FLOPs twice the width ended 0.002 below arm 1 against twice the depth's 0.104, entry 35).
+# for) beside depth from scratch, and the grown arm with the best regulariser (whether the grown lineage
+# flips). Then what the study lists that no run has covered yet: the 2D row (item 5), a second seed of
+# the grown arm with the regulariser (it changed the recipe) and the wide arm with it (item 3c). Last,
+# what confirms without deciding: the best regulariser's second seed, flips with dropout, the earlier
+# decays, width's second seed and width from scratch (at equal added FLOPs twice the width ended 0.002
+# below arm 1 against twice the depth's 0.104, entry 35).
 # A run starts when a slot is free and what it needs has finished.
 PLAN = [
     Run("trunk", "trunk", "50 epochs from step 0; continuation at 40 epochs (the branch point)", end_epochs=50),
@@ -148,6 +149,7 @@ PLAN = [
     Run("deepreg_s0", "arm", "3c: twice the depth + the best regulariser", layers=2 * BASE_LAYERS, regulariser="best"),
     Run("row2d_s0", "row", "5: 2D local attention, entry 33's table", extra=LOCAL_2D),
     Run("row2d_s1", "row", "5: 2D local attention, seed 1", seed=1, extra=LOCAL_2D),
+    Run("deepreg_s1", "arm", "3c, seed 1", seed=1, layers=2 * BASE_LAYERS, regulariser="best"),
     Run("widereg_s0", "arm", "3c: twice the width + the best regulariser", heads=2 * BASE_HEADS, regulariser="best"),
     Run("bestreg_s1", "arm", "2: the best regulariser, seed 1", seed=1, regulariser="best"),
     Run("flipdrop_s0", "arm", "2: flips + the better dropout", flip=True, regulariser="dropout"),

@@ -89,6 +89,8 @@ def lineage_notes(lineage: list[dict]) -> str:
         unbounded = lease.get("val_bpd_without_bounds")
         without = "" if unbounded is None else f" The shipped weights without exact_box_means: {unbounded:.3f}."
         lines.append(f"- Lease {lease['lease']}: validations during training (step: val bits/dim) {curve or '–'}.{without}")
+        if lease.get("random_flip"):
+            lines.append("  - Trained with random left-right flips of its training images (`data.random_flip`).")
         if lease.get("grown"):
             lines.append(f"  - Went on from the previous lease's continuation grown at step {lease['grown']['step']:,} "
                          f"(`bash ops/gpu_lease.sh grow`, imagetx/training/grow.py: the same function, a larger "

@@ -80,6 +80,8 @@ def summary(run: Path, device: str) -> dict:
         "torch": torch.__version__,
         "first_step": meta.get("first_step", 0), "last_step": last["global_step"],
         "images_seen": meta.get("images_seen"),
+        # the data's one training-time choice the model's config does not hold (the card says so)
+        "random_flip": bool(last.get("datamodule_hyper_parameters", {}).get("random_flip")),
         "training_minutes": round((training_seconds(last) or 0.0) / 60, 1),
         "minutes_to_continuation": None if to_continuation is None else round(to_continuation / 60, 4),
         **medians,

@@ -147,13 +147,15 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     assert done.returncode == 0 and "continuation staged: step 8 images 16" in done.stdout, done.stdout + done.stderr
     # on from step 8 to 16: the decay over its last 20 %; the tests alone (the first lease ran `first`); the
     # device tool's limits: wait's call brings the continuation, finish's the model and the figures
-    folders = run_lease(second_env, "--trainer.max_steps", "16", check=(["tests"],))
+    folders = run_lease(second_env, "--trainer.max_steps", "16", "--data.random_flip", "true", check=(["tests"],))
     assert [sorted(p.name for p in folder.iterdir()) for folder in folders] == [
         ["continue.ckpt.part00"], ["model.safetensors.part00", "results.tar"]]
     lineage = bring_home(folders, model, "--device-minutes", "13.1")
     second = lineage[1]
     assert "device_minutes" not in lineage[0] and second["device_minutes"] == 13.1
     assert [entry["lease"] for entry in lineage] == [1, 2]
+    # the second lease flipped its training images, the first did not: the lineage and the card say which
+    assert [entry["random_flip"] for entry in lineage] == [False, True]
     assert second["first_step"] == 8 and second["last_step"] == 16 and second["images_seen"] == 32
     assert second["continuation_step"] == 14  # 16 - round(0.2 x 8)
     assert json.loads((history / "continuation" / "continuation.json").read_text())["step"] == 14
@@ -169,6 +171,8 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     card = (model / "README.md").read_text()
     assert "| 2 |" in card and f"value: {second['val_bpd']:.3f}" in card
     assert minutes_sentence(lineage) in card
+    assert card.count("random left-right flips") == 1  # lease 2's notes only
+    assert card.index("- Lease 2:") < card.index("random left-right flips")
 
 
 def test_the_cards_rows_give_each_leases_training_and_device_minutes():
