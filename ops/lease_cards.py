@@ -144,11 +144,15 @@ repository's `{LINEAGE}/{name}/`: `lineage.json`, each lease's `leases/lease_N/m
 
 
 def generation_card(name: str, lineage: list[dict], minutes: str) -> str:
+    shape = lineage[-1]["shape"]  # the shipped model's (lease_record.model_shape)
+    grown = [str(lease["lease"]) for lease in lineage if lease.get("grown")]
+    source = "`configs/cifar10_dmol_25min.yaml`" + (
+        f"'s model as grown at lease{'s' * (len(grown) > 1)} {', '.join(grown)}" if grown else "")
     return f"""{metadata(name, "unconditional-image-generation", "Unconditional image generation", lineage[-1].get("val_bpd"))}
 # `{name}`: the paper's CIFAR-10 DMOL model, trained a GPU lease at a time
 
-`configs/cifar10_dmol_25min.yaml` (14 layers, d 256, 8 heads, rotary 2D positions, one-row query
-blocks with the row above as memory, DMOL with 10 logistics; 7.4 M parameters), trained on CIFAR-10
+{source} ({shape['n_layers']} layers, d {shape['d_model']}, {shape['n_heads']} heads, rotary 2D positions, one-row query
+blocks with the row above as memory, DMOL with 10 logistics; {shape['parameters'] / 1e6:.1f} M parameters), trained on CIFAR-10
 training images 0–44,999 with warmup–stable–decay: each lease goes on from the previous lease's
 continuation (the state before its decay, in the repository's `{LINEAGE}/{name}/continuation/`)
 and ends with a decay of its own; `model.safetensors` (bf16) is the newest lease's decayed model.

@@ -194,6 +194,7 @@ def home(folders: list[Path], into: Path, notes: list[str] | None = None, suite_
         grown = growth(into / "config.json", scratch / "shipped_config.json", lease["first_step"])
         if grown:  # the lineage's row for it (same lineage, new shape): ops/lease_cards.py
             lease["grown"] = grown
+        lease["shape"] = model_shape(scratch / "shipped_config.json")  # the card's sentence on the model
         shutil.copy(scratch / MODEL, into)
         (into / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         lineage_path = history / "lineage.json"

@@ -171,6 +171,7 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     card = (model / "README.md").read_text()
     assert "| 2 |" in card and f"value: {second['val_bpd']:.3f}" in card
     assert minutes_sentence(lineage) in card
+    assert f"({second['shape']['n_layers']} layers, d {second['shape']['d_model']}, " in card  # the model's own shape
     assert card.count("random left-right flips") == 1  # lease 2's notes only
     assert card.index("- Lease 2:") < card.index("random left-right flips")
 

@@ -19,7 +19,7 @@ from imagetx.io.checkpoint import model_config_of
 from imagetx.io.weights import write_weights
 from imagetx.train import main as train_main
 from imagetx.training.continuation import CONTINUE, MANIFEST, pack
-from ops.lease_cards import table
+from ops.lease_cards import generation_card, table
 from ops.lease_record import growth
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -97,3 +97,7 @@ def test_home_records_a_growth_as_a_row_of_the_card(tmp_path):
     assert rows[2].startswith("| grown | 2026-11-28 |") and "at step 7: layers 1 → 2" in rows[2]
     assert rows[3].startswith("| 2 |")
     assert len({row.count("|") for row in rows}) == 1  # every row has the header's columns
+    # the card's first sentence gives the shipped model's shape, not the preset's
+    card = generation_card("cifar10_gpu", [{**lease, "shape": grown["to"]}], "8.0 GPU minutes")
+    assert "`configs/cifar10_dmol_25min.yaml`'s model as grown at lease 2 (2 layers, d " in card
+    assert f"{grown['to']['parameters'] / 1e6:.1f} M parameters" in card
