@@ -197,7 +197,7 @@ def plot(figures: dict[str, dict], path: Path) -> None:
     base = flops_per_image()
     figure, (by_epoch, by_flops) = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True)
     trunk = {updates: value for updates, _, value in figures.get("trunk", {}).get("val_curve", [])}
-    # a colour of its own for every run of the plan's curves (19 of them; the default cycle has 10)
+    # a colour of its own for each of the plan's curves (20 of them; the default cycle has 10)
     palette = plt.get_cmap("tab20").colors
     colour = {run.name: palette[i % len(palette)] for i, run in enumerate(r for r in PLAN if r.kind != "row")}
     for name, f in figures.items():
