@@ -115,15 +115,15 @@ def model_shape(config_file: Path) -> dict:
             "d_filter": config.d_filter, "dropout": config.dropout, "parameters": parameters}
 
 
-def growth(before: Path, after: Path, step: int) -> dict | None:
+def growth(before: Path, after: dict, step: int) -> dict | None:
     """Where the lease's model has another shape than the shipped one it went on from (its continuation was
     grown, imagetx/training/grow.py: ``gpu_lease.sh grow``): the growth at the lease's first step, from the
-    shape of ``before`` (the shipped config.json) to that of ``after``; None where nothing grew or there
-    was no model before."""
+    shape of ``before`` (the shipped config.json) to ``after`` (the lease's model's ``model_shape``); None
+    where nothing grew or there was no model before."""
     if not before.exists():
         return None
-    old, new = model_shape(before), model_shape(after)
-    return None if old == new else {"step": step, "from": old, "to": new}
+    old = model_shape(before)
+    return None if old == after else {"step": step, "from": old, "to": after}
 
 
 MODEL = "model.safetensors"
@@ -191,10 +191,10 @@ def home(folders: list[Path], into: Path, notes: list[str] | None = None, suite_
             lease["continuation_step"] = None  # the next lease goes on from the continuation already here
         into.mkdir(parents=True, exist_ok=True)
         (scratch / "shipped_config.json").write_text(json.dumps(config, indent=2) + "\n")
-        grown = growth(into / "config.json", scratch / "shipped_config.json", lease["first_step"])
+        lease["shape"] = model_shape(scratch / "shipped_config.json")  # the card's sentence on the model
+        grown = growth(into / "config.json", lease["shape"], lease["first_step"])
         if grown:  # the lineage's row for it (same lineage, new shape): ops/lease_cards.py
             lease["grown"] = grown
-        lease["shape"] = model_shape(scratch / "shipped_config.json")  # the card's sentence on the model
         shutil.copy(scratch / MODEL, into)
         (into / "config.json").write_text(json.dumps(config, indent=2) + "\n")
         lineage_path = history / "lineage.json"

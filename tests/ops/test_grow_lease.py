@@ -20,7 +20,7 @@ from imagetx.io.weights import write_weights
 from imagetx.train import main as train_main
 from imagetx.training.continuation import CONTINUE, MANIFEST, pack
 from ops.lease_cards import generation_card, table
-from ops.lease_record import growth
+from ops.lease_record import growth, model_shape
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
@@ -86,9 +86,9 @@ def test_home_records_a_growth_as_a_row_of_the_card(tmp_path):
         model = tiny_model(head="dmol", norm="pre", n_layers=layers)
         write_weights(tmp_path / name, model.state_dict(), model.config)
         shapes[name] = tmp_path / name / "config.json"
-    assert growth(shapes["before"], shapes["before"], 7) is None  # nothing grew
-    assert growth(tmp_path / "none" / "config.json", shapes["after"], 7) is None  # a first lease
-    grown = growth(shapes["before"], shapes["after"], 7)
+    assert growth(shapes["before"], model_shape(shapes["before"]), 7) is None  # nothing grew
+    assert growth(tmp_path / "none" / "config.json", model_shape(shapes["after"]), 7) is None  # a first lease
+    grown = growth(shapes["before"], model_shape(shapes["after"]), 7)
     assert grown["step"] == 7 and grown["from"]["n_layers"] == 1 and grown["to"]["n_layers"] == 2
     assert grown["to"]["parameters"] > grown["from"]["parameters"]
     lease = {"lease": 2, "date": "2026-11-28", "device": "NVIDIA H200", "training_minutes": 8.0, "first_step": 7,
