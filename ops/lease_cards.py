@@ -181,15 +181,17 @@ Samples of the newest lease's model (seed 0; drawn on its GPU unless its notes s
 """
 
 
-def superres_card(name: str, lineage: list[dict], minutes: str) -> str:
+def superres_card(name: str, config: dict, lineage: list[dict], minutes: str) -> str:
+    shape = lineage[-1]["shape"]  # the shipped model's (lease_record.model_shape)
+    encoder_layers = config["superres"]["encoder_layers"]
     return f"""{metadata(name, "image-to-image", "Super-resolution 8×8 → 32×32", lineage[-1].get("val_bpd"))}
 # `{name}`: 8×8 → 32×32 super-resolution on CIFAR-10, trained a GPU lease at a time
 
-`configs/superres_gpu.yaml`: a 1-layer encoder over the 8×8 input's 192 sub-pixels and the GPU
-recipe's decoder (10 layers, d 256, 8 heads, rotary 2D positions, one-row query blocks with the row
+`configs/superres_gpu.yaml`: a {encoder_layers}-layer encoder over the 8×8 input's 192 sub-pixels and the GPU
+recipe's decoder ({shape['n_layers']} layers, d {shape['d_model']}, {shape['n_heads']} heads, rotary 2D positions, one-row query blocks with the row
 above as memory, DMOL with 10 logistics), each decoder layer adding a map of its pixel's low-res
 encoding (the cell add, started at zero), each pixel reading what the rest of its cell must average
-to (the cell remainder input); 8.0 M parameters. Shipped with `exact_box_means`: every value is
+to (the cell remainder input); {shape['parameters'] / 1e6:.1f} M parameters. Shipped with `exact_box_means`: every value is
 drawn from what keeps its 4×4 cell's mean equal to the input's, so every sample averages back to
 its input exactly. Trained on CIFAR-10 training images 0–44,999 with warmup–stable–decay, each
 lease going on from the previous lease's continuation (in the repository's
@@ -235,7 +237,9 @@ def minutes_sentence(lineage: list[dict]) -> str:
 
 def card(name: str, config: dict, lineage: list[dict]) -> str:
     """The model card of the folder ``name``, whose model has ``config`` (its config.json)."""
-    return (superres_card if is_superres(config) else generation_card)(name, lineage, minutes_sentence(lineage))
+    if is_superres(config):
+        return superres_card(name, config, lineage, minutes_sentence(lineage))
+    return generation_card(name, lineage, minutes_sentence(lineage))
 
 
 def write_card(into: Path, lineage: list[dict] | None = None) -> None:

@@ -256,3 +256,5 @@ def test_a_superres_lease_brings_back_what_its_input_is_worth(dry_env, tmp_path)
     assert (lineage_folder(model) / "continuation" / "continuation.json").is_file()
     card = (model / "README.md").read_text()
     assert "pipeline_tag: image-to-image" in card and f"**{scores[1]:.3f}** | {use['bpd_other_image_input']:.3f} |" in card
+    shape = lease_1["shape"]  # the lease's model's, not the shipped preset's text
+    assert f"the GPU\nrecipe's decoder ({shape['n_layers']} layers, d {shape['d_model']}, {shape['n_heads']} heads," in card
