@@ -61,7 +61,17 @@ def grown_shapes(grown: dict) -> str:
     old, new = grown["from"], grown["to"]
     words = {"n_layers": "layers", "d_model": "d", "n_heads": "heads", "d_filter": "filter", "dropout": "dropout"}
     changed = [f"{words[key]} {old[key]} → {new[key]}" for key in words if old[key] != new[key]]
-    return f"{', '.join(changed)} ({old['parameters'] / 1e6:.1f} M → {new['parameters'] / 1e6:.1f} M parameters)"
+    return f"{', '.join(changed)} ({millions(old['parameters'])} → {millions(new['parameters'])} parameters)"
+
+
+def millions(parameters: int) -> str:
+    return f"{parameters / 1e6:.1f} M"
+
+
+def described_network(shape: dict) -> str:
+    """The GPU recipe's network in words, in the shape of the shipped model (``lease_record.model_shape``)."""
+    return (f"{shape['n_layers']} layers, d {shape['d_model']}, {shape['n_heads']} heads, rotary 2D positions, "
+            "one-row query blocks with the row above as memory, DMOL with 10 logistics")
 
 
 def table(lineage: list[dict], superres: bool) -> str:
@@ -151,9 +161,8 @@ def generation_card(name: str, lineage: list[dict], minutes: str) -> str:
     return f"""{metadata(name, "unconditional-image-generation", "Unconditional image generation", lineage[-1].get("val_bpd"))}
 # `{name}`: the paper's CIFAR-10 DMOL model, trained a GPU lease at a time
 
-{source} ({shape['n_layers']} layers, d {shape['d_model']}, {shape['n_heads']} heads, rotary 2D positions, one-row query
-blocks with the row above as memory, DMOL with 10 logistics; {shape['parameters'] / 1e6:.1f} M parameters), trained on CIFAR-10
-training images 0–44,999 with warmup–stable–decay: each lease goes on from the previous lease's
+{source} ({described_network(shape)}; {millions(shape['parameters'])} parameters),
+trained on CIFAR-10 training images 0–44,999 with warmup–stable–decay: each lease goes on from the previous lease's
 continuation (the state before its decay, in the repository's `{LINEAGE}/{name}/continuation/`)
 and ends with a decay of its own; `model.safetensors` (bf16) is the newest lease's decayed model.
 {len(lineage)} lease(s), {minutes}. Val bits/dim: all 5,000 val images (training images
@@ -188,10 +197,9 @@ def superres_card(name: str, config: dict, lineage: list[dict], minutes: str) ->
 # `{name}`: 8×8 → 32×32 super-resolution on CIFAR-10, trained a GPU lease at a time
 
 `configs/superres_gpu.yaml`: a {encoder_layers}-layer encoder over the 8×8 input's 192 sub-pixels and the GPU
-recipe's decoder ({shape['n_layers']} layers, d {shape['d_model']}, {shape['n_heads']} heads, rotary 2D positions, one-row query blocks with the row
-above as memory, DMOL with 10 logistics), each decoder layer adding a map of its pixel's low-res
+recipe's decoder ({described_network(shape)}), each decoder layer adding a map of its pixel's low-res
 encoding (the cell add, started at zero), each pixel reading what the rest of its cell must average
-to (the cell remainder input); {shape['parameters'] / 1e6:.1f} M parameters. Shipped with `exact_box_means`: every value is
+to (the cell remainder input); {millions(shape['parameters'])} parameters. Shipped with `exact_box_means`: every value is
 drawn from what keeps its 4×4 cell's mean equal to the input's, so every sample averages back to
 its input exactly. Trained on CIFAR-10 training images 0–44,999 with warmup–stable–decay, each
 lease going on from the previous lease's continuation (in the repository's
