@@ -22,7 +22,7 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from .cli.shipped import resolve
-from .cli.common import check_device, parse, parser_for, run_or_exit
+from .cli.common import check_device, check_given_rows, parse, parser_for, run_or_exit
 from .cli.data_options import add_data_arguments, add_split_argument, data_reader
 from .codec.bits_map import MAP_IMAGES, write_bits_maps
 from .data.sources import check_fits, tensors
@@ -55,8 +55,7 @@ def run(args: Namespace) -> dict:
     model = load_model(resolve(args.ckpt), map_location=args.device)  # pretrained/...: also from an installed wheel
     cfg = model.config
     rows = args.rows if args.task == "complete" else 0
-    if not 0 <= rows < cfg.image_size:  # all rows given would leave nothing to score
-        raise ValueError(f"--rows {rows} is invalid: give 0..{cfg.image_size - 1} rows")
+    check_given_rows(rows, cfg.image_size)
     model.given_steps(rows)  # the rule for rows in 2D blocks, checked before the data is read
     data = data_reader(args, cfg.image_size).split(args.split)
     check_fits(data, cfg.image_size, cfg.num_classes, checkpoint=True)

@@ -31,7 +31,7 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from .cli.shipped import resolve
-from .cli.common import Number, check_device, parse, parser_for, run_or_exit
+from .cli.common import Number, check_device, check_given_rows, parse, parser_for, run_or_exit
 from .cli.data_options import add_data_arguments, add_split_argument, data_reader
 from .data.sources import check_fits, tensors
 from .io.atomic import check_writable
@@ -84,8 +84,7 @@ def check_request(args: Namespace, model: ImageTransformer) -> None:
     for temperature in [args.temperature, *args.temperatures]:
         check_temperature(temperature)
     if args.task == "complete":
-        if not 0 <= args.rows <= cfg.image_size:
-            raise ValueError(f"--rows {args.rows} is outside 0..{cfg.image_size}")
+        check_given_rows(args.rows, cfg.image_size)
         model.given_steps(args.rows)  # the rule for rows in 2D blocks, checked before any sampling
     if args.label is not None:  # without --label a class-conditional model draws every class in turn
         check_labels(torch.tensor([args.label]), 1, cfg.num_classes, name="--label")

@@ -72,6 +72,14 @@ def check_device(device: str | torch.device) -> None:
                          f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
 
 
+def check_given_rows(rows: int, image_size: int) -> None:
+    """``--rows`` for completion (sample and evaluate alike): 0..image_size - 1, since all rows given
+    would leave nothing to complete or score; a ValueError saying so otherwise."""
+    if not 0 <= rows < image_size:
+        raise ValueError(f"--rows {rows} is invalid: give 0..{image_size - 1} rows "
+                         f"(all {image_size} rows given would leave nothing to complete)")
+
+
 class Number(float):
     """A float option that also reads 'nan' and 'inf' (jsonargparse's float does not), so
     that the command can refuse them with its own message."""

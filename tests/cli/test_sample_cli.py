@@ -136,10 +136,12 @@ def test_a_photo_is_prepared_as_the_folder_conversion_prepares_a_training_image(
     np.testing.assert_array_equal(original, converted.numpy())
 
 
-def test_error_rows_out_of_range(tmp_path, capsys, ckpt, data_root):
-    err = run_error(capsys, ["--ckpt", str(ckpt), "--task", "complete", "--rows", "40",
+@pytest.mark.parametrize("rows", [SIDE + 8, SIDE, -1])  # SIDE: every row given, nothing left to complete
+def test_error_rows_out_of_range(tmp_path, capsys, ckpt, data_root, rows):
+    err = run_error(capsys, ["--ckpt", str(ckpt), "--task", "complete", "--rows", str(rows),
                              "--data.root", str(data_root[0]), "--out", str(tmp_path / "o")])
-    assert "--rows 40" in err
+    assert f"--rows {rows}" in err and f"0..{SIDE - 1}" in err  # the range evaluate takes too
+    assert not (tmp_path / "o").exists()
 
 
 @pytest.mark.parametrize("args,needle", [
