@@ -13,11 +13,13 @@ from ..data.sources import SPLITS, Reader
 
 
 def add_data_arguments(parser: ArgumentParser) -> None:
-    """The ``--data.*`` options that evaluate and sample share with training (``--val_size``
-    is their own: the same meaning as ``--data.val_size`` in training)."""
+    """The ``--data.*`` options that evaluate and sample share with training, ``--data.val_size``
+    among them (DataOptions lacks it: the DataModule takes it itself); ``--val_size``, its older
+    spelling here, is kept so that earlier commands still run."""
     parser.add_class_arguments(DataOptions, "data")
-    parser.add_argument("--val_size", type=int | None, default=None,
-                        help="images held out of training for val, as in training (default: the source's)")
+    parser.add_argument("--data.val_size", type=int | None, default=None,
+                        help="images held out of training for val: give the training run's value (default: the source's)")
+    parser.add_argument("--val_size", type=int | None, default=None, help="the same as --data.val_size")
 
 
 def add_split_argument(parser: ArgumentParser) -> None:
@@ -33,5 +35,11 @@ def data_reader(args: Namespace, image_size: int) -> Reader:
     """The data that ``add_data_arguments`` names, for a model of ``image_size`` (a folder is
     converted to that size; whether other data fits is ``sources.check_fits``'s to say)."""
     data = args.data
-    return Reader(data.source, data.root, args.val_size, image_size, crop=data.crop, resize=data.resize,
-                  cache=data.cache, rebuild=data.rebuild, val_size_from="--val_size")
+    val_size, val_size_from = data.val_size, "--data.val_size"
+    if args.val_size is not None:
+        if val_size is not None and val_size != args.val_size:
+            raise ValueError(f"--data.val_size {val_size} and --val_size {args.val_size} disagree: "
+                             "give one of them (--data.val_size, as training takes it)")
+        val_size, val_size_from = args.val_size, "--val_size"
+    return Reader(data.source, data.root, val_size, image_size, crop=data.crop, resize=data.resize,
+                  cache=data.cache, rebuild=data.rebuild, val_size_from=val_size_from)

@@ -103,3 +103,23 @@ def test_evaluate_and_sample_read_the_same_split_by_default():
     from imagetx import sample
 
     assert build_parser().get_defaults().split == sample.build_parser().get_defaults().split == "val"
+
+
+@pytest.mark.parametrize("flag", ["--data.val_size", "--val_size"])  # training's spelling, and the older one
+def test_val_size_is_taken_as_training_takes_it(tmp_path, capsys, flag):
+    model = tiny_model(seed=3, image_size=32, head="dmol", query_block_length=64)
+    save_pretrained(model, tmp_path / "model")
+    held_out = 5  # fewer than the 12 training images written, and not the default (5,000)
+    write_cifar_npz(tmp_path / "data", train_sizes=(6, 6))
+    result = run_evaluate(capsys, ["--ckpt", str(tmp_path / "model"), "--data.root", str(tmp_path / "data"),
+                                   "--split", "val", flag, str(held_out), "--device", "cpu"])
+    assert result["images"] == held_out
+
+
+def test_val_sizes_that_disagree_are_refused(tmp_path, capsys):
+    _, ckpt, root, _, _ = setup_model_and_data(tmp_path, head="dmol", query_block_length=64)
+    with pytest.raises(SystemExit) as info:
+        main(["--ckpt", str(ckpt), "--data.root", str(root), "--data.val_size", "2", "--val_size", "1"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "--data.val_size 2" in err and "--val_size 1" in err
