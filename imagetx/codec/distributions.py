@@ -14,7 +14,11 @@ quantised to integers that encoder and decoder compute identically:
 Everything is computed in float64 on the CPU from the step's float parameters, then turned
 into integers by one rounding (``quantise``); the rest is integer arithmetic. The same
 parameters give the same integers, so encoder and decoder agree exactly as long as they run
-the same decoding computation (``coder.py`` sees to that).
+the same decoding computation (``coder.py`` sees to that). The float64 step uses no libm and
+no BLAS: its exp, log, sigmoid, softmax and sums are ``float64``'s, IEEE basic operations in a
+fixed order, so it gives the same bits on every CPU, under any of ATen's kernels and either
+of glibc's variants (FMA or not); only the float32 network before it depends on the
+arithmetic settings (arithmetic.py).
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from torch import Tensor
 
 from ..model.config import HALF_RANGE, LEVELS
 from ..model.heads import HALF_BIN, DMOLHead
+from . import float64
 
 # The integer frequencies of one distribution sum to 2**PRECISION. 24 bits is the precision of
 # constriction's default range coder (32-bit words, 24-bit probabilities), so the integers pass
@@ -54,7 +59,7 @@ def quantise(probs: Tensor) -> Tensor:
 
 def categorical_probs(logits: Tensor) -> Tensor:
     """(N, 256) logits -> (N, 256) float64 probabilities."""
-    return torch.softmax(logits.double(), dim=-1)
+    return float64.softmax(logits.double())
 
 
 class PixelDistributions:
@@ -67,8 +72,8 @@ class PixelDistributions:
     def __init__(self, head: DMOLHead, params: Tensor) -> None:
         logits, means, log_scales, coeffs = head.split(params.double())  # (N, K), (N, 3, K) each
         self.means, self.coeffs = means, coeffs
-        self.inv_scales = torch.exp(-log_scales)  # (N, 3, K)
-        self.log_weights = torch.log_softmax(logits, dim=-1)  # (N, K): the posterior, before any channel
+        self.inv_scales = float64.exp(-log_scales)  # (N, 3, K)
+        self.log_weights = float64.log_softmax(logits)  # (N, K): the posterior, before any channel
         self.levels: list[Tensor] = []  # (N,) long, R then G
         self.bins = torch.arange(LEVELS, dtype=torch.float64) / HALF_RANGE - 1.0  # each level's bin centre
         self.edges = (self.bins[:-1] + HALF_BIN)[None, None, :]  # the upper edge of every level but the last
@@ -94,9 +99,12 @@ class PixelDistributions:
             raise ValueError(f"channel {channel} asked before channels 0..{channel - 1} were observed")
         mean = self.coupled_mean(channel)  # (N, K)
         inv_s = self.inv_scales[:, channel]
-        # (edge − m)·e^−s for every component and edge, (N, K, 255), in one pass
-        standard = torch.addcmul((-mean * inv_s)[:, :, None], inv_s[:, :, None], self.edges)
-        cdf = torch.bmm(self.log_weights.exp()[:, None, :], standard.sigmoid_())[:, 0]  # (N, 255)
+        # (edge − m)·e^−s for every component and edge, (N, K, 255): −m·e^−s + e^−s·edge, one product
+        # and one sum each (as addcmul computes it without an FMA)
+        standard = (-mean * inv_s)[:, :, None] + inv_s[:, :, None] * self.edges
+        # the mixture's CDF, Σ_k w_k·σ(standard_k), (N, 255): summed over k in a fixed order
+        weighted = float64.exp(self.log_weights)[:, :, None] * float64.sigmoid(standard)
+        cdf = float64.tree_sum(weighted, 1)
         count = cdf.shape[0]
         below, above = cdf.new_zeros(count, 1), cdf.new_ones(count, 1)
         return torch.diff(cdf, prepend=below, append=above).clamp(min=0.0)
@@ -108,8 +116,8 @@ class PixelDistributions:
         centered = (levels.double() / HALF_RANGE - 1.0)[:, None] - self.coupled_mean(channel)
         upper = inv_s * (centered + HALF_BIN)
         lower = inv_s * (centered - HALF_BIN)
-        log_sigmoid = torch.nn.functional.logsigmoid
-        interior = log_sigmoid(upper) + log_sigmoid(-lower) + torch.log(-torch.expm1(-2.0 * HALF_BIN * inv_s))
+        log_sigmoid = float64.logsigmoid
+        interior = log_sigmoid(upper) + log_sigmoid(-lower) + float64.log(-float64.expm1(-2.0 * HALF_BIN * inv_s))
         lowest, highest = (levels == 0)[:, None], (levels == LEVELS - 1)[:, None]
         return torch.where(lowest, log_sigmoid(upper), torch.where(highest, log_sigmoid(-lower), interior))
 
@@ -117,5 +125,5 @@ class PixelDistributions:
         """The channel's levels (N,) long, known: the components' posterior takes them in."""
         if channel != len(self.levels):
             raise ValueError(f"observe channel {channel} after channels 0..{channel - 1}")
-        self.log_weights = torch.log_softmax(self.log_weights + self.level_log_mass(channel, levels), dim=-1)
+        self.log_weights = float64.log_softmax(self.log_weights + self.level_log_mass(channel, levels))
         self.levels.append(levels)
