@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
-from .cli.common import parse, parser_for, run_or_exit
+from .cli.common import check_not_taken, parse, parser_for, run_or_exit
 from .io.atomic import check_writable
 from .io.hub import save_pretrained
 from .io.load import load_model, with_exact_box_means
@@ -55,10 +55,7 @@ def files_to_write(out: Path, force: bool) -> list[Path]:
     has none, a model card (save_pretrained keeps the one there). Files of those names already
     there are refused unless ``force``: they may be the user's."""
     files = [out / WEIGHTS_FILE, out / CONFIG_FILE]
-    taken = [str(path) for path in files if path.exists()]
-    if taken and not force:
-        raise ValueError(f"--out {out} already holds {' and '.join(taken)}: add --force to replace "
-                         f"{'them' if len(taken) > 1 else 'it'}, or choose another --out")
+    check_not_taken(out, files, force)
     return files + ([] if (out / CARD_FILE).exists() else [out / CARD_FILE])
 
 

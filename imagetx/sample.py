@@ -15,7 +15,9 @@ Inputs come from a data split (``--data.source``, ``--data.root``, ``--split``) 
 of any size, prepared as the folder conversion prepares a training image (``--data.crop``,
 ``--data.resize``; what was done is printed; files too large, not images or damaged are refused
 with the reason, ``imagetx.data.images.read_picture``). A JSON summary (files, seconds, seconds
-of sampling, images/s) is written beside the grids and printed as the last line.
+of sampling, images/s) is written beside the grids and printed as the last line. Each task writes
+``OUT/<task>.png`` and ``OUT/<task>.json``; where those exist already the command refuses before any
+work unless ``--force`` (then they are replaced): an earlier grid is never lost silently.
 Settings can also come from a YAML file: ``--config FILE``.
 """
 
@@ -31,7 +33,7 @@ import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from .cli.shipped import resolve
-from .cli.common import Number, check_device, check_given_rows, parse, parser_for, run_or_exit
+from .cli.common import Number, check_device, check_given_rows, check_not_taken, parse, parser_for, run_or_exit
 from .cli.data_options import add_data_arguments, add_split_argument, data_reader
 from .data.sources import check_fits, tensors
 from .io.atomic import check_writable
@@ -62,7 +64,10 @@ def build_parser() -> ArgumentParser:
                         help="1: the model's own distribution; lower: plainer, more likely values; 0: the most likely")
     parser.add_argument("--temperatures", type=Number, nargs="+", default=[0.8, 0.9, 1.0], help="for superres")
     parser.add_argument("--seed", type=int, default=0, help="the same seed draws the same samples")
-    parser.add_argument("--out", type=str, default="samples", help="output directory")
+    parser.add_argument("--out", type=str, default="samples",
+                        help="output directory: OUT/<task>.png and OUT/<task>.json are written there")
+    parser.add_argument("--force", type=bool, nargs="?", const=True, default=False,
+                        help="replace the <task>.png and <task>.json an earlier run left in --out (else refused)")
     parser.add_argument("--scale", type=int, default=GRID_SCALE,
                         help="grids enlarged this many times with nearest neighbours (1: the raw pixels)")
     parser.add_argument("--images", type=str, nargs="+", default=None,
@@ -74,8 +79,8 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def check_request(args: Namespace, model: ImageTransformer) -> None:
-    cfg = model.config
+def check_arguments(args: Namespace) -> None:
+    """What can be refused before the model is read: counts, scale, temperatures."""
     for option, value in (("--count", args.count), ("--samples", args.samples)):
         if value < 1:
             raise ValueError(f"{option} {value} is invalid: give 1 or more")
@@ -83,6 +88,11 @@ def check_request(args: Namespace, model: ImageTransformer) -> None:
         raise ValueError(f"--scale {args.scale} is invalid: enlarge the grids 1 (the raw pixels) or more times")
     for temperature in [args.temperature, *args.temperatures]:
         check_temperature(temperature)
+
+
+def check_request(args: Namespace, model: ImageTransformer) -> None:
+    """What the model must be able to serve: rows, a label, the task."""
+    cfg = model.config
     if args.task == "complete":
         check_given_rows(args.rows, cfg.image_size)
         model.given_steps(args.rows)  # the rule for rows in 2D blocks, checked before any sampling
@@ -136,10 +146,13 @@ def each_repeated(tensor: torch.Tensor | None, times: int) -> torch.Tensor | Non
 
 
 def run(args: Namespace) -> dict:
+    check_arguments(args)
+    grid_file, summary_file = Path(args.out) / f"{args.task}.png", Path(args.out) / f"{args.task}.json"
+    check_not_taken(Path(args.out), [grid_file, summary_file], args.force)  # before the model loads
     check_device(args.device)
     model = load_model(resolve(args.ckpt), map_location=args.device)  # pretrained/...: also from an installed wheel
     check_request(args, model)
-    out = check_writable(args.out, "--out")
+    check_writable(args.out, "--out")
     cfg, device = model.config, args.device
     generator = torch.Generator(device=device).manual_seed(args.seed)
     started, produced, grids = time.perf_counter(), 0, []
@@ -151,7 +164,7 @@ def run(args: Namespace) -> dict:
                         generator=generator, progress=True)
         sampling_seconds = time.perf_counter() - sampling_started
         produced = args.count
-        grids.append(save_grid(list(images.split(IMAGES_PER_ROW)), out / "generate.png", args.scale))
+        grids.append(save_grid(list(images.split(IMAGES_PER_ROW)), grid_file, args.scale))
     else:
         inputs, given_labels = load_inputs(args, cfg)
         count = len(inputs)
@@ -174,7 +187,7 @@ def run(args: Namespace) -> dict:
         produced = count * per_input
         drawn = drawn.view(count, per_input, *drawn.shape[1:])
         rows = [torch.cat([first_column[i : i + 1], drawn[i], inputs[i : i + 1]]) for i in range(count)]
-        grids.append(save_grid(rows, out / f"{args.task}.png", args.scale))
+        grids.append(save_grid(rows, grid_file, args.scale))
 
     seconds = time.perf_counter() - started
     summary = {"task": args.task, "files": [str(p) for p in grids], "images": produced,
@@ -182,7 +195,7 @@ def run(args: Namespace) -> dict:
                "images_per_sec": round(produced / seconds, 3),
                "temperature": args.temperature if args.task != "superres" else args.temperatures,
                "seed": args.seed, "ckpt": str(args.ckpt)}
-    (out / f"{args.task}.json").write_text(json.dumps(summary, indent=2))
+    summary_file.write_text(json.dumps(summary, indent=2))
     return summary
 
 

@@ -4,7 +4,8 @@ check of ``--device``, and one way to fail on bad input (train parses through Li
 Bad input (a setting, a file, a checkpoint, a request the model cannot serve) ends the
 command with one line ``error: <the problem and the fix>`` on stderr and exit code 2;
 ``IMAGETX_DEBUG=1`` raises instead, with the whole traceback. A command stopped by Ctrl-C ends
-with one line ``stopped: ...`` and exit code 130.
+with one line ``stopped: ...`` and exit code 130; a training run stopped by another signal (SIGTERM,
+SIGUSR1: training/interrupt.py) with exit code 128 + that signal's number, as shells report it.
 """
 
 from __future__ import annotations
@@ -37,14 +38,24 @@ class ConfigError(ValueError):
 BAD_INPUT = (ConfigError, DataError, CheckpointError, FloatingPointError, OSError, ValueError)
 
 
-# The exit code of a command stopped by Ctrl-C, as shells report one: 128 + the signal's number (130).
-INTERRUPTED_EXIT = 128 + signal.SIGINT
+# The exit code of a command stopped by a signal, as shells report one: 128 + the signal's number
+# (Ctrl-C: 130; SIGTERM: 143).
+SIGNAL_EXIT_BASE = 128
+INTERRUPTED_EXIT = SIGNAL_EXIT_BASE + signal.SIGINT
+
+
+class Stopped(KeyboardInterrupt):
+    """A command stopped by the signal ``signum``, its words what was kept and how to go on."""
+
+    def __init__(self, message: str, signum: int = signal.SIGINT) -> None:
+        super().__init__(message)
+        self.signum = signum
 
 
 def run_or_exit(command: Callable[[], T]) -> T:
     """``command()``, turning bad input into one ``error:`` line and exit code 2, and Ctrl-C into
     one ``stopped:`` line (the interrupt's own words, where a command gave it some: what was kept
-    and how to go on) and exit code ``INTERRUPTED_EXIT``."""
+    and how to go on) and exit code ``INTERRUPTED_EXIT`` (a ``Stopped`` by another signal: 128 + its number)."""
     try:
         return command()
     except BAD_INPUT as error:
@@ -56,7 +67,7 @@ def run_or_exit(command: Callable[[], T]) -> T:
         if os.environ.get("IMAGETX_DEBUG"):
             raise
         print("stopped: " + (" ".join(str(interrupt).split()) or "interrupted (Ctrl-C)"), file=sys.stderr)
-        sys.exit(INTERRUPTED_EXIT)
+        sys.exit(SIGNAL_EXIT_BASE + getattr(interrupt, "signum", signal.SIGINT))
 
 
 def check_device(device: str | torch.device) -> None:
@@ -70,6 +81,15 @@ def check_device(device: str | torch.device) -> None:
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
         raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
                          f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+
+
+def check_not_taken(out: Path, files: list[Path], force: bool) -> None:
+    """Refuse to write over ``files`` (in the folder ``--out`` names) unless ``force``: they may be
+    the user's, or results of an earlier run worth keeping. Checked before any work."""
+    taken = [str(path) for path in files if path.exists()]
+    if taken and not force:
+        raise ValueError(f"--out {out} already holds {' and '.join(taken)}: add --force to replace "
+                         f"{'them' if len(taken) > 1 else 'it'}, or choose another --out")
 
 
 def check_given_rows(rows: int, image_size: int) -> None:

@@ -286,3 +286,15 @@ def test_a_bad_picture_is_refused_in_one_line(tmp_path, capsys, ckpt, name):
     err = run_error(capsys, ["--ckpt", str(ckpt), "--task", "complete", "--images", str(path),
                              "--out", str(tmp_path / "o")])
     assert name in err and said in err
+
+
+def test_an_earlier_grid_is_refused_without_force_and_replaced_with_it(tmp_path, capsys, ckpt):
+    out = tmp_path / "out"
+    args = ["--ckpt", str(ckpt), "--task", "generate", "--count", "1", "--out", str(out), "--device", "cpu"]
+    run_ok(capsys, [*args, "--seed", "1"])
+    earlier = (out / "generate.png").read_bytes(), (out / "generate.json").read_text()
+    err = run_error(capsys, [*args, "--seed", "2"])
+    assert str(out / "generate.png") in err and "--force" in err
+    assert ((out / "generate.png").read_bytes(), (out / "generate.json").read_text()) == earlier  # nothing written
+    summary, _ = run_ok(capsys, [*args, "--seed", "2", "--force"])
+    assert summary["seed"] == 2 and json.loads((out / "generate.json").read_text())["seed"] == 2
