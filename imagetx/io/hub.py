@@ -8,7 +8,8 @@ folder or a Hub repository, ``push_to_hub`` uploads the folder::
     save_pretrained(model, "my-model")                 # my-model/: model.safetensors, config.json, README.md
     push_to_hub(model, "you/my-model")                 # the same folder, to the Hub
 
-A local folder is read as it is (nothing is downloaded); of a Hub repository only the two files
+A local folder is read as it is (nothing is downloaded); ``pretrained/NAME``, as the README names a
+shipped model, is found from any folder (``cli.shipped.resolve``, as the commands find it); of a Hub repository only the two files
 are downloaded, into huggingface_hub's cache, then read as a folder, with the same checks. A name
 meant as a local path that names no folder (``pretrained/typo``) is refused as such, not looked up
 on the Hub.
@@ -23,6 +24,7 @@ from pathlib import Path
 import torch
 from huggingface_hub import HfApi, ModelCard, ModelCardData, snapshot_download
 
+from ..cli.shipped import resolve, shipped_folder
 from ..model.transformer import ImageTransformer
 from .errors import CheckpointError
 from .weights import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, model_from_folder, write_weights
@@ -63,9 +65,11 @@ def from_pretrained(name_or_path: str | os.PathLike, map_location: str | torch.d
     """The model in a local folder (``save_pretrained``, ``imagetx.export``), or in a Hub
     repository (``push_to_hub``; ``hub_options``: huggingface_hub's ``revision``, ``token``,
     ``cache_dir``, ``force_download``, ``local_files_only``), in eval mode on ``map_location``,
-    in float32 whatever precision the folder stores. Any failure is one CheckpointError."""
-    if Path(name_or_path).is_dir():
-        return model_from_folder(name_or_path, map_location)
+    in float32 whatever precision the folder stores. ``pretrained/NAME`` that is not a folder here is
+    the shipped model of that name. Any failure is one CheckpointError."""
+    folder = resolve(os.fspath(name_or_path))
+    if Path(folder).is_dir():
+        return model_from_folder(folder, map_location)
     if meant_as_local_path(name_or_path):
         raise CheckpointError(f"{name_or_path}: no such folder (a local path: its first folder exists here, or it "
                               "starts with /, ./, ../ or ~); a Hub repository is named by its id, owner/name")
@@ -81,11 +85,13 @@ def from_pretrained(name_or_path: str | os.PathLike, map_location: str | torch.d
 def meant_as_local_path(name: str | os.PathLike) -> bool:
     """Whether ``name`` can only be a path on this machine: a Path, absolute, starting with ./, ../
     or ~, more than one '/' (a Hub id is owner/name), or whose first part is a folder here
-    (pretrained/typo, where pretrained/ exists). Anything else may be a Hub repository id."""
+    (pretrained/typo, where pretrained/ exists), or the shipped models' folder (pretrained/typo from
+    any folder). Anything else may be a Hub repository id."""
     text = os.fspath(name)
     if isinstance(name, Path) or text.startswith(("/", "./", "../", "~")) or text.count("/") != 1:
         return True
-    return Path(text.split("/")[0]).is_dir()
+    first = text.split("/")[0]
+    return Path(first).is_dir() or (first == "pretrained" and shipped_folder(first).is_dir())
 
 
 def push_to_hub(model: ImageTransformer, repo_id: str, *, token: str | None = None, private: bool | None = None,

@@ -252,6 +252,23 @@ def test_a_missing_local_path_is_refused_as_such_without_asking_the_hub(tmp_path
     assert asked == ["someone/typo"]
 
 
+def test_the_readmes_shipped_model_names_open_from_any_folder(tmp_path, monkeypatch):
+    """The README's ``from_pretrained("pretrained/completion")`` run outside the repository (no
+    pretrained/ here) opens the shipped model, as the commands' --ckpt does, without the Hub; a
+    mistyped shipped name is refused as a missing folder, not looked up on the Hub."""
+    shipped = Path(__file__).resolve().parents[2] / "pretrained" / "completion"
+    monkeypatch.chdir(tmp_path)
+    asked = []
+    monkeypatch.setattr("imagetx.io.hub.snapshot_download", lambda repo_id, **options: asked.append(repo_id))
+    expected = load_model(shipped).state_dict()
+    for opened in (from_pretrained("pretrained/completion"), load_model("pretrained/completion")):
+        assert opened.state_dict().keys() == expected.keys()
+        assert all(torch.equal(opened.state_dict()[name], expected[name]) for name in expected)
+    with pytest.raises(CheckpointError, match="no such folder"):
+        from_pretrained("pretrained/completoin")
+    assert asked == []
+
+
 def test_resume_from_a_weights_folder_is_refused(tmp_path, capsys, data_root):
     folder = tmp_path / "weights"
     save_pretrained(tiny_model(image_size=32, head="dmol"), folder)
