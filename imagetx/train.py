@@ -1,8 +1,8 @@
 """``python -m imagetx.train``: LightningCLI training with YAML presets (docs/model.md §8).
 
     python -m imagetx.train --config configs/quick.yaml [--data.root DIR] [--trainer.max_steps N]
-                            [--resume last|PATH] [--init_from WEIGHTS] [--wandb auto|online|offline|disabled]
-                            [--checkpoint_every_n_steps N]
+                            [--resume auto|last|PATH] [--init_from WEIGHTS] [--wandb auto|online|offline|disabled]
+                            [--checkpoint_every_n_steps N] [--checkpoint_every_minutes M] [--collective_timeout S]
 
 No subcommand: it always fits. The data takes the model's image size and classes from
 ``--model.config`` (linked; a folder is converted to that size), so they are set once.
@@ -16,10 +16,14 @@ the model's FLOP/s (imagetx/model/flops.py) and, on a device whose peak is known
 ``train/device/mfu`` (imagetx/training/throughput.py).
 
 Crashes: ``last.ckpt`` is rewritten (atomically) at every validation, every
-``--checkpoint_every_n_steps`` optimiser steps and at the step where training stops, so a
-killed run loses at most that many steps; ``--resume last`` continues it exactly where the
-checkpoint was taken (data/datamodule.py: the training order; training/module.py: the dropout of each step).
-Ctrl-C ends the step under way, writes ``last.ckpt`` there, says so in one line and exits 130.
+``--checkpoint_every_n_steps`` optimiser steps, every ``--checkpoint_every_minutes`` and at the step
+where training stops, so a killed run loses at most that many steps or minutes; ``--resume last``
+continues it exactly where the checkpoint was taken (data/datamodule.py: the training order;
+training/module.py: the dropout of each step), and ``--resume auto`` does where there is a
+``last.ckpt`` and starts the run where there is none: the one command a requeued job reruns.
+Ctrl-C, SIGTERM and SIGUSR1 end the step under way on every process, write ``last.ckpt`` there, say
+so in one line and exit 128 + the signal (130, 143, 138; training/interrupt.py). A process that
+waits ``--collective_timeout`` seconds for the others (one hung or dead) ends the run in one line.
 
 From the command line, training on the CPU takes one torch thread per core that other jobs leave
 free, and says so in one line (training/threads.py; ``OMP_NUM_THREADS`` decides instead).
@@ -34,7 +38,9 @@ from dataclasses import fields
 from operator import attrgetter
 import logging
 import shlex
+import signal
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -45,7 +51,7 @@ from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
 
-from .cli.common import ConfigError, HelpFormatter, program, run_or_exit
+from .cli.common import ConfigError, HelpFormatter, Stopped, program, run_or_exit
 from .cli.errors import describe_parse_error
 from .cli.shipped import resolve_config_args
 from .data.datamodule import ImageDataModule
@@ -56,11 +62,13 @@ from .model.config import ModelConfig
 from .model.flops import count_flops
 from .training.budget import BudgetHorizon, run_budget
 from .training.callbacks import ContinuationCheckpoint, LastCheckpoint, count_images
-from .training.interrupt import Interruption, ctrl_c_ends_the_step
+from .training.interrupt import StopRequested, StopSignals, requeue, stop_signals_end_the_step
 from .training.checkpoint_io import AtomicCheckpointIO
 from .training.module import ImageTransformerModule
 from .training.nonfinite import NonFiniteLossError
-from .training.resume import checkpoint_to_resume, interrupted_at, last_good_checkpoint, refuse_finished
+from .training.distributed import CollectiveTimeout, DEFAULT_COLLECTIVE_TIMEOUT, ddp_with_timeout, timed_out
+from .training.resume import (AUTO, FinishedRun, checkpoint_to_resume, last_good_checkpoint, refuse_finished,
+                              stopped_at)
 from .training.threads import choose_training_threads
 from .training.throughput import ThroughputWithPeak
 from .training.tracking import WANDB_MODES, make_loggers
@@ -70,6 +78,17 @@ from .training.warm_start import start_from
 
 # What the data takes from the model (ImageDataModule.FROM_MODEL): {data key: model option}.
 LINKED = {f"data.{key}": f"--model.config.{key}" for key in ImageDataModule.FROM_MODEL}
+
+
+# How long a temporary file in checkpoints/ must have been left before this process started to be
+# deleted as a killed write's: the other processes of a run start within seconds of each other, and
+# one of them may be writing (joining a packed continuation) while another starts.
+STALE_AFTER_SECONDS = 60.0
+STARTED = time.time()
+
+
+class NothingToDo(Exception):
+    """``--resume auto`` in a folder whose run has finished: the same command, rerun, succeeds."""
 
 
 def refuse_to_overwrite(root: Path, resume: str | None) -> None:
@@ -226,7 +245,8 @@ class ImagetxCLI(LightningCLI):
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_argument("--resume", type=str | None, default=None, help="continue a run: 'last' "
-                            "(<default_root_dir>/checkpoints/last.ckpt), a checkpoint path, or a continuation "
+                            "(<default_root_dir>/checkpoints/last.ckpt), 'auto' (last.ckpt where there is one, else "
+                            "start the run: the command a requeued job reruns), a checkpoint path, or a continuation "
                             "(checkpoints/continue.ckpt, or its packed folder) to train on with a new budget")
         parser.add_argument("--init_from", type=str | None, default=None, help="start a new run from the weights "
                             "of another model with this run's decoder (a weights folder, checkpoint or continuation), "
@@ -237,6 +257,12 @@ class ImagetxCLI(LightningCLI):
         parser.add_argument("--checkpoint_every_n_steps", type=int, default=1000,
                             help="also write last.ckpt every N optimiser steps (a crash loses at most N steps); "
                                  "0 = only at validations")
+        parser.add_argument("--checkpoint_every_minutes", type=float, default=10.0,
+                            help="also write last.ckpt at the first step end M minutes after it was last written "
+                                 "(a killed run loses at most M minutes); 0 = not on the clock")
+        parser.add_argument("--collective_timeout", type=float, default=DEFAULT_COLLECTIVE_TIMEOUT,
+                            help="with several processes (--trainer.strategy ddp): seconds a process waits for the "
+                                 "others at a collective before the run ends, naming it (a hung or dead process)")
         parser.set_defaults({"trainer.default_root_dir": "runs/default"})
         # From the model as built, its config's defaults filled in (a config left out is None
         # until then).
@@ -259,6 +285,12 @@ class ImagetxCLI(LightningCLI):
         every = self.config.checkpoint_every_n_steps
         if every < 0:
             raise ValueError(f"--checkpoint_every_n_steps {every} is invalid: give N >= 1, or 0 for validations only")
+        if self.config.checkpoint_every_minutes < 0:
+            raise ConfigError(f"--checkpoint_every_minutes {self.config.checkpoint_every_minutes} is invalid: give "
+                              "minutes > 0, or 0 for none on the clock")
+        if self.config.collective_timeout <= 0:
+            raise ConfigError(f"--collective_timeout {self.config.collective_timeout} is invalid: give seconds > 0 "
+                              f"(default {DEFAULT_COLLECTIVE_TIMEOUT:.0f}: long enough to compile the model)")
         if self.config.resume is not None and self.config.init_from is not None:
             raise ConfigError("--resume and --init_from both given: --resume continues a run (its weights included); "
                               "--init_from starts a new one from another model's weights. Give one")
@@ -270,9 +302,15 @@ class ImagetxCLI(LightningCLI):
         refuse_to_overwrite(root, self.config.resume)
         if self.config.resume is not None:
             max_time = self.config.trainer.max_time
-            refuse_finished(self.config.resume, root, self.config.trainer.max_steps,
-                            None if max_time is None else Timer(duration=max_time).time_remaining())
-        remove_stale_temporaries(root / CHECKPOINT_DIR)  # from a run killed mid-write
+            try:
+                refuse_finished(self.config.resume, root, self.config.trainer.max_steps,
+                                None if max_time is None else Timer(duration=max_time).time_remaining())
+            except FinishedRun as finished:
+                if self.config.resume == AUTO:
+                    raise NothingToDo(str(finished).split(": nothing is left")[0]) from None
+                raise
+        # from a run killed mid-write, not from this run's other processes starting beside this one
+        remove_stale_temporaries(root / CHECKPOINT_DIR, written_before=STARTED - STALE_AFTER_SECONDS)
 
     def val_size_for_source(self) -> None:
         """A ``data.val_size`` from a ``--config`` file holds for the source that file was written for:
@@ -312,18 +350,22 @@ class ImagetxCLI(LightningCLI):
         callbacks += [
             ModelCheckpoint(dirpath=root / CHECKPOINT_DIR, filename="best-{step}", monitor="val/bpd", save_top_k=1,
                             auto_insert_metric_name=False, enable_version_counter=False),
-            LastCheckpoint(root / CHECKPOINT_DIR, self.config.checkpoint_every_n_steps),
+            LastCheckpoint(root / CHECKPOINT_DIR, self.config.checkpoint_every_n_steps,
+                           self.config.checkpoint_every_minutes),
             ContinuationCheckpoint(root / CHECKPOINT_DIR),
             LearningRateMonitor(logging_interval="step"),
             BudgetHorizon(),
             ThroughputWithPeak(batch_size_fn=count_images, window_size=10),
-            Interruption(),
+            StopSignals(),
         ]
         if configured.enable_model_summary is not False:  # (a summary callback with it False is refused)
             callbacks.append(CountedModelSummary())
         if configured.logger in (None, True):
             kwargs.setdefault("logger", make_loggers(root, self.config.wandb, self.config.wandb_project))
         kwargs.setdefault("plugins", configured.plugins or [AtomicCheckpointIO()])
+        strategy = ddp_with_timeout(configured.strategy, self.config.collective_timeout)
+        if strategy is not None:
+            kwargs.setdefault("strategy", strategy)
         return super().instantiate_trainer(callbacks=callbacks, **kwargs)
 
 
@@ -348,7 +390,11 @@ def train(args: list[str] | None = None, choose_threads: bool = False) -> None:
     """Train as ``args`` say (None: the command line). ``choose_threads``: set torch's CPU threads
     for the run (training/threads.py); the command line does, a Python caller keeps its own."""
     quiet_known_warnings()
-    cli = make_cli(args)
+    try:
+        cli = make_cli(args)
+    except NothingToDo as finished:
+        print(f"finished: {finished}; nothing is left to train (--resume auto)")
+        return
     try:
         run_training(cli, choose_threads)
     except BaseException:
@@ -359,25 +405,35 @@ def train(args: list[str] | None = None, choose_threads: bool = False) -> None:
 def run_training(cli: ImagetxCLI, choose_threads: bool) -> None:
     """``train``'s work once the command line is read: the checks, then Lightning's fit."""
     root = Path(cli.trainer.default_root_dir)
-    ckpt_path = checkpoint_to_resume(cli.config.resume, root, cli.model.config, run_budget(cli.trainer))
+    ckpt_path = checkpoint_to_resume(cli.config.resume, root, cli.model.config, run_budget(cli.trainer),
+                                     cli.datamodule.hparams)
     if cli.config.init_from is not None:
         print(start_from(cli.model.model, cli.config.init_from))
     check_data_first(cli)
     if choose_threads and cli.trainer.strategy.root_device.type == "cpu":
         rank_zero_info(choose_training_threads(cli.trainer.num_devices))
-    interruption = next(callback for callback in cli.trainer.callbacks if isinstance(callback, Interruption))
+    stop = next(callback for callback in cli.trainer.callbacks if isinstance(callback, StopSignals))
     try:
-        with ctrl_c_ends_the_step(interruption, cli.trainer):
+        with stop_signals_end_the_step(stop):
             # checkpoint_to_resume has read the file weights-only; Lightning must read it no other way
             cli.trainer.fit(cli.model, cli.datamodule, ckpt_path=ckpt_path, weights_only=True)
     except NonFiniteLossError as error:
         raise NonFiniteLossError(f"{error}; {last_good_checkpoint(root)}") from error
+    except StopRequested:
+        pass  # the validation Lightning runs at a stop, skipped: said below
     except SystemExit:
-        if interruption.step is None:
+        if stop.step is None:
             raise
-        raise KeyboardInterrupt(interrupted_at(root, interruption.step)) from None  # run_or_exit: one line, 130
-    if interruption.requested:  # a stop with no validation after it (none configured, or the last)
-        raise KeyboardInterrupt(interrupted_at(root, cli.trainer.global_step))
+        # a second Ctrl-C, inside a step (Lightning exits 1): one line, 130
+        raise Stopped(stopped_at(root, stop.step, signal.SIGINT, cli.config.resume)) from None
+    except BaseException as error:
+        if timed_out(error):
+            raise CollectiveTimeout(cli.trainer, cli.config.collective_timeout) from error
+        raise
+    if stop.agreed is not None:  # stopped by a signal, last.ckpt written at the stop
+        said = stopped_at(root, cli.trainer.global_step, stop.agreed, cli.config.resume)
+        requeued = requeue(cli.trainer, stop.agreed)
+        raise Stopped(said if requeued is None else f"{said}; {requeued}", stop.agreed)
     if cli.trainer.is_global_zero:
         last = root / CHECKPOINT_DIR / LAST
         print(f"checkpoints in {last.parent}; evaluate with: {evaluate_command(last, cli.config.data)}")
@@ -406,7 +462,12 @@ def main(args: list[str] | None = None) -> None:
         sys.argv[1:] = resolved  # (LightningCLI warns when given args while sys.argv has some)
     elif resolved != given:
         args = resolved
-    run_or_exit(lambda: train(args, choose_threads=command_line))
+    try:
+        run_or_exit(lambda: train(args, choose_threads=command_line))
+    except CollectiveTimeout as error:
+        print(f"error: {error}", file=sys.stderr)
+        error.end_started_processes()
+        sys.exit(1)
 
 
 if __name__ == "__main__":

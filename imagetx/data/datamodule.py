@@ -61,11 +61,21 @@ class TrainOrder(DistributedSampler):
         self.next_epoch_loaded = False  # the loaded state was that of a finished epoch
 
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "samples": self.taken}
+        return {"epoch": self.epoch, "samples": self.taken, "replicas": self.num_replicas}
 
     def load_state_dict(self, state: dict[str, int]) -> None:
+        """The place of a checkpoint (``state_dict``), refused mid-epoch when the checkpoint's run had
+        another number of processes: its place is a count of each process's share, which another
+        share-out does not continue (images would be repeated or skipped). At an epoch's end any
+        number goes on exactly: the next epoch is shared out afresh."""
         epoch, taken = state["epoch"], state["samples"]
-        self.next_epoch_loaded = taken >= len(self)
+        replicas = state.get("replicas", self.num_replicas)  # older checkpoints: taken as this run's
+        finished = taken >= -(-len(self.dataset) // replicas)  # each process's share of an epoch, rounded up
+        if replicas != self.num_replicas and taken and not finished:
+            raise DataError(f"the checkpoint was written by a run of {replicas} processes in the middle of an "
+                            f"epoch, this run has {self.num_replicas}: resume with {replicas} (devices x nodes), "
+                            "or from a checkpoint at an epoch's end")
+        self.next_epoch_loaded = taken >= len(self) or finished
         if self.next_epoch_loaded:
             epoch, taken = epoch + 1, 0
         self.set_epoch(epoch)

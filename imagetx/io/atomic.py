@@ -57,6 +57,27 @@ def remove_stale_temporaries(directory: str | os.PathLike, written_before: float
     return removed
 
 
+@contextmanager
+def exclusive(lock: str | os.PathLike) -> Iterator[None]:
+    """The block run by one process at a time among those that take the same ``lock`` file (an
+    advisory ``flock``: the processes of a machine, and of several where the filesystem shares
+    locks, as NFS 4 does); where there is no ``fcntl`` (Windows), unguarded. For start-up file work
+    that every process of a run would otherwise do at once: a later one would delete an earlier
+    one's half-written file."""
+    try:
+        import fcntl
+    except ImportError:  # not POSIX
+        yield
+        return
+    Path(lock).parent.mkdir(parents=True, exist_ok=True)
+    with open(lock, "a") as handle:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+
+
 def check_writable(directory: str | os.PathLike, setting: str) -> Path:
     """Create ``directory`` if needed and prove it can be written, or raise one clear
     OSError naming ``setting``, the option that chooses another."""

@@ -17,6 +17,7 @@ that samples from a model. The best checkpoint by ``val/bpd`` is Lightning's Mod
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import lightning as L
@@ -33,8 +34,11 @@ from .continuation import CONTINUE
 
 class LastCheckpoint(Checkpoint):
     """Writes ``<dirpath>/last.ckpt`` every ``every_n_steps`` optimiser steps (0: never on a
-    count), after every validation, at the training step where the run stops (max_steps,
-    max_time, a callback's ``should_stop``), and at the end of the last epoch.
+    count), at the first step end ``every_minutes`` after it was last written (0: never on the
+    clock), after every validation, at the training step where the run stops (max_steps,
+    max_time, a stop signal, a callback's ``should_stop``), and at the end of the last epoch.
+    The clock is ModelCheckpoint's ``train_time_interval`` for this file: a killed run (SIGKILL, a
+    lost machine) loses at most that many minutes, however long its steps.
 
     Kept: ModelCheckpoint(save_last=True) writes the stopping step's last.ckpt after the loop has
     closed the epoch, and a run resumed from it counts that epoch as done (its order and dropout
@@ -42,10 +46,11 @@ class LastCheckpoint(Checkpoint):
     (docs/training.md, "Crashes"; tests/training/test_reliability_resume.py).
     A ``Checkpoint``, so Lightning runs it after the other callbacks (the Timer among them)."""
 
-    def __init__(self, dirpath: str | Path, every_n_steps: int = 0) -> None:
+    def __init__(self, dirpath: str | Path, every_n_steps: int = 0, every_minutes: float = 0) -> None:
         self.path = Path(dirpath) / LAST
-        self.every_n_steps = every_n_steps
+        self.every_n_steps, self.every_seconds = every_n_steps, every_minutes * 60
         self.saved_step = -1
+        self.saved_at = time.monotonic()  # the clock starts with the run
 
     def save(self, trainer) -> None:
         # The same decision on every rank: save_checkpoint waits for all of them.
@@ -53,12 +58,19 @@ class LastCheckpoint(Checkpoint):
             # weights_only here is Lightning's save option (False: the optimiser and loop state
             # too, for --resume), not torch.load's; every load in imagetx is weights-only.
             trainer.save_checkpoint(self.path, weights_only=False)
-            self.saved_step = trainer.global_step
+            self.saved_step, self.saved_at = trainer.global_step, time.monotonic()
+
+    def time_is_up(self, trainer) -> bool:
+        """Whether ``every_minutes`` have passed, by any process's clock: one decision for all."""
+        if not self.every_seconds:
+            return False
+        due = time.monotonic() - self.saved_at >= self.every_seconds
+        return trainer.strategy.reduce_boolean_decision(due, all=False)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         step = trainer.global_step
         if (self.every_n_steps and step % self.every_n_steps == 0) or trainer.should_stop \
-                or 0 < trainer.max_steps <= step:
+                or 0 < trainer.max_steps <= step or self.time_is_up(trainer):
             self.save(trainer)
 
     def on_validation_end(self, trainer, pl_module) -> None:

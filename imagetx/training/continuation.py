@@ -28,13 +28,14 @@ is built from").
 from __future__ import annotations
 
 import argparse
+import hashlib
 import io
 import json
 from pathlib import Path
 
 import torch
 
-from ..io.atomic import atomic_write
+from ..io.atomic import atomic_write, exclusive
 from ..io.checkpoint import load_weights_only
 from ..io.errors import CheckpointError
 from ..io.parts import mib_to_part_bytes, read_parts, write_parts
@@ -110,8 +111,31 @@ def is_packed(path: Path) -> bool:
 def unpack(folder: str | Path, to: str | Path, option: str = "--resume") -> Path:
     """Join a packed continuation's parts into the checkpoint file ``to``, refusing (one
     CheckpointError line, naming the ``option`` that gave the folder) a folder whose parts are
-    missing, cut short or changed."""
+    missing, cut short or changed. Every process of a run calls it: the first joins the file, the
+    others find it joined (the same size and SHA-256) and leave it."""
     folder, to = Path(folder), Path(to)
+    with exclusive(to.parent / f".{to.name}.lock"):
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+            if to.is_file() and joined_already(to, manifest):
+                return to
+        except (OSError, KeyError, TypeError, json.JSONDecodeError):
+            pass  # read again below, where the failure is named
+        return join(folder, to, option)
+
+
+def joined_already(path: Path, manifest: dict) -> bool:
+    """Whether ``path`` holds the file that ``manifest`` describes (its size, then its SHA-256)."""
+    if path.stat().st_size != int(manifest["bytes"]):
+        return False
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest() == manifest["sha256"]
+
+
+def join(folder: Path, to: Path, option: str) -> Path:
     try:
         manifest = json.loads((folder / MANIFEST).read_text())
         data = read_parts(folder, manifest)

@@ -1,47 +1,109 @@
-"""Ctrl-C during training: the step under way ends, ``last.ckpt`` is written there, and the run
-stops with one line (``train.run_training``)."""
+"""Stopping a training run by a signal without losing a step (``train.run_training``).
+
+SIGINT (Ctrl-C), SIGTERM (what SLURM, Kubernetes and cloud preemption send, and torchrun passes on)
+and SIGUSR1 (SLURM's usual warning before a time limit: ``#SBATCH --signal=SIGUSR1@90``) only ask
+to stop. The step under way ends; at that step boundary every process agrees on the stop (one
+small collective a step, where there are several); ``LastCheckpoint`` writes ``last.ckpt`` there,
+once, atomically; and the command ends with one ``stopped:`` line and exit status 128 + the
+signal's number (130, 143, 138), so that a scheduler, torchrun or a retry loop reads a stop, not a
+success. Rerunning the same command with ``--resume auto`` goes on exactly. Under SLURM with
+Lightning's ``SLURMEnvironment(auto_requeue=True)`` (its default there), a stop by the
+environment's requeue signal requeues the job once the checkpoint is written (``requeue``).
+
+A second Ctrl-C stops at once, inside the step, with ``last.ckpt`` as last written: a checkpoint
+taken inside a step would hold a batch drawn from the training order but not trained on. A second
+SIGTERM changes nothing (torchrun passes on to its workers the SIGTERM they may have had already).
+
+Kept: Lightning's own SIGTERM handler (trainer/connectors/signal_connector.py, 2.6) broadcasts from
+inside the signal handler, which deadlocked 4 of 5 two-process runs with a rank in the training
+step's all-reduce, writes no checkpoint and ends the run with exit status 0; it is replaced once
+Lightning has set it (``on_sanity_check_start``, ``on_train_start``), and Lightning puts back the
+handler it found, this one, when fit ends.
+"""
 
 from __future__ import annotations
 
+import os
+import shutil
 import signal
+import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from lightning.pytorch import Trainer
+import torch
+from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
-class Interruption(Callback):
-    """Ctrl-C during ``fit``. The first only asks to stop (``request``: the SIGINT handler that
-    ``ctrl_c_ends_the_step`` sets for the fit): the step under way ends, and at its end this callback
-    sets ``trainer.should_stop``, at which ``LastCheckpoint`` (a Checkpoint: Lightning runs it after
-    this callback) writes last.ckpt, as at any stop, so that nothing is lost and ``--resume last``
-    goes on exactly. The validation Lightning runs at a stop is skipped: a KeyboardInterrupt at its
-    start. A second Ctrl-C (Python's handler again) stops at once, inside the step, with last.ckpt
-    as last written: a checkpoint taken inside a step would hold a batch drawn from the training
-    order but not trained on, which a resumed run would skip.
+class StopRequested(Exception):
+    """Raised at the start of the validation Lightning runs at a stop, to skip it: a preempted
+    process has seconds left (SLURM's warning, Kubernetes' grace period), not a validation's worth."""
 
-    Lightning catches the KeyboardInterrupt, shuts down and exits with code 1 (``sys.exit(1)``),
-    which ``train`` turns into one ``stopped:`` line and exit 130; ``on_exception`` is Lightning's
-    hook for an exception in fit."""
+
+class StopSignals(Callback):
+    """Turns a stop signal into a stop at the end of the step under way, agreed by every process.
+
+    ``signum``: the first stop signal this process received; ``agreed``: the one every process
+    stops for (the highest number any received), once agreed; ``step``: the step at which a second
+    Ctrl-C stopped the run inside a step (Lightning's KeyboardInterrupt)."""
 
     def __init__(self) -> None:
-        self.step: int | None = None  # the step at the interrupt, once there was one
-        self.requested = False  # Ctrl-C was pressed: stop at the end of the step under way
-        self.previous_handler = signal.default_int_handler  # what a second Ctrl-C calls
+        self.signum: int | None = None
+        self.agreed: int | None = None
+        self.step: int | None = None
+        self.previous: dict[int, object] = {}  # the handlers found before ``install``
 
     def request(self, signum: int, frame) -> None:
-        self.requested = True
-        signal.signal(signal.SIGINT, self.previous_handler)
+        if self.signum is None:
+            self.signum = signum
+        if signum == signal.SIGINT:  # a second Ctrl-C: Python's handler, a KeyboardInterrupt in the step
+            previous = self.previous.get(signal.SIGINT)
+            signal.signal(signal.SIGINT, previous if callable(previous) else signal.default_int_handler)
+
+    def install(self) -> None:
+        """This callback's handler for every stop signal (from the main thread only: Python's rule)."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum in STOP_SIGNALS:
+            if signum == signal.SIGINT and self.signum == signal.SIGINT:
+                continue  # Ctrl-C was pressed once already: the next one stops at once
+            if signal.getsignal(signum) != self.request:
+                self.previous.setdefault(signum, signal.getsignal(signum))
+                signal.signal(signum, self.request)
+
+    def restore(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self.previous.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self.previous = {}
+
+    # Lightning sets its SIGTERM handler after restoring the checkpoint, just before the sanity check
+    # and the training loop: this one goes back in its place.
+    def on_sanity_check_start(self, trainer, pl_module) -> None:
+        self.install()
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.install()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if self.requested:
-            trainer.should_stop = True
+        if (batch_idx + 1) % trainer.accumulate_grad_batches:
+            return  # inside an accumulation: a stop waits for the optimiser step
+        received = self.signum or 0
+        if trainer.world_size > 1:  # the same decision on every process, at the same step
+            received = int(trainer.strategy.reduce(torch.tensor(received, device=pl_module.device), reduce_op="max"))
+        if received:
+            self.agreed = received
+            trainer.should_stop = True  # LastCheckpoint (a Checkpoint: run after this) writes last.ckpt here
+            rank_zero_info(f"{signal.Signals(received).name} received: stopping after step {trainer.global_step}, "
+                           "writing last.ckpt")
 
     def on_validation_start(self, trainer, pl_module) -> None:
-        if self.requested:
-            raise KeyboardInterrupt
+        if self.agreed is not None:
+            raise StopRequested
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if isinstance(exception, KeyboardInterrupt):
@@ -49,17 +111,32 @@ class Interruption(Callback):
 
 
 @contextmanager
-def ctrl_c_ends_the_step(interruption: Interruption, trainer: Trainer) -> Iterator[None]:
-    """Ctrl-C handled by ``interruption.request`` inside the block, Python's handler (or the one
-    that was set) again after it. One process only: with several, each would stop at the step its
-    own Ctrl-C came in, and the others would wait for it; there Lightning's own handling stays."""
-    if trainer.world_size > 1 or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.getsignal(signal.SIGINT)
-    interruption.previous_handler = signal.default_int_handler if previous is None else previous
-    signal.signal(signal.SIGINT, interruption.request)
+def stop_signals_end_the_step(stop: StopSignals) -> Iterator[None]:
+    """``stop``'s handlers inside the block (set again by the callback once Lightning has set its own),
+    the handlers found before it after it."""
+    stop.install()
     try:
         yield
     finally:  # Lightning ignores Ctrl-C once it has caught one (SIG_IGN): undone here too
-        signal.signal(signal.SIGINT, interruption.previous_handler)
+        stop.restore()
+
+
+def requeue(trainer, signum: int) -> str | None:
+    """Requeue the SLURM job this run is part of when ``signum`` is the requeue signal of Lightning's
+    ``SLURMEnvironment`` with ``auto_requeue`` on (its default under SLURM), as Lightning would have:
+    ``scontrol requeue JOB``, from the first process, after the checkpoint is written. Returns what
+    was done, in words, or None where nothing was to be done."""
+    environment = getattr(trainer.strategy, "cluster_environment", None)
+    if not isinstance(environment, SLURMEnvironment) or not environment.auto_requeue:
+        return None
+    if signum != (environment.requeue_signal or signal.SIGUSR1) or not trainer.is_global_zero:
+        return None
+    array_job, array_task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    job = f"{array_job}_{array_task}" if array_job and array_task else os.environ.get("SLURM_JOB_ID")
+    scontrol = shutil.which("scontrol")
+    if not job or scontrol is None:
+        return f"SLURM job {job} not requeued: scontrol not found; resubmit the same command"
+    done = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True)
+    if done.returncode != 0:
+        return f"SLURM job {job} not requeued (scontrol: {done.stderr.strip() or done.returncode}); resubmit it"
+    return f"SLURM job {job} requeued: it reruns this command"

@@ -13,6 +13,11 @@ is its continuation checkpoint, written just before the decay (continuation.py).
 with the budget it has already spent, which Lightning would end at once, is refused before the
 loggers start, naming the way on (``refuse_finished``).
 
+``--resume auto`` is the form a requeued job, a restarted pod or a retry loop reruns unchanged: it
+resumes ``last.ckpt`` where the run folder holds one, and starts the run where it holds none; a
+folder whose run has another model or other data is refused (``check_same_data``), and a run that
+has finished says so and ends with exit status 0 (``FinishedRun``).
+
 A checkpoint of another model than the run's preset (a grown continuation, grow.py) resumes with the
 settings ``settings_to_resume`` names, which the refusal quotes and a script reads one a line:
 
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import signal
 from pathlib import Path
 
 import yaml
@@ -38,14 +44,51 @@ from .continuation import CONTINUE, MANIFEST, TIMER_STATE, is_packed, unpack
 from .presets import dotted_fields, preset_model_config
 
 JOINED = "continued-from.ckpt"  # a packed continuation, joined, under the new run's checkpoints/
+AUTO = "auto"  # --resume auto: last.ckpt where there is one, else a new run
+# The data options that make a run's images what they are: a folder resumed with ``--resume auto``
+# must have been trained on the same (``check_same_data``).
+SAME_DATA = ("source", "root", "val_size", "random_flip", "crop", "resize", "batch_size")
+
+
+class FinishedRun(CheckpointError):
+    """``--resume`` of a run that has spent its budget (``refuse_finished``)."""
+
+
+def resolve_auto(resume: str | None, root: Path) -> str | None:
+    """``--resume auto`` as what it means in ``root``: 'last' where ``root`` holds a ``last.ckpt``,
+    else None (a new run); any other value as given."""
+    if resume != AUTO:
+        return resume
+    return "last" if (root / CHECKPOINT_DIR / LAST).is_file() else None
+
+
+def check_same_data(path: Path, checkpoint: dict, data: dict) -> None:
+    """Refuse, in one line, to go on with ``data`` (this run's data options) from ``checkpoint``
+    where a ``SAME_DATA`` option differs from the one it was trained with (a data root as the same
+    folder, however written): the folder holds another run than this command's."""
+    stored = checkpoint.get("datamodule_hyper_parameters") or {}
+
+    def same(key, there, here) -> bool:
+        if key == "root" and there is not None and here is not None:
+            return Path(there).resolve() == Path(here).resolve()
+        return there == here
+
+    differ = [f"data.{key}={stored[key]!r} there, {data.get(key)!r} here" for key in SAME_DATA
+              if key in stored and not same(key, stored[key], data.get(key))]
+    if differ:
+        raise CheckpointError(f"--resume auto: {path} was trained on other data ({'; '.join(differ)}): rerun "
+                              "the command that started it, resume with --resume last to go on with these "
+                              "settings, or give a new --trainer.default_root_dir")
 
 
 def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
-                         budget: dict | None = None) -> str | None:
-    """The checkpoint ``--resume`` names ('last': ``root/checkpoints/last.ckpt``; a packed
-    continuation folder: its parts joined), checked: it exists, is readable, is imagetx's, holds
-    the training state and the same model configuration as this run, and, with another ``budget``
-    than its run's (budget.run_budget), its learning rate has not begun to decay."""
+                         budget: dict | None = None, data: dict | None = None) -> str | None:
+    """The checkpoint ``--resume`` names ('last': ``root/checkpoints/last.ckpt``; 'auto': that one
+    where it exists, else None; a packed continuation folder: its parts joined), checked: it exists,
+    is readable, is imagetx's, holds the training state and the same model configuration as this
+    run (for 'auto' the same ``data`` too), and, with another ``budget`` than its run's
+    (budget.run_budget), its learning rate has not begun to decay."""
+    given, resume = resume, resolve_auto(resume, root)
     if resume is None:
         return None
     path = root / CHECKPOINT_DIR / LAST if resume == "last" else Path(resume)
@@ -70,6 +113,8 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
         raise CheckpointError(f"--resume {path}: the checkpoint's model differs from this run's "
                               f"({'; '.join(differ[:3])}): resume with the configuration it was trained with "
                               f"({settings}), or start a new run elsewhere")
+    if given == AUTO and data is not None:
+        check_same_data(path, checkpoint, data)
     check_budget(path, checkpoint, budget)
     return str(path)
 
@@ -118,7 +163,11 @@ def refuse_finished(resume: str, root: Path, max_steps: int, max_time: float | N
     """Refuse ``--resume`` of a run that has spent this budget (``max_steps``; ``max_time`` in
     seconds, None: none): Lightning would restore it and stop at once, after the loggers had begun
     a csv version and a W&B run. Checked before they start; the line says how to train on. A
-    checkpoint that cannot be read is ``checkpoint_to_resume``'s to refuse, with its reasons."""
+    checkpoint that cannot be read is ``checkpoint_to_resume``'s to refuse, with its reasons. Raises
+    ``FinishedRun``, which ``--resume auto`` turns into a success (imagetx.train)."""
+    resume = resolve_auto(resume, root)
+    if resume is None:
+        return
     path = root / CHECKPOINT_DIR / LAST if resume == "last" else Path(resume)
     if not path.is_file():
         return
@@ -145,8 +194,8 @@ def refuse_finished(resume: str, root: Path, max_steps: int, max_time: float | N
     else:
         how = (f"its learning rate has decayed and it has no {CONTINUE}: start a new run from its weights "
                f"with --init_from {path} --trainer.default_root_dir NEW")
-    raise CheckpointError(f"--resume {resume}: {path} is a finished run ({spent}): nothing is left to train with "
-                          f"this budget; {how}")
+    raise FinishedRun(f"--resume {resume}: {path} is a finished run ({spent}): nothing is left to train with "
+                      f"this budget; {how}")
 
 
 def saved_step(root: Path) -> int | None:
@@ -167,13 +216,16 @@ def last_good_checkpoint(root: Path) -> str:
             "last, perhaps with a lower --model.peak_lr or --trainer.gradient_clip_val")
 
 
-def interrupted_at(root: Path, step: int) -> str:
-    """What a run stopped by Ctrl-C after ``step`` steps kept, and how to go on, in words."""
+def stopped_at(root: Path, step: int, signum: int, resume: str | None) -> str:
+    """What a run stopped by the signal ``signum`` after ``step`` steps kept, and how to go on, in
+    words; ``resume``: the run's ``--resume``, which says whether the same command goes on."""
+    what = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"preempted ({signal.Signals(signum).name})"
     saved = saved_step(root)
     if saved is None:
-        return f"training interrupted (Ctrl-C) after step {step}, before any checkpoint was written: start it again"
-    return (f"training interrupted (Ctrl-C) after step {step}; {root / CHECKPOINT_DIR / LAST} holds step {saved}: "
-            "continue with --resume last")
+        return f"training {what} after step {step}, before any checkpoint was written: start it again"
+    how = "rerun the same command to go on" if resume == AUTO else \
+        "go on with the same command and --resume auto (or --resume last)"
+    return f"training {what} after step {step}; {root / CHECKPOINT_DIR / LAST} holds step {saved}: {how}"
 
 
 def stored_model_config(source: Path) -> ModelConfig:

@@ -60,8 +60,8 @@ def test_a_training_stopped_by_ctrl_c_says_so_in_one_line_and_exits_130(tmp_path
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.strip()]
     last = run_dir / "checkpoints" / "last.ckpt"
-    assert lines[-1] == (f"stopped: training interrupted (Ctrl-C) after step 3; {last} holds step {saved}: continue "
-                         "with --resume last"), lines
+    assert lines[-1] == (f"stopped: training interrupted (Ctrl-C) after step 3; {last} holds step {saved}: go on "
+                         "with the same command and --resume auto (or --resume last)"), lines
     assert "Traceback" not in err and not any(line.startswith("error:") for line in lines)
     assert "Detected KeyboardInterrupt" not in caplog.text  # Lightning's line: ours says more
     # The way on that the line names works: the run ends as asked, as the uninterrupted run did.

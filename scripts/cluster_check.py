@@ -1,0 +1,251 @@
+"""What a cluster does to a training run, done to a real one: 2 gloo processes on the CPU, started
+by Lightning's launcher (``--trainer.devices 2 --trainer.strategy ddp``) or by torchrun.
+
+    python -m scripts.cluster_check sigterm --launcher lightning --trials 10 --json sigterm_lightning.json
+    python -m scripts.cluster_check sigterm --launcher torchrun --trials 10 --json sigterm_torchrun.json
+    python -m scripts.cluster_check hung --launcher lightning --timeout 10 --json hung.json
+
+``sigterm``: each trial starts the run in a session of its own, waits a random time into training,
+sends SIGTERM to every process of the session (what SLURM or a pod's end does), and checks: the
+command ended by itself (no deadlock, within ``DEADLINE``), with exit status 143, one ``stopped:``
+line naming step N, and ``last.ckpt`` at step N; then the same command again, which must end where
+an uninterrupted run ends, bitwise (weights, optimiser, schedule, loader state). ``hung``: stops one
+process with SIGSTOP mid-run and times how long the job takes to end, with what line.
+Prints a line a trial and writes the figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import yaml
+
+STEPS = 60  # steps of a run: 3 epochs of the data below, so that stops fall inside and across epochs
+TRAIN_IMAGES, VAL_IMAGES = 80, 4  # 80 / (2 processes x batch 2): 20 steps an epoch
+STEP_SECONDS = 0.15  # each step slowed to this (SlowSteps below), so that a signal lands mid-run
+DEADLINE = 120.0  # seconds a stopped run may take to end before it counts as deadlocked
+
+SLOW_STEPS = '''
+import time
+import lightning as L
+
+class SlowSteps(L.Callback):
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def on_train_batch_end(self, *args) -> None:
+        time.sleep(self.seconds)
+'''
+
+
+def write_run(folder: Path) -> Path:
+    """Data (npz shards), the callback module and the run's YAML under ``folder``; returns the YAML."""
+    rng = np.random.default_rng(0)
+    data = folder / "data"
+    data.mkdir(parents=True)
+    images = rng.integers(0, 256, size=(TRAIN_IMAGES + VAL_IMAGES, 32, 32, 3), dtype=np.uint8)
+    np.savez(data / "train-0.npz", images=images, labels=np.zeros(len(images), dtype=np.uint8))
+    (folder / "slow_steps.py").write_text(SLOW_STEPS)
+    config = {
+        "seed_everything": 0,
+        "trainer": {"max_steps": STEPS, "val_check_interval": 25, "check_val_every_n_epoch": None,
+                    "limit_val_batches": 1, "num_sanity_val_steps": 0, "enable_progress_bar": False,
+                    "enable_model_summary": False, "log_every_n_steps": 5,
+                    "callbacks": [{"class_path": "slow_steps.SlowSteps", "init_args": {"seconds": STEP_SECONDS}}]},
+        "model": {"config": {"image_size": 32, "head": "dmol", "mixture_components": 2, "n_layers": 1,
+                             "d_model": 16, "d_filter": 32, "dropout": 0.1, "position_encoding": "learned",
+                             "attention": {"n_heads": 2, "kind": "local_1d", "query_block_length": 256}},
+                  "optimizer": "adam_noam", "peak_lr": 0.003, "warmup_steps": 5},
+        "data": {"root": str(data), "batch_size": 2, "eval_batch_size": 2, "val_size": VAL_IMAGES,
+                 "random_flip": True},
+        "checkpoint_every_n_steps": 0,  # last.ckpt only where the run stops (and at validations)
+    }
+    path = folder / "run.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
+def command(launcher: str, config: Path, run_dir: Path, extra: tuple[str, ...] = ()) -> list[str]:
+    train = ["--config", str(config), "--trainer.default_root_dir", str(run_dir), "--resume", "auto",
+             "--wandb", "disabled", "--trainer.accelerator", "cpu", "--trainer.devices", "2",
+             "--trainer.strategy", "ddp", *extra]
+    if launcher == "torchrun":
+        return [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
+                str(free_port()), "-m", "imagetx.train", *train]
+    return [sys.executable, "-m", "imagetx.train", *train]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def environment(folder: Path) -> dict[str, str]:
+    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))}
+    env.pop("MASTER_PORT", None)
+    return env
+
+
+def state(run_dir: Path) -> dict:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+
+
+def same_training_state(a: dict, b: dict) -> bool:
+    """Weights, optimiser, schedule and loader state equal, bitwise."""
+    def equal(x, y) -> bool:
+        if isinstance(x, torch.Tensor):
+            return isinstance(y, torch.Tensor) and x.dtype == y.dtype and torch.equal(x, y)
+        if isinstance(x, dict):
+            return isinstance(y, dict) and x.keys() == y.keys() and all(equal(x[k], y[k]) for k in x)
+        if isinstance(x, (list, tuple)):
+            return isinstance(y, (list, tuple)) and len(x) == len(y) and all(map(equal, x, y))
+        return x == y
+
+    loader = lambda c: c["loops"]["fit_loop"]["state_dict"]["combined_loader"]  # noqa: E731
+    return (a["global_step"] == b["global_step"] and all(equal(a[k], b[k]) for k in
+            ("state_dict", "optimizer_states", "lr_schedulers")) and equal(loader(a), loader(b)))
+
+
+def run_to_end(launcher: str, config: Path, run_dir: Path, env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run(command(launcher, config, run_dir), env=env, capture_output=True, text=True,
+                          timeout=600, cwd=config.parent)
+
+
+def sigterm_trial(launcher: str, config: Path, run_dir: Path, env: dict, reference: dict, wait: float) -> dict:
+    """One stop by SIGTERM to every process after ``wait`` seconds of training, then the same command."""
+    process = subprocess.Popen(command(launcher, config, run_dir), env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True, cwd=config.parent)
+    marker = run_dir / "csv"  # written once training has begun logging
+    started = time.monotonic()
+    while not marker.exists() and process.poll() is None and time.monotonic() - started < DEADLINE:
+        time.sleep(0.05)
+    time.sleep(wait)
+    os.killpg(process.pid, signal.SIGTERM)
+    sent = time.monotonic()
+    try:
+        out, err = process.communicate(timeout=DEADLINE)
+        deadlocked = False
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        out, err = process.communicate()
+        deadlocked = True
+    ended_in = time.monotonic() - sent
+    lines = [line for line in err.splitlines() if line.startswith("stopped:")]
+    said = re.search(r"after step (\d+)", lines[-1]) if lines else None
+    saved = state(run_dir)["global_step"] if (run_dir / "checkpoints" / "last.ckpt").exists() else None
+    resumed = run_to_end(launcher, config, run_dir, env)
+    final = state(run_dir)
+    return {"wait_s": round(wait, 2), "deadlocked": deadlocked, "ended_in_s": round(ended_in, 2),
+            "exit": process.returncode, "stopped_line": lines[-1] if lines else None,
+            "stop_step": int(said.group(1)) if said else None, "last_ckpt_step": saved,
+            "rerun_exit": resumed.returncode, "rerun_equal": same_training_state(final, reference),
+            "ok": (not deadlocked and process.returncode == 143 and said is not None
+                   and saved == int(said.group(1)) and resumed.returncode == 0
+                   and same_training_state(final, reference))}
+
+
+def hung_trial(launcher: str, config: Path, run_dir: Path, env: dict, timeout: float, wait: float) -> dict:
+    """SIGSTOP to the second process after ``wait`` seconds: how long the job takes to end, and its line."""
+    process = subprocess.Popen(command(launcher, config, run_dir, ("--collective_timeout", str(timeout))),
+                               env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               start_new_session=True, cwd=config.parent)
+    marker = run_dir / "csv"
+    while not marker.exists() and process.poll() is None:
+        time.sleep(0.05)
+    time.sleep(wait)
+    workers = [pid for pid in session_pids(process.pid) if pid != process.pid or launcher == "lightning"]
+    victim = max(workers)  # the last started: Lightning's child, or torchrun's second worker
+    os.kill(victim, signal.SIGSTOP)
+    stopped = time.monotonic()
+    try:
+        out, err = process.communicate(timeout=timeout + DEADLINE)
+        ended = True
+    except subprocess.TimeoutExpired:
+        ended = False
+        out, err = "", ""
+    ended_in = time.monotonic() - stopped
+    os.killpg(process.pid, signal.SIGKILL) if not ended else None
+    left = [pid for pid in session_pids(process.pid)]
+    for pid in left:  # nothing may be left behind, stopped for ever
+        os.kill(pid, signal.SIGKILL)
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    return {"timeout_s": timeout, "ended": ended, "ended_in_s": round(ended_in, 2), "exit": process.returncode,
+            "error_line": errors[-1] if errors else None, "left_behind": len(left),
+            "ok": ended and process.returncode not in (0, None) and bool(errors) and not left}
+
+
+def session_pids(session: int) -> list[int]:
+    """The Python processes of the session ``session`` (the run's, started with start_new_session)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if os.getsid(int(entry.name)) == session and "python" in (entry / "comm").read_text():
+                    pids.append(int(entry.name))
+            except (OSError, ProcessLookupError):
+                continue
+    return sorted(pids)
+
+
+def main(args: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(prog="python -m scripts.cluster_check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("check", choices=["sigterm", "hung"])
+    parser.add_argument("--launcher", choices=["lightning", "torchrun"], default="lightning")
+    parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--timeout", type=float, default=10.0, help="hung: the run's --collective_timeout")
+    parser.add_argument("--seed", type=int, default=0, help="the trials' random stop times")
+    parser.add_argument("--json", type=Path)
+    options = parser.parse_args(args)
+    folder = Path(tempfile.mkdtemp(prefix="cluster_check_"))
+    try:
+        config, env = write_run(folder), environment(folder)
+        draw = random.Random(options.seed)
+        trials = []
+        if options.check == "sigterm":
+            whole = run_to_end(options.launcher, config, folder / "whole", env)
+            if whole.returncode != 0:
+                raise SystemExit(f"error: the uninterrupted run failed:\n{whole.stderr[-3000:]}")
+            reference = state(folder / "whole")
+            for trial in range(options.trials):
+                wait = draw.uniform(0.5, 0.8 * STEPS * STEP_SECONDS)
+                result = sigterm_trial(options.launcher, config, folder / f"run{trial}", env, reference, wait)
+                trials.append(result)
+                print(json.dumps(result), flush=True)
+        else:
+            for trial in range(options.trials):
+                result = hung_trial(options.launcher, config, folder / f"run{trial}", env, options.timeout,
+                                    draw.uniform(0.5, 3.0))
+                trials.append(result)
+                print(json.dumps(result), flush=True)
+        summary = {"check": options.check, "launcher": options.launcher, "processes": 2, "backend": "gloo",
+                   "trials": len(trials), "ok": sum(t["ok"] for t in trials), "torch": torch.__version__,
+                   "results": trials}
+        if options.check == "sigterm":
+            summary["deadlocks"] = sum(t["deadlocked"] for t in trials)
+        print(f"{options.check} under {options.launcher}: {summary['ok']} of {len(trials)} trials as they must be")
+        if options.json:
+            options.json.write_text(json.dumps(summary, indent=1))
+        return summary
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
