@@ -31,8 +31,26 @@ def describe_parse_error(error: ArgumentError, parser: ArgumentParser, args: lis
     problem = config_file_problem(args)
     problem = problem or next((f"{key} is set from {linked[key]}: set that instead" for key in given if key in linked),
                               None)
-    problem = problem or unknown_key(given, known) or condensed(str(error))
-    return f"{problem} (fix the YAML file or the --flag; python -m imagetx.{command} --help lists them)"
+    problem = problem or unknown_key(given, known) or missing(str(error), parser) or condensed(str(error))
+    fix = "fix the YAML file or the --flag; " if config_files(args) else ""  # no YAML named: none to fix
+    return f"{problem} ({fix}python -m imagetx.{command} --help lists the options)"
+
+
+# argparse's words for required arguments not given
+REQUIRED = re.compile(r"the following arguments are required: (.*)")
+
+
+def missing(message: str, parser: ArgumentParser) -> str | None:
+    """'--ckpt and --out are required' where argparse's ``message`` says they were not given (it
+    names options without their dashes, as if positional: ckpt, out), else None."""
+    match = REQUIRED.search(message)
+    if match is None:
+        return None
+    options = {option.lstrip("-") for action in parser._actions for option in action.option_strings}
+    names = [name.strip() for name in match.group(1).split(",")]
+    shown = [f"--{name}" if name in options else name.upper() for name in names]
+    listed = ", ".join(shown[:-1]) + " and " + shown[-1] if len(shown) > 1 else shown[0]
+    return f"{listed} {'is' if len(shown) == 1 else 'are'} required: give {'it' if len(shown) == 1 else 'them'}"
 
 
 def config_files(args: list[str]) -> list[str]:

@@ -145,6 +145,8 @@ def read_images(paths: list[str], size: int) -> tuple[np.ndarray, list[str]]:
     saying what it gave), or a CodecError naming the file and the problem."""
     parts, lines = [], []
     for path in input_files(paths):
+        if path.stat().st_size == 0:  # said as such: PIL's or numpy's words for it name no cause
+            raise CodecError(f"{path.name} is empty (0 bytes): give a picture or an npz file that holds images")
         if path.suffix.lower() == NPZ_SUFFIX:
             images = read_npz(path, size)
             parts.append(images)

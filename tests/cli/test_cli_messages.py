@@ -50,6 +50,25 @@ def test_a_bad_sample_count_names_only_the_option_given(tmp_path, capsys):
     assert "--samples 0 is invalid" in line and "--count" not in line, line
 
 
+@pytest.mark.parametrize("module,args,needle", [
+    ("imagetx.decompress", ["x.itx"], "--ckpt and --out are required"),
+    ("imagetx.decompress", [], "FILE, --ckpt and --out are required"),
+    ("imagetx.compress", ["a.png", "--out", "a.itx"], "--ckpt is required"),
+])
+def test_a_missing_option_is_named_as_typed_and_no_yaml_is_blamed_where_none_was_given(capsys, module, args,
+                                                                                        needle):
+    line = one_error_line(capsys, importlib.import_module(module).main, args)
+    assert needle in line and "YAML" not in line, line
+
+
+def test_a_bad_key_in_a_yaml_file_names_the_file_as_the_place_to_fix(tmp_path, capsys):
+    from imagetx.sample import main
+
+    (tmp_path / "settings.yaml").write_text("cktp: x\n")
+    line = one_error_line(capsys, main, ["--config", str(tmp_path / "settings.yaml")])
+    assert "unknown key 'cktp'" in line and "fix the YAML file" in line, line
+
+
 def test_a_taken_port_is_refused_naming_the_port_option(capsys):
     from imagetx.demo.__main__ import main
 

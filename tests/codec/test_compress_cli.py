@@ -96,11 +96,13 @@ def bad_inputs(folders, tmp):
     np.savez(tmp / "floats.npz", images=np.zeros((1, 4, 4, 3), np.float32))
     np.savez(tmp / "nokey.npz", pixels=np.zeros((1, 4, 4, 3), np.uint8))
     (tmp / "broken.npz").write_bytes(b"PK\x03\x04broken")
+    for empty in ("empty.png", "empty.npz"):
+        (tmp / empty).write_bytes(b"")
     return {"rgb16.png": "samples are 16-bit", "rgba16.png": "samples are 16-bit", "animated.gif": "of its 3 frames",
             "cmyk.jpg": "converted from CMYK", "picture.tiff": "give it as a PNG",
             "wide.png": "is 6x4", "alpha.png": "transparent", "grey16.png": "16-bit", "text.png": "not an image",
             "floats.npz": "uint8", "nokey.npz": "no array 'images'", "broken.npz": "not a readable npz",
-            "missing.png": "does not exist"}
+            "missing.png": "does not exist", "empty.png": "is empty (0 bytes)", "empty.npz": "is empty (0 bytes)"}
 
 
 def test_bad_inputs_one_error_line(folders, tmp_path, capsys):
