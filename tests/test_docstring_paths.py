@@ -63,3 +63,12 @@ def test_every_test_file_named_exists():
     assert sorted(f"{path}: {test}" for path, test in named if not (REPO / test).is_file()) == []
     assert TEST_PATH.findall("see tests/test_moved.py and tests/model/test_sampler.py") == [
         "tests/test_moved.py", "tests/model/test_sampler.py"]  # the check reads both forms
+
+
+def test_the_package_says_nothing_of_leases():
+    """Leases of GPU time are the project's tooling (ops/), which the library knows nothing of: a
+    user reading imagetx's docstrings (``python -m imagetx.training.grow --help``) meets no such
+    word, which nothing there defines."""
+    speaking = [str(path.relative_to(REPO)) for path in sorted(PACKAGE.rglob("*.py"))
+                if re.search(r"\bleases?\b", path.read_text(), re.IGNORECASE)]
+    assert not speaking, speaking

@@ -5,7 +5,8 @@ same function, so that the next run goes on from the source's bits/dim in the la
 
 SOURCE: a packed continuation folder (lineage/NAME/continuation) or a ``continue.ckpt``; OUT: a
 packed continuation folder of the grown model (Adam's moments: none, so the run that goes on from it
-re-warms up over ``rewarmup_steps``, as every lease does). What grows:
+re-warms up over ``rewarmup_steps``, as every run resumed from a continuation without them does).
+What grows:
 
 * ``--layers N``: decoder layers added after the source's last (a pre-norm model), as ``--init_from``
   adds them (warm_start.py): identity layers, their residual writers at zero, the rest as initialised.
@@ -17,7 +18,8 @@ re-warms up over ``rewarmup_steps``, as every lease does). What grows:
   checkpoint records ``attention_heads``, and only code that widens the model it builds can train
   or score it (``experiments/road_wide_attention.py``). The lineage needs an attention width in the
   model's configuration before it can take this growth.
-* ``--dropout P``: no tensors, the configuration's dropout (a regulariser switched on at a lease).
+* ``--dropout P``: no tensors, the configuration's dropout (a regulariser switched on part-way
+  through a lineage, from the continuation's step on).
 
 The run that goes on from OUT passes the grown shape as overrides (``--resume`` checks that its
 configuration is the continuation's); they are printed, and kept in the manifest as
