@@ -18,7 +18,9 @@ with the reason, ``imagetx.data.images.read_picture``). A JSON summary (files, s
 of sampling, images/s) is written beside the grids and printed as the last line. Each task writes
 ``OUT/<task>.png`` and ``OUT/<task>.json``; where those exist already the command refuses before any
 work unless ``--force`` (then they are replaced): an earlier grid is never lost silently.
-Settings can also come from a YAML file: ``--config FILE``.
+A class-conditional model draws every class in turn (generate, user images), the inputs' own
+classes (data), or the one ``--label`` names, by number or by the data's name for it (cli/classes.py);
+a line on stderr says which. Settings can also come from a YAML file: ``--config FILE``.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from .cli.shipped import resolve
 from .cli.common import Number, check_device, check_given_rows, check_not_taken, parse, parser_for, run_or_exit
+from .cli.classes import class_names, class_number, described
 from .cli.data_options import add_data_arguments, add_split_argument, data_reader
 from .data.sources import check_fits, tensors
 from .io.atomic import check_writable
@@ -57,8 +60,10 @@ def build_parser() -> ArgumentParser:
                         help="generate from scratch, complete the bottom of inputs, or upsample inputs' 8x8 versions")
     parser.add_argument("--count", type=int, default=8, help="images to generate, or inputs to complete/upsample")
     parser.add_argument("--samples", type=int, default=3, help="samples per input (complete)")
-    parser.add_argument("--label", type=int | None, default=None,
-                        help="class for every image (class-conditional models)")
+    parser.add_argument("--label", type=int | str | None, default=None,
+                        help="class for every image (class-conditional models): a number, or a name of the data's "
+                             "(CIFAR-10's, or a folder's sub-folders with --data.source folder); without it, "
+                             "generate draws every class in turn and inputs from data keep their own classes")
     parser.add_argument("--rows", type=int, default=16, help="rows given for completion")
     parser.add_argument("--temperature", type=Number, default=1.0,
                         help="1: the model's own distribution; lower: plainer, more likely values; 0: the most likely")
@@ -90,14 +95,14 @@ def check_arguments(args: Namespace) -> None:
         check_temperature(temperature)
 
 
-def check_request(args: Namespace, model: ImageTransformer) -> None:
-    """What the model must be able to serve: rows, a label, the task."""
+def check_request(args: Namespace, model: ImageTransformer, label: int | None) -> None:
+    """What the model must be able to serve: rows, ``label`` (--label as a number), the task."""
     cfg = model.config
     if args.task == "complete":
         check_given_rows(args.rows, cfg.image_size)
         model.given_steps(args.rows)  # the rule for rows in 2D blocks, checked before any sampling
-    if args.label is not None:  # without --label a class-conditional model draws every class in turn
-        check_labels(torch.tensor([args.label]), 1, cfg.num_classes, name="--label")
+    if label is not None:  # without --label a class-conditional model draws every class in turn
+        check_labels(torch.tensor([label]), 1, cfg.num_classes, name="--label")
     if args.task == "superres" and not cfg.superres:
         raise ValueError("--task superres needs a super-resolution checkpoint (a superres section)")
     if args.task != "superres" and cfg.superres:
@@ -132,6 +137,21 @@ def labels_for(model: ImageTransformer, count: int, label: int | None,
     return torch.arange(count) % classes
 
 
+def say_classes(labels: torch.Tensor | None, label: int | None, given: torch.Tensor | None,
+                names: list[str] | None) -> None:
+    """One line on stderr for a class-conditional model: which classes the images are drawn in and why."""
+    if labels is None:
+        return
+    shown = described(labels.tolist(), names)
+    if label is not None:
+        print(f"classes: {shown} (--label)", file=sys.stderr)
+    elif given is not None:
+        print(f"classes: the inputs' own ({shown}); --label N or NAME gives every image one class", file=sys.stderr)
+    else:
+        print(f"classes: every class in turn ({shown}); --label N or NAME gives every image one class",
+              file=sys.stderr)
+
+
 def given_part(inputs: torch.Tensor, rows: int) -> torch.Tensor:
     """What a completion is shown of ``inputs`` (N, H, W, 3): the first ``rows`` rows, the rest grey."""
     shown = inputs.clone()
@@ -151,14 +171,18 @@ def run(args: Namespace) -> dict:
     check_not_taken(Path(args.out), [grid_file, summary_file], args.force)  # before the model loads
     check_device(args.device)
     model = load_model(resolve(args.ckpt), map_location=args.device)  # pretrained/...: also from an installed wheel
-    check_request(args, model)
+    cfg = model.config
+    names = class_names(args.data.source, args.data.root, cfg.num_classes) if cfg.num_classes else None
+    label = None if args.label is None else class_number(str(args.label), names, cfg.num_classes)
+    check_request(args, model, label)
     check_writable(args.out, "--out")
-    cfg, device = model.config, args.device
+    device = args.device
     generator = torch.Generator(device=device).manual_seed(args.seed)
     started, produced, grids = time.perf_counter(), 0, []
 
     if args.task == "generate":
-        labels = labels_for(model, args.count, args.label, None)
+        labels = labels_for(model, args.count, label, None)
+        say_classes(labels, label, None, names)
         sampling_started = time.perf_counter()
         images = sample(model, args.count, _to(labels, device), temperature=args.temperature,
                         generator=generator, progress=True)
@@ -168,7 +192,8 @@ def run(args: Namespace) -> dict:
     else:
         inputs, given_labels = load_inputs(args, cfg)
         count = len(inputs)
-        labels = labels_for(model, count, args.label, given_labels)
+        labels = labels_for(model, count, label, given_labels)
+        say_classes(labels, label, given_labels, names)
         sampling_started = time.perf_counter()
         if args.task == "complete":
             per_input = args.samples
@@ -195,6 +220,10 @@ def run(args: Namespace) -> dict:
                "images_per_sec": round(produced / seconds, 3),
                "temperature": args.temperature if args.task != "superres" else args.temperatures,
                "seed": args.seed, "ckpt": str(args.ckpt)}
+    if labels is not None:
+        summary["labels"] = labels.tolist()
+        if names:
+            summary["classes"] = names
     summary_file.write_text(json.dumps(summary, indent=2))
     return summary
 

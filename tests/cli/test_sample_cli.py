@@ -298,3 +298,45 @@ def test_an_earlier_grid_is_refused_without_force_and_replaced_with_it(tmp_path,
     assert ((out / "generate.png").read_bytes(), (out / "generate.json").read_text()) == earlier  # nothing written
     summary, _ = run_ok(capsys, [*args, "--seed", "2", "--force"])
     assert summary["seed"] == 2 and json.loads((out / "generate.json").read_text())["seed"] == 2
+
+
+# ----- classes by name -------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def conditional_ckpt(tmp_path_factory):
+    model = tiny_model(seed=22, image_size=32, head="dmol", query_block_length=64, num_classes=10)
+    path = tmp_path_factory.mktemp("conditional") / "model"
+    save_pretrained(model, path)
+    return path
+
+
+def test_a_label_is_a_number_or_a_class_name_and_the_classes_drawn_are_said(tmp_path, capsys, conditional_ckpt):
+    args = ["--ckpt", str(conditional_ckpt), "--task", "generate", "--count", "2", "--device", "cpu"]
+    by_name, err = run_ok(capsys, [*args, "--label", "cat", "--out", str(tmp_path / "name")])
+    assert by_name["labels"] == [3, 3] and by_name["classes"][3] == "cat"  # CIFAR-10's label 3
+    assert "classes: 3 cat (--label)" in err
+    by_number, _ = run_ok(capsys, [*args, "--label", "3", "--out", str(tmp_path / "number")])
+    assert by_number["labels"] == [3, 3]
+    assert (tmp_path / "name" / "generate.png").read_bytes() == (tmp_path / "number" / "generate.png").read_bytes()
+    in_turn, err = run_ok(capsys, [*args, "--out", str(tmp_path / "turn")])
+    assert in_turn["labels"] == [0, 1] and "every class in turn (0 airplane, 1 automobile)" in err, err
+
+
+def test_a_name_that_is_no_class_is_refused_naming_the_closest(tmp_path, capsys, conditional_ckpt):
+    err = run_error(capsys, ["--ckpt", str(conditional_ckpt), "--task", "generate", "--label", "cta",
+                             "--out", str(tmp_path / "o")])
+    assert "'cta' is not a class" in err and "did you mean 'cat'" in err and "0..9" in err
+    assert not (tmp_path / "o").exists()
+
+
+def test_a_folders_classes_are_its_sub_folders_in_the_conversions_order(tmp_path):
+    from imagetx.cli.classes import class_names, class_number
+
+    for name in ("dogs", "cats", "birds"):
+        (tmp_path / name).mkdir()
+        Image.new("RGB", (SIDE, SIDE)).save(tmp_path / name / "a.png")
+    names = class_names("folder", str(tmp_path), 3)
+    assert names == ["birds", "cats", "dogs"]
+    assert class_number("dogs", names, 3) == 2
+    assert class_names("folder", str(tmp_path), 10) is None  # another model's classes: no names
+    assert class_names("imagenet", str(tmp_path), 3) is None
