@@ -5,8 +5,9 @@
 
 Writes ``OUT/model.safetensors`` (the network's tensors: opening it runs no code),
 ``OUT/config.json`` (the model configuration and the format version) and, unless the folder
-has one, ``OUT/README.md`` (a model card with the Hugging Face Hub's metadata), as
-``imagetx.save_pretrained`` does. A folder that already holds a ``model.safetensors`` or a
+has one, ``OUT/README.md``, a model card with the Hugging Face Hub's metadata: a weights folder's
+own card (a shipped model's), or for a checkpoint the generic card with what training recorded
+(steps, data, val bits/dim). A folder that already holds a ``model.safetensors`` or a
 ``config.json`` is refused unless ``--force`` (a README.md there is the user's and is kept), and
 the JSON lists the files written, no others. imagetx.evaluate,
 imagetx.sample (``--ckpt OUT``) and ``imagetx.load_model`` read the folder as they read the
@@ -27,11 +28,14 @@ from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import check_not_taken, parse, parser_for, run_or_exit
 from .io.atomic import check_writable
-from .io.hub import save_pretrained
+from .cli.shipped import resolve
+from .io.checkpoint import read_checkpoint
+from .io.hub import model_card, save_pretrained
 from .io.load import load_model, with_exact_box_means
 from .io.weights import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+VAL_BPD = "val/bpd"  # the metric training's ModelCheckpoint monitors (train.py)
 
 
 def build_parser() -> ArgumentParser:
@@ -59,13 +63,53 @@ def files_to_write(out: Path, force: bool) -> list[Path]:
     return files + ([] if (out / CARD_FILE).exists() else [out / CARD_FILE])
 
 
+# The Hub's dataset ids of the sources it holds (a folder of one's own images has none).
+HUB_DATASETS = {"cifar10": "cifar10", "imagenet": "imagenet-1k"}
+
+
+def card_for(ckpt: str) -> str:
+    """The model card of the exported folder: a weights folder's own card, kept (a shipped model's
+    describes it: its results, its data, how it was trained); a checkpoint's says what training
+    recorded in it (``training_facts``) below the generic text."""
+    source = Path(resolve(ckpt))
+    if source.is_dir():
+        own = source / CARD_FILE
+        return own.read_text(encoding="utf-8") if own.is_file() else model_card()
+    checkpoint = read_checkpoint(source)
+    data = checkpoint.get("datamodule_hyper_parameters") or {}
+    dataset = HUB_DATASETS.get(data.get("source"))
+    return model_card(training_facts(checkpoint), [dataset] if dataset else None)
+
+
+def training_facts(checkpoint: dict) -> list[str]:
+    """What a training checkpoint records of its run, in words: the steps and images trained on, the
+    data, and the val bits/dim that its ModelCheckpoint (monitoring val/bpd) last saw and the best."""
+    facts = []
+    if "global_step" in checkpoint:
+        seen = (checkpoint.get("imagetx") or {}).get("images_seen")
+        facts.append(f"steps: {checkpoint['global_step']:,}" + (f" ({seen:,} images seen)" if seen else ""))
+    data = checkpoint.get("datamodule_hyper_parameters") or {}
+    if data.get("source"):
+        held_out = data.get("val_size")  # None: the source's default; 0: none held out
+        facts.append(f"data: {data['source']}" + (f", val: the last {held_out:,} training images" if held_out else ""))
+    for state in (checkpoint.get("callbacks") or {}).values():
+        if isinstance(state, dict) and state.get("monitor") == VAL_BPD:
+            for key, words in (("current_score", "val bits/dim at the last validation"),
+                               ("best_model_score", "best val bits/dim of the run")):
+                if state.get(key) is not None:
+                    facts.append(f"{words}: {float(state[key]):.4f}")
+            break
+    return facts
+
+
 def run(args: Namespace) -> dict:
     model = load_model(args.ckpt)  # a bad checkpoint is refused before anything is written
     if args.exact_box_means is not None:
         model = with_exact_box_means(model, args.exact_box_means)  # refused as early
     out = check_writable(args.out, "--out")
     files = files_to_write(out, args.force)
-    save_pretrained(model.to(DTYPES[args.dtype]), out)
+    card = None if (out / CARD_FILE).exists() else card_for(args.ckpt)  # a card in --out is the user's: kept
+    save_pretrained(model.to(DTYPES[args.dtype]), out, card)
     return {"out": str(out), "files": [str(path) for path in files], "dtype": args.dtype,
             "parameters": sum(p.numel() for p in model.parameters()), "bytes": sum(p.stat().st_size for p in files),
             "exact_box_means": bool(model.config.superres and model.config.superres.exact_box_means),

@@ -48,15 +48,26 @@ HUB_METADATA = dict(library_name="imagetx", license="mit", pipeline_tag="uncondi
                     tags=["image-transformer", "autoregressive", "pixel-model"])
 
 
-def save_pretrained(model: ImageTransformer, directory: str | os.PathLike) -> Path:
+def model_card(facts: list[str] = (), datasets: list[str] | None = None) -> str:
+    """The model card save_pretrained writes: the Hub's metadata (and ``datasets``, the Hub's names
+    of the data trained on), the generic text and, given ``facts``, a "Training" section of them
+    (imagetx.export: steps, data, val bits/dim)."""
+    data = ModelCardData(**HUB_METADATA, **({"datasets": datasets} if datasets else {}))
+    text = str(ModelCard.from_template(data, template_str=MODEL_CARD))
+    if facts:
+        text = text.rstrip("\n") + "\n\n## Training\n\n" + "".join(f"- {fact}\n" for fact in facts)
+    return text
+
+
+def save_pretrained(model: ImageTransformer, directory: str | os.PathLike, card: str | None = None) -> Path:
     """Write ``model`` into the weights folder ``directory`` (created if missing): its tensors, its
-    configuration and, unless the folder has one, a model card. Returns the folder."""
+    configuration and, unless the folder has one, a model card: ``card``, else the generic one
+    (``model_card``). Returns the folder."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     write_weights(directory, model.state_dict(), model.config)
     if not (directory / CARD_FILE).exists():  # a card the user wrote is theirs
-        card = ModelCard.from_template(ModelCardData(**HUB_METADATA), template_str=MODEL_CARD)
-        card.save(directory / CARD_FILE)
+        (directory / CARD_FILE).write_text(card if card is not None else model_card(), encoding="utf-8")
     return directory
 
 

@@ -394,3 +394,27 @@ def test_super_resolution_weights_under_their_older_names_load_as_today_s(tmp_pa
         assert torch.equal(loaded.nll(images, low_res=downsample_area(images, 4)),
                            model.nll(images, low_res=downsample_area(images, 4)))
     assert list(current_names(model.state_dict())) == list(model.state_dict())  # today's names stay as they are
+
+
+def test_an_exported_card_says_what_training_recorded_and_a_shipped_card_is_kept(tmp_path, capsys):
+    """A checkpoint's card carries its steps, data and val bits/dim (from the state of training's
+    ModelCheckpoint, monitoring val/bpd, as Lightning keeps it); a shipped model exported keeps its
+    own card rather than the generic one."""
+    model = tiny_model(seed=8)
+    checkpoint = weights_checkpoint(model)
+    checkpoint["imagetx"]["images_seen"] = 4800
+    checkpoint.update(global_step=600, datamodule_hyper_parameters={"source": "cifar10", "val_size": 5000},
+                      callbacks={"ModelCheckpoint{'monitor': 'val/bpd', 'mode': 'min'}": {
+                          "monitor": "val/bpd", "current_score": torch.tensor(3.51234),
+                          "best_model_score": torch.tensor(3.50012)}})
+    torch.save(checkpoint, tmp_path / "run.ckpt")
+    export_main(["--ckpt", str(tmp_path / "run.ckpt"), "--out", str(tmp_path / "weights")])
+    card = (tmp_path / "weights" / "README.md").read_text()
+    assert card.startswith("---\n") and "library_name: imagetx" in card and "- cifar10" in card
+    for fact in ("steps: 600 (4,800 images seen)", "data: cifar10, val: the last 5,000 training images",
+                 "val bits/dim at the last validation: 3.5123", "best val bits/dim of the run: 3.5001"):
+        assert f"- {fact}\n" in card, (fact, card)
+    shipped = Path(__file__).resolve().parents[2] / "pretrained" / "completion"
+    export_main(["--ckpt", str(shipped), "--out", str(tmp_path / "shipped")])
+    assert (tmp_path / "shipped" / "README.md").read_text() == (shipped / "README.md").read_text()
+    capsys.readouterr()
