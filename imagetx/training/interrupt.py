@@ -126,7 +126,9 @@ def requeue(trainer, signum: int) -> str | None:
     ``SLURMEnvironment`` with ``auto_requeue`` on (its default under SLURM), as Lightning would have:
     ``scontrol requeue JOB``, from the first process, after the checkpoint is written. Returns what
     was done, in words, or None where nothing was to be done."""
-    environment = getattr(trainer.strategy, "cluster_environment", None)
+    environment = getattr(trainer.strategy, "cluster_environment", None)  # a strategy of several processes
+    if environment is None and SLURMEnvironment.detect():  # one process: Lightning's default under SLURM
+        environment = SLURMEnvironment()
     if not isinstance(environment, SLURMEnvironment) or not environment.auto_requeue:
         return None
     if signum != (environment.requeue_signal or signal.SIGUSR1) or not trainer.is_global_zero:
