@@ -8,14 +8,16 @@ INPUT: pictures (PNG, a JPEG's decoded pixels, GIF, BMP, WebP), npz files with a
 ``images`` (N, H, W, 3) uint8, or folders of them (their files in name order), each exactly the
 model's size (nothing is resized), coded exactly: a picture whose 8-bit RGB pixels would not be
 the file's own (16-bit, several frames, CMYK, transparency) is refused. Each input's line on
-stderr says what it gave. Every image goes into one file, coded in one decoding pass (up to 1,024
+stderr says what it gave (a folder: one line). Every image goes into one file, coded in one decoding pass (up to 1,024
 images; ``--batch``: passes of that many) on ``--threads`` torch threads (both recorded in the
 file, which the decoder uses again). The file decodes on any x86-64 machine with the same torch:
 the command runs the model with portable arithmetic (it restarts itself with
 ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE; docs/compress.md); ``--portable false`` codes
 with this machine's own kernels instead (faster; the file then decodes on machines like this
 one). ``--force`` (or ``--force true``) replaces an existing --out file. The last line printed is
-one JSON object: the images, the file's bytes and bits/dim. Ctrl-C stops it with one line and
+one JSON object: the images, the file's bytes and bits/dim, and (``--compare``, on by default) the
+bytes and bits/dim of the same images as separate PNG and WebP files; before it a line per picture
+gives its bits/dim under the model beside its PNG's and WebP's, a line per folder or npz their means. Ctrl-C stops it with one line and
 exit status 130.
 """
 
@@ -25,7 +27,10 @@ import json
 import sys
 import time
 from argparse import ArgumentError
+from pathlib import Path
 
+import numpy as np
+import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import parse, parser_for, run_or_exit
@@ -33,8 +38,16 @@ from .cli.shipped import resolve
 from .codec.api import DEFAULT_THREADS, check_model, compress_with_stats
 from .codec.arithmetic import restart_with
 from .codec.container import MAX_BATCH
-from .codec.files import check_output, read_images, write_file
+from .codec.classical import available, sizes
+from .codec.files import Input, check_output, read_images, write_file
 from .io.load import load_model
+from .model.modes import eval_mode
+from .model.transformer import ImageTransformer
+
+# The lossless formats a picture is kept in beside imagetx's file (the demo shows JPEG XL too, where
+# its plugin is installed; here the two that Pillow always has).
+COMPARED = ("PNG", "WebP")
+SCORING_BATCH = 32  # images scored at once for their bits/dim (memory, not the result), as evaluate's default
 
 
 def build_parser() -> ArgumentParser:
@@ -51,6 +64,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--force", type=bool, nargs="?", const=True, default=False,
                         help="replace --out if it is a file (a bare flag, or --force true/false)")
     parser.add_argument("--progress", type=bool, default=True, help="a progress bar on stderr")
+    parser.add_argument("--compare", type=bool, default=True,
+                        help="each image's bits/dim under the model beside its PNG's and WebP's (a folder: the means)")
     return parser
 
 
@@ -58,16 +73,57 @@ def run(args: Namespace) -> dict:
     out = check_output(args.out, args.force)
     model = load_model(resolve(args.ckpt))  # pretrained/...: also from an installed wheel
     check_model(model)
-    images, lines = read_images(args.inputs, model.config.image_size)
-    for line in lines:
-        print(f"input {line}", file=sys.stderr)
+    inputs = read_images(args.inputs, model.config.image_size)
+    for given in inputs:
+        for line in (given.lines if len(given.lines) == 1 else [f"{given.name}: {len(given.images)} images from "
+                                                                f"{len(given.lines)} files"]):
+            print(f"input {line}", file=sys.stderr)  # a folder: one line, not one a file
+    images = np.concatenate([given.images for given in inputs])
     started = time.perf_counter()
     data, stats = compress_with_stats(model, images, args.batch, args.threads, args.progress, args.portable)
     seconds = time.perf_counter() - started
     write_file(out, data)
-    return {"out": str(out), "images": stats.images, "bytes": stats.file_bytes,
-            "bits_per_dim": round(stats.bits_per_dim, 4), "seconds": round(seconds, 2),
-            "images_per_second": round(stats.images / seconds, 3), "ckpt": str(args.ckpt)}
+    result = {"out": str(out), "images": stats.images, "bytes": stats.file_bytes,
+              "bits_per_dim": round(stats.bits_per_dim, 4), "seconds": round(seconds, 2),
+              "images_per_second": round(stats.images / seconds, 3), "ckpt": str(args.ckpt)}
+    if args.compare:
+        result.update(compared(model, inputs))
+    return result
+
+
+def compared(model: ImageTransformer, inputs: list[Input]) -> dict:
+    """Each image's bits/dim under the model beside its own PNG's and WebP's, as the demo's compress
+    tab shows them: a line on stderr for each picture named by itself, one for each folder or npz
+    (their means); the totals, for the JSON summary."""
+    codecs = [name for name in COMPARED if name in available()]
+    dims = model.config.dims_per_image
+    totals = dict.fromkeys(codecs, 0)
+    for given in inputs:
+        own = model_bits_per_dim(model, given.images)
+        files = [sizes(image, codecs) for image in given.images]
+        for name in codecs:
+            totals[name] += sum(sized[name] for sized in files)
+        if given.one_picture:
+            beside = ", ".join(f"{name} {8 * files[0][name] / dims:.2f} ({files[0][name]:,} bytes)" for name in codecs)
+            print(f"{Path(given.name).name}: {own[0]:.2f} bits/dim under the model; as a file {beside}",
+                  file=sys.stderr)
+        else:
+            beside = ", ".join(f"{name} {8 * sum(sized[name] for sized in files) / (dims * len(files)):.2f}"
+                               for name in codecs)
+            print(f"{given.name}: {len(own)} images, {own.mean():.2f} bits/dim under the model (mean); "
+                  f"as separate files {beside} bits/dim", file=sys.stderr)
+    count = sum(len(given.images) for given in inputs)
+    return {f"{name.lower()}_bytes": total for name, total in totals.items()} | \
+        {f"{name.lower()}_bits_per_dim": round(8 * total / (dims * count), 4) for name, total in totals.items()}
+
+
+@torch.no_grad()
+def model_bits_per_dim(model: ImageTransformer, images: np.ndarray) -> np.ndarray:
+    """(n,) each image's bits/dim under the model: what the codec spends on it, up to the
+    quantisation of its distributions and the file's header (docs/compress.md)."""
+    with eval_mode(model):
+        return np.concatenate([model.bits_per_dim(torch.from_numpy(images[start : start + SCORING_BATCH])).numpy()
+                               for start in range(0, len(images), SCORING_BATCH)])
 
 
 def main(argv: list[str] | None = None) -> None:

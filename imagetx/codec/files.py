@@ -20,6 +20,7 @@ import tempfile
 import zipfile
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -139,25 +140,46 @@ def input_files(names: list[str]) -> list[Path]:
     return files
 
 
-def read_images(paths: list[str], size: int) -> tuple[np.ndarray, list[str]]:
+@dataclass
+class Input:
+    """What one input named on the command line gave: its images, and a line per file read (a
+    picture, an npz, or each of a folder's files) saying what that file gave."""
+
+    name: str
+    images: np.ndarray
+    lines: list[str]
+
+    @property
+    def one_picture(self) -> bool:
+        """A picture named by itself (not a folder, not an npz): said image by image."""
+        return len(self.lines) == 1 and len(self.images) == 1 and not self.name.lower().endswith(NPZ_SUFFIX)
+
+
+def read_images(names: list[str], size: int) -> list[Input]:
     """Every image of the given files and folders (npz: its array ``images``; any other: a
-    picture; a folder: ``input_files``), in order -> ((N, size, size, 3) uint8, one line per file
-    saying what it gave), or a CodecError naming the file and the problem."""
-    parts, lines = [], []
-    for path in input_files(paths):
-        if path.stat().st_size == 0:  # said as such: PIL's or numpy's words for it name no cause
-            raise CodecError(f"{path.name} is empty (0 bytes): give a picture or an npz file that holds images")
-        if path.suffix.lower() == NPZ_SUFFIX:
-            images = read_npz(path, size)
-            parts.append(images)
-            lines.append(f"{path.name}: {len(images)} images {size}x{size} RGB (npz array '{NPZ_KEY}')")
-        else:
-            picture, line = read_picture_exactly(path, size)
-            parts.append(picture)
-            lines.append(line)
-        if sum(len(part) for part in parts) > MAX_IMAGES:
-            raise CodecError(f"more than {MAX_IMAGES:,} images: a file holds at most that many; compress them in parts")
-    return np.concatenate(parts), lines
+    picture; a folder: ``input_files``), in order, one ``Input`` per name (its images (n, size,
+    size, 3) uint8 and one line per file saying what it gave), or a CodecError naming the file and
+    the problem."""
+    inputs, total = [], 0
+    for name in names:
+        parts, lines = [], []
+        for path in input_files([name]):
+            if path.stat().st_size == 0:  # said as such: PIL's or numpy's words for it name no cause
+                raise CodecError(f"{path.name} is empty (0 bytes): give a picture or an npz file that holds images")
+            if path.suffix.lower() == NPZ_SUFFIX:
+                images = read_npz(path, size)
+                parts.append(images)
+                lines.append(f"{path.name}: {len(images)} images {size}x{size} RGB (npz array '{NPZ_KEY}')")
+            else:
+                picture, line = read_picture_exactly(path, size)
+                parts.append(picture)
+                lines.append(line)
+            total += len(parts[-1])
+            if total > MAX_IMAGES:
+                raise CodecError(f"more than {MAX_IMAGES:,} images: a file holds at most that many; "
+                                 "compress them in parts")
+        inputs.append(Input(name, np.concatenate(parts), lines))
+    return inputs
 
 
 def read_compressed(name: str) -> bytes:

@@ -244,7 +244,7 @@ def test_an_unwritable_out_is_one_line_naming_it(folders, tmp_path, capsys):
 
 def test_a_folder_of_inputs_is_its_pictures_and_npz_files_in_name_order(folders, tmp_path, capsys):
     """A folder given as input: its pictures and npz files, in name order (hidden files and
-    other files left out), each with its line; a folder with none is one error line."""
+    other files left out), said in one line; a folder with none is one error line."""
     inputs = tmp_path / "inputs"
     inputs.mkdir()
     for name in ("one.png", "four.npz", "palette.png"):
@@ -336,3 +336,42 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_nothing_half_written(folders, tm
     assert {path.name: path.read_bytes() for path in out.iterdir()} == before
     assert sorted(path.name for path in tmp_path.iterdir()) == ["decoded", "four.itx", "one.png.itx"]
     assert one.exists()
+
+
+def test_each_picture_is_said_beside_its_png_and_webp_and_a_folder_in_one_line(folders, tmp_path, capsys):
+    """As the demo's compress tab: a picture's bits/dim under the model beside its own PNG's and
+    WebP's; a folder (or an npz) one line of the means, not a line per file; the JSON the totals."""
+    import torch
+
+    from imagetx.codec.classical import sizes
+    from imagetx.io.load import load_model
+
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    for name in ("one.png", "palette.png", "four.npz"):
+        (inputs / name).write_bytes((folders / name).read_bytes())
+    args = [*NATIVE, str(inputs), str(folders / "one.png"), "--ckpt", str(folders / "model"),
+            "--out", str(tmp_path / "x.itx"), "--progress", "false"]
+    compress_cli.main(args)
+    captured = capsys.readouterr()
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    lines = captured.err.strip().splitlines()
+    assert [line for line in lines if line.startswith("input ")] == [f"input {inputs}: 6 images from 3 files",
+                                                                   "input one.png: PNG 4x4 RGB"]
+    model, one = load_model(folders / "model"), np.asarray(Image.open(folders / "one.png"))
+    with torch.no_grad():
+        own = model.bits_per_dim(torch.from_numpy(one[None]))[0].item()
+    png, webp = sizes(one, ["PNG", "WebP"]).values()
+    dims = one.size
+    assert f"one.png: {own:.2f} bits/dim under the model; as a file PNG {8 * png / dims:.2f} ({png:,} bytes), " \
+           f"WebP {8 * webp / dims:.2f} ({webp:,} bytes)" in lines
+    (folder_line,) = [line for line in lines if line.startswith(f"{inputs}: ")]
+    assert folder_line.startswith(f"{inputs}: 6 images, ") and "PNG" in folder_line and "WebP" in folder_line
+    every = np.concatenate([np.load(folders / "four.npz")["images"],
+                            *[np.asarray(Image.open(inputs / name).convert("RGB"))[None]
+                              for name in ("one.png", "palette.png")], one[None]])
+    assert result["png_bytes"] == sum(sizes(image, ["PNG"])["PNG"] for image in every)
+    assert result["webp_bits_per_dim"] == pytest.approx(
+        8 * sum(sizes(image, ["WebP"])["WebP"] for image in every) / every.size, abs=1e-4)
+    compress_cli.main([*args, "--force", "--compare", "false"])
+    assert "png_bytes" not in json.loads(capsys.readouterr().out.strip().splitlines()[-1])
