@@ -2,8 +2,9 @@
 
     python -m imagetx.demo [--host 127.0.0.1] [--port 7860] [--ckpt DIR_OR_CKPT] [--superres-ckpt DIR_OR_CKPT]
 
-Open http://127.0.0.1:7860 in a browser. --ckpt: the model of the complete and generate tabs
-(default: pretrained/completion), --superres-ckpt: the super-resolution model (default:
+Open http://127.0.0.1:7860 in a browser. --ckpt: the model of the complete, generate and compress
+tabs (default: pretrained/cifar10_gpu, the README's headline model, else pretrained/completion),
+--superres-ckpt: the super-resolution model (default: pretrained/superres_gpu, else
 pretrained/superres); each a weights folder (imagetx.export) or a checkpoint written by
 imagetx.train. Only this machine can open the page unless --host says otherwise (0.0.0.0: every
 network it is on). Needs Gradio: pip install 'imagetx[demo]'. The page runs its models with the
@@ -24,6 +25,18 @@ from ..io.load import load_model
 from .tasks import Models, card_bits_per_dim
 
 PRETRAINED = shipped_folder("pretrained")  # the shipped models: the repository's, or the installed package's
+
+
+def first_shipped(*names: str) -> str:
+    """The first of the shipped models ``names`` that is here (the last where none is: the command
+    then says it does not exist)."""
+    return str(next((PRETRAINED / name for name in names if (PRETRAINED / name).is_dir()), PRETRAINED / names[-1]))
+
+
+# The page opens on the README's headline models, trained on a GPU, where they are shipped; else on
+# the small CPU-trained ones (a wheel built without the GPU models' weights).
+DEFAULT_MODEL = first_shipped("cifar10_gpu", "completion")
+DEFAULT_SUPERRES = first_shipped("superres_gpu", "superres")
 DEFAULT_PORT = 7860  # Gradio's own default, so its documentation's address works
 HIGHEST_PORT = 65535
 NEEDS_GRADIO = "the demo needs gradio: pip install 'imagetx[demo]'"
@@ -33,9 +46,9 @@ def build_parser():
     parser = parser_for(__doc__)
     parser.add_argument("--host", type=str, default="127.0.0.1", help="address to listen on (this machine only)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (1..65535)")
-    parser.add_argument("--ckpt", type=str, default=str(PRETRAINED / "completion"),
+    parser.add_argument("--ckpt", type=str, default=DEFAULT_MODEL,
                         help="completion / generation model: a weights folder or a training checkpoint")
-    parser.add_argument("--superres-ckpt", type=str, default=str(PRETRAINED / "superres"),
+    parser.add_argument("--superres-ckpt", type=str, default=DEFAULT_SUPERRES,
                         help="super-resolution model: a weights folder or a training checkpoint")
     return parser
 

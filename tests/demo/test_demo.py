@@ -198,3 +198,16 @@ def test_the_time_said_includes_preparing_the_picture(tiny, pictures, monkeypatc
         # Each figure is rounded to 0.1 s (±0.05), so three of them may disagree by 0.15 with nothing
         # missing; a total without the 0.3 s of preparing would be 0.3 short.
         assert preparing >= 0.3 and abs(total - preparing - sampling) <= 0.15 + 1e-9, status
+
+
+def test_the_page_opens_on_the_readmes_headline_models_where_they_are_shipped(monkeypatch, tmp_path):
+    """The GPU-trained models, which the README leads with, when the shipped folder has them; the
+    small CPU-trained ones where it does not."""
+    from imagetx.demo import __main__ as demo
+
+    defaults = demo.build_parser().get_defaults()
+    assert Path(defaults.ckpt) == REPO / "pretrained" / "cifar10_gpu"
+    assert Path(defaults.superres_ckpt) == REPO / "pretrained" / "superres_gpu"
+    (tmp_path / "completion").mkdir()
+    monkeypatch.setattr(demo, "PRETRAINED", tmp_path)
+    assert demo.first_shipped("cifar10_gpu", "completion") == str(tmp_path / "completion")

@@ -24,9 +24,10 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from helpers import COMPLETION_CARD_BPD, write_pictures
+from helpers import write_pictures
 from imagetx.data.images import MAX_FILE_BYTES, load_image_file
-from imagetx.demo.tasks import SCALE
+from imagetx.demo.__main__ import DEFAULT_MODEL
+from imagetx.demo.tasks import SCALE, card_bits_per_dim
 
 REPO = Path(__file__).resolve().parents[2]
 INSTALL = "apt-get install -y chromium"
@@ -37,6 +38,7 @@ STARTUP_SECONDS = 180  # importing torch and Gradio and loading two models on a 
 SAMPLING_MS = 90_000  # a few rows of one sample take seconds; generous for a loaded CI machine
 ROWS = 28  # four rows left to draw: 128 steps of one sample
 SCREENSHOT_LIMIT = 300_000  # bytes: a README picture, not a page's worth of raw pixels
+DEFAULT_CARD_BPD = card_bits_per_dim(DEFAULT_MODEL)  # of the model the page opens on (the GPU one, shipped)
 VIEWPORT = {"width": 1280, "height": 900}  # a laptop screen: the four samples of a row side by side
 
 
@@ -160,7 +162,7 @@ def test_the_page_completes_an_upload_refuses_bad_ones_and_keeps_serving(chromiu
             page.wait_for_selector("#complete-upload input[type=file]", state="attached")  # the page is drawn
             upload(page, photo)
             status = run(page, ROWS, 1, "of sampling")
-            assert note in status and f"val bits/dim {COMPLETION_CARD_BPD}" in status, status
+            assert note in status and f"val bits/dim {DEFAULT_CARD_BPD}" in status, status
             name, sample = downloaded_sample(page)
             assert name == "photo-completion-1.png" and sample.shape == (32 * SCALE, 32 * SCALE, 3)
             np.testing.assert_array_equal(sample[::SCALE, ::SCALE][:ROWS], prepared[:ROWS])
