@@ -533,3 +533,43 @@ def test_data_presets_hold_valid_data_settings(name):
     assert config.image_size == (64 if name == "imagenet64.yaml" else 32) and config.num_classes == 0
     if name.startswith("faces"):
         assert data.crop == "celeba" and config.superres and config.superres.low_res_size == 8
+
+
+# ----- the pools memory-mapped, shared by the processes of a machine (sources/mapped.py) ----------
+
+def test_two_processes_reading_at_once_share_one_mapped_copy_and_no_reader_holds_twice_the_data():
+    """scripts/data_memory.py: two processes read a synthetic 64x64 ImageNet at once (the second waits
+    for the first to write the mapped copy): each one's PSS grows by about half the data, not all of
+    it (each in its own memory: 1.04x), and the writer's reading peaks at the data and one batch
+    file (a concatenation: 2x)."""
+    from scripts import data_memory
+
+    summary = data_memory.main(["--images", "8000", "--side", "64", "--processes", "2"])
+    assert summary["same_images"]
+    assert max(summary["pss_growth_x"]) <= 0.65, summary
+    assert max(summary["read_peak_x"]) <= 1.15, summary  # 1 + one of the 10 batch files + labels
+
+
+def test_a_pool_is_read_from_its_mapped_copy_while_the_source_is_unchanged(tmp_path):
+    from helpers import write_cifar_npz
+    from imagetx.data.sources import Reader, mapped
+
+    root = tmp_path / "data"
+    train_images, *_ = write_cifar_npz(root, train_sizes=(6, 6))
+    first = Reader("cifar10", root, val_size=2).split("train")
+    assert isinstance(first.images.base, np.memmap) or isinstance(first.images, np.memmap)
+    assert (np.asarray(first.images) == train_images[:10]).all()
+    copies = list((root / ".imagetx-cache" / "mapped").glob("cifar10-train-*"))
+    assert len(copies) == 1
+    # unchanged source: the copy is read, not the shards (a shard made unreadable is not opened)
+    (root / "train-1.npz").chmod(0o000) if os.getuid() else None
+    again = Reader("cifar10", root, val_size=2).split("train")
+    assert (np.asarray(again.images) == train_images[:10]).all()
+    (root / "train-1.npz").chmod(0o644)
+    # a changed source: a new copy, the old one removed
+    write_cifar_npz(root, train_sizes=(6, 6), seed=5)
+    changed, *_ = (np.load(root / "train-0.npz")["images"],)
+    third = Reader("cifar10", root, val_size=2).split("train")
+    assert (np.asarray(third.images[:6]) == changed).all()
+    now = list((root / ".imagetx-cache" / "mapped").glob("cifar10-train-*"))
+    assert len(now) == 1 and now != copies and mapped.FORMAT == 1

@@ -14,6 +14,7 @@ tenth of its images (at most 5,000). docs/data.md says where to get each dataset
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -22,6 +23,7 @@ import torch
 from ..options import FOLDER_ONLY, DataOptions
 from . import cifar10, folder, imagenet
 from .common import DataError, Pool, check_fits
+from .mapped import mapped_pool
 
 SOURCES = {"cifar10": cifar10, "imagenet": imagenet, "folder": folder}
 SPLITS = ("train", "val", "test")
@@ -31,6 +33,16 @@ __all__ = ["DataError", "Pool", "Reader", "SOURCES", "SPLITS", "check_fits", "de
 
 def default_root() -> Path:
     return Path(os.environ.get("IMAGETX_DATA", "./data"))
+
+
+def mapped_cache(root: Path) -> Path:
+    """Where the memory-mapped pools of the data at ``root`` go: ``<root>/.imagetx-cache/mapped``, or,
+    where ``root`` cannot be written (a shared, read-only data set), a folder of the user's cache
+    named after ``root``'s path."""
+    if os.access(root, os.W_OK):
+        return root / folder.CACHE_NAME / "mapped"
+    user = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return user / "imagetx" / "mapped" / hashlib.sha256(str(root.resolve()).encode()).hexdigest()[:16]
 
 
 class Reader:
@@ -66,15 +78,20 @@ class Reader:
             self.converted = folder.convert(self.root, self.image_size or 32, **self.options)
 
     def pool(self, part: str) -> Pool:
+        """The pool ``part``, from its memory-mapped copy (mapped.py), shared by every process."""
         if part not in self.pools:
             if self.source == "cifar10":
-                pool = cifar10.read(self.root, part, self.download)
+                files, read = cifar10.pool_files(self.root, part), lambda: cifar10.read(self.root, part, self.download)
+                cache = mapped_cache(self.root)
             elif self.source == "imagenet":
-                pool = imagenet.read(self.root, part)
+                files, read = imagenet.pool_files(self.root, part), lambda: imagenet.read(self.root, part)
+                cache = mapped_cache(self.root)
             else:
                 self.prepare()
-                pool = folder.read_converted(self.root, self.converted)
-            self.pools[part] = pool
+                files = [self.converted / "manifest.json", *folder.converted_shards(self.converted)]
+                read, cache = lambda: folder.read_converted(self.root, self.converted), self.converted
+            # no files: the reader finds none (and says so) or downloads them, and the next start maps them
+            self.pools[part] = mapped_pool(cache, f"{self.source}-{part}", files, read) if files else read()
         return self.pools[part]
 
     def split(self, split: str) -> Pool:

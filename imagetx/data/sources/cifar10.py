@@ -41,24 +41,46 @@ def _check_arrays(images: np.ndarray, labels: np.ndarray, source: str) -> None:
 
 def read_npz_shards(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | None:
     """All ``{prefix}-*.npz`` shards under root, in name order; None when there are none."""
-    shards = sorted(root.glob(f"{prefix}-*.npz"), key=lambda p: (len(p.name), p.name))
+    shards = shard_files(root, prefix)
     if not shards:
         return None
-    images, labels = [], []
-    for shard in shards:
-        try:
-            with np.load(shard) as data:
-                if "images" not in data or "labels" not in data:
-                    raise DataError(f"{shard}: holds {sorted(data.files)}; expected arrays 'images' and 'labels': "
-                                    "replace it with a shard in the CIFAR-10 format, or remove it")
-                shard_images, shard_labels = data["images"], data["labels"]
-        except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
-            raise DataError(f"{shard} is truncated or corrupt ({type(error).__name__}: {error}); "
-                            "replace it with a good copy") from error
+    # The labels first (small), then each shard's images into their place: the memory of the images
+    # and one shard, not twice the images (a concatenation).
+    labels = [read_shard(shard, "labels") for shard in shards]
+    images = np.empty((sum(map(len, labels)), *IMAGE_SHAPE), np.uint8)
+    filled = 0
+    for shard, shard_labels in zip(shards, labels):
+        shard_images = read_shard(shard, "images")
         _check_arrays(shard_images, shard_labels, str(shard))
-        images.append(shard_images)
-        labels.append(shard_labels.astype(np.int64))
-    return np.concatenate(images), np.concatenate(labels)
+        images[filled : filled + len(shard_images)] = shard_images
+        filled += len(shard_images)
+    return images, np.concatenate([shard_labels.astype(np.int64) for shard_labels in labels])
+
+
+def shard_files(root: Path, prefix: str) -> list[Path]:
+    """The ``{prefix}-*.npz`` shards under root, in name order."""
+    return sorted(root.glob(f"{prefix}-*.npz"), key=lambda p: (len(p.name), p.name)) if root.is_dir() else []
+
+
+def pool_files(root: Path, part: str) -> list[Path]:
+    """The files the ``part`` pool is read from (its shards, else torchvision's batches): what its
+    memory-mapped copy is checked against (mapped.py)."""
+    shards = shard_files(root, part)
+    folder = root / TORCHVISION_FOLDER
+    return shards or (sorted(path for path in folder.iterdir() if path.is_file()) if folder.is_dir() else [])
+
+
+def read_shard(shard: Path, name: str) -> np.ndarray:
+    """The array ``name`` (images, labels) of one shard, or a DataError saying what is wrong with it."""
+    try:
+        with np.load(shard) as data:
+            if "images" not in data or "labels" not in data:
+                raise DataError(f"{shard}: holds {sorted(data.files)}; expected arrays 'images' and 'labels': "
+                                "replace it with a shard in the CIFAR-10 format, or remove it")
+            return data[name]
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+        raise DataError(f"{shard} is truncated or corrupt ({type(error).__name__}: {error}); "
+                        "replace it with a good copy") from error
 
 
 def read_torchvision(root: Path, train: bool, download: bool) -> tuple[np.ndarray, np.ndarray] | None:

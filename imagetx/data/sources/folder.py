@@ -180,19 +180,36 @@ def read(root: Path, part: str = "train", image_size: int = 32, crop: str = "cen
 def read_converted(root: Path, out: Path) -> Pool:
     """The images of a finished conversion of ``root`` into ``out``."""
     manifest = json.loads((out / "manifest.json").read_text())
-    classes, count = manifest["classes"], len(manifest["files"])
-    images, labels = [], []
-    for shard in (shard_path(out, k) for k in range((count + SHARD_SIZE - 1) // SHARD_SIZE)):
-        try:
-            with np.load(shard) as data:
-                images.append(data["images"])
-                labels.append(data["labels"])
-        except Exception as error:
-            raise DataError(f"{shard} is truncated or corrupt ({type(error).__name__}): convert the folder again "
-                            "with --data.rebuild true") from error
-    images = np.concatenate(images)
-    if not len(images):
+    classes = manifest["classes"]
+    shards = converted_shards(out)
+    # The labels first (small), then each shard's images into their place: the memory of the images
+    # and one shard, not twice the images (a concatenation).
+    labels = [read_converted_shard(shard, "labels") for shard in shards]
+    images = None
+    filled = 0
+    for shard in shards:
+        shard_images = read_converted_shard(shard, "images")
+        if images is None:
+            images = np.empty((sum(map(len, labels)), *shard_images.shape[1:]), np.uint8)
+        images[filled : filled + len(shard_images)] = shard_images
+        filled += len(shard_images)
+    if images is None or not len(images):
         raise DataError(f"none of the image files under {root} could be read (see {out / 'complete.json'}): "
                         "check the files, then convert again with --data.rebuild true")
     where = f"--data.source folder --data.root {root}"
     return Pool(images, np.concatenate(labels) if classes else None, len(classes), where)
+
+
+def converted_shards(out: Path) -> list[Path]:
+    """The shards of the finished conversion in ``out``, in order."""
+    count = len(json.loads((out / "manifest.json").read_text())["files"])
+    return [shard_path(out, k) for k in range((count + SHARD_SIZE - 1) // SHARD_SIZE)]
+
+
+def read_converted_shard(shard: Path, name: str) -> np.ndarray:
+    try:
+        with np.load(shard) as data:
+            return data[name]
+    except Exception as error:
+        raise DataError(f"{shard} is truncated or corrupt ({type(error).__name__}): convert the folder again "
+                        "with --data.rebuild true") from error

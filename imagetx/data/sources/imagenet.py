@@ -88,6 +88,11 @@ def read_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return data, labels
 
 
+def pool_files(root: Path, part: str) -> list[Path]:
+    """The files the ``part`` pool is read from: what its memory-mapped copy is checked against."""
+    return find(root, part) if root.is_dir() else []
+
+
 def read(root: Path, part: str) -> Pool:
     """The ``train`` or ``val`` pool: images uint8 (N, S, S, 3) and labels 0..999."""
     root = root.expanduser()
