@@ -22,7 +22,7 @@ import torch
 
 from ..options import FOLDER_ONLY, DataOptions
 from . import cifar10, folder, imagenet
-from .common import DataError, Pool, check_fits
+from .common import DataError, Pool, check_fits, in_memory
 from .mapped import mapped_pool
 
 SOURCES = {"cifar10": cifar10, "imagenet": imagenet, "folder": folder}
@@ -81,17 +81,19 @@ class Reader:
         """The pool ``part``, from its memory-mapped copy (mapped.py), shared by every process."""
         if part not in self.pools:
             if self.source == "cifar10":
-                files, read = cifar10.pool_files(self.root, part), lambda: cifar10.read(self.root, part, self.download)
-                cache = mapped_cache(self.root)
+                files, cache = cifar10.pool_files(self.root, part), mapped_cache(self.root)
+                read = lambda allocate: cifar10.read(self.root, part, self.download, allocate)  # noqa: E731
             elif self.source == "imagenet":
-                files, read = imagenet.pool_files(self.root, part), lambda: imagenet.read(self.root, part)
-                cache = mapped_cache(self.root)
+                files, cache = imagenet.pool_files(self.root, part), mapped_cache(self.root)
+                read = lambda allocate: imagenet.read(self.root, part, allocate)  # noqa: E731
             else:
                 self.prepare()
                 files = [self.converted / "manifest.json", *folder.converted_shards(self.converted)]
-                read, cache = lambda: folder.read_converted(self.root, self.converted), self.converted
+                read = lambda allocate: folder.read_converted(self.root, self.converted, allocate)  # noqa: E731
+                cache = self.converted
             # no files: the reader finds none (and says so) or downloads them, and the next start maps them
-            self.pools[part] = mapped_pool(cache, f"{self.source}-{part}", files, read) if files else read()
+            self.pools[part] = mapped_pool(cache, f"{self.source}-{part}", files, read) if files else \
+                read(in_memory)
         return self.pools[part]
 
     def split(self, split: str) -> Pool:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .common import DataError, Pool, as_given
+from .common import Allocate, DataError, Pool, as_given, in_memory
 
 NUM_CLASSES = 10
 IMAGE_SHAPE = (32, 32, 3)
@@ -39,7 +39,7 @@ def _check_arrays(images: np.ndarray, labels: np.ndarray, source: str) -> None:
         raise DataError(f"{source}: labels span {labels.min()}..{labels.max()}; expected 0..{NUM_CLASSES - 1}{fix}")
 
 
-def read_npz_shards(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | None:
+def read_npz_shards(root: Path, prefix: str, allocate: Allocate = in_memory) -> tuple[np.ndarray, np.ndarray] | None:
     """All ``{prefix}-*.npz`` shards under root, in name order; None when there are none."""
     shards = shard_files(root, prefix)
     if not shards:
@@ -47,7 +47,7 @@ def read_npz_shards(root: Path, prefix: str) -> tuple[np.ndarray, np.ndarray] | 
     # The labels first (small), then each shard's images into their place: the memory of the images
     # and one shard, not twice the images (a concatenation).
     labels = [read_shard(shard, "labels") for shard in shards]
-    images = np.empty((sum(map(len, labels)), *IMAGE_SHAPE), np.uint8)
+    images = allocate((sum(map(len, labels)), *IMAGE_SHAPE))
     filled = 0
     for shard, shard_labels in zip(shards, labels):
         shard_images = read_shard(shard, "images")
@@ -104,9 +104,9 @@ def read_torchvision(root: Path, train: bool, download: bool) -> tuple[np.ndarra
     return images, labels
 
 
-def read(root: Path, part: str, download: bool = True) -> Pool:
+def read(root: Path, part: str, download: bool = True, allocate: Allocate = in_memory) -> Pool:
     """The ``train`` or ``test`` pool: npz shards if there are any, else torchvision's folder."""
-    arrays = read_npz_shards(root, part) if root.is_dir() else None
+    arrays = read_npz_shards(root, part, allocate) if root.is_dir() else None
     if arrays is None:
         arrays = read_torchvision(root, train=part == "train", download=download)
     if arrays is None and part == HELD_OUT and root.is_dir() and any(root.glob("train-*.npz")):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +27,16 @@ def as_given(path: Path) -> str:
     """``path`` for a message, as the user gave it (a symlink by its own name, not its target's),
     with the absolute path it means from here when it is relative."""
     return str(path) if path.is_absolute() else f"{path} ({os.path.abspath(path)})"
+
+
+# Makes the array a reader fills with a pool's images: ``allocate(shape)`` -> uint8 array of that
+# shape. ``np.empty`` by default; mapped.py's writes the file that every process then maps, so
+# that the images are never all in a reader's own memory.
+Allocate = Callable[[tuple[int, ...]], np.ndarray]
+
+
+def in_memory(shape: tuple[int, ...]) -> np.ndarray:
+    return np.empty(shape, np.uint8)
 
 
 @dataclass

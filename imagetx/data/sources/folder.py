@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from ...io.atomic import atomic_write, remove_stale_temporaries
 from ..images import CROPS, FILTERS, prepare_image
-from .common import DataError, Pool, as_given, write_npz
+from .common import Allocate, DataError, Pool, as_given, in_memory, write_npz
 
 SUFFIXES = {".png", ".jpg", ".jpeg"}
 SHARD_SIZE = 1000  # images per shard (fewer when some were skipped)
@@ -177,7 +177,7 @@ def read(root: Path, part: str = "train", image_size: int = 32, crop: str = "cen
     return read_converted(root, convert(root, image_size, crop, resize, cache, rebuild))
 
 
-def read_converted(root: Path, out: Path) -> Pool:
+def read_converted(root: Path, out: Path, allocate: Allocate = in_memory) -> Pool:
     """The images of a finished conversion of ``root`` into ``out``."""
     manifest = json.loads((out / "manifest.json").read_text())
     classes = manifest["classes"]
@@ -190,7 +190,7 @@ def read_converted(root: Path, out: Path) -> Pool:
     for shard in shards:
         shard_images = read_converted_shard(shard, "images")
         if images is None:
-            images = np.empty((sum(map(len, labels)), *shard_images.shape[1:]), np.uint8)
+            images = allocate((sum(map(len, labels)), *shard_images.shape[1:]))
         images[filled : filled + len(shard_images)] = shard_images
         filled += len(shard_images)
     if images is None or not len(images):

@@ -26,7 +26,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from .common import DataError, Pool, as_given
+from .common import Allocate, DataError, Pool, as_given, in_memory
 
 NUM_CLASSES = 1000
 HELD_OUT = "val"  # the official validation set
@@ -93,7 +93,7 @@ def pool_files(root: Path, part: str) -> list[Path]:
     return find(root, part) if root.is_dir() else []
 
 
-def read(root: Path, part: str) -> Pool:
+def read(root: Path, part: str, allocate: Allocate = in_memory) -> Pool:
     """The ``train`` or ``val`` pool: images uint8 (N, S, S, 3) and labels 0..999."""
     root = root.expanduser()
     files = find(root, part) if root.is_dir() else []
@@ -109,12 +109,12 @@ def read(root: Path, part: str) -> Pool:
         count, file_side = len(data), math.isqrt(data.shape[1] // 3)
         if images is None:
             side = file_side
-            images = np.empty((int(count * len(files) * 1.01) + 1, side, side, 3), np.uint8)  # 1 %: batches differ
+            images = allocate((count * len(files), side, side, 3))  # the first batch is the largest
         elif file_side != side:
             raise DataError(f"{path} holds {file_side}x{file_side} images, {files[0]} {side}x{side}: keep one "
                             "variant under --data.root")
         if filled + count > len(images):  # more than expected: grow (copies once)
-            grown = np.empty((filled + count * (len(files) - i), side, side, 3), np.uint8)
+            grown = in_memory((filled + count * (len(files) - i), side, side, 3))
             grown[:filled] = images[:filled]
             images = grown
         images[filled : filled + count] = data.reshape(count, 3, side, side).transpose(0, 2, 3, 1)

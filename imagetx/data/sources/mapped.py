@@ -30,7 +30,7 @@ import numpy as np
 from lightning.pytorch.utilities import rank_zero_info
 
 from ...io.atomic import exclusive, fsync_directory
-from .common import Pool
+from .common import Allocate, Pool, in_memory
 
 FORMAT = 1  # the cache's layout; a new layout takes a new number, so that no old cache is misread
 IMAGES, LABELS, META = "images.u8", "labels.npy", "pool.json"
@@ -45,15 +45,16 @@ def fingerprint(files: list[Path]) -> str:
     return hashlib.sha256(json.dumps(listing).encode()).hexdigest()
 
 
-def mapped_pool(cache: Path, name: str, files: list[Path], read: Callable[[], Pool]) -> Pool:
-    """The pool ``read()`` gives, from its memory-mapped copy under ``cache`` (written first where
-    there is none for these ``files``), or from ``read()`` itself where ``cache`` cannot be written."""
+def mapped_pool(cache: Path, name: str, files: list[Path], read: Callable[[Allocate], Pool]) -> Pool:
+    """The pool ``read(allocate)`` gives, from its memory-mapped copy under ``cache`` (written first
+    where there is none for these ``files``: ``read`` fills the mapped file itself), or read into
+    memory where ``cache`` cannot be written."""
     folder = cache / f"{name}-{fingerprint(files)[:16]}"
     try:
         cache.mkdir(parents=True, exist_ok=True)
         with exclusive(cache / f".{name}.lock"):
             if not (folder / META).is_file():
-                write(folder, read())
+                write(folder, read)
                 for older in cache.glob(f"{name}-*"):  # the copies of an earlier version of the source
                     if older != folder and (older / META).is_file():
                         shutil.rmtree(older, ignore_errors=True)
@@ -61,23 +62,39 @@ def mapped_pool(cache: Path, name: str, files: list[Path], read: Callable[[], Po
     except OSError as error:
         rank_zero_info(f"data: {name} read into memory, not shared: its cache {cache} cannot be written "
                        f"({error.strerror or error}); --data.cache DIR names another")
-        return read()
+        return read(in_memory)
 
 
-def write(folder: Path, pool: Pool) -> None:
-    """``pool`` into ``folder``, whole or not at all: written beside it, then renamed into place."""
+def write(folder: Path, read: Callable[[Allocate], Pool]) -> None:
+    """The pool ``read`` gives into ``folder``, whole or not at all: written beside it, then renamed
+    into place. ``read`` fills the images file through the allocator it is given; a pool it gives
+    in another array (a download, read whole) is written out after."""
     temporary = Path(tempfile.mkdtemp(prefix=f".{folder.name}.", suffix=".tmp", dir=folder.parent))
     try:
-        images = np.ascontiguousarray(pool.images)
-        with open(temporary / IMAGES, "wb") as handle:
-            handle.write(memoryview(images.reshape(-1)))
-            handle.flush()
+        allocated: list[np.memmap] = []
+
+        def allocate(shape: tuple[int, ...]) -> np.ndarray:
+            allocated.append(np.memmap(temporary / IMAGES, dtype=np.uint8, mode="w+", shape=shape))
+            return allocated[-1]
+
+        pool = read(allocate)
+        images = pool.images
+        if allocated and np.shares_memory(images, allocated[-1]):  # filled in place: keep its first images
+            allocated[-1].flush()
+            del allocated[:]
+            os.truncate(temporary / IMAGES, images.nbytes)
+        else:
+            images = np.ascontiguousarray(images)
+            with open(temporary / IMAGES, "wb") as handle:
+                handle.write(memoryview(images.reshape(-1)))
+        with open(temporary / IMAGES, "rb+") as handle:
             os.fsync(handle.fileno())
         if pool.labels is not None:
             np.save(temporary / LABELS, pool.labels.astype(np.int64, copy=False))
         meta = {"format": FORMAT, "shape": list(images.shape), "labels": pool.labels is not None,
                 "num_classes": pool.num_classes, "where": pool.where}
         (temporary / META).write_text(json.dumps(meta))
+        del pool, images
         os.replace(temporary, folder)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
