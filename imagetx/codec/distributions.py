@@ -23,6 +23,7 @@ arithmetic settings (arithmetic.py).
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -48,18 +49,28 @@ def quantise(probs: Tensor) -> Tensor:
     One float -> int rounding (floor of p · (TOTAL − 256)), then integers only: every value
     gets 1 more, and what is left of TOTAL goes to the row's largest frequency (the first, at a
     tie), which holds at least TOTAL / 256, so no value can fall below 1."""
-    if not bool(torch.isfinite(probs).all()) or bool((probs < 0).any()):
+    p = probs.numpy()  # (numpy: a call on these small arrays costs a fraction of a torch call)
+    if not np.isfinite(p).all() or (p < 0).any():
         raise FloatingPointError("the model's probabilities are not finite (NaN or infinite weights?)")
     free = TOTAL - LEVELS * MIN_FREQUENCY
-    freq = torch.floor(probs.clamp(max=1.0) * free).long() + MIN_FREQUENCY
-    largest = freq.argmax(dim=-1, keepdim=True)
-    left = TOTAL - freq.sum(dim=-1, keepdim=True)
-    return freq.scatter_add(-1, largest, left)
+    freq = np.floor(np.minimum(p, 1.0) * free).astype(np.int64) + MIN_FREQUENCY
+    rows = np.arange(freq.shape[0])
+    largest = freq.argmax(axis=-1)  # the first, at a tie
+    freq[rows, largest] += TOTAL - freq.sum(axis=-1)
+    return torch.from_numpy(freq)
 
 
 def categorical_probs(logits: Tensor) -> Tensor:
     """(N, 256) logits -> (N, 256) float64 probabilities."""
-    return float64.softmax(logits.double())
+    return torch.from_numpy(float64.softmax(logits.double().numpy()))
+
+
+# The mixture's CDF at the 255 edges e_j = e_0 + 2j·HALF_BIN: for each component, with
+# a = (e_0 − m)·e^−s and d = 2·HALF_BIN·e^−s, e^−(a + jd) for j = 16p + q is the product of
+# e^−(a + 16p·d) and e^−(q·d), so 2 × 16 exps give all 256 (the last unused), not 255 exps.
+# (The two saturate where e^−(a + jd) passes 1e±307, where the CDF is 0 or 1 to 1e-307.)
+EDGE_BLOCK = 16
+assert EDGE_BLOCK * EDGE_BLOCK >= LEVELS - 1
 
 
 class PixelDistributions:
@@ -67,20 +78,30 @@ class PixelDistributions:
 
     ``channel(c)`` gives (N, 256) probabilities of channel c given the levels of the earlier
     channels, which ``observe(c, levels)`` records (the encoder: the true levels; the decoder:
-    the levels just decoded; both the same)."""
+    the levels just decoded; both the same). Computed on numpy float64 arrays (float64.py)."""
 
     def __init__(self, head: DMOLHead, params: Tensor) -> None:
-        logits, means, log_scales, coeffs = head.split(params.double())  # (N, K), (N, 3, K) each
-        self.means, self.coeffs = means, coeffs
-        self.inv_scales = float64.exp(-log_scales)  # (N, 3, K)
-        self.log_weights = float64.log_softmax(logits)  # (N, K): the posterior, before any channel
-        self.levels: list[Tensor] = []  # (N,) long, R then G
-        self.bins = torch.arange(LEVELS, dtype=torch.float64) / HALF_RANGE - 1.0  # each level's bin centre
-        self.edges = (self.bins[:-1] + HALF_BIN)[None, None, :]  # the upper edge of every level but the last
+        logits, means, log_scales, coeffs = (part.numpy() for part in head.split(params.double()))
+        self.means, self.coeffs = means, coeffs  # (N, 3, K) each
+        # (each exp or log of this step's arrays that can, in one call: float64.at_once)
+        shifted = logits - logits.max(axis=-1, keepdims=True)
+        self.inv_scales, odds = float64.at_once(float64.exp, -log_scales, shifted)  # (N, 3, K), (N, K)
+        total = float64.tree_sum(odds, -1)[..., None]
+        # log(1 − e^−w), w = 2·HALF_BIN·e^−s: the log of an interior bin's width factor, every channel
+        width = (2.0 * HALF_BIN) * self.inv_scales
+        narrow = float64.exp(-width)
+        log_narrow, log_total = float64.at_once(float64.log, narrow, total)
+        self.log_gaps = float64.log(-float64.expm1_from(-width, narrow, log_narrow))
+        # (N, K) each: the components' posterior and its log, before any channel (a softmax)
+        self.weights, self.log_weights = odds / total, shifted - log_total
+        self.levels: list[np.ndarray] = []  # (N,) int64, R then G (B's too, once observed)
+        self.posterior_of = 0  # the channels taken into the posterior so far (``observe`` leaves it to ``channel``)
+        block = np.arange(EDGE_BLOCK, dtype=np.float64)
+        self.steps = (block * EDGE_BLOCK, block)  # j = 16p + q: the multiples of d in p's and q's factor
 
-    def coupled_mean(self, channel: int) -> Tensor:
-        """(N, K): m_R = μ_R, m_G = μ_G + α x_R, m_B = μ_B + β x_R + γ x_G (docs/model.md §5)."""
-        x = [level.double() / HALF_RANGE - 1.0 for level in self.levels]
+    def coupled_mean(self, channel: int) -> np.ndarray:
+        """(N, K) for the channel: m_R = μ_R, m_G = μ_G + α x_R, m_B = μ_B + β x_R + γ x_G (docs/model.md §5)."""
+        x = [level.astype(np.float64) / HALF_RANGE - 1.0 for level in self.levels[:channel]]
         mean = self.means[:, channel]
         if channel >= 1:
             mean = mean + self.coeffs[:, 0 if channel == 1 else 1] * x[0][:, None]
@@ -99,31 +120,49 @@ class PixelDistributions:
             raise ValueError(f"channel {channel} asked before channels 0..{channel - 1} were observed")
         mean = self.coupled_mean(channel)  # (N, K)
         inv_s = self.inv_scales[:, channel]
-        # (edge − m)·e^−s for every component and edge, (N, K, 255): −m·e^−s + e^−s·edge, one product
-        # and one sum each (as addcmul computes it without an FMA)
-        standard = (-mean * inv_s)[:, :, None] + inv_s[:, :, None] * self.edges
-        # the mixture's CDF, Σ_k w_k·σ(standard_k), (N, 255): summed over k in a fixed order
-        weighted = float64.exp(self.log_weights)[:, :, None] * float64.sigmoid(standard)
-        cdf = float64.tree_sum(weighted, 1)
+        a = ((HALF_BIN - 1.0) - mean) * inv_s  # the first edge, standardised
+        d = (2.0 * HALF_BIN) * inv_s  # the standardised distance between neighbouring edges
+        # (N, K, 32): the exponents of e^−(a + 16p·d), then of e^−(q·d)
+        exponents = -np.concatenate([a[..., None] + d[..., None] * self.steps[0], d[..., None] * self.steps[1]], -1)
+        while self.posterior_of < channel - 1:  # (a channel observed but never asked for)
+            self.take_in(exponents[..., :0])
+        if self.posterior_of < channel:  # the posterior given the earlier channel's levels, first
+            factors = self.take_in(exponents)
+        else:
+            factors = float64.exp(exponents)
+        coarse, fine = factors[..., :EDGE_BLOCK], factors[..., EDGE_BLOCK:]
+        tail = (coarse[..., :, None] * fine[..., None, :]).reshape(*a.shape, -1)[..., :LEVELS - 1]
+        sigmoid = 1.0 / (1.0 + tail)  # (N, K, 255): each component's CDF at the edges
+        # the mixture's CDF, Σ_k w_k·σ_k, (N, 255): summed over k in a fixed order
+        cdf = float64.tree_sum(self.weights[..., None] * sigmoid, 1)
         count = cdf.shape[0]
-        below, above = cdf.new_zeros(count, 1), cdf.new_ones(count, 1)
-        return torch.diff(cdf, prepend=below, append=above).clamp(min=0.0)
+        padded = np.concatenate([np.zeros((count, 1)), cdf, np.ones((count, 1))], axis=1)
+        return torch.from_numpy(np.maximum(padded[:, 1:] - padded[:, :-1], 0.0))
 
-    def level_log_mass(self, channel: int, levels: Tensor) -> Tensor:
-        """(N, K): log of each component's mass of the given levels, exactly as
-        ``DMOLHead.channel_log_probs`` computes it (in logs: no mass lost far in a tail)."""
-        inv_s = self.inv_scales[:, channel]  # (N, K)
-        centered = (levels.double() / HALF_RANGE - 1.0)[:, None] - self.coupled_mean(channel)
+    def take_in(self, exponents: np.ndarray) -> np.ndarray:
+        """The posterior given the last observed channel's levels, in ``weights`` and
+        ``log_weights``; -> e^``exponents``, computed in the same exp call."""
+        observed = self.posterior_of
+        levels = self.levels[observed]
+        # log of each component's mass of the observed levels, as ``DMOLHead.channel_log_probs``
+        # computes it (in logs: no mass lost far in a tail)
+        inv_s = self.inv_scales[:, observed]  # (N, K)
+        centered = (levels.astype(np.float64) / HALF_RANGE - 1.0)[:, None] - self.coupled_mean(observed)
         upper = inv_s * (centered + HALF_BIN)
         lower = inv_s * (centered - HALF_BIN)
-        log_sigmoid = float64.logsigmoid
-        interior = log_sigmoid(upper) + log_sigmoid(-lower) + float64.log(-float64.expm1(-2.0 * HALF_BIN * inv_s))
+        edges = np.stack([upper, -lower])  # (2, N, K): log σ of both, at once
+        tails, exps = float64.at_once(float64.exp, -np.abs(edges), exponents)
+        below_upper, above_lower = float64.logsigmoid_from(edges, tails)
+        interior = below_upper + above_lower + self.log_gaps[:, observed]
         lowest, highest = (levels == 0)[:, None], (levels == LEVELS - 1)[:, None]
-        return torch.where(lowest, log_sigmoid(upper), torch.where(highest, log_sigmoid(-lower), interior))
+        log_mass = np.where(lowest, below_upper, np.where(highest, above_lower, interior))
+        self.weights, self.log_weights = float64.softmax_and_log(self.log_weights + log_mass)
+        self.posterior_of += 1
+        return exps
 
     def observe(self, channel: int, levels: Tensor) -> None:
-        """The channel's levels (N,) long, known: the components' posterior takes them in."""
+        """The channel's levels (N,) long, known: the components' posterior takes them in (when
+        the next channel is asked for: B's, the last, never is)."""
         if channel != len(self.levels):
             raise ValueError(f"observe channel {channel} after channels 0..{channel - 1}")
-        self.log_weights = float64.log_softmax(self.log_weights + self.level_log_mass(channel, levels))
-        self.levels.append(levels)
+        self.levels.append(levels.numpy())
