@@ -1,9 +1,12 @@
 """Files that travel (docs/compress.md, "Files that travel"): ``imagetx-compress`` codes with
 portable arithmetic, so a file made on one machine decodes on another. Two machines are played
-by two processes of this one that differ in ATen's CPU kernels and MKL's instruction set, as an
-AVX-512 and an AVX2 machine (or an AVX2 machine and one without) differ; the commands run as
-programs, restarting themselves with the arithmetic they need. The control, native kernels,
-fails there with one line saying why."""
+by two processes of this one that differ in what differs between two CPUs of this vendor, as an
+AVX-512 and an AVX2 machine (or an AVX2 machine and one without FMA or AVX2) differ: ATen's CPU
+kernels and glibc's libm variant (FMA or not) everywhere, and on Intel CPUs MKL's instruction
+set too (MKL_ENABLE_INSTRUCTIONS; on AMD CPUs MKL ignores it, which a control checks). The
+commands run as programs, restarting themselves with the arithmetic they need. The control,
+native kernels, fails there with one line saying why. And a process whose MKL started without
+MKL_CBWR=COMPATIBLE never writes a file labelled portable, whatever its environment says later."""
 
 from __future__ import annotations
 
@@ -29,19 +32,40 @@ MACHINES = {"AVX512": ({"ATEN_CPU_CAPABILITY": "avx512", "MKL_ENABLE_INSTRUCTION
                        {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}),
             "AVX2": ({"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"},
                      {"ATEN_CPU_CAPABILITY": "default", "MKL_ENABLE_INSTRUCTIONS": "SSE4_2"})}
+# The second machine has no FMA either: glibc's libm then runs its non-FMA variants (the x86-64 CPU
+# features its dispatch chooses by, masked).
+NO_FMA = {"GLIBC_TUNABLES": "glibc.cpu.hwcaps=-AVX2,-FMA,-AVX512F"}
+INTEL = "GenuineIntel"
+
+
+def vendor() -> str:
+    """The CPU's vendor as Linux lists it (GenuineIntel, AuthenticAMD, ...)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return "unknown"
+    return next((line.split(":", 1)[1].strip() for line in lines if line.startswith("vendor_id")), "unknown")
 
 
 def machines() -> tuple[dict, dict]:
+    """Two machines of this CPU's vendor. MKL chooses its code by MKL_ENABLE_INSTRUCTIONS only on
+    Intel CPUs (elsewhere it ignores it: ``test_control_mkl_ignores_its_instruction_set_on_other_cpus``),
+    so only there is it a difference between the two."""
     best = torch.backends.cpu.get_cpu_capability()
     if best not in MACHINES:
         pytest.skip(f"this CPU's best ATen kernels are {best}: two machines need AVX2 or AVX-512 here")
-    return MACHINES[best]
+    first, second = MACHINES[best]
+    if vendor() != INTEL:
+        first, second = ({key: value for key, value in machine.items() if key != "MKL_ENABLE_INSTRUCTIONS"}
+                         for machine in (first, second))
+    return first, {**second, **NO_FMA}
 
 
 def command(name: str, *args: str, machine: dict[str, str]) -> subprocess.CompletedProcess:
     """``python -m imagetx.NAME ARGS`` as a program on ``machine``: a fresh environment without the
     portable settings or a restart's mark, so that the command sets them itself."""
-    env = {key: value for key, value in os.environ.items() if key not in (*PORTABLE_ENVIRONMENT, RESTARTED)}
+    env = {key: value for key, value in os.environ.items()
+           if key not in (*PORTABLE_ENVIRONMENT, RESTARTED, "MKL_ENABLE_INSTRUCTIONS", "GLIBC_TUNABLES")}
     return subprocess.run([sys.executable, "-m", f"imagetx.{name}", *args, "--progress", "false"], cwd=REPO,
                           env={**env, **machine, "OMP_NUM_THREADS": "1"}, capture_output=True, text=True)
 
@@ -97,3 +121,75 @@ def test_the_committed_portable_file_decodes_on_every_machine(tmp_path):
         assert np.array_equal(np.load(out)["images"], expected)
     else:
         assert f"torch {recorded.torch}" in decoded.stderr.strip().splitlines()[-1], decoded.stderr
+
+
+# float32 products of the shipped model's shapes (a decoding step's projections), by MKL's SGEMM,
+# in a process of the given MKL setting: their bits, to compare between two processes of this machine.
+SGEMM = """
+import sys, numpy as np, torch
+torch.set_num_threads(1)
+g = torch.Generator().manual_seed(0)
+a, b = torch.randn(8, 128, generator=g), torch.randn(128, 512, generator=g)
+np.save(sys.argv[1], (a @ b).numpy())
+"""
+
+
+def test_control_mkl_ignores_its_instruction_set_on_other_cpus(tmp_path):
+    """Why the two machines differ in MKL_ENABLE_INSTRUCTIONS only on Intel CPUs: elsewhere MKL
+    computes the same bits under AVX512, AVX2 and SSE4_2 (the issue measured a model's
+    parameters bitwise equal). Where this fails, MKL does choose by it here: vary it."""
+    if vendor() == INTEL:
+        pytest.skip("an Intel CPU: MKL chooses its code by MKL_ENABLE_INSTRUCTIONS, and the machines vary it")
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this torch has no MKL")
+    env = {key: value for key, value in os.environ.items() if key not in ("MKL_CBWR", "MKL_ENABLE_INSTRUCTIONS")}
+    products = []
+    for instructions in ("AVX512", "AVX2", "SSE4_2"):
+        path = tmp_path / f"{instructions}.npy"
+        run = subprocess.run([sys.executable, "-c", SGEMM, str(path)], env={**env, "MKL_ENABLE_INSTRUCTIONS": instructions},
+                             capture_output=True, text=True)
+        assert run.returncode == 0, run.stderr
+        products.append(np.load(path))
+    assert all(np.array_equal(product.view(np.int32), products[0].view(np.int32)) for product in products)
+
+
+# A program started without MKL_CBWR that scores (MKL's first run) and only then sets it, as in
+# issue 111: MKL runs its own code path, so compress must not write a file labelled portable.
+LATE_SETTING = """
+import os, sys, numpy as np, torch
+from imagetx.codec import CodecError, compress, decompress, read_header
+from imagetx.io.load import load_model
+torch.set_num_threads(1)
+model = load_model(sys.argv[1])
+images = np.load(sys.argv[2])["images"][:1]
+with torch.no_grad():
+    model.nll(torch.from_numpy(images))
+os.environ["MKL_CBWR"] = "COMPATIBLE"
+try:
+    compress(model, images)
+    print("written portable")
+except CodecError as error:
+    print("refused:", error)
+data = compress(model, images, portable=False)
+print("label:", read_header(data).arithmetic)
+assert (decompress(model, data) == images).all()
+print("decoded")
+"""
+
+
+def test_mkl_cbwr_set_after_mkl_ran_gives_no_portable_file(tmp_path):
+    """Before issue 111 the file was written and labelled portable (the environment said
+    MKL_CBWR=COMPATIBLE), and imagetx-decompress refused it: MKL had run its own code path. Now
+    compress asks MKL which path it runs: it refuses in one line naming the fix, and a native
+    file (portable=False) says so and decodes."""
+    if not torch.backends.mkl.is_available():
+        pytest.skip("this torch has no MKL: it has no portable arithmetic")
+    env = {key: value for key, value in os.environ.items() if key not in (*PORTABLE_ENVIRONMENT, RESTARTED)}
+    run = subprocess.run([sys.executable, "-c", LATE_SETTING, str(SHIPPED), str(ASSETS / "cifar10_val_first32.npz")],
+                         cwd=REPO, env={**env, "ATEN_CPU_CAPABILITY": "default", "OMP_NUM_THREADS": "1"},
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+    refused, label, decoded = run.stdout.strip().splitlines()
+    assert refused.startswith("refused: MKL runs its CPU's own code path"), refused
+    assert f"start Python with {' '.join(f'{k}={v}' for k, v in PORTABLE_ENVIRONMENT.items())}" in refused
+    assert label == f"label: native DEFAULT kernels (x86_64, torch {torch.__version__})" and decoded == "decoded"
