@@ -64,7 +64,7 @@ libm = {"exp": torch.exp, "log": torch.log, "log1p": torch.log1p, "expm1": torch
 out = {"probs": torch.cat(probs).numpy()}
 for name, value in inputs.items():
     out["torch_" + name] = libm[name](value).numpy()
-    out["ours_" + name] = getattr(float64, name)(value).numpy()
+    out["ours_" + name] = getattr(float64, name)(value.numpy())
 np.savez(sys.argv[1], **out)
 """
 
