@@ -14,13 +14,14 @@ Lightning)::
     model = load_model("runs/quick/checkpoints/last.ckpt")  # a training checkpoint, or a folder
 """
 
-from .io.errors import CheckpointError
-from .io.hub import from_pretrained, push_to_hub, save_pretrained
-from .io.load import load_model
-from .model import (AttentionConfig, ImageTransformer, ModelConfig, SuperResolutionConfig, SuperResolutionTransformer,
-                    build_model)
+from .io.lazy import lazy_names
 
-__all__ = ["AttentionConfig", "CheckpointError", "ImageTransformer", "ModelConfig", "SuperResolutionConfig",
-           "SuperResolutionTransformer", "build_model", "from_pretrained", "load_model", "push_to_hub",
-           "save_pretrained"]
+# Where each public name lives: imported on first use (io/lazy.py), not with the package.
+PUBLIC = {"CheckpointError": ".io.errors", "from_pretrained": ".io.hub", "push_to_hub": ".io.hub",
+          "save_pretrained": ".io.hub", "load_model": ".io.load", "AttentionConfig": ".model",
+          "ImageTransformer": ".model", "ModelConfig": ".model", "SuperResolutionConfig": ".model",
+          "SuperResolutionTransformer": ".model", "build_model": ".model"}
+
+__all__ = sorted(PUBLIC)
 __version__ = "0.1.0"
+__getattr__, __dir__ = lazy_names(__name__, PUBLIC)

@@ -29,20 +29,19 @@ import time
 from argparse import ArgumentError
 from pathlib import Path
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import parse, parser_for, run_or_exit
 from .cli.shipped import resolve
-from .codec.api import DEFAULT_THREADS, check_model, compress_with_stats
-from .codec.arithmetic import restart_with
 from .codec.container import MAX_BATCH
-from .codec.classical import available, sizes
-from .codec.files import Input, check_output, read_images, write_file
-from .io.load import load_model
-from .model.modes import eval_mode
-from .model.transformer import ImageTransformer
+from .codec.files import Input, check_output, input_files, read_images, write_file
+from .io.names import check_model_path
+
+if TYPE_CHECKING:  # torch and the model are imported once the arguments are checked (run)
+    from .model.transformer import ImageTransformer
 
 # The lossless formats a picture is kept in beside imagetx's file (the demo shows JPEG XL too, where
 # its plugin is installed; here the two that Pillow always has).
@@ -58,7 +57,8 @@ def build_parser() -> ArgumentParser:
     parser.add_argument("--out", type=str, required=True, help="the compressed file to write")
     parser.add_argument("--batch", type=int | None, default=None,
                         help=f"images coded together in one pass (default: all, up to {MAX_BATCH})")
-    parser.add_argument("--threads", type=int, default=DEFAULT_THREADS, help="torch threads while coding")
+    parser.add_argument("--threads", type=int | None, default=None,
+                        help="torch threads while coding (default: the codec's DEFAULT_THREADS, codec/api.py)")
     parser.add_argument("--portable", type=bool, default=True,
                         help="code with portable arithmetic: the file decodes on any x86-64 machine with this torch")
     parser.add_argument("--force", type=bool, nargs="?", const=True, default=False,
@@ -69,8 +69,21 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
+def check_arguments(args: Namespace) -> None:
+    """What can be refused before torch is imported (and before the restart with portable
+    arithmetic, ``command``): --out, the inputs' paths, --ckpt's path."""
+    check_output(args.out, args.force)
+    input_files(args.inputs)
+    check_model_path(resolve(args.ckpt))
+
+
 def run(args: Namespace) -> dict:
-    out = check_output(args.out, args.force)
+    check_arguments(args)
+    # here, not above: a bad argument is refused before torch and the model are imported
+    from .codec.api import DEFAULT_THREADS, check_model, compress_with_stats
+    from .io.load import load_model
+
+    out = Path(args.out)
     model = load_model(resolve(args.ckpt))  # pretrained/...: also from an installed wheel
     check_model(model)
     inputs = read_images(args.inputs, model.config.image_size)
@@ -80,7 +93,8 @@ def run(args: Namespace) -> dict:
             print(f"input {line}", file=sys.stderr)  # a folder: one line, not one a file
     images = np.concatenate([given.images for given in inputs])
     started = time.perf_counter()
-    data, stats = compress_with_stats(model, images, args.batch, args.threads, args.progress, args.portable)
+    threads = DEFAULT_THREADS if args.threads is None else args.threads
+    data, stats = compress_with_stats(model, images, args.batch, threads, args.progress, args.portable)
     seconds = time.perf_counter() - started
     write_file(out, data)
     result = {"out": str(out), "images": stats.images, "bytes": stats.file_bytes,
@@ -95,6 +109,8 @@ def compared(model: ImageTransformer, inputs: list[Input]) -> dict:
     """Each image's bits/dim under the model beside its own PNG's and WebP's, as the demo's compress
     tab shows them: a line on stderr for each picture named by itself, one for each folder or npz
     (their means); the totals, for the JSON summary."""
+    from .codec.classical import available, sizes
+
     codecs = [name for name in COMPARED if name in available()]
     dims = model.config.dims_per_image
     totals = dict.fromkeys(codecs, 0)
@@ -117,11 +133,14 @@ def compared(model: ImageTransformer, inputs: list[Input]) -> dict:
         {f"{name.lower()}_bits_per_dim": round(8 * total / (dims * count), 4) for name, total in totals.items()}
 
 
-@torch.no_grad()
 def model_bits_per_dim(model: ImageTransformer, images: np.ndarray) -> np.ndarray:
     """(n,) each image's bits/dim under the model: what the codec spends on it, up to the
     quantisation of its distributions and the file's header (docs/compress.md)."""
-    with eval_mode(model):
+    import torch
+
+    from .model.modes import eval_mode
+
+    with torch.no_grad(), eval_mode(model):
         return np.concatenate([model.bits_per_dim(torch.from_numpy(images[start : start + SCORING_BATCH])).numpy()
                                for start in range(0, len(images), SCORING_BATCH)])
 
@@ -135,10 +154,13 @@ def command() -> None:
     """The program (``imagetx-compress``): ``main`` in a process that computes with portable
     arithmetic, restarted with it where it does not, unless ``--portable false``."""
     try:
-        portable = build_parser().parse_args(sys.argv[1:]).portable
+        args = build_parser().parse_args(sys.argv[1:])
     except ArgumentError:
-        portable = False  # main says what is wrong with the command line
-    if portable:
+        args = None  # main says what is wrong with the command line
+    if args is not None and args.portable:
+        run_or_exit(lambda: check_arguments(args))  # refused before the restart, which imports torch
+        from .codec.arithmetic import restart_with
+
         restart_with(True, "imagetx.compress")
     main()
 

@@ -30,11 +30,10 @@ from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import parse, parser_for, run_or_exit
 from .cli.shipped import resolve
-from .codec.api import decompress, read_header
-from .codec.arithmetic import restart_with
 from .codec.container import CodecError
+from .io.errors import CheckpointError
 from .codec.files import check_output, output_kind, read_compressed, write_images
-from .io.load import load_model
+from .io.names import check_model_path
 
 T = TypeVar("T")
 
@@ -53,6 +52,11 @@ def build_parser() -> ArgumentParser:
 
 def run(args: Namespace) -> dict:
     data = read_compressed(args.file)
+    check_model_path(resolve(args.ckpt))
+    # here, not above: a bad argument is refused before torch and the model are imported
+    from .codec.api import decompress, read_header
+    from .io.load import load_model
+
     header = naming_the_file(args.file, lambda: read_header(data))  # refused before the model is loaded
     folder = output_kind(Path(args.out), header.count) == "folder"
     out = check_output(args.out, args.force, folder)
@@ -82,8 +86,18 @@ def command() -> None:
     """The program (``imagetx-decompress``): ``main`` in a process that computes with the arithmetic
     the file records, restarted with it where it does not (files of formats 1 and 2: native)."""
     try:
-        header = read_header(read_compressed(build_parser().parse_args(sys.argv[1:]).file))
-    except (ArgumentError, CodecError):
+        args = build_parser().parse_args(sys.argv[1:])
+        data = read_compressed(args.file)
+        check_model_path(resolve(args.ckpt))
+    except (ArgumentError, CodecError, CheckpointError):
+        main()  # it says what is wrong, before torch is imported
+        return
+    from .codec.api import read_header  # torch, as the restart does
+    from .codec.arithmetic import restart_with
+
+    try:
+        header = read_header(data)
+    except CodecError:
         header = None  # main says what is wrong
     if header is not None:
         restart_with(header.arithmetic is not None and header.arithmetic.portable, "imagetx.decompress")

@@ -23,18 +23,15 @@ import json
 from pathlib import Path
 from typing import Literal
 
-import torch
 from jsonargparse import ArgumentParser, Namespace
 
 from .cli.common import check_not_taken, parse, parser_for, run_or_exit
-from .io.atomic import check_writable
 from .cli.shipped import resolve
-from .io.checkpoint import read_checkpoint
-from .io.hub import model_card, save_pretrained
-from .io.load import load_model, with_exact_box_means
-from .io.weights import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
+from .io.atomic import check_writable
+from .io.names import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, check_model_path
 
-DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+# --dtype: torch's name of each (torch is imported once the arguments are checked, in ``run``)
+DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
 VAL_BPD = "val/bpd"  # the metric training's ModelCheckpoint monitors (train.py)
 
 
@@ -54,13 +51,10 @@ def build_parser() -> ArgumentParser:
     return parser
 
 
-def files_to_write(out: Path, force: bool) -> list[Path]:
+def files_to_write(out: Path) -> list[Path]:
     """The files export writes into ``out``: the weights, the configuration and, where the folder
-    has none, a model card (save_pretrained keeps the one there). Files of those names already
-    there are refused unless ``force``: they may be the user's."""
-    files = [out / WEIGHTS_FILE, out / CONFIG_FILE]
-    check_not_taken(out, files, force)
-    return files + ([] if (out / CARD_FILE).exists() else [out / CARD_FILE])
+    has none, a model card (save_pretrained keeps the one there)."""
+    return [out / WEIGHTS_FILE, out / CONFIG_FILE] + ([] if (out / CARD_FILE).exists() else [out / CARD_FILE])
 
 
 # The Hub's dataset ids of the sources it holds (a folder of one's own images has none).
@@ -71,6 +65,9 @@ def card_for(ckpt: str) -> str:
     """The model card of the exported folder: a weights folder's own card, kept (a shipped model's
     describes it: its results, its data, how it was trained); a checkpoint's says what training
     recorded in it (``training_facts``) below the generic text."""
+    from .io.checkpoint import read_checkpoint  # torch: imported once the arguments are checked (run)
+    from .io.hub import model_card
+
     source = Path(resolve(ckpt))
     if source.is_dir():
         own = source / CARD_FILE
@@ -102,14 +99,28 @@ def training_facts(checkpoint: dict) -> list[str]:
     return facts
 
 
+def check_arguments(args: Namespace) -> None:
+    """What can be refused before torch is imported: a --ckpt that does not exist, and files of the
+    names export writes already in --out, unless --force (they may be the user's)."""
+    check_model_path(resolve(args.ckpt))
+    check_not_taken(Path(args.out), [Path(args.out) / WEIGHTS_FILE, Path(args.out) / CONFIG_FILE], args.force)
+
+
 def run(args: Namespace) -> dict:
+    check_arguments(args)
+    # here, not above: a bad argument is refused before these (torch, the model) are imported
+    import torch
+
+    from .io.hub import save_pretrained
+    from .io.load import load_model, with_exact_box_means
+
     model = load_model(args.ckpt)  # a bad checkpoint is refused before anything is written
     if args.exact_box_means is not None:
         model = with_exact_box_means(model, args.exact_box_means)  # refused as early
     out = check_writable(args.out, "--out")
-    files = files_to_write(out, args.force)
+    files = files_to_write(out)
     card = None if (out / CARD_FILE).exists() else card_for(args.ckpt)  # a card in --out is the user's: kept
-    save_pretrained(model.to(DTYPES[args.dtype]), out, card)
+    save_pretrained(model.to(getattr(torch, DTYPES[args.dtype])), out, card)
     return {"out": str(out), "files": [str(path) for path in files], "dtype": args.dtype,
             "parameters": sum(p.numel() for p in model.parameters()), "bytes": sum(p.stat().st_size for p in files),
             "exact_box_means": bool(model.config.superres and model.config.superres.exact_box_means),

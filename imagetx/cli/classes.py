@@ -9,8 +9,6 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from ..data.sources import default_root
-
 # CIFAR-10's label_names (batches.meta), in the order of its labels 0..9.
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -21,6 +19,7 @@ def class_names(source: str, root: str | None, num_classes: int) -> list[str] | 
     if source == "cifar10":
         names = list(CIFAR10_CLASSES)
     elif source == "folder":
+        from ..data.sources import default_root  # here: the data sources import torch and more
         from ..data.sources.folder import scan  # a walk of the folder: only for a conditional model
 
         folder = Path(root).expanduser() if root else default_root()

@@ -16,15 +16,16 @@ import sys
 from argparse import ArgumentError, RawDescriptionHelpFormatter
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
-import torch
 from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse.typing import register_type
 
 from ..io.errors import CheckpointError
-from ..data.sources import DataError
 from .errors import describe_parse_error
+
+if TYPE_CHECKING:
+    import torch
 
 T = TypeVar("T")
 
@@ -35,7 +36,18 @@ class ConfigError(ValueError):
 
 # FloatingPointError: a run stopped by non-finite steps (NonFiniteLossError, nonfinite.py), or a
 # model whose outputs are not finite asked to sample (sampler.py): one line, like bad input.
-BAD_INPUT = (ConfigError, DataError, CheckpointError, FloatingPointError, OSError, ValueError)
+BAD_INPUT = (ConfigError, CheckpointError, FloatingPointError, OSError, ValueError)
+# Bad input of modules this one does not import, so that a command refuses a bad argument before
+# torch and the data sources are imported (``python -X importtime``: they are most of a cold
+# start): {module: its error}. An error of a module not yet imported cannot have been raised.
+LATER_BAD_INPUT = {"imagetx.data.sources.common": "DataError"}
+
+
+def bad_input() -> tuple[type[BaseException], ...]:
+    """``BAD_INPUT`` and the errors of ``LATER_BAD_INPUT``'s modules imported by now."""
+    later = tuple(getattr(sys.modules[module], name) for module, name in LATER_BAD_INPUT.items()
+                  if module in sys.modules)
+    return BAD_INPUT + later
 
 
 # The exit code of a command stopped by a signal, as shells report one: 128 + the signal's number
@@ -58,7 +70,7 @@ def run_or_exit(command: Callable[[], T]) -> T:
     and how to go on) and exit code ``INTERRUPTED_EXIT`` (a ``Stopped`` by another signal: 128 + its number)."""
     try:
         return command()
-    except BAD_INPUT as error:
+    except bad_input() as error:
         if os.environ.get("IMAGETX_DEBUG"):
             raise
         print("error: " + " ".join(str(error).split()), file=sys.stderr)
@@ -72,6 +84,8 @@ def run_or_exit(command: Callable[[], T]) -> T:
 
 def check_device(device: str | torch.device) -> None:
     """A device this machine has, or a ValueError saying which to use instead."""
+    import torch  # here, not above: a bad argument is refused before torch is imported (LATER_BAD_INPUT)
+
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as error:

@@ -35,12 +35,13 @@ import struct
 import zlib
 from dataclasses import dataclass
 
-import numpy as np
-import torch
+from typing import TYPE_CHECKING
 
-from ..io.older import one_level
-from ..model.transformer import ImageTransformer
-from .arithmetic import Arithmetic
+import numpy as np
+
+if TYPE_CHECKING:  # torch's modules, imported where used: the commands read limits and CodecError before torch
+    from ..model.transformer import ImageTransformer
+    from .arithmetic import Arithmetic
 
 MAGIC = b"ITXC"
 # Version 3 records the arithmetic the file was coded with. Version 2 coded with exactly the
@@ -88,6 +89,10 @@ def model_fingerprint(model: ImageTransformer) -> bytes:
     """SHA-256 of the model's config (its fields in the one-level form files have always been
     fingerprinted in, ``io.older.one_level``, as sorted JSON) and of every tensor of its state
     (name, dtype, shape and bytes, in name order), first ``FINGERPRINT_BYTES`` bytes."""
+    import torch
+
+    from ..io.older import one_level
+
     sha = hashlib.sha256()
     sha.update(json.dumps(one_level(model.config), sort_keys=True, default=str).encode())
     for name, tensor in sorted(model.state_dict().items()):
@@ -148,6 +153,8 @@ def unpack(data: bytes) -> tuple[Header, bytes]:
 
 
 def read_arithmetic(data: bytes) -> Arithmetic:
+    from .arithmetic import Arithmetic
+
     portable, machine, kernels, version = ARITHMETIC.unpack_from(data, HEADER.size)
     texts = [field.rstrip(b"\0").decode("ascii", errors="replace") for field in (machine, kernels, version)]
     if portable > 1 or not all(text and text.isascii() and text.isprintable() for text in texts):

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
-from ..data.images import ALPHA_MODES, PictureError, read_picture
 from ..io.atomic import TEMPORARY_SUFFIX, atomic_write, current_umask, replace_folder
 from .container import MAX_IMAGES, CodecError
 
@@ -85,6 +84,9 @@ def png_bit_depth(path: Path) -> int:
 def read_picture_exactly(path: Path, size: int) -> tuple[np.ndarray, str]:
     """A picture's pixels, (1, size, size, 3) uint8, exactly the file's, and the line that says
     what was read; a CodecError where the RGB pixels would not be the file's own."""
+    # here, not above: data/images.py imports torch, and compress refuses its arguments before that
+    from ..data.images import ALPHA_MODES, PictureError, read_picture
+
     try:
         picture, notes = read_picture(path)
     except PictureError as error:

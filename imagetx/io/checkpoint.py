@@ -32,6 +32,7 @@ from ..model.config import ModelConfig
 from ..model.transformer import ImageTransformer
 from .atomic import atomic_write
 from .errors import CheckpointError
+from .names import missing_model
 from .older import model_config
 from .weights import checked_model
 
@@ -63,8 +64,7 @@ def load_weights_only(path: str | os.PathLike, map_location: str | torch.device 
     pickle's) are dropped: the one-line refusal says what matters; a file read gives them as torch did."""
     path = Path(path)
     if not path.is_file():
-        raise CheckpointError(f"checkpoint {path} does not exist: pass the path of a .ckpt file written by imagetx, "
-                              "or of a weights folder written by imagetx.export")
+        raise missing_model(path)
     try:
         with warnings.catch_warnings(record=True) as caught:
             checkpoint = torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)

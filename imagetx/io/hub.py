@@ -9,8 +9,8 @@ folder or a Hub repository, ``push_to_hub`` uploads the folder::
     push_to_hub(model, "you/my-model")                 # the same folder, to the Hub
 
 A local folder is read as it is (nothing is downloaded); ``pretrained/NAME``, as the README names a
-shipped model, is found from any folder (``cli.shipped.resolve``, as the commands find it); of a Hub repository only the two files
-are downloaded, into huggingface_hub's cache, then read as a folder, with the same checks. A name
+shipped model, is found from any folder (``io.shipped.resolve``, as the commands find it); of a Hub
+repository only the two files are downloaded, into huggingface_hub's cache, then read as a folder, with the same checks. A name
 meant as a local path that names no folder (``pretrained/typo``) is refused as such, not looked up
 on the Hub.
 """
@@ -24,10 +24,11 @@ from pathlib import Path
 import torch
 from huggingface_hub import HfApi, ModelCard, ModelCardData, snapshot_download
 
-from ..cli.shipped import resolve, shipped_folder
+from .shipped import resolve, shipped_folder
 from ..model.transformer import ImageTransformer
 from .errors import CheckpointError
-from .weights import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE, model_from_folder, write_weights
+from .names import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
+from .weights import model_from_folder, write_weights
 
 # The model card save_pretrained writes (jinja2, filled in by huggingface_hub).
 MODEL_CARD = """---

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from ..cli.shipped import resolve
+from .shipped import resolve
 from ..model.config import ModelConfig
 from ..model.superres import build_model
 from ..model.transformer import ImageTransformer
@@ -24,7 +24,7 @@ from .weights import model_from_folder
 def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> ImageTransformer:
     """The model stored at the local ``path``, in eval mode: a weights folder or a checkpoint
     file written by imagetx.train; ``pretrained/NAME`` not found here is the shipped model of that
-    name (``cli.shipped.resolve``), as the commands find it."""
+    name (``io.shipped.resolve``), as the commands find it."""
     path = resolve(os.fspath(path))
     if Path(path).is_dir():
         return model_from_folder(path, map_location)

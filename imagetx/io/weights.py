@@ -20,14 +20,12 @@ from safetensors.torch import save as safetensors_bytes
 
 from ..model.config import ModelConfig
 from ..model.superres import build_model
+from .names import CONFIG_FILE, WEIGHTS_FILE
 from .older import current_names, model_config
 from ..model.transformer import ImageTransformer
 from .atomic import atomic_write
 from .errors import CheckpointError
 
-WEIGHTS_FILE = "model.safetensors"
-CONFIG_FILE = "config.json"
-CARD_FILE = "README.md"  # the model card save_pretrained adds (io/hub.py)
 FORMAT_KEY = "format_version"
 # 3: the config as ModelConfig.to_dict writes it (what the model computes); 2: in sections, with the
 # attention kernel and its tiles and both kinds' geometry; 1: one level. 1 and 2 are read (io/older.py).

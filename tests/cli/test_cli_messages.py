@@ -103,3 +103,23 @@ def test_a_mistyped_choice_is_named_with_the_choices_and_the_closest(capsys, mod
     line = one_error_line(capsys, importlib.import_module(module).main, args)
     assert needle in line, line
     assert "typing.Literal" not in line and ("did you mean" in line) == (not args[-1] == "xyz"), line
+
+
+@pytest.mark.parametrize("module,entry,args", [
+    ("imagetx.export", "main", ["--ckpt", "nowhere.ckpt", "--out", "w"]),
+    ("imagetx.export", "main", ["--bogus", "1"]),
+    ("imagetx.compress", "command", ["a.png", "--ckpt", "pretrained/completion", "--out", "a.itx"]),
+    ("imagetx.compress", "command", ["--ckpt", "nowhere", "--out", "a.itx"]),
+    ("imagetx.decompress", "command", ["a.itx", "--ckpt", "pretrained/completion", "--out", "a"]),
+    ("imagetx.decompress", "command", ["a.itx"]),
+], ids=["export-path", "export-key", "compress-input", "compress-missing", "decompress-file", "decompress-missing"])
+def test_a_bad_argument_or_path_is_refused_before_torch_is_imported(tmp_path, module, entry, args):
+    """torch's import is most of a command's cold start (python -X importtime): a mistyped path or
+    option is refused without it, in a moment. (sample and evaluate read their --data.* options from
+    imagetx/data/options.py, whose module imports torch.)"""
+    code = (f"import sys; sys.argv = ['{module}', *{args!r}]\n"
+            f"from {module} import {entry}\n"
+            f"try:\n    {entry}()\nexcept SystemExit as stop:\n    print(stop.code, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert done.stdout.split() == ["2", "False"], (done.stdout, done.stderr[-2000:])
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr

@@ -319,7 +319,7 @@ def test_ctrl_c_is_one_line_exit_130_and_leaves_nothing_half_written(folders, tm
     def ctrl_c(*args, **kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(compress_cli, "compress_with_stats", ctrl_c)
+    monkeypatch.setattr("imagetx.codec.api.compress_with_stats", ctrl_c)  # compress imports it as it runs
     interrupted(capsys, compress_cli.main, [*NATIVE, str(folders / "one.png"), "--ckpt", str(folders / "model"),
                                             "--out", str(tmp_path / "new.itx")])
     written = []
