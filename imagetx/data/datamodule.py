@@ -139,7 +139,7 @@ class ImageDataModule(L.LightningDataModule):
     def __init__(
         self,
         root: str | None = DataOptions.root,
-        source: Literal["cifar10", "imagenet", "folder"] = DataOptions.source,
+        source: Literal["cifar10", "imagenet", "folder", "litdata"] = DataOptions.source,
         batch_size: int = 16,
         eval_batch_size: int | None = None,
         val_size: int | None = None,
@@ -157,7 +157,9 @@ class ImageDataModule(L.LightningDataModule):
         Args:
             root: data folder (default: $IMAGETX_DATA, else ./data)
             source: cifar10 (npz shards or torchvision's folder), imagenet (downsampled ImageNet's batch
-                files, pickle or npz) or folder (PNG/JPEG files, converted once to npz shards); docs/data.md
+                files, pickle or npz), folder (PNG/JPEG files, converted once to npz shards) or litdata (a
+                source written in LitData's format by python -m imagetx.data.streaming, local or remote,
+                streamed: an optional extra); docs/data.md
             batch_size: training images per device and step
             eval_batch_size: validation and test images per batch (default: batch_size)
             val_size: training images held out for validation, the last ones (default: 5000 for cifar10; 0 for
@@ -198,11 +200,15 @@ class ImageDataModule(L.LightningDataModule):
 
     def prepare_data(self) -> None:
         """Lightning calls this in one process per machine before ``setup``: a folder is
-        converted (or rebuilt) here, never by several processes at once."""
+        converted (or rebuilt) here, never by several processes at once. (A stream has nothing to prepare.)"""
+        if self.source == "litdata":
+            return
         self.reader = self.make_reader(self.rebuild)
         self.reader.prepare()
 
     def dataset(self, split: str) -> ImageDataset:
+        if self.source == "litdata":
+            return self.streamed(split)
         if split not in self.datasets:
             if self.reader is None:  # prepare_data ran in another process (DDP), or not at all (direct use)
                 alone = self.trainer is None or self.trainer.world_size == 1
@@ -219,6 +225,29 @@ class ImageDataModule(L.LightningDataModule):
         the device. Labels are checked only against this DataModule's own ``num_classes``."""
         return not num_classes or self.num_classes == num_classes
 
+    def streamed(self, split: str):
+        """A split in LitData's format (data/streaming.py), checked against the model from its first item."""
+        from .streaming import StreamedImages, first_item
+
+        if split not in self.datasets:
+            url = f"{str(self.root).rstrip('/')}/{split}"
+            try:
+                item = first_item(url)
+            except (OSError, ValueError, AssertionError, FileNotFoundError) as error:
+                raise DataError(f"--data.source litdata --data.root {self.root}: no {split} split in LitData's format "
+                                f"at {url} ({error}); write it with python -m imagetx.data.streaming --out "
+                                f"{self.root}") from None
+            size, classes = int(item["image"].shape[0]), int(item["classes"])
+            if self.image_size is not None and size != self.image_size:
+                raise DataError(f"{url} holds {size}x{size} images but the model is {self.image_size}x"
+                                f"{self.image_size}: set --model.config.image_size {size} or stream other data")
+            if self.num_classes and classes != self.num_classes:
+                raise DataError(f"{url} has {classes} classes but the model has num_classes={self.num_classes}: "
+                                f"set --model.config.num_classes {classes} (or 0 for an unconditional model)")
+            self.datasets[split] = StreamedImages(url, shuffle=split == "train", seed=run_seed(),
+                                                  random_flip=self.random_flip and split == "train")
+        return self.datasets[split]
+
     def setup(self, stage: str | None = None) -> None:
         splits = ("test",) if stage == "test" else ("train", "val")
         sizes = ", ".join(f"{len(self.dataset(split)):,} {split}" for split in splits)
@@ -226,6 +255,10 @@ class ImageDataModule(L.LightningDataModule):
         rank_zero_info(f"data: {sizes} images ({self.source}, {self.root})")
 
     def train_dataloader(self) -> TrainLoader:
+        if self.source == "litdata":  # its place in the epoch: LitData's loader's state, kept by Lightning
+            from .streaming import loader
+
+            return loader(self.dataset("train"), self.batch_size, self.num_workers)
         trainer = self.trainer  # None outside a Trainer
         replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         order = TrainOrder(self.dataset("train"), run_seed(), self.random_flip, replicas, rank)
@@ -233,6 +266,10 @@ class ImageDataModule(L.LightningDataModule):
                            num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
     def eval_loader(self, split: str) -> DataLoader:
+        if self.source == "litdata":
+            from .streaming import loader
+
+            return loader(self.dataset(split), self.eval_batch_size, self.num_workers)
         return DataLoader(self.dataset(split), batch_size=self.eval_batch_size, num_workers=self.num_workers,
                           persistent_workers=self.num_workers > 0)
 

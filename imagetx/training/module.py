@@ -178,10 +178,12 @@ class ImageTransformerModule(L.LightningModule):
         return bpd.mean()
 
     def on_train_batch_start(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
-        """Dropout of each training step draws from a seed of (seed, epoch, batch, rank): a run
-        resumed mid-epoch takes the same steps as one never interrupted, whatever ran in
-        between (validations, sample grids, the restart itself)."""
-        torch.manual_seed(mix_seed(run_seed(), self.current_epoch, batch_idx, self.global_rank))
+        """Dropout of each training batch draws from a seed of (seed, optimiser step, batch of the
+        epoch, rank): a run resumed mid-epoch takes the same steps as one never interrupted,
+        whatever ran in between (validations, sample grids, the restart itself). The step, not
+        Lightning's epoch count, which a run resumed mid-epoch from LitData's loader counts one
+        ahead (data/streaming.py); the batch tells apart the batches of one accumulated step."""
+        torch.manual_seed(mix_seed(run_seed(), self.global_step, batch_idx, self.global_rank))
 
     def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
         loss = self.shared_step(batch, "train")

@@ -3,7 +3,7 @@ exactly the state of a run that was never interrupted (bitwise, on CPU).
 
 What makes it exact: the training order and its flips are drawn from (seed, epoch) and
 resumed mid-epoch from the checkpoint's loader state (imagetx/data/datamodule.py), and every training
-step seeds torch's RNG from (seed, epoch, batch) (imagetx/training/module.py), so dropout and random
+step seeds torch's RNG from (seed, step, batch) (imagetx/training/module.py), so dropout and random
 flips do not depend on what ran before (a sanity check, validations, the killed process). The runs below use
 dropout 0.1 and random flips, and cross epoch boundaries (5 batches per epoch, 12 steps).
 """
@@ -186,7 +186,7 @@ def test_training_order_is_a_function_of_seed_and_epoch_and_resumes_mid_epoch():
         order.set_epoch(epoch)
         epochs.append(indices(order))
     assert all(sorted(e) == dataset for e in epochs) and len({tuple(e) for e in epochs}) == 3
-    assert order.state_dict() == {"epoch": 2, "samples": 10}
+    assert order.state_dict() == {"epoch": 2, "samples": 10, "replicas": 1}
     again = TrainOrder(dataset, seed=0)
     again.set_epoch(1)
     assert indices(again) == epochs[1]
