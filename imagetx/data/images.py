@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
-CROPS = ("center", "celeba")
+from .options import CROPS, FILTER_NAMES  # noqa: F401 - the names, defined where the options parse
 # CelebA's face crop: the centred 138x138 box (40 rows off the top and bottom, 20 columns
 # off each side of the aligned 178x218 images), as T2T's img2img_celeba, the paper's
 # CelebA super-resolution task; others use 140 or 148 boxes.
@@ -40,6 +40,7 @@ CELEBA_CROP = 138
 # instead). The others are PIL's filters, for enlarging.
 FILTERS = {"area": None, "bilinear": Image.Resampling.BILINEAR, "bicubic": Image.Resampling.BICUBIC,
            "lanczos": Image.Resampling.LANCZOS}
+assert tuple(FILTERS) == FILTER_NAMES, "options.FILTER_NAMES names these filters, in this order"
 UPRIGHT = 1  # the EXIF orientation of a picture stored the right way up
 # A user's file is refused above these, before its pixels are decoded. 20 MB holds any
 # ordinary photo (a 48-megapixel phone JPEG is about 10-15 MB); 50 megapixels is above the
@@ -152,6 +153,8 @@ def read_picture(path: str | Path, name: str | None = None, max_bytes: int = MAX
     if not path.is_file():
         raise FileNotFoundError(f"image file {path} does not exist")
     size = path.stat().st_size
+    if size == 0:
+        raise PictureError(f"{name} is empty (0 bytes): give a picture (PNG, JPEG, ...)")
     if size > max_bytes:
         raise PictureError(f"{name} is {megabytes(size)}: files over {megabytes(max_bytes)} are refused; "
                            "give a smaller picture")

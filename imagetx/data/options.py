@@ -7,8 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from .images import CROPS, FILTERS
-
+# The folder source's crops and resize filters (data/images.py implements them), named here without
+# its imports (torch, PIL): every command parses these options before it loads a model.
+CROPS = ("center", "celeba")
+FILTER_NAMES = ("area", "bilinear", "bicubic", "lanczos")
 FOLDER_ONLY = ("crop", "resize", "cache", "rebuild")  # refused with another source
 
 
@@ -30,6 +32,6 @@ class DataOptions:
     root: str | None = None
     source: Literal["cifar10", "imagenet", "folder"] = "cifar10"
     crop: Literal[CROPS] = "center"
-    resize: Literal[tuple(FILTERS)] = "area"
+    resize: Literal[FILTER_NAMES] = "area"
     cache: str | None = None
     rebuild: bool = False

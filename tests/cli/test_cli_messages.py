@@ -96,7 +96,7 @@ def test_the_default_sample_folder_is_ignored_by_git():
     ("imagetx.evaluate", ["--ckpt", "m", "--split", "tset"], "split: 'tset' is not one of train, val, test "
                                                              "(did you mean 'test'?)"),
     ("imagetx.train", ["--data.source", "foldr"],
-     "data.source: 'foldr' is not one of cifar10, imagenet, folder (did you mean 'folder'?)"),
+     "data.source: 'foldr' is not one of cifar10, imagenet, folder, litdata (did you mean 'folder'?)"),
     ("imagetx.sample", ["--ckpt", "m", "--task", "xyz"], "task: 'xyz' is not one of generate, complete, superres ("),
 ], ids=["sample-task", "evaluate-split", "train-data-source", "nothing-close"])
 def test_a_mistyped_choice_is_named_with_the_choices_and_the_closest(capsys, module, args, needle):

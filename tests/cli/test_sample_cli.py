@@ -340,3 +340,12 @@ def test_a_folders_classes_are_its_sub_folders_in_the_conversions_order(tmp_path
     assert class_number("dogs", names, 3) == 2
     assert class_names("folder", str(tmp_path), 10) is None  # another model's classes: no names
     assert class_names("imagenet", str(tmp_path), 3) is None
+
+
+def test_an_empty_picture_is_refused_as_empty(tmp_path, capsys, ckpt):
+    """A 0-byte --images file: "empty", not "not an image PIL can read" (issue 111 §3 item 10)."""
+    empty = tmp_path / "photo.png"
+    empty.write_bytes(b"")
+    err = run_error(capsys, ["--ckpt", str(ckpt), "--task", "complete", "--images", str(empty),
+                             "--out", str(tmp_path / "o")])
+    assert "photo.png is empty (0 bytes)" in err

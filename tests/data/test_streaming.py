@@ -26,8 +26,10 @@ class SeenImages(L.Callback):
         SeenImages.seen += [image.cpu().numpy().tobytes() for image in batch["images"]]
 
 
-@pytest.fixture
-def streamed(tmp_path):
+@pytest.fixture(scope="module")
+def streamed(tmp_path_factory):
+    """The stream, written once for the module (LitData's optimize starts worker processes: seconds)."""
+    tmp_path = tmp_path_factory.mktemp("streamed")
     root = tmp_path / "data"
     train_images, *_ = write_cifar_npz(root, train_sizes=(6, 6))
     out = tmp_path / "streamed"

@@ -22,12 +22,12 @@ import hashlib
 import json
 import os
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-from lightning.pytorch.utilities import rank_zero_info
 
 from ...io.atomic import exclusive, fsync_directory
 from .common import Allocate, Pool, in_memory
@@ -60,8 +60,9 @@ def mapped_pool(cache: Path, name: str, files: list[Path], read: Callable[[Alloc
                         shutil.rmtree(older, ignore_errors=True)
             return open_pool(folder)
     except OSError as error:
-        rank_zero_info(f"data: {name} read into memory, not shared: its cache {cache} cannot be written "
-                       f"({error.strerror or error}); --data.cache DIR names another")
+        # (no Lightning here: evaluate and sample read pools too, and import no training stack)
+        print(f"data: {name} read into memory, not shared: its cache {cache} cannot be written "
+              f"({error.strerror or error})", file=sys.stderr)
         return read(in_memory)
 
 
