@@ -32,7 +32,8 @@ from ..model.modes import eval_mode
 from ..model.sampler import first_input
 from ..model.transformer import ImageTransformer
 from .container import CodecError
-from .distributions import MIN_FREQUENCY, PRECISION, TOTAL, PixelDistributions, categorical_probs, quantise
+from .distributions import (MIN_FREQUENCY, PRECISION, TOTAL, PixelDistributions, TorchPixelDistributions,
+                            categorical_probs, quantise, torch_categorical_probs)
 
 # (frequencies (N, 256) int64, the step, the channel or None) -> the N values coded (long).
 CodeSymbols = Callable[[Tensor, int, int | None], Tensor]
@@ -52,6 +53,9 @@ FAMILY = constriction.stream.model.Categorical(perfect=False)
 # Format 1 handed the frequencies themselves, which constriction re-quantised (a value of frequency
 # 1 cost 23 bits, not 24). Its files are still decoded as they were coded.
 REQUANTISED_VERSION = 1
+# From format 4 the distributions are computed without libm (distributions.py, float64.py); files
+# of formats 1 to 3 are decoded with torch's float64 functions, as they were coded (issue 111).
+LIBM_FREE_VERSION = 4
 
 
 @contextmanager
@@ -85,19 +89,25 @@ assert PRECISION == 24 and MIN_FREQUENCY >= LEAK
 
 
 @torch.no_grad()  # not inference_mode: tensors the model caches (attention blocks) stay usable by autograd later
-def code_pass(model: ImageTransformer, count: int, code: CodeSymbols, bar: tqdm | None = None) -> Tensor:
-    """One decoding pass over ``count`` images: every step's distributions to ``code``, its
-    values back into the model. -> the values, (count, T) sub-pixels or (count, T, 3) pixels."""
+def code_pass(model: ImageTransformer, count: int, code: CodeSymbols, version: int,
+              bar: tqdm | None = None) -> Tensor:
+    """One decoding pass over ``count`` images: every step's distributions, as format ``version``
+    computes them, to ``code``, its values back into the model. -> the values, (count, T)
+    sub-pixels or (count, T, 3) pixels."""
     categorical = model.config.head == "categorical"
+    if version >= LIBM_FREE_VERSION:
+        probs_of, Pixels = categorical_probs, PixelDistributions
+    else:
+        probs_of, Pixels = torch_categorical_probs, TorchPixelDistributions
     values, value = [], first_input(model, count)
     with eval_mode(model):
         cache = model.start_decoding(count)
         for step in range(model.order.length):
             params = model.decode_step(value, cache)
             if categorical:
-                value = code(quantise(categorical_probs(params)), step, None)
+                value = code(quantise(probs_of(params)), step, None)
             else:
-                pixels = PixelDistributions(model.head, params)
+                pixels = Pixels(model.head, params)
                 levels = []
                 for channel in range(CHANNELS):
                     level = code(quantise(pixels.channel(channel)), step, channel)
@@ -123,7 +133,7 @@ def encode_values(model: ImageTransformer, targets: Tensor, encoder: constrictio
         cost[0] -= float(torch.log2(freq.gather(1, symbols[:, None]).double() / TOTAL).sum())
         return symbols
 
-    coded = code_pass(model, targets.shape[0], code, bar)
+    coded = code_pass(model, targets.shape[0], code, version, bar)
     if not torch.equal(coded, targets):  # the loop fed back what it coded
         raise AssertionError("the encoder's pass did not code the images' values")
     return cost[0]
@@ -141,4 +151,4 @@ def decode_values(model: ImageTransformer, count: int, decoder: constriction.str
             raise CodecError(f"the range coder refused the payload: {error}") from None
         return torch.from_numpy(np.asarray(symbols, dtype=np.int64))
 
-    return code_pass(model, count, code, bar)
+    return code_pass(model, count, code, version, bar)

@@ -44,11 +44,13 @@ if TYPE_CHECKING:  # torch's modules, imported where used: the commands read lim
     from .arithmetic import Arithmetic
 
 MAGIC = b"ITXC"
-# Version 3 records the arithmetic the file was coded with. Version 2 coded with exactly the
-# quantised frequencies, as 3 does; version 1 had constriction re-quantise them (coder.py,
-# REQUANTISED_VERSION). Files of 1 and 2 are still decoded, as they were coded.
-FORMAT_VERSION = 3
-READ_VERSIONS = (1, 2, 3)
+# Version 4 has 3's layout; its distributions are computed without libm (float64.py), where 3 and
+# earlier computed them with torch's float64 functions (coder.py, LIBM_FREE_VERSION). Version 3
+# records the arithmetic the file was coded with. Version 2 coded with exactly the quantised
+# frequencies, as 3 does; version 1 had constriction re-quantise them (coder.py,
+# REQUANTISED_VERSION). Files of 1, 2 and 3 are still decoded, as they were coded.
+FORMAT_VERSION = 4
+READ_VERSIONS = (1, 2, 3, 4)
 ARITHMETIC_VERSION = 3  # the first format that records the arithmetic
 HEADER = struct.Struct("<4sBBBBIHHH16s8sI")
 ARITHMETIC = struct.Struct("<B16s16s32s")

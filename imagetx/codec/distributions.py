@@ -166,3 +166,79 @@ class PixelDistributions:
         if channel != len(self.levels):
             raise ValueError(f"observe channel {channel} after channels 0..{channel - 1}")
         self.levels.append(levels.numpy())
+
+
+# Formats 1 to 3 (coder.py, LIBM_FREE_VERSION): torch's functions, as those files were coded.
+
+
+def torch_categorical_probs(logits: Tensor) -> Tensor:
+    """``categorical_probs`` as files of formats 1 to 3 were coded: torch's float64 softmax."""
+    return torch.softmax(logits.double(), dim=-1)
+
+
+class TorchPixelDistributions:
+    """``PixelDistributions`` as files of formats 1 to 3 were coded (before issue 111): with torch's
+    float64 functions, glibc's under ATen's baseline kernels, and a float64 bmm (MKL's DGEMM);
+    kept as it was, so that those files decode as they were coded.
+
+    The DMOL head's three channel distributions of one step's pixels, channel by channel.
+
+    ``channel(c)`` gives (N, 256) probabilities of channel c given the levels of the earlier
+    channels, which ``observe(c, levels)`` records (the encoder: the true levels; the decoder:
+    the levels just decoded; both the same)."""
+
+    def __init__(self, head: DMOLHead, params: Tensor) -> None:
+        logits, means, log_scales, coeffs = head.split(params.double())  # (N, K), (N, 3, K) each
+        self.means, self.coeffs = means, coeffs
+        self.inv_scales = torch.exp(-log_scales)  # (N, 3, K)
+        self.log_weights = torch.log_softmax(logits, dim=-1)  # (N, K): the posterior, before any channel
+        self.levels: list[Tensor] = []  # (N,) long, R then G
+        self.bins = torch.arange(LEVELS, dtype=torch.float64) / HALF_RANGE - 1.0  # each level's bin centre
+        self.edges = (self.bins[:-1] + HALF_BIN)[None, None, :]  # the upper edge of every level but the last
+
+    def coupled_mean(self, channel: int) -> Tensor:
+        """(N, K): m_R = μ_R, m_G = μ_G + α x_R, m_B = μ_B + β x_R + γ x_G (docs/model.md §5)."""
+        x = [level.double() / HALF_RANGE - 1.0 for level in self.levels]
+        mean = self.means[:, channel]
+        if channel >= 1:
+            mean = mean + self.coeffs[:, 0 if channel == 1 else 1] * x[0][:, None]
+        if channel == 2:
+            mean = mean + self.coeffs[:, 2] * x[1][:, None]
+        return mean
+
+    def channel(self, channel: int) -> Tensor:
+        """(N, 256) float64: p(channel's level | the earlier channels' levels).
+
+        Through the mixture's CDF at the 255 edges between neighbouring bins: level 0 takes all
+        mass below the first edge, level 255 all mass above the last (the edge bins), level v
+        the difference of the CDF at its two edges. In float64 a difference loses masses below
+        about 1e-16, far below the 2**-24 every value keeps anyway (``quantise``)."""
+        if channel != len(self.levels):
+            raise ValueError(f"channel {channel} asked before channels 0..{channel - 1} were observed")
+        mean = self.coupled_mean(channel)  # (N, K)
+        inv_s = self.inv_scales[:, channel]
+        # (edge − m)·e^−s for every component and edge, (N, K, 255), in one pass
+        standard = torch.addcmul((-mean * inv_s)[:, :, None], inv_s[:, :, None], self.edges)
+        cdf = torch.bmm(self.log_weights.exp()[:, None, :], standard.sigmoid_())[:, 0]  # (N, 255)
+        count = cdf.shape[0]
+        below, above = cdf.new_zeros(count, 1), cdf.new_ones(count, 1)
+        return torch.diff(cdf, prepend=below, append=above).clamp(min=0.0)
+
+    def level_log_mass(self, channel: int, levels: Tensor) -> Tensor:
+        """(N, K): log of each component's mass of the given levels, exactly as
+        ``DMOLHead.channel_log_probs`` computes it (in logs: no mass lost far in a tail)."""
+        inv_s = self.inv_scales[:, channel]  # (N, K)
+        centered = (levels.double() / HALF_RANGE - 1.0)[:, None] - self.coupled_mean(channel)
+        upper = inv_s * (centered + HALF_BIN)
+        lower = inv_s * (centered - HALF_BIN)
+        log_sigmoid = torch.nn.functional.logsigmoid
+        interior = log_sigmoid(upper) + log_sigmoid(-lower) + torch.log(-torch.expm1(-2.0 * HALF_BIN * inv_s))
+        lowest, highest = (levels == 0)[:, None], (levels == LEVELS - 1)[:, None]
+        return torch.where(lowest, log_sigmoid(upper), torch.where(highest, log_sigmoid(-lower), interior))
+
+    def observe(self, channel: int, levels: Tensor) -> None:
+        """The channel's levels (N,) long, known: the components' posterior takes them in."""
+        if channel != len(self.levels):
+            raise ValueError(f"observe channel {channel} after channels 0..{channel - 1}")
+        self.log_weights = torch.log_softmax(self.log_weights + self.level_log_mass(channel, levels), dim=-1)
+        self.levels.append(levels)

@@ -148,3 +148,32 @@ def test_a_portable_file_decodes_under_the_other_variant(tmp_path, coder, decode
                       variant=VARIANTS[decoder])
     assert decoded.returncode == 0, decoded.stderr
     assert np.array_equal(np.load(out)["images"], images)
+
+
+def test_format_3_files_decode_as_they_were_coded(monkeypatch):
+    """Files of format 3 were coded with torch's float64 functions (before issue 111): they are
+    decoded with them, not with codec/float64.py's, whose probabilities differ in the last bits
+    (a frequency in about 1,200 images: docs/compress.md). Format 4 codes with float64.py's."""
+    import imagetx.codec.api as codec_api
+    from imagetx.codec import compress, decompress
+    from imagetx.codec import coder
+    from imagetx.io.load import load_model
+
+    model = load_model(SHIPPED)
+    images = np.load(ASSETS / "cifar10_val_first32.npz")["images"][:1]
+    used = []
+    for name in ("PixelDistributions", "TorchPixelDistributions"):
+        original = getattr(coder, name)
+        monkeypatch.setattr(coder, name, lambda *args, original=original, name=name: used.append(name) or original(*args))
+    monkeypatch.setattr(codec_api, "FORMAT_VERSION", 3)
+    old = compress(model, images, portable=False)
+    monkeypatch.undo()
+    assert old[4] == 3 and set(used) == {"TorchPixelDistributions"}
+    for name in ("PixelDistributions", "TorchPixelDistributions"):
+        original = getattr(coder, name)
+        monkeypatch.setattr(coder, name, lambda *args, original=original, name=name: used.append(name) or original(*args))
+    used.clear()
+    assert np.array_equal(decompress(model, old), images) and set(used) == {"TorchPixelDistributions"}
+    used.clear()
+    new = compress(model, images, portable=False)
+    assert new[4] == 4 and set(used) == {"PixelDistributions"}
