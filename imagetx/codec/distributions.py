@@ -18,7 +18,9 @@ the same decoding computation (``coder.py`` sees to that). The float64 step uses
 no BLAS: its exp, log, sigmoid, softmax and sums are ``float64``'s, IEEE basic operations in a
 fixed order, so it gives the same bits on every CPU, under any of ATen's kernels and either
 of glibc's variants (FMA or not); only the float32 network before it depends on the
-arithmetic settings (arithmetic.py).
+arithmetic settings (arithmetic.py). That is format 4's way (coder.py, LIBM_FREE_VERSION); files
+of formats 1 to 3 were coded with torch's float64 functions and decode with them
+(``TorchPixelDistributions``, ``torch_categorical_probs``, at the end).
 """
 
 from __future__ import annotations
