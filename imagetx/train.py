@@ -40,7 +40,6 @@ import logging
 import shlex
 import signal
 import sys
-import time
 import warnings
 from pathlib import Path
 
@@ -56,7 +55,7 @@ from .cli.errors import describe_parse_error
 from .cli.shipped import resolve_config_args
 from .data.datamodule import ImageDataModule
 from .data.options import DataOptions
-from .io.atomic import check_writable, remove_stale_temporaries
+from .io.atomic import check_writable, exclusive, remove_stale_temporaries
 from .io.checkpoint import CHECKPOINT_DIR, LAST
 from .model.config import ModelConfig
 from .model.flops import count_flops
@@ -80,13 +79,6 @@ from .training.warm_start import start_from
 LINKED = {f"data.{key}": f"--model.config.{key}" for key in ImageDataModule.FROM_MODEL}
 
 
-# How long a temporary file in checkpoints/ must have been left before this process started to be
-# deleted as a killed write's: the other processes of a run start within seconds of each other, and
-# one of them may be writing (joining a packed continuation) while another starts.
-STALE_AFTER_SECONDS = 60.0
-STARTED = time.time()
-
-
 class NothingToDo(Exception):
     """``--resume auto`` in a folder whose run has finished: the same command, rerun, succeeds."""
 
@@ -98,6 +90,16 @@ def refuse_to_overwrite(root: Path, resume: str | None) -> None:
     if resume is None and (root / CHECKPOINT_DIR / LAST).exists():
         raise ConfigError(f"{root} already holds a run ({root / CHECKPOINT_DIR / LAST}): continue it with --resume last, "
                           f"or start a new run in a new folder with --trainer.default_root_dir NEW")
+
+
+def clean_up_checkpoints(folder: Path) -> None:
+    """Remove what a run killed mid-write left in ``folder`` (its checkpoints/), one process at a
+    time: every process of a run starts with this, and another may be joining a packed continuation
+    there meanwhile (``continuation.unpack``, under the same lock), which a removal would break.
+    No process of the run writes a checkpoint before all have started (DDP's first collective)."""
+    if folder.is_dir():
+        with exclusive(folder):
+            remove_stale_temporaries(folder)
 
 
 def check_max_time(value) -> None:
@@ -309,8 +311,7 @@ class ImagetxCLI(LightningCLI):
                 if self.config.resume == AUTO:
                     raise NothingToDo(str(finished).split(": nothing is left")[0]) from None
                 raise
-        # from a run killed mid-write, not from this run's other processes starting beside this one
-        remove_stale_temporaries(root / CHECKPOINT_DIR, written_before=STARTED - STALE_AFTER_SECONDS)
+        clean_up_checkpoints(root / CHECKPOINT_DIR)
 
     def val_size_for_source(self) -> None:
         """A ``data.val_size`` from a ``--config`` file holds for the source that file was written for:

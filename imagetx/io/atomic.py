@@ -59,23 +59,25 @@ def remove_stale_temporaries(directory: str | os.PathLike, written_before: float
 
 @contextmanager
 def exclusive(lock: str | os.PathLike) -> Iterator[None]:
-    """The block run by one process at a time among those that take the same ``lock`` file (an
-    advisory ``flock``: the processes of a machine, and of several where the filesystem shares
-    locks, as NFS 4 does); where there is no ``fcntl`` (Windows), unguarded. For start-up file work
-    that every process of a run would otherwise do at once: a later one would delete an earlier
-    one's half-written file."""
+    """The block run by one process at a time among those that take the same ``lock``: a folder
+    (locked itself, nothing written in it) or a file (made if missing), through an advisory
+    ``flock`` (the processes of a machine, and of several where the filesystem shares locks, as
+    NFS 4 does); where there is no ``fcntl`` (Windows), unguarded. For start-up file work that
+    every process of a run would otherwise do at once: a later one would delete an earlier one's
+    half-written file."""
     try:
         import fcntl
     except ImportError:  # not POSIX
         yield
         return
-    Path(lock).parent.mkdir(parents=True, exist_ok=True)
-    with open(lock, "a") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
+    lock = Path(lock)
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(lock, os.O_RDONLY) if lock.is_dir() else os.open(lock, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # and with it the lock
 
 
 def check_writable(directory: str | os.PathLike, setting: str) -> Path:

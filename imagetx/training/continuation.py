@@ -114,7 +114,8 @@ def unpack(folder: str | Path, to: str | Path, option: str = "--resume") -> Path
     missing, cut short or changed. Every process of a run calls it: the first joins the file, the
     others find it joined (the same size and SHA-256) and leave it."""
     folder, to = Path(folder), Path(to)
-    with exclusive(to.parent / f".{to.name}.lock"):
+    to.parent.mkdir(parents=True, exist_ok=True)
+    with exclusive(to.parent):  # the folder itself: train.clean_up_checkpoints takes the same lock
         try:
             manifest = json.loads((folder / MANIFEST).read_text())
             if to.is_file() and joined_already(to, manifest):

@@ -21,8 +21,7 @@ import torch
 from helpers import train_metrics, write_train_config
 from imagetx.data.datamodule import ImageDataset, TrainOrder
 from imagetx.data.sources import DataError
-from imagetx.io.atomic import remove_stale_temporaries
-from imagetx.train import STALE_AFTER_SECONDS, STARTED, main
+from imagetx.train import clean_up_checkpoints, main
 from imagetx.training.continuation import pack, unpack
 from scripts import cluster_check
 
@@ -146,35 +145,33 @@ def test_last_ckpt_is_written_on_the_clock(tmp_path, data_root, monkeypatch):
 
 
 def test_every_process_joins_a_packed_continuation_and_none_removes_another_s_file(tmp_path):
-    """All the processes of a run start at once and each joins the packed continuation it resumes:
-    none fails and the file is whole (a later one deleted an earlier one's half-written file:
-    FileNotFoundError). The clean-up at start removes a killed write's file, not a fresh one."""
+    """All the processes of a run start at once: each cleans up checkpoints/ and joins the packed
+    continuation it resumes. None fails and the file is whole (a later one deleted an earlier one's
+    half-written file: FileNotFoundError); a killed write's temporary is removed."""
     checkpoint = {"imagetx": {"continuation": True, "model_config": {}}, "global_step": 3,
                   "optimizer_states": [{"state": {}}], "state_dict": {"w": torch.arange(2**18, dtype=torch.float32)}}
     torch.save(checkpoint, tmp_path / "continue.ckpt")
     pack(tmp_path / "continue.ckpt", tmp_path / "packed", part_bytes=2**16)
     target, errors = tmp_path / "run" / "checkpoints" / "continued-from.ckpt", []
+    target.parent.mkdir(parents=True)
+    killed = target.parent / ".last.ckpt.def.tmp"
+    killed.write_bytes(b"a killed write")
 
-    def join() -> None:
+    def start() -> None:  # what each process does at its start, in train.py's order
         try:
+            clean_up_checkpoints(target.parent)
             unpack(tmp_path / "packed", target)
         except Exception as error:  # noqa: BLE001 - every failure is the test's
             errors.append(error)
 
-    threads = [threading.Thread(target=join) for _ in range(4)]
+    threads = [threading.Thread(target=start) for _ in range(6)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
     assert not errors
     assert torch.equal(torch.load(target, weights_only=False)["state_dict"]["w"], checkpoint["state_dict"]["w"])
-    folder = target.parent
-    fresh, old = folder / ".last.ckpt.abc.tmp", folder / ".last.ckpt.def.tmp"
-    fresh.write_bytes(b"being written")
-    old.write_bytes(b"a killed write")
-    os.utime(old, (STARTED - 2 * STALE_AFTER_SECONDS,) * 2)
-    assert remove_stale_temporaries(folder, written_before=STARTED - STALE_AFTER_SECONDS) == [old]
-    assert fresh.exists()
+    assert not killed.exists() and not list(target.parent.glob(".*.tmp"))
 
 
 def test_a_resume_mid_epoch_with_another_process_count_is_refused_at_an_epoch_end_it_goes_on():
