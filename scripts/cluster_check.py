@@ -5,8 +5,8 @@ by Lightning's launcher (``--trainer.devices 2 --trainer.strategy ddp``) or by t
     python -m scripts.cluster_check sigterm --launcher torchrun --trials 10 --json sigterm_torchrun.json
     python -m scripts.cluster_check hung --launcher lightning --timeout 10 --json hung.json
 
-``sigterm``: each trial starts the run in a session of its own, waits a random time into training,
-sends SIGTERM to every process of the session (what SLURM or a pod's end does), and checks: the
+``sigterm``: each trial starts the run, waits a random time into training, sends SIGTERM to every
+process of it (the command, and every process it started: what SLURM or a pod's end does), and checks: the
 command ended by itself (no deadlock, within ``DEADLINE``), with exit status 143 (torchrun's own: 1), a ``stopped:``
 line naming step N, and ``last.ckpt`` at step N; then the same command again, which must end where
 an uninterrupted run ends, bitwise (weights, optimiser, schedule, loader state). ``hung``: stops one
@@ -143,13 +143,15 @@ def sigterm_trial(launcher: str, config: Path, run_dir: Path, env: dict, referen
     while not marker.exists() and process.poll() is None and time.monotonic() - started < DEADLINE:
         time.sleep(0.05)
     time.sleep(wait)
-    os.killpg(process.pid, signal.SIGTERM)
+    if process.poll() is not None:  # the run ended before the signal: a trial of nothing
+        raise SystemExit(f"error: the run ended within {wait:.1f} s, before its SIGTERM: slow its steps")
+    signal_run(process.pid, signal.SIGTERM)
     sent = time.monotonic()
     try:
         out, err = process.communicate(timeout=DEADLINE)
         deadlocked = False
     except subprocess.TimeoutExpired:
-        os.killpg(process.pid, signal.SIGKILL)
+        signal_run(process.pid, signal.SIGKILL)
         out, err = process.communicate()
         deadlocked = True
     ended_in = time.monotonic() - sent
@@ -176,7 +178,8 @@ def hung_trial(launcher: str, config: Path, run_dir: Path, env: dict, timeout: f
     while not marker.exists() and process.poll() is None:
         time.sleep(0.05)
     time.sleep(wait)
-    victim = max(session_pids(process.pid))  # the last started: Lightning's child, or torchrun's second worker
+    workers = run_pids(process.pid)
+    victim = max(workers) if launcher == "lightning" else max(p for p in workers if p != process.pid)
     os.kill(victim, signal.SIGSTOP)
     stopped = time.monotonic()
     try:
@@ -186,10 +189,9 @@ def hung_trial(launcher: str, config: Path, run_dir: Path, env: dict, timeout: f
         ended = False
         out, err = "", ""
     ended_in = time.monotonic() - stopped
-    os.killpg(process.pid, signal.SIGKILL) if not ended else None
     time.sleep(1.0)  # the killed take a moment to go
-    left = session_pids(process.pid)
-    for pid in left:  # nothing may be left behind, stopped for ever
+    left = [pid for pid in workers if alive(pid)]  # what the job left, stopped for ever or still waiting
+    for pid in left:
         os.kill(pid, signal.SIGKILL)
     errors = [line for line in err.splitlines() if line.startswith("error:")]
     return {"timeout_s": timeout, "ended": ended, "ended_in_s": round(ended_in, 2), "exit": process.returncode,
@@ -197,18 +199,40 @@ def hung_trial(launcher: str, config: Path, run_dir: Path, env: dict, timeout: f
             "ok": ended and process.returncode not in (0, None) and bool(errors) and not left}
 
 
-def session_pids(session: int) -> list[int]:
-    """The live processes of the session ``session`` (the run's, started with start_new_session)."""
-    pids = []
+def run_pids(root: int) -> list[int]:
+    """The live processes of a run: ``root`` and its descendants (torchrun starts its workers in
+    sessions of their own, so a session does not hold them all)."""
+    parents = {}
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                status = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]  # R, S, T, Z, ...
-                if os.getsid(int(entry.name)) == session and status != "Z":
-                    pids.append(int(entry.name))
-            except (OSError, ProcessLookupError):
+                fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()  # state, ppid, ...
+            except OSError:
                 continue
-    return sorted(pids)
+            if fields[0] != "Z":
+                parents[int(entry.name)] = int(fields[1])
+    found, grew = {root} if root in parents else set(), True
+    while grew:
+        more = {pid for pid, parent in parents.items() if parent in found} - found
+        found |= more
+        grew = bool(more)
+    return sorted(found)
+
+
+def alive(pid: int) -> bool:
+    try:
+        return (Path("/proc") / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def signal_run(root: int, signum: int) -> None:
+    """``signum`` to every process of the run, as a scheduler sends it to every task."""
+    for pid in run_pids(root):
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass
 
 
 def main(args: list[str] | None = None) -> dict:
@@ -231,7 +255,7 @@ def main(args: list[str] | None = None) -> dict:
                 raise SystemExit(f"error: the uninterrupted run failed:\n{whole.stderr[-3000:]}")
             reference = state(folder / "whole")
             for trial in range(options.trials):
-                wait = draw.uniform(0.5, 0.8 * STEPS * STEP_SECONDS)
+                wait = draw.uniform(0.3, 0.7 * STEPS * STEP_SECONDS)  # the logs begin a few steps in
                 result = sigterm_trial(options.launcher, config, folder / f"run{trial}", env, reference, wait)
                 trials.append(result)
                 print(json.dumps(result), flush=True)
