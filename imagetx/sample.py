@@ -175,6 +175,8 @@ def run(args: Namespace) -> dict:
     names = class_names(args.data.source, args.data.root, cfg.num_classes) if cfg.num_classes else None
     label = None if args.label is None else class_number(str(args.label), names, cfg.num_classes)
     check_request(args, model, label)
+    # the inputs before --out is made: data that is not there leaves no empty --out folder behind
+    inputs, given_labels = (None, None) if args.task == "generate" else load_inputs(args, cfg)
     check_writable(args.out, "--out")
     device = args.device
     generator = torch.Generator(device=device).manual_seed(args.seed)
@@ -190,7 +192,6 @@ def run(args: Namespace) -> dict:
         produced = args.count
         grids.append(save_grid(list(images.split(IMAGES_PER_ROW)), grid_file, args.scale))
     else:
-        inputs, given_labels = load_inputs(args, cfg)
         count = len(inputs)
         labels = labels_for(model, count, label, given_labels)
         say_classes(labels, label, given_labels, names)

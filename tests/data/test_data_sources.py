@@ -481,7 +481,8 @@ def test_model_that_does_not_fit_the_data_is_refused(tmp_path, capsys, imagenet_
     data = ["--data.source", "imagenet", "--data.root", str(imagenet_root)]
     line = one_error_line(capsys, evaluate_main, ["--ckpt", str(ckpt), "--split", "val", *data])
     assert "holds 8x8 images but the checkpoint's model is 16x16" in line, line
-    line = one_error_line(capsys, sample_main, ["--ckpt", str(ckpt), "--task", "complete", "--out",
+    # --rows that fits the 16x16 model: the default, 16, is refused before the data is read
+    line = one_error_line(capsys, sample_main, ["--ckpt", str(ckpt), "--task", "complete", "--rows", "8", "--out",
                                                 str(tmp_path / "o"), *data])
     assert "holds 8x8 images but the checkpoint's model is 16x16" in line, line
 
@@ -517,6 +518,85 @@ def test_bad_data_through_the_commands(tmp_path, capsys, case):
               "label 1001": "expected 1..1000", "empty folder": "no PNG or JPEG images",
               "unreadable folder": "none of the image files", "crop with imagenet": "--data.crop applies to"}[case]
     assert needle in line, line
+
+
+# ----- CIFAR-10's download ------------------------------------------------------------------
+
+@pytest.fixture
+def offline_network(monkeypatch, no_cifar_download):
+    """torchvision's own download code, reaching no network: urlopen fails as on a machine without
+    one (no_cifar_download, which this undoes, fails before torchvision creates the root, which hid it)."""
+    import urllib.error
+    import urllib.request
+
+    import torchvision.datasets.cifar as cifar
+    import torchvision.datasets.utils as utils
+
+    def offline(*args, **kwargs):
+        raise urllib.error.URLError("network disabled in tests")
+
+    monkeypatch.setattr(cifar, "download_and_extract_archive", utils.download_and_extract_archive)
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+
+
+@pytest.mark.usefixtures("offline_network")
+@pytest.mark.parametrize("given", [True, False], ids=["mistyped-root", "default-root"])
+def test_a_failed_download_creates_no_folder_in_train_evaluate_or_sample(tmp_path, capsys, monkeypatch, given):
+    """Issue 111: a mistyped --data.root (or none: ./data) without a network was created, empty, by
+    torchvision before its download failed; each command now stops on one line and leaves nothing."""
+    monkeypatch.chdir(tmp_path)
+    mistyped = tmp_path / "dta"
+    root = ["--data.root", str(mistyped)] if given else []
+    before = sorted(tmp_path.rglob("*"))
+    ckpt = tmp_path / "m"
+    save_pretrained(tiny_model(head="dmol"), ckpt)
+    config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", mistyped, 2)
+    if not given:  # the default root: no data.root in the config
+        settings = yaml.safe_load(config.read_text())
+        del settings["data"]["root"]
+        config.write_text(yaml.safe_dump(settings))
+    commands = [
+        (train_main, ["--config", str(config), "--wandb", "disabled"]),
+        (evaluate_main, ["--ckpt", str(ckpt), "--split", "val", "--device", "cpu", *root]),
+        (sample_main, ["--ckpt", str(ckpt), "--task", "complete", "--rows", "2", "--out", str(tmp_path / "o"),
+                      *root])]
+    for command, args in commands:
+        line = one_error_line(capsys, command, args)
+        assert "no CIFAR-10" in line and "could not download" in line, line
+    made = set(tmp_path.rglob("*")) - set(before) - {ckpt, *ckpt.iterdir(), tmp_path / "c.yaml"}
+    assert not made, sorted(made)  # not the root, ./data, a download's temporary folder nor the run
+
+
+def fake_cifar_download(url, download_root, filename=None, md5=None, **_):
+    """What torchvision's download leaves: its archive and the extracted batches (4 images each)."""
+    folder = Path(download_root) / "cifar-10-batches-py"
+    folder.mkdir(parents=True)
+    (Path(download_root) / filename).write_bytes(b"archive")
+    for number, name in enumerate([*(f"data_batch_{i}" for i in range(1, 6)), "test_batch"]):
+        images = rgb_images(4, 32, seed=number)
+        with (folder / name).open("wb") as handle:
+            pickle.dump({"data": images.transpose(0, 3, 1, 2).reshape(4, -1), "labels": [number] * 4}, handle)
+    with (folder / "batches.meta").open("wb") as handle:
+        pickle.dump({"label_names": [str(label) for label in range(10)]}, handle)
+
+
+def test_a_download_creates_the_root_only_when_complete(tmp_path, monkeypatch):
+    """The download goes to a temporary folder in the nearest existing folder above the root, then
+    moves in: the root and its parents appear holding the batches, and nothing else is left."""
+    import torchvision.datasets.cifar as cifar
+
+    monkeypatch.setattr(cifar, "download_and_extract_archive", fake_cifar_download)
+    # the fake batches have not CIFAR-10's checksums: a file present is whole
+    monkeypatch.setattr(cifar, "check_integrity", lambda path, md5=None: Path(path).is_file())
+    above = tmp_path / "above"
+    above.mkdir()
+    root = above / "new" / "cifar"
+    images, labels = load("cifar10", root, "test")
+    assert images.shape == (4, 32, 32, 3) and labels.tolist() == [5] * 4
+    assert np.array_equal(images.numpy(), rgb_images(4, 32, seed=5))
+    assert sorted(path.name for path in above.iterdir()) == ["new"]  # no temporary folder left
+    assert sorted(path.name for path in (above / "new").iterdir()) == ["cifar"]
+    assert sorted(path.name for path in root.iterdir()) == ["cifar-10-batches-py"]  # the archive not kept
 
 
 # ----- presets -----------------------------------------------------------------------------

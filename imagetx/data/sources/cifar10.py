@@ -11,6 +11,8 @@ Pools: ``train`` (the training images) and ``test`` (the official test images).
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -86,22 +88,50 @@ def read_shard(shard: Path, name: str) -> np.ndarray:
 def read_torchvision(root: Path, train: bool, download: bool) -> tuple[np.ndarray, np.ndarray] | None:
     """The torchvision layout under root, downloading it only when absent; None when unavailable."""
     present = (root / TORCHVISION_FOLDER).is_dir()
-    if not present and not download:
+    if not present and not (download and _download(root)):
         return None
     from torchvision.datasets import CIFAR10  # imported late: only this source needs it
 
     try:
-        dataset = CIFAR10(str(root), train=train, download=not present)
+        dataset = CIFAR10(str(root), train=train, download=False)
     except RuntimeError as error:  # torchvision's "Dataset not found or corrupted"
-        if not present:
-            return None
         raise DataError(f"{root / TORCHVISION_FOLDER} is incomplete or corrupt ({error}); "
                         "delete it to download again, or replace it") from error
-    except OSError:  # no network: URLError is an OSError
-        return None
     images, labels = np.asarray(dataset.data), np.asarray(dataset.targets, dtype=np.int64)
     _check_arrays(images, labels, str(root / TORCHVISION_FOLDER))
     return images, labels
+
+
+def _download(root: Path) -> bool:
+    """Download torchvision's folder to ``root``, True when it is there after. torchvision creates its
+    root before it tries the network, so a mistyped ``--data.root`` (or the default ``./data``) on a
+    machine without one was left as an empty folder: it downloads into a temporary folder in the
+    nearest existing folder above ``root`` instead (the same file system, so the move is a rename),
+    and only a complete download creates ``root``. Nothing is left when it fails."""
+    from torchvision.datasets import CIFAR10
+
+    existing = next(folder for folder in (root.absolute(), *root.absolute().parents) if folder.is_dir())
+    try:
+        staging = Path(tempfile.mkdtemp(prefix=f".{TORCHVISION_FOLDER}-", dir=existing))
+    except OSError:  # nowhere to write: nothing can be downloaded
+        return False
+    try:
+        # both parts: the folder holds both, and the second call only checks what the first fetched
+        CIFAR10(str(staging), train=True, download=True)
+        CIFAR10(str(staging), train=False, download=False)
+        root.mkdir(parents=True, exist_ok=True)
+        try:
+            (staging / TORCHVISION_FOLDER).rename(root / TORCHVISION_FOLDER)
+        except OSError:
+            # another process (a rank of the same run) moved its copy there first: read that one
+            if not (root / TORCHVISION_FOLDER).is_dir():
+                raise
+        return True
+    except (RuntimeError, OSError):  # no network (URLError is an OSError), or a corrupt download
+        return False
+    finally:
+        # the archive, and the folder when another's copy won: torchvision never reads the archive again
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def read(root: Path, part: str, download: bool = True, allocate: Allocate = in_memory) -> Pool:
