@@ -70,7 +70,7 @@ from .training.resume import (AUTO, FinishedRun, checkpoint_to_resume, last_good
                               stopped_at)
 from .training.threads import choose_training_threads
 from .training.throughput import ThroughputWithPeak
-from .training.tracking import WANDB_MODES, make_loggers
+from .training.tracking import WANDB_MODES, KeepWandbRun, continue_wandb_run, make_loggers
 from .training.trainer import Trainer
 from .training.warm_start import start_from
 
@@ -358,6 +358,7 @@ class ImagetxCLI(LightningCLI):
             BudgetHorizon(),
             ThroughputWithPeak(batch_size_fn=count_images, window_size=10),
             StopSignals(),
+            KeepWandbRun(),
         ]
         if configured.enable_model_summary is not False:  # (a summary callback with it False is refused)
             callbacks.append(CountedModelSummary())
@@ -411,6 +412,7 @@ def run_training(cli: ImagetxCLI, choose_threads: bool) -> None:
     if cli.config.init_from is not None:
         print(start_from(cli.model.model, cli.config.init_from))
     check_data_first(cli)
+    continue_wandb_run(cli.trainer.loggers, ckpt_path)  # a resumed run logs on to its W&B run
     if choose_threads and cli.trainer.strategy.root_device.type == "cpu":
         rank_zero_info(choose_training_threads(cli.trainer.num_devices))
     stop = next(callback for callback in cli.trainer.callbacks if isinstance(callback, StopSignals))

@@ -4,7 +4,9 @@
 (``WANDB_API_KEY`` or a ``wandb login`` entry in ~/.netrc) and offline otherwise,
 saying so once; ``offline`` and ``disabled`` force those modes; a ``WANDB_MODE``
 already set in the environment is respected. ``SafeWandbLogger`` keeps W&B failures
-(no network, a failing call) from ever stopping training.
+(no network, a failing call) from ever stopping training. A resumed run (``--resume last``,
+``PATH`` or ``auto``, a requeued job's rerun) goes on logging to the W&B run it started: the run's
+id is kept in every checkpoint (``KeepWandbRun``) and given back to W&B (``continue_wandb_run``).
 
 Kept: Lightning's CSVLogger and WandbLogger, less ThroughputMonitor's validation rows (their step counts
 validation batches: metrics.csv's step ran backwards) and with a failing W&B call turning W&B off instead
@@ -20,8 +22,11 @@ from functools import wraps
 
 from pathlib import Path
 
+from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.trainer.states import RunningStage
+
+from ..io.checkpoint import read_checkpoint
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
 WANDB_HOST = "api.wandb.ai"
@@ -30,6 +35,8 @@ WANDB_HOST = "api.wandb.ai"
 # its second), not optimiser steps: metrics.csv's step column ran backwards at every validation.
 # imagetx's loggers leave those out; the training throughput ("train/...") is logged at training steps.
 VALIDATION_THROUGHPUT = f"{RunningStage.VALIDATING.value}/"
+# The checkpoint's entry holding the W&B run's id (a string; absent where no W&B run was ever started).
+WANDB_RUN_KEY = "wandb_run_id"
 
 
 def has_wandb_key() -> bool:
@@ -74,6 +81,47 @@ def make_loggers(root: Path, wandb_choice: str, project: str) -> list:
             print(f"W&B: cannot start ({type(error).__name__}: {error}); training without it, "
                   "metrics still go to csv/", file=sys.stderr)
     return loggers
+
+
+def wandb_loggers(loggers: list) -> list[WandbLogger]:
+    return [logger for logger in loggers if isinstance(logger, WandbLogger)]
+
+
+class KeepWandbRun(Callback):
+    """Writes the W&B run's id into every checkpoint (``WANDB_RUN_KEY``), so that resuming from it
+    continues that run instead of starting a new one each time (issue 111). The id read from the
+    checkpoint resumed is written again where this part logged without W&B (``--wandb disabled``,
+    or W&B failing to start), so a later resume with W&B still finds the run."""
+
+    def __init__(self) -> None:
+        self.run_id: str | None = None
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        self.run_id = checkpoint.get(WANDB_RUN_KEY) or self.run_id
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict) -> None:
+        # a run that did not start (SafeWandbLogger off) has no _experiment: version is then the id
+        # it was given (continue_wandb_run), None for a new run
+        run_id = next((logger.version for logger in wandb_loggers(trainer.loggers) if logger.version), self.run_id)
+        if run_id:
+            checkpoint[WANDB_RUN_KEY] = str(run_id)
+
+
+def continue_wandb_run(loggers: list, ckpt_path: str | None) -> None:
+    """Before fit: the W&B logger of a run resumed from ``ckpt_path`` continues the W&B run whose id
+    the checkpoint holds (``resume="allow"``: W&B starts it afresh where it does not know it, e.g. a
+    run logged offline and never synced). Lightning starts the W&B run at setup, before it reads the
+    checkpoint, so a callback's own load comes too late: the id is read here, from the mapped file."""
+    if ckpt_path is None or not wandb_loggers(loggers):
+        return
+    run_id = read_checkpoint(ckpt_path, mmap=True).get(WANDB_RUN_KEY)
+    if not run_id:  # written before issue 111, or by a run that never had W&B: a new W&B run
+        return
+    for logger in wandb_loggers(loggers):
+        # WandbLogger's own way to resume (its `id`/`version` argument) is only taken when it is
+        # made, which imagetx.train does before it knows the checkpoint; these are what it sets
+        logger._wandb_init.update(id=run_id, resume="allow")
+        logger._id = run_id
 
 
 class TrainingSteps:

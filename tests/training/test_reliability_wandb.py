@@ -89,3 +89,35 @@ def test_safe_logger_guards_every_logging_call():
     logger.wandb_failed = "earlier failure"
     assert logger.log_metrics({"a": 1.0}, step=0) is None  # a no-op once failed: no W&B run is started
     assert logger._experiment is None
+
+
+def test_a_resumed_run_logs_on_to_the_same_wandb_run(tmp_path, data_root, monkeypatch):
+    """Issue 111: each resume started a new W&B run. The run's id is kept in the checkpoint and a
+    resume (--resume last, or auto as a requeued job reruns the command) continues it, also after a
+    part trained with W&B disabled."""
+    import wandb
+
+    from imagetx.training.tracking import WANDB_RUN_KEY
+
+    started = []
+    init = wandb.init
+
+    def recorded(*args, **kwargs):
+        run = init(*args, **kwargs)
+        started.append(run.id)
+        return run
+
+    monkeypatch.setattr(wandb, "init", recorded)
+    run_dir = tmp_path / "run"
+    config = str(write_train_config(tmp_path / "c.yaml", run_dir, data_root, 2))
+    last = run_dir / "checkpoints" / "last.ckpt"
+    main(["--config", config, "--wandb", "offline"])
+    wandb.finish()  # as a new process would have it: no W&B run still open to be taken up again
+    assert len(started) == 1
+    first = started[0]
+    assert torch.load(last, map_location="cpu", weights_only=True)[WANDB_RUN_KEY] == first
+    main(["--config", config, "--wandb", "disabled", "--resume", "last", "--trainer.max_steps", "3"])
+    assert torch.load(last, map_location="cpu", weights_only=True)[WANDB_RUN_KEY] == first  # carried over
+    main(["--config", config, "--wandb", "offline", "--resume", "auto", "--trainer.max_steps", "4"])
+    assert started == [first, first]
+    assert torch.load(last, map_location="cpu", weights_only=True)[WANDB_RUN_KEY] == first
