@@ -182,8 +182,8 @@ def checkpoints(tmp_path_factory):
 
 
 @pytest.mark.parametrize("model,args,needle", [
-    ("plain", ["--task", "complete", "--rows", "-1"], "--rows -1 is outside 0..32"),
-    ("plain", ["--task", "complete", "--rows", "33"], "--rows 33 is outside 0..32"),
+    ("plain", ["--task", "complete", "--rows", "-1"], "--rows -1 is invalid: give 0..31 rows"),
+    ("plain", ["--task", "complete", "--rows", "33"], "--rows 33 is invalid: give 0..31 rows"),
     ("conditional", ["--label", "10"], "--label 10 is outside 0..9"),
     ("conditional", ["--label", "-1"], "--label -1 is outside 0..9"),
     ("plain", ["--count", "-2"], "--count -2"),
