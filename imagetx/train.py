@@ -309,7 +309,7 @@ class ImagetxCLI(LightningCLI):
                                 None if max_time is None else Timer(duration=max_time).time_remaining())
             except FinishedRun as finished:
                 if self.config.resume == AUTO:
-                    raise NothingToDo(str(finished).split(": nothing is left")[0]) from None
+                    raise NothingToDo(finished.finished) from None
                 raise
         clean_up_checkpoints(root / CHECKPOINT_DIR)
 

@@ -51,7 +51,12 @@ SAME_DATA = ("source", "root", "val_size", "random_flip", "crop", "resize", "bat
 
 
 class FinishedRun(CheckpointError):
-    """``--resume`` of a run that has spent its budget (``refuse_finished``)."""
+    """``--resume`` of a run that has spent its budget (``refuse_finished``); ``finished``: which run,
+    and what it has spent, in words."""
+
+    def __init__(self, message: str, finished: str) -> None:
+        super().__init__(message)
+        self.finished = finished
 
 
 def resolve_auto(resume: str | None, root: Path) -> str | None:
@@ -194,8 +199,8 @@ def refuse_finished(resume: str, root: Path, max_steps: int, max_time: float | N
     else:
         how = (f"its learning rate has decayed and it has no {CONTINUE}: start a new run from its weights "
                f"with --init_from {path} --trainer.default_root_dir NEW")
-    raise FinishedRun(f"--resume {resume}: {path} is a finished run ({spent}): nothing is left to train with "
-                      f"this budget; {how}")
+    finished = f"{path} is a finished run ({spent})"
+    raise FinishedRun(f"--resume {resume}: {finished}: nothing is left to train with this budget; {how}", finished)
 
 
 def saved_step(root: Path) -> int | None:
