@@ -4,12 +4,15 @@ made here from each 32×32 target (``downsample_area``), so that they always mat
 
 from __future__ import annotations
 
+import sys
+
 import torch
 from tqdm.auto import tqdm
 
 from .config import ModelConfig
 from .inputs import downsample_area
 from .modes import eval_mode
+from .sampler import LOG_PROGRESS_SECONDS
 from .superres import SuperResolutionTransformer
 from .transformer import ImageTransformer, previous_values
 
@@ -54,8 +57,10 @@ def evaluate(model: ImageTransformer | SuperResolutionTransformer, images: torch
     device = next(model.parameters()).device
     total_bits_per_dim = 0.0
     batches = range(0, len(images), batch_size)
+    # as sampling's bar: where stderr is not a terminal each redraw is a line of a log, so sparingly
+    interval = {} if sys.stderr.isatty() else {"mininterval": LOG_PROGRESS_SECONDS}
     with eval_mode(model):
-        for start in tqdm(batches, desc="evaluating", unit="batch", disable=not progress):
+        for start in tqdm(batches, desc="evaluating", unit="batch", disable=not progress, **interval):
             batch = {"images": images[start : start + batch_size].to(device)}
             if labels is not None:
                 batch["labels"] = labels[start : start + batch_size].to(device)

@@ -5,7 +5,9 @@ Kept: Lightning's annotation reaches the parser as ``float | int`` (a YAML ``lim
 1.0, every batch), and Lightning picks Rich's bar where Rich is installed, which writes nothing to a log
 file until the end (the class and ``progress_bar`` say more); its tqdm bar redraws by batch counts,
 which in a log either stand still for minutes or write a line every fraction of a second
-(``LogProgressBar``)."""
+(``LogProgressBar``). A run resumed in the middle of an epoch kept a bar with no total whose rate
+counted the batches done before it as done at once, and the bar wrote val/bpd to 3 significant
+digits (Lightning's) where metrics.csv holds the whole number (``TrainingBar``)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import time
 
 import lightning as L
 from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
+from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
 # Where the output is not a terminal (a log file, CI), each redraw of a bar is a line of its own:
 # there a bar redraws at most every this many seconds (and at its first and last batch), whatever
@@ -22,7 +25,52 @@ from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 LOG_REFRESH_SECONDS = 15.0
 
 
-class LogProgressBar(TQDMProgressBar):
+# The decimals of a bits/dim in the bar: metrics.csv's number rounded to this many places, the same
+# places whatever its size (Lightning's bar wrote 3 significant digits: 9.870 but 10.20), as
+# imagetx.export's model card quotes them.
+BAR_DECIMALS = 4
+
+
+class TrainingBar(TQDMProgressBar):
+    """tqdm's bar as Lightning draws it, with two changes.
+
+    Resumed in the middle of an epoch, Lightning calls no ``on_train_epoch_start`` (the epoch had
+    started), so the bar stayed ``init_train_tqdm``'s: no total, and its first count, the batches
+    done before the resume plus one, taken as done in the first fraction of a second (a rate of
+    thousands). Here that bar is set up as an epoch's is, counting from the batches already done.
+
+    Its float metrics (val/bpd, the one the module shows there) are metrics.csv's numbers rounded to ``BAR_DECIMALS`` places, not the
+    3 significant digits Lightning's bar wrote."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.resumed_mid_epoch = False  # the bar awaits its first batch, whose index is the batches done
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        self.resumed_mid_epoch = trainer.fit_loop.restarted_mid_epoch
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
+        super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
+        if not self.resumed_mid_epoch:
+            return
+        self.resumed_mid_epoch = False
+        self.on_train_epoch_start(trainer)
+        bar, done = self.train_progress_bar, batch_idx
+        # Lightning's total is the epoch's batches, less any past max_steps: counted from this
+        # run's first step, to which the batches done before are added (the bar counts the epoch)
+        total = convert_inf(self.total_train_batches)
+        bar.total = None if total is None else min(trainer.num_training_batches, done + total)
+        # tqdm's rate is (n - initial) / elapsed: only this run's batches, over this run's time
+        bar.initial = bar.n = bar.last_print_n = done
+        bar.refresh()
+
+    def get_metrics(self, trainer, pl_module) -> dict:
+        return {key: f"{value:.{BAR_DECIMALS}f}" if isinstance(value, float) else value
+                for key, value in super().get_metrics(trainer, pl_module).items()}
+
+
+class LogProgressBar(TrainingBar):
     """tqdm's bar for output that is not a terminal: each bar redraws at its first batch, at its
     last, and between them once ``LOG_REFRESH_SECONDS`` have passed since the last redraw of any
     bar. ``_should_update`` is where Lightning's bar decides every redraw; a count of batches
@@ -42,11 +90,11 @@ class LogProgressBar(TQDMProgressBar):
         return False
 
 
-def progress_bar() -> TQDMProgressBar:
-    """tqdm's bar, redrawn every batch on a terminal and as ``LogProgressBar`` says elsewhere.
-    (Lightning picks Rich's bar where Rich is installed, e.g. by Gradio; outside a terminal that
-    one writes nothing until the end.)"""
-    return TQDMProgressBar(refresh_rate=1) if sys.stdout.isatty() else LogProgressBar()
+def progress_bar() -> TrainingBar:
+    """tqdm's bar (``TrainingBar``), redrawn every batch on a terminal and as ``LogProgressBar``
+    says elsewhere. (Lightning picks Rich's bar where Rich is installed, e.g. by Gradio; outside a
+    terminal that one writes nothing until the end.)"""
+    return TrainingBar(refresh_rate=1) if sys.stdout.isatty() else LogProgressBar()
 
 
 class Trainer(L.Trainer):

@@ -123,3 +123,23 @@ def test_val_sizes_that_disagree_are_refused(tmp_path, capsys):
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and "--data.val_size 2" in err and "--val_size 1" in err
+
+
+def test_in_a_log_the_bar_redraws_sparingly(tmp_path, capsys, monkeypatch):
+    """Issue 111: where stderr is not a terminal (pytest's capture, a log file) every redraw is a line
+    of the log, and evaluate redrew at each batch taking tqdm's 0.1 s: now at most every
+    LOG_PROGRESS_SECONDS, as sampling's bar. A clock of tqdm's own advancing 1 s at each look makes
+    each batch take seconds, whatever this machine's speed."""
+    import itertools
+
+    import tqdm.std
+
+    from imagetx.model.sampler import LOG_PROGRESS_SECONDS
+
+    _, ckpt, root, _, _ = setup_model_and_data(tmp_path, head="dmol", query_block_length=64)
+    clock = itertools.count()
+    monkeypatch.setattr(tqdm.std, "time", lambda: float(next(clock)))
+    main(["--ckpt", str(ckpt), "--data.root", str(root), "--split", "test", "--batch_size", "1", "--device", "cpu"])
+    redraws = capsys.readouterr().err.count("evaluating:")
+    # the first and the last, and one for each LOG_PROGRESS_SECONDS that pass (13 batches: none)
+    assert N_IMAGES < LOG_PROGRESS_SECONDS and redraws <= 3, redraws

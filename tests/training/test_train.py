@@ -244,7 +244,7 @@ def test_the_progress_bar_is_tqdms_and_redraws_sparingly_in_a_log(tmp_path, data
     config = write_train_config(tmp_path / "c.yaml", tmp_path / "run", data_root, enable_progress_bar=True)
     bar = make_cli(["--config", str(config), "--wandb", "disabled"]).trainer.progress_bar_callback
     assert isinstance(bar, TQDMProgressBar) and bar.refresh_rate == 1
-    assert type(bar) is (TQDMProgressBar if terminal else trainers.LogProgressBar)
+    assert type(bar) is (trainers.TrainingBar if terminal else trainers.LogProgressBar)
     config = write_train_config(tmp_path / "off.yaml", tmp_path / "run", data_root)  # enable_progress_bar: False
     assert make_cli(["--config", str(config), "--wandb", "disabled"]).trainer.progress_bar_callback is None
 
@@ -263,6 +263,33 @@ def test_in_a_log_the_progress_bar_advances_from_the_first_step(tmp_path, data_r
     monkeypatch.setattr(trainers.time, "monotonic", lambda: next(clock))
     bar = trainers.LogProgressBar()
     assert [bar._should_update(n, 100) for n in (1, 2, 3, 4, 100)] == [True, False, False, True, True]
+
+
+def test_a_resumed_runs_bar_has_its_total_and_shows_val_bpd_as_the_csv_rounded(tmp_path, data_root, capsys):
+    """Issue 111: resumed in the middle of an epoch, the bar had no total ("4/?") and took the batches
+    done before as done at once (a rate of thousands); its val/bpd had 3 significant digits.
+    Now it counts on from the batches done (3 of the epoch's 5, no rate yet) and shows metrics.csv's
+    val/bpd rounded to BAR_DECIMALS places."""
+    import csv
+
+    from imagetx.training.trainer import BAR_DECIMALS
+
+    run_dir = tmp_path / "run"
+    config = str(write_train_config(tmp_path / "c.yaml", run_dir, data_root, max_steps=3, enable_progress_bar=True,
+                                    val_check_interval=100))
+    main(["--config", config, "--wandb", "disabled"])
+    capsys.readouterr()
+    # an epoch of 5 batches resumed after its third, validated at step 4
+    main(["--config", config, "--wandb", "disabled", "--resume", "last", "--trainer.max_steps", "5",
+          "--trainer.val_check_interval", "4"])
+    bar = capsys.readouterr().out.replace("\r", "\n")
+    counts = [line for line in bar.splitlines() if "/" in line and "it/s" in line]
+    assert not [line for line in counts if "/?" in line and "0/?" not in line], counts  # a count without a total
+    assert any("3/5 [" in line and "?it/s" in line for line in counts), counts  # the 3 done: no rate from them
+    assert any("5/5 [" in line for line in counts), counts
+    with (run_dir / "csv" / "version_1" / "metrics.csv").open() as handle:
+        (val_bpd,) = [float(row["val/bpd"]) for row in csv.DictReader(handle) if row.get("val/bpd")]
+    assert f"val/bpd={val_bpd:.{BAR_DECIMALS}f}" in bar, (val_bpd, counts[-1])
 
 
 def test_a_new_run_in_a_folder_that_holds_one_is_refused(tmp_path, data_root, capsys):
