@@ -15,10 +15,11 @@ through the output projection (``merge_heads``).
 * nothing: every key (the encoder, cross-attention).
 
 Decoding, each layer's ``forward`` takes a cache and the first step of its input (``start``):
-self-attention attends over its ring of cached keys plus the new ones, masked by the pattern's
-own rule on their step numbers, then keeps them in the ring; one step or a prefill of many is the
-same code, a prefill a query block at a time (``SelfAttentionCache``), so that it costs what the
-pattern does, not t². The tests hold every path to the dense ``can_attend`` reference.
+self-attention gathers from its ring of cached keys, and the new ones, just the keys its query
+block reads in the full pass, under the blocks' own mask, then keeps the new keys in the ring;
+one step or a prefill of many is the same code, a prefill a query block at a time
+(``SelfAttentionCache``), so that it costs what the pattern does (no more pairs than the full
+pass), not t², nor the whole ring. The tests hold every path to the dense ``can_attend`` reference.
 """
 
 from __future__ import annotations
