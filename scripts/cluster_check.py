@@ -33,7 +33,7 @@ import numpy as np
 import torch
 import yaml
 
-STEPS = 40  # steps of a run: 2 epochs of the data below, so that stops fall inside and across epochs
+STEPS = 40  # steps of a run: 2 epochs of the data below (20 steps each)
 TRAIN_IMAGES, VAL_IMAGES = 80, 4  # 80 / (2 processes x batch 2): 20 steps an epoch
 STEP_SECONDS = 0.15  # each step slowed to this (SlowSteps below), so that a signal lands mid-run
 DEADLINE = 120.0  # seconds a stopped run may take to end before it counts as deadlocked
