@@ -15,11 +15,10 @@ through the output projection (``merge_heads``).
 * nothing: every key (the encoder, cross-attention).
 
 Decoding, each layer's ``forward`` takes a cache and the first step of its input (``start``):
-self-attention gathers from its ring of cached keys, and the new ones, just the keys its query
-block reads in the full pass, under the blocks' own mask, then keeps the new keys in the ring;
-one step or a prefill of many is the same code, a prefill a query block at a time
-(``SelfAttentionCache``), so that it costs what the pattern does (no more pairs than the full
-pass), not t², nor the whole ring. The tests hold every path to the dense ``can_attend`` reference.
+self-attention attends over its ring of cached keys plus the new ones, masked by the pattern's
+own rule on their step numbers, then keeps them in the ring; one step or a prefill of many is the
+same code, a prefill a query block at a time (``SelfAttentionCache``), so that it costs what the
+pattern does, not t². The tests hold every path to the dense ``can_attend`` reference.
 """
 
 from __future__ import annotations
@@ -33,7 +32,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .patterns import BlockIndex, CausalPattern, RingReads
+from .patterns import BlockIndex, CausalPattern, MaskRule
 from .rotary import Rotary2D, rotate
 
 if TYPE_CHECKING:  # FlexAttention's module is imported where it runs: it brings sympy (~0.5 s) into a process
@@ -222,59 +221,35 @@ class SelfAttentionCache:
     """One self-attention layer's decoding state, written in place: keys and values (ring, N, e)
     of the last ``ring`` steps, step s in slot s % ring, and ``steps`` (ring,) the step each slot
     holds (−1: none yet). ring is the pattern's: the fewest slots that hold every key a later
-    query still reads.
-
-    A step reads what the full pass's block of it reads (``blocks``, the pattern's
-    ``BlockIndex``): its block's S keys, gathered from the ring (older steps) and from the
-    steps it brings (its own block's, so far), under its own row of the blocks' mask. So a step,
-    or a prefill of t steps, costs S or t·S pairs, what the full pass spends on the same queries,
-    not the whole ring's: a 2D ring spans rows of blocks and grows with the image's width, its
-    blocks' keys do not. ``piece``: the most steps attended at once (the pattern's ``piece``): a
-    prefill runs piece by piece, never across a query block's end (one block's keys at a time)."""
+    query still reads. ``piece``: the most steps attended at once (the pattern's ``piece``): a
+    prefill of t steps runs piece by piece, each over the ring and its own keys, O(t·(ring + piece))
+    pairs under one piece's (piece, ring + piece) mask, never a (t, ring + t) one."""
 
     keys: Tensor
     values: Tensor
     steps: Tensor
     piece: int
-    blocks: BlockIndex  # the pattern's, on the cache's device
-    reads: RingReads  # the pattern's: where the ring holds each block's keys
+    rule: MaskRule  # the pattern's
+    step_masks: Tensor  # (T, ring + 1): the pattern's mask of each single step (``CausalPattern.step_masks``)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, steps: Tensor) -> Tensor:
-        """The queries, keys and values (t, N, e) of ``steps`` (t,), consecutive, over the keys
-        their block reads (the ring's and their own), masked as the full pass masks them; then
-        kept. Steps of more than one piece run a piece at a time, each kept before the next
-        reads the ring (where they break is read from the host once: a prefill, never a step)."""
-        if steps.shape[0] > 1:
-            lengths = self.piece_lengths(int(steps[0]), steps.shape[0])
-            if len(lengths) > 1:
-                pieces = zip(*(t.split(lengths) for t in (q, k, v, steps)))
-                return torch.cat([self.attend(*piece) for piece in pieces])
-        ring = self.steps.shape[0]
-        n_blocks, block_len, n_keys = self.blocks.can_attend.shape
-        block = steps[:1] // block_len  # (1,): a one-element index, never a 0-d one a compiled step would read back
-        held_in = self.reads.slots.index_select(0, block)[0]  # (S,): where the ring holds the block's keys
-        # The ring holds the block's keys before these steps; theirs, in the slots of older ones,
-        # are put in their places. Keys after them (later in the block) and outside the sequence
-        # read stale slots, masked.
-        places = self.reads.places.index_select(0, steps)  # (t,)
-        keys, values = (held.index_select(0, held_in).index_copy_(0, places, new)  # (S, N, e)
-                        for held, new in ((self.keys, k), (self.values, v)))
-        allowed = self.blocks.can_attend.view(n_blocks * block_len, n_keys).index_select(0, steps)  # (t, S)
-        out = attend(q, keys, values, allowed)  # (t, N, e)
-        slots = steps % ring
+        """The queries, keys and values (t, N, e) of ``steps`` (t,) over the cached keys and their
+        own, masked by the pattern's rule on the keys' steps; then kept. More than a piece's steps
+        run a piece at a time, each kept before the next reads the ring."""
+        if steps.shape[0] > self.piece:
+            pieces = zip(*(t.split(self.piece) for t in (q, k, v, steps)))
+            return torch.cat([self.attend(*piece) for piece in pieces])
+        if steps.shape[0] == 1:  # the ring holds the steps before it, in order: its mask is looked up
+            allowed = self.step_masks[steps]  # (1, ring + 1)
+        else:
+            key_steps = torch.cat([self.steps, steps])  # (ring + t,)
+            allowed = (key_steps >= 0) & self.rule(steps[:, None], key_steps[None, :].clamp(min=0))
+        out = attend(q, torch.cat([self.keys, k]), torch.cat([self.values, v]), allowed)
+        slots = steps % self.steps.shape[0]
         self.keys.index_copy_(0, slots, k)
         self.values.index_copy_(0, slots, v)
         self.steps.index_copy_(0, slots, steps)
         return out
-
-    def piece_lengths(self, first: int, count: int) -> list[int]:
-        """Steps first .. first + count − 1 cut into pieces of at most ``piece`` steps, each
-        inside one query block."""
-        block_len, lengths, step, end = self.blocks.can_attend.shape[1], [], first, first + count
-        while step < end:
-            lengths.append(min(end, (step // block_len + 1) * block_len, step + self.piece) - step)
-            step += lengths[-1]
-        return lengths
 
 
 class SelfAttention(nn.Module):
@@ -302,8 +277,8 @@ class SelfAttention(nn.Module):
         ring = self.pattern.ring()
         keys = weight.new_zeros(ring, batch * self.n_heads, self.head_size)
         steps = torch.full((ring,), -1, dtype=torch.long, device=weight.device)
-        return SelfAttentionCache(keys, torch.zeros_like(keys), steps, self.pattern.piece(),
-                                  self.pattern.blocks(weight.device), self.pattern.ring_reads(weight.device))
+        return SelfAttentionCache(keys, torch.zeros_like(keys), steps, self.pattern.piece(), self.pattern.mask_rule(),
+                                  self.pattern.step_masks(weight.device))
 
     def forward(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0) -> Tensor:
         """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or with

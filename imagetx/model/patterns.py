@@ -21,9 +21,8 @@ device (tests prove each equal to the dense matrix):
 * ``blocks(device)``: the block keys, each with which of its queries the rule lets see it
   (``BlockIndex``): the SDPA path's gather, O(T·(keys per block)), never O(T²);
 * ``block_mask(device, block_size)``: the rule as FlexAttention's ``mask_mod``;
-* ``ring()``, ``piece()`` and ``ring_reads(device)``: decoding's ring buffer, read from the
-  blocks, and where each step finds its block's keys in it (a step reads what its block reads
-  in the full pass, under the same mask, ``blocks``).
+* ``ring()``, ``piece()`` and ``step_masks(device)``: decoding's ring buffer, read from the
+  blocks, and each decoding step's mask over it.
 """
 
 from __future__ import annotations
@@ -67,20 +66,6 @@ class BlockIndex:
 
     def to(self, device: torch.device | str) -> "BlockIndex":
         return BlockIndex(self.key_steps.to(device), self.can_attend.to(device), self.causal)
-
-
-@dataclass(frozen=True)
-class RingReads:
-    """Where decoding finds each block's keys (``BlockIndex.key_steps``, (n, S)) in a ring of R
-    slots, step k in slot k % R: ``slots`` (n, S) long, each block key's slot (a key outside the
-    sequence: some slot, masked); ``places`` (T,) long, each step's position among its own
-    block's keys, where its key, not in the ring yet when it attends, is put."""
-
-    slots: Tensor
-    places: Tensor
-
-    def to(self, device: torch.device | str) -> "RingReads":
-        return RingReads(self.slots.to(device), self.places.to(device))
 
 
 def form_key(form: str, device: torch.device | str, *sizes: int) -> tuple:
@@ -174,21 +159,23 @@ class CausalPattern:
                 ring = max(ring, int(queries[real.shape[0] - 1] - keys[seen].min()))
         return ring
 
-    def ring_reads(self, device: torch.device | str) -> RingReads:
-        """Where a decoding step finds its block's keys (``blocks``) in the ring, on ``device``
-        (``RingReads``). A step gathers its block's S keys from the ring, not the whole ring: a
-        2D ring spans rows of blocks and grows with the width, a block's keys do not."""
-        return self.on_device("ring_reads", device, self.build_ring_reads)
+    def step_masks(self, device: torch.device | str) -> Tensor:
+        """(T, ring + 1) bool, on ``device``: which keys step s sees when the steps before it went
+        through a decoding ring in order: slot j holds the latest step before s that is j modulo
+        the ring (none yet: unseen), the last column is s itself. One decoding step's mask is a
+        row of it, read in one look-up instead of the rule's arithmetic."""
+        return self.on_device("step_masks", device, self.build_step_masks)
 
-    def build_ring_reads(self) -> RingReads:
-        blocks = self.blocks("cpu")
-        n_blocks, block_len, n_keys = blocks.can_attend.shape
-        # every step sees itself, so it is among its own block's keys: its place there, written
-        # from the (n, S) keys (step T, no key, is none's), with no (n, L, S) comparison
-        own = (blocks.key_steps // block_len == torch.arange(n_blocks)[:, None]) & (blocks.key_steps < self.length)
-        places = torch.zeros(self.length, dtype=torch.long)
-        places[blocks.key_steps[own]] = torch.arange(n_keys).expand(n_blocks, n_keys)[own]
-        return RingReads(blocks.key_steps % self.ring(), places)
+    def build_step_masks(self) -> Tensor:
+        ring, rule, masks = self.ring(), self.mask_rule(), []
+        # a ring's worth of steps at a time: the step numbers (long) of the whole table would be
+        # eight times the table
+        for steps in torch.arange(self.length).split(ring):
+            steps = steps[:, None]
+            held = steps - 1 - (steps - 1 - torch.arange(ring)) % ring  # (t, ring); negative: no step yet
+            keys = torch.cat([held, steps], dim=1)
+            masks.append((keys >= 0) & rule(steps, keys.clamp(min=0)))
+        return torch.cat(masks)
 
     def piece(self) -> int:
         """The most steps a decoding ring attends at once (a prefill runs in pieces): a query
