@@ -5,13 +5,16 @@ kept by Lightning in the checkpoint)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import lightning as L
 import numpy as np
 import pytest
 import torch
 
 from helpers import train_metrics, write_cifar_npz, write_train_config
-from imagetx.data.streaming import flipped, main as streaming_main
+from imagetx.data.streaming import flipped
 from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -33,7 +36,10 @@ def streamed(tmp_path_factory):
     root = tmp_path / "data"
     train_images, *_ = write_cifar_npz(root, train_sizes=(6, 6))
     out = tmp_path / "streamed"
-    streaming_main(["--data.source", "cifar10", "--data.root", str(root), "--data.val_size", "2", "--out", str(out)])
+    # the command, in a process of its own: LitData's optimize sets a SIGINT handler of its own in the
+    # process that runs it, which later tests' Ctrl-C would call
+    subprocess.run([sys.executable, "-m", "imagetx.data.streaming", "--data.source", "cifar10", "--data.root",
+                    str(root), "--data.val_size", "2", "--out", str(out)], check=True, capture_output=True)
     return out, train_images
 
 
