@@ -136,7 +136,9 @@ def requeue(trainer, signum: int) -> str | None:
     array_job, array_task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
     job = f"{array_job}_{array_task}" if array_job and array_task else os.environ.get("SLURM_JOB_ID")
     scontrol = shutil.which("scontrol")
-    if not job or scontrol is None:
+    if not job:
+        return "SLURM job not requeued: no SLURM_JOB_ID in the environment; resubmit the same command"
+    if scontrol is None:
         return f"SLURM job {job} not requeued: scontrol not found; resubmit the same command"
     done = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True)
     if done.returncode != 0:
