@@ -8,7 +8,7 @@ set -euo pipefail
 PLAN=$(realpath "${1:?usage: bash experiments/batch_rule_runs.sh PLAN [DATA_ROOT] [OUT]}")
 ROOT=$(realpath "${2:-../shared/cifar10}")
 OUT=$(realpath -m "${3:-runs/batch_rule}")
-PY=$(realpath "${PY:-.venv/bin/python}")
+PY=$(realpath -s "${PY:-.venv/bin/python}")  # -s: the venv's link, not the interpreter it points to
 RESULTS=$(realpath experiments/batch_rule_results)
 export OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 WANDB_MODE=disabled
 CODE="$OUT/code"
