@@ -46,11 +46,13 @@ from pathlib import Path
 # by ROAD_REPO, which ``environment`` passes on.
 REPO = Path(os.environ.get("ROAD_REPO") or Path(__file__).resolve().parents[1])
 COMMIT = "0387453243b55783f1054fa562d5144f311d10be"  # the tree's HEAD when the study began
-OVERLAY = ["experiments/road_wide_attention.py", "experiments/road_runs.py", "experiments/road_table.py",
+OVERLAY = ["experiments/road_runs.py", "experiments/road_table.py",
            "experiments/subset_shards.py"]  # this study's files, laid over the copy as they are now
 # the library file the study added, laid over the copy as every grown arm ran it (the commit that added
-# it): the library's later changes (its command line, its imports of files newer than COMMIT) stay out
-PINNED = {"imagetx/training/grow.py": "e5eeda9"}
+# it): the library's later changes (its command line, its imports of files newer than COMMIT) stay out.
+# The wide arms' wrapper too: the library dropped attention-width growth since (issue 110: entry 35 found
+# it no better than going on), and with it the wrapper, kept here at the commit the arms ran.
+PINNED = {"imagetx/training/grow.py": "e5eeda9", "experiments/road_wide_attention.py": "e5eeda9"}
 ROAD = REPO / "runs" / "road"
 CODE, RUNS, GROWN = ROAD / "code", ROAD / "runs", ROAD / "grown"
 RESULTS = REPO / "experiments" / "road_results"
@@ -177,8 +179,6 @@ def proxy_model(layers: int = BASE_LAYERS, heads: int = BASE_HEADS, d_model: int
     import imagetx
     from imagetx.model.config import AttentionConfig, ModelConfig
     from imagetx.model.superres import build_model
-    from imagetx.training.grow import widen_attention
-
     preset = Path(imagetx.__file__).resolve().parents[1] / "configs" / "cifar10_dmol_25min.yaml"
     config = yaml.safe_load(preset.read_text())["model"]["config"]
     config.update(n_layers=layers, d_model=d_model, d_filter=d_filter)
@@ -189,6 +189,23 @@ def proxy_model(layers: int = BASE_LAYERS, heads: int = BASE_HEADS, d_model: int
     else:
         model = build_model(ModelConfig(**config), kernel)
     return widen_attention(model, heads)
+
+
+def widen_attention(model, heads: int):
+    """``model`` with ``heads`` heads of its head size in every decoder self-attention layer, in place (new
+    projections as ``nn.Linear`` initialises them): what the wide arms trained, as the library's
+    ``imagetx.training.grow.widen_attention`` built it at commit e5eeda9 (the library has dropped it since)."""
+    from torch import nn
+
+    d = model.config.d_model
+    for layer in model.layers:
+        attention = layer.self_attn
+        if heads != attention.n_heads:
+            width = heads * attention.head_size
+            attention.to_qkv = nn.Linear(d, 3 * width, bias=False)
+            attention.to_out = nn.Linear(width, d, bias=False)
+            attention.n_heads = heads
+    return model
 
 
 def flops_per_image(layers: int = BASE_LAYERS, heads: int = BASE_HEADS, d_model: int = 128, d_filter: int = 256,

@@ -202,6 +202,15 @@ class BudgetHorizon(Callback):
         self.since: tuple[int, float] | None = None  # (step, monotonic time) of the first timed step
         self.recent: deque[float] = deque(maxlen=steer_every + 1)  # the decay's last steps' start times
 
+    def forget_timings(self, pl_module) -> None:
+        """The model's step cost has changed (a growth, grow.py): a time budget's horizon is fitted
+        again from the steps from here on, as at a run's start. A horizon of steps stays."""
+        if budget_timer(pl_module.trainer) is not None and pl_module.hparams.lr_horizon == "budget":
+            pl_module.horizon = None
+        self.starts.clear()
+        self.since = None
+        self.recent.clear()
+
     def on_train_batch_start(self, trainer: L.Trainer, pl_module, batch, batch_idx: int) -> None:
         if trainer.global_step >= pl_module.first_step + 1:
             now = time.monotonic()

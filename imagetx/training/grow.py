@@ -1,32 +1,31 @@
-"""Growing a model in its lineage: a continuation made deeper or its attention wider, computing the
-same function, so that the next run goes on from the source's bits/dim in the larger shape.
+"""Growing a model deeper, computing the same function: inside a run (``GrowDepth``, a callback) or
+between runs (a continuation grown into a new one, the command below).
 
-    python -m imagetx.training.grow SOURCE OUT [--layers N] [--attention-heads H] [--dropout P] [--seed S]
+Added layers come after the last (a pre-norm model) as identity layers: their residual writers
+(``TransformerLayer.residual_writers``) at zero, the rest as initialised, so the grown model's
+bits/dim equal the source's and the new layers add nothing until they learn to (``deepen``).
+docs/experiments.md entry 35: at equal FLOPs, twice the depth from 40 epochs on ended 0.105 bits/dim
+below the model continued as it was, and 0.046 below the deep model trained from step 0.
 
-SOURCE: a packed continuation folder (lineage/NAME/continuation) or a ``continue.ckpt``; OUT: a
-packed continuation folder of the grown model (Adam's moments: none, so the run that goes on from it
-re-warms up over ``rewarmup_steps``, as every run resumed from a continuation without them does).
-What grows:
+* ``GrowDepth(layers, at_fraction=..., at_images=...)``, in a run's ``trainer.callbacks``: the model
+  grows at that fraction of the run's budget (its ``max_time`` where it has one, else its
+  ``max_steps``) or once the lineage has seen that many training images, in place, in every
+  process; the optimiser goes on with the new tensors (Adam's moments kept for the others, theirs
+  from zero) after a re-warm-up of ``rewarmup_steps``, as a continuation's (module.py). A
+  checkpoint written after the growth holds the grown model and resumes as such (module.py,
+  ``on_load_checkpoint``); one written before it grows when the run comes to the same point.
+* ``python -m imagetx.training.grow SOURCE OUT --layers N [--dropout P] [--seed S]``: a continuation
+  (a packed folder or a ``continue.ckpt``) grown into the packed continuation OUT, its step, data
+  position and images seen kept, Adam's moments dropped (the new tensors have none), and the
+  settings a run resuming from it needs printed with the command to run next. ``--dropout P`` sets
+  the configuration's dropout (a regulariser switched on part-way through a lineage).
 
-* ``--layers N``: decoder layers added after the source's last (a pre-norm model), as ``--init_from``
-  adds them (warm_start.py): identity layers, their residual writers at zero, the rest as initialised.
-* ``--attention-heads H``: more heads of the same head size in every decoder self-attention layer
-  (T2T's attention width 512 at d 256 is 16 heads of 32): the new heads' query, key and value rows
-  as initialised, their columns of the output projection at zero, so they add nothing until they
-  learn to. ``ModelConfig`` ties the heads to ``d_model / n_heads``, so no configuration describes
-  such a model yet: ``widen_attention`` builds it from the configuration's model, the grown
-  checkpoint records ``attention_heads``, and only code that widens the model it builds can train
-  or score it (``experiments/road_wide_attention.py``). The lineage needs an attention width in the
-  model's configuration before it can take this growth.
-* ``--dropout P``: no tensors, the configuration's dropout (a regulariser switched on part-way
-  through a lineage, from the continuation's step on).
+A post-norm model (the paper's presets) has no identity layer (a layer that adds nothing still
+normalises its input), so it cannot grow this way: refused in one line naming the pre-norm recipe.
+Every new tensor draws from ``seed``: the same growth grows the same model.
 
-The run that goes on from OUT passes the grown shape as overrides (``--resume`` checks that its
-configuration is the continuation's); they are printed, and kept in the manifest as
-``train_overrides``. Every new tensor draws from ``--seed``: the same command grows the same model.
-
-Kept: ``--init_from`` starts a new run (step 0, a new warm-up, a new step count) and copies weights
-only; a lineage grows in the middle of its run, from the continuation's step and images seen.
+Kept: ``--init_from`` starts a new run (step 0, a new warm-up) and copies weights only; a growth
+keeps the run's step, schedule and images seen.
 """
 
 from __future__ import annotations
@@ -34,106 +33,163 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import shlex
 import tempfile
 from pathlib import Path
 
+import lightning as L
 import torch
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import nn
 
 from ..io.checkpoint import load_weights_only, model_config_of
 from ..io.errors import CheckpointError
 from ..io.parts import mib_to_part_bytes
-from ..model.attention import SelfAttention
+from ..model.attention import build_patterns
 from ..model.config import ModelConfig
+from ..model.flops import count_flops
 from ..model.superres import build_model
-from ..model.transformer import ImageTransformer, zero_start
+from ..model.transformer import ImageTransformer, TransformerLayer, zero_start
+from .budget import SHARE_CHECK_EVERY, BudgetHorizon, budget_timer
 from .continuation import MANIFEST, is_packed, pack, slim_moments, unpack
 from .resume import settings_to_resume, training_flags
 
 PREFIX = "model."  # the LightningModule's name for the network: its tensors in a checkpoint's state_dict
-# Where a checkpoint's metadata keeps the decoder self-attention heads of a model grown wider than its
-# configuration's n_heads (``widen_attention``), and the record of each growth.
-ATTENTION_HEADS = "attention_heads"
-GROWN = "grown"
-
-
-def decoder_attention(model: ImageTransformer) -> list[SelfAttention]:
-    """Every decoder layer's self-attention (an encoder's has no pattern and keeps its heads)."""
-    return [layer.self_attn for layer in model.layers]
-
-
-def widen_attention(model: ImageTransformer, heads: int) -> ImageTransformer:
-    """``model`` with ``heads`` heads of its head size in every decoder self-attention layer, in
-    place: new projections, as ``nn.Linear`` initialises them (the caller seeds torch). The head
-    size, and with it the rotary angles and the decoding cache's shape, stay the configuration's."""
-    own = model.config.attention.n_heads
-    if heads < own:
-        raise ValueError(f"attention heads {heads}: fewer than the model's {own}; growing only adds heads")
-    if heads == own:
-        return model
-    d = model.config.d_model
-    for attention in decoder_attention(model):
-        width = heads * attention.head_size
-        weight = attention.to_qkv.weight
-        attention.to_qkv = nn.Linear(d, 3 * width, bias=False).to(weight.device, weight.dtype)
-        attention.to_out = nn.Linear(width, d, bias=False).to(weight.device, weight.dtype)
-        attention.n_heads = heads
-    return model
-
-
-def model_heads(checkpoint: dict) -> int:
-    """The decoder self-attention heads of the model in ``checkpoint``: its configuration's, or those it
-    was grown to (``ATTENTION_HEADS``)."""
-    return int(checkpoint["imagetx"].get(ATTENTION_HEADS) or model_config_of(checkpoint).attention.n_heads)
+GROWN = "grown"  # where a checkpoint's metadata keeps the record of each growth
+RECIPE = "configs/cifar10_recipe.yaml"  # the pre-norm recipe that grows inside its run
 
 
 def grown_config(config: ModelConfig, layers: int | None = None, dropout: float | None = None) -> ModelConfig:
     """``config`` with ``layers`` decoder layers and ``dropout``, each where given; a ValueError for
-    fewer layers, or for added layers in a post-norm model (which cannot start them as the identity)."""
+    fewer layers, a super-resolution model, or added layers in a post-norm model."""
     if layers is not None and layers < config.n_layers:
-        raise ValueError(f"--layers {layers}: fewer than the source's {config.n_layers}; growing only adds layers")
-    if layers not in (None, config.n_layers) and config.norm != "pre":
-        raise ValueError(f"--layers {layers}: only a pre-norm model (norm: pre) can add layers as identity layers")
+        raise ValueError(f"--layers {layers}: fewer than the model's {config.n_layers}; growing only adds layers")
+    if layers not in (None, config.n_layers):
+        if config.superres is not None:  # its layers also read the low-resolution input
+            raise ValueError("a super-resolution model cannot grow: growing is built for a plain decoder")
+        if config.norm != "pre":
+            raise ValueError(f"a post-norm model (norm: {config.norm}) cannot grow: a layer that adds nothing still "
+                             f"normalises its input, so no added layer computes the identity; grow a pre-norm model "
+                             f"(norm: pre), as {RECIPE} is")
     changes = {"n_layers": layers, "dropout": dropout}
     return dataclasses.replace(config, **{key: value for key, value in changes.items() if value is not None}).validate()
 
 
-def head_rows(weight: torch.Tensor, heads: int) -> torch.Tensor:
-    """A fused q/k/v projection's weight (heads·3·e, d), in ``project_heads``'s (head, part, e) order,
-    as (heads, 3·e, d): one block of rows a head."""
-    return weight.reshape(heads, -1, weight.shape[-1])
+def deepen(model: ImageTransformer, layers: int, seed: int) -> ImageTransformer:
+    """``model`` with ``layers`` decoder layers, in place: identity layers added after its last, on
+    its device and in its dtype, each new tensor drawn under ``seed`` (the caller's random state
+    untouched) and every residual writer at zero. Its ``config`` becomes the grown one."""
+    config = grown_config(model.config, layers)
+    last = model.layers[-1].self_attn  # what every decoder layer shares: the pattern, the rotary angles
+    parameter = next(model.parameters())
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        added = [TransformerLayer(config, last.pattern, last.rotary, last.kernel, last.flex_block_size)
+                 for _ in range(layers - len(model.layers))]
+    for layer in added:
+        zero_start(layer.residual_writers())
+        model.layers.append(layer.to(parameter.device, parameter.dtype))
+    model.config = config
+    return model
 
 
-def grown_state(stored: dict[str, torch.Tensor], source: ModelConfig, target: ModelConfig, source_heads: int,
-                heads: int, seed: int) -> dict[str, torch.Tensor]:
-    """The network's tensors (no prefix) of the ``target`` model with ``heads`` heads, grown from
-    ``stored`` (a ``source`` model with ``source_heads``): the source's tensors where it has them
-    (its heads first), the rest as a model built under ``seed`` initialises them, with every added
-    layer's residual writers and every added head's output columns at zero."""
-    torch.manual_seed(seed)
-    model = widen_attention(build_model(target), heads)
-    zero_start(linear for layer in list(model.layers)[source.n_layers:] for linear in layer.residual_writers())
-    state = {name: value.clone() for name, value in model.state_dict().items()}
-    for name, value in stored.items():
-        if name not in state:
-            raise CheckpointError(f"the grown model has no tensor {name}: the source is not a decoder of this kind")
-        own = state[name]
-        if value.shape == own.shape:
-            own.copy_(value)
-        elif name.endswith("self_attn.to_qkv.weight"):  # the source's heads first, the new ones as initialised
-            head_rows(own, heads)[:source_heads].copy_(head_rows(value, source_heads))
-        elif name.endswith("self_attn.to_out.weight"):  # the source's heads' columns, zeros for the new ones
-            own.zero_()
-            own[:, :value.shape[1]].copy_(value)
-        else:
-            raise CheckpointError(f"{name}: {tuple(value.shape)} in the source, {tuple(own.shape)} grown; "
-                                  "only attention heads grow wider")
-    return state
+def shape(config: ModelConfig, model: nn.Module) -> dict:
+    """A model's shape as a growth's record keeps it."""
+    return {"n_layers": config.n_layers, "d_model": config.d_model, "n_heads": config.attention.n_heads,
+            "head_size": config.head_size, "d_filter": config.d_filter, "dropout": config.dropout,
+            "tensors": len(model.state_dict()), "parameters": sum(p.numel() for p in model.parameters())}
 
 
-def grow_checkpoint(checkpoint: dict, layers: int | None = None, heads: int | None = None,
-                    dropout: float | None = None, seed: int = 0) -> dict:
-    """A continuation checkpoint's grown copy: its network grown (``grown_state``), its configuration
+def growth_record(step: int, images_seen: int | None, seed: int, before: dict, after: dict) -> dict:
+    return {"step": step, "images_seen": images_seen, "seed": seed, "from": before, "to": after}
+
+
+# ----- inside a run ------------------------------------------------------------------------------------------
+
+
+class GrowDepth(Callback):
+    """Grows the run's decoder to ``layers`` layers (``deepen``) once, at the end of the optimiser step
+    where ``at_fraction`` of the run's budget has passed (of ``trainer.max_time`` where the run has
+    one, else of ``trainer.max_steps``) or the lineage has seen ``at_images`` training images
+    (``images_seen``, kept across continuations): give one of the two. Every process decides at the
+    same step (a time budget: rank 0's clock, broadcast every ``SHARE_CHECK_EVERY`` steps) and grows
+    the same layers from ``seed``. The optimiser is built again over the grown model (module.py's
+    ``configure_optimizers``) with Adam's moments kept for the tensors it had and the schedule's step,
+    and the learning rate warms up again over ``rewarmup_steps`` from that step; a time budget's
+    decay is fitted again to the grown model's step time (budget.py). Runs on one device and under
+    DDP (re-wrapped over the grown model); another strategy is refused at the start."""
+
+    def __init__(self, layers: int, at_fraction: float | None = None, at_images: int | None = None,
+                 seed: int = 0) -> None:
+        if (at_fraction is None) == (at_images is None):
+            raise ValueError("GrowDepth: give one of at_fraction (of the run's budget) and at_images (training images)")
+        if at_fraction is not None and not 0 <= at_fraction < 1:
+            raise ValueError(f"GrowDepth: at_fraction {at_fraction} is not in [0, 1): the share of the budget before "
+                             "the growth")
+        if at_images is not None and at_images < 0:
+            raise ValueError(f"GrowDepth: at_images {at_images} is negative")
+        self.layers, self.at_fraction, self.at_images, self.seed = layers, at_fraction, at_images, seed
+
+    def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
+        grown_config(pl_module.config, max(self.layers, pl_module.config.n_layers))  # a ValueError, before any step
+        if pl_module.config.n_layers > self.layers:
+            raise ValueError(f"GrowDepth(layers={self.layers}): the model already has {pl_module.config.n_layers} "
+                             "layers; growing only adds layers")
+        if not isinstance(trainer.strategy, (SingleDeviceStrategy, DDPStrategy)):
+            raise ValueError(f"GrowDepth: growing inside a run is built for one device and for DDP, not for "
+                             f"{type(trainer.strategy).__name__}; grow between runs (python -m imagetx.training.grow)")
+
+    def due(self, trainer: L.Trainer, pl_module) -> bool:
+        """Whether the growth's point has come, the same verdict in every process."""
+        if self.at_images is not None:
+            return pl_module.images_seen >= self.at_images  # counted alike in every process
+        timer = budget_timer(trainer)
+        if timer is None:
+            return trainer.max_steps > 0 and trainer.global_step >= round(self.at_fraction * trainer.max_steps)
+        if trainer.global_step % SHARE_CHECK_EVERY:
+            return False
+        elapsed = timer.time_elapsed()
+        return trainer.strategy.broadcast(elapsed >= self.at_fraction * (elapsed + timer.time_remaining()), src=0)
+
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        if pl_module.config.n_layers < self.layers and self.due(trainer, pl_module):
+            self.grow(trainer, pl_module)
+
+    def grow(self, trainer: L.Trainer, pl_module) -> None:
+        step = trainer.global_step
+        before = shape(pl_module.config, pl_module.model)
+        old_optimizer, old_scheduler = trainer.optimizers[0], trainer.lr_scheduler_configs[0].scheduler
+        deepen(pl_module.model, self.layers, self.seed)
+        pl_module.hparams["config"] = pl_module.config.to_dict()
+        pl_module.grown.append(growth_record(step, pl_module.images_seen, self.seed, before,
+                                             shape(pl_module.config, pl_module.model)))
+        if isinstance(trainer.strategy, DDPStrategy):  # its gradient buckets hold the tensors it was built with
+            trainer.strategy.model = pl_module
+            trainer.strategy.configure_ddp()
+        pl_module.rewarmup = (step, pl_module.rewarmup_length)
+        for callback in trainer.callbacks:
+            if isinstance(callback, BudgetHorizon):
+                callback.forget_timings(pl_module)  # the grown model's steps cost more
+        trainer.strategy.setup_optimizers(trainer)  # configure_optimizers over the grown model
+        optimizer, scheduler = trainer.optimizers[0], trainer.lr_scheduler_configs[0].scheduler
+        for parameter, state in old_optimizer.state.items():  # the same tensor objects: the old layers'
+            optimizer.state[parameter] = state
+        scheduler.load_state_dict(old_scheduler.state_dict())  # its step count
+        for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
+            group["lr"] = base * pl_module.lr_multiplier(step)
+        pl_module.flops = count_flops(pl_module.model, pl_module.device)
+        build_patterns(pl_module.model, pl_module.device)
+        pl_module.print(f"grown at step {step}: {before['n_layers']} -> {self.layers} decoder layers, identity layers "
+                        f"(the same function; {before['parameters']:,} -> {pl_module.grown[-1]['to']['parameters']:,} "
+                        f"parameters); the learning rate warms up again over {pl_module.rewarmup_length} steps")
+
+
+# ----- between runs ---------------------------------------------------------------------------------------------
+
+
+def grow_checkpoint(checkpoint: dict, layers: int | None = None, dropout: float | None = None, seed: int = 0) -> dict:
+    """A continuation checkpoint's grown copy: its network deepened (``deepen``), its configuration
     the grown one, Adam's moments dropped (``slim_moments`` none: the new tensors have none) and its
     parameter list as long as the grown model's; the loops, schedule, step and images seen kept."""
     meta = checkpoint["imagetx"]
@@ -141,23 +197,19 @@ def grow_checkpoint(checkpoint: dict, layers: int | None = None, heads: int | No
         raise CheckpointError("the source is not a continuation checkpoint: grow the continue.ckpt a run writes "
                               "before its decay, or a packed continuation")
     source = model_config_of(checkpoint)
-    if source.superres is not None:  # its layers also read the low-resolution input: not built
-        raise CheckpointError("the source is a super-resolution model: growing one is not built (a plain decoder only)")
-    source_heads = model_heads(checkpoint)
     target = grown_config(source, layers, dropout)
-    target_heads = source_heads if heads is None else heads
-    if target_heads < source_heads:
-        raise ValueError(f"--attention-heads {heads}: fewer than the source's {source_heads}; growing only adds heads")
-    stored = {name[len(PREFIX):]: value for name, value in checkpoint["state_dict"].items()}
-    state = grown_state(stored, source, target, source_heads, target_heads, seed)
+    model = build_model(source)
+    try:
+        model.load_state_dict({name[len(PREFIX):]: value for name, value in checkpoint["state_dict"].items()})
+    except RuntimeError as error:
+        raise CheckpointError(f"the source's tensors are not its configuration's model: {error}") from None
+    before = shape(source, model)
+    deepen(model, target.n_layers, seed).config = target
+    state = model.state_dict()
     grown = dict(checkpoint)
     grown["state_dict"] = {PREFIX + name: value for name, value in state.items()}
     grown["imagetx"] = {**meta, "model_config": target.to_dict()}
-    if target_heads != target.attention.n_heads:
-        grown["imagetx"][ATTENTION_HEADS] = target_heads
-    record = {"step": checkpoint["global_step"], "images_seen": meta.get("images_seen"), "seed": seed,
-              "from": shape(source, source_heads, len(stored), sum(v.numel() for v in stored.values())),
-              "to": shape(target, target_heads, len(state), sum(v.numel() for v in state.values()))}
+    record = growth_record(checkpoint["global_step"], meta.get("images_seen"), seed, before, shape(target, model))
     grown["imagetx"][GROWN] = [*meta.get(GROWN, []), record]
     grown["optimizer_states"] = [dict(optimizer) for optimizer in checkpoint["optimizer_states"]]
     slim_moments(grown, "none")
@@ -168,13 +220,6 @@ def grow_checkpoint(checkpoint: dict, layers: int | None = None, heads: int | No
                                   "own rate): growing it is not built")
         optimizer["param_groups"] = [{**optimizer["param_groups"][0], "params": list(range(len(state)))}]
     return grown
-
-
-def shape(config: ModelConfig, heads: int, tensors: int, parameters: int) -> dict:
-    """A model's shape as the lineage records it."""
-    return {"n_layers": config.n_layers, "d_model": config.d_model, "attention_heads": heads,
-            "head_size": config.head_size, "d_filter": config.d_filter, "dropout": config.dropout,
-            "tensors": tensors, "parameters": parameters}
 
 
 def train_overrides(source: ModelConfig, grown: dict) -> list[str]:
@@ -191,22 +236,26 @@ def read_continuation(source: Path) -> dict:
         return load_weights_only(unpack(source, Path(folder) / "joined.ckpt", option="grow"))
 
 
-def grow(source: str | Path, out: str | Path, layers: int | None = None, heads: int | None = None,
-         dropout: float | None = None, seed: int = 0, part_bytes: int | None = None) -> dict:
+def grow(source: str | Path, out: str | Path, layers: int | None = None, dropout: float | None = None, seed: int = 0,
+         part_bytes: int | None = None) -> dict:
     """Grow the continuation at ``source`` into the packed continuation ``out``; returns its manifest,
     with the grown shape (``grown``) and the overrides a run resuming from it needs (``train_overrides``)."""
     checkpoint = read_continuation(Path(source))
-    grown = grow_checkpoint(checkpoint, layers, heads, dropout, seed)
+    grown = grow_checkpoint(checkpoint, layers, dropout, seed)
     with tempfile.TemporaryDirectory() as folder:
         joined = Path(folder) / "continue.ckpt"
         torch.save(grown, joined)
         manifest = pack(joined, out, "none", part_bytes)
     manifest[GROWN] = grown["imagetx"][GROWN][-1]
     manifest["train_overrides"] = train_overrides(model_config_of(checkpoint), grown)
-    if ATTENTION_HEADS in grown["imagetx"]:
-        manifest[ATTENTION_HEADS] = grown["imagetx"][ATTENTION_HEADS]
     (Path(out) / MANIFEST).write_text(json.dumps(manifest, indent=1))
     return manifest
+
+
+def next_command(out: Path, overrides: list[str]) -> str:
+    """The training command that goes on from the grown continuation ``out``."""
+    return shlex.join(["python", "-m", "imagetx.train", "--config", "CONFIG", "--resume", str(out), *overrides,
+                       "--trainer.max_time", "DD:HH:MM:SS", "--trainer.default_root_dir", "NEW_RUN_FOLDER"])
 
 
 def main(args: list[str] | None = None) -> None:
@@ -215,7 +264,6 @@ def main(args: list[str] | None = None) -> None:
     parser.add_argument("source", type=Path, help="a packed continuation folder, or a continue.ckpt")
     parser.add_argument("out", type=Path, help="the grown packed continuation's folder")
     parser.add_argument("--layers", type=int, help="decoder layers of the grown model (identity layers added)")
-    parser.add_argument("--attention-heads", type=int, help="decoder self-attention heads of the head size")
     parser.add_argument("--dropout", type=float, help="the grown model's dropout")
     parser.add_argument("--seed", type=int, default=0, help="seeds the new tensors (default 0)")
     parser.add_argument("--part-mib", dest="part_bytes", type=mib_to_part_bytes, default=None,
@@ -224,10 +272,14 @@ def main(args: list[str] | None = None) -> None:
     if options.out.exists() and any(options.out.iterdir()):
         parser.error(f"{options.out} is not empty: grow into a new folder")
     try:
-        manifest = grow(options.source, options.out, options.layers, options.attention_heads, options.dropout,
-                        options.seed, options.part_bytes)
+        manifest = grow(options.source, options.out, options.layers, options.dropout, options.seed, options.part_bytes)
     except (CheckpointError, ValueError) as error:
         raise SystemExit(f"error: {error}") from None
+    grown = manifest[GROWN]
+    print(f"grown at step {grown['step']}: {grown['from']['n_layers']} -> {grown['to']['n_layers']} layers, dropout "
+          f"{grown['to']['dropout']} ({grown['from']['parameters']:,} -> {grown['to']['parameters']:,} parameters), "
+          f"into {options.out}")
+    print(f"go on with: {next_command(options.out, manifest['train_overrides'])}")
     print(json.dumps({key: manifest[key] for key in ("step", "images_seen", GROWN, "train_overrides")}))
 
 

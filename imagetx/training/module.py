@@ -39,6 +39,7 @@ from ..model.attention import FLEX_BLOCK_SIZE
 from ..model.scoring import batch_bits_per_dim
 from ..model.superres import SuperResolutionTransformer, build_model
 from ..model.transformer import ImageTransformer
+from .grow import GROWN, deepen
 from .nonfinite import NonFiniteLossError, NonFiniteSteps, gradients_not_finite, non_finite_tensors, step_kind
 from .schedule import noam, warmup_then_decay
 from ..data.seeding import mix_seed, run_seed
@@ -100,6 +101,7 @@ class ImageTransformerModule(L.LightningModule):
         self.images_seen = 0  # training images of every run in this model's lineage
         self.writing_continuation = False  # set by ContinuationCheckpoint while it saves
         self.stored_budget: dict | None = None  # the budget of the run a resumed checkpoint came from
+        self.grown: list[dict] = []  # the record of each growth of this model's lineage (grow.py), in every checkpoint
         if compile:
             # In place, so parameter names (and checkpoints) stay those of the plain model.
             self.model.compile(**COMPILE_OPTIONS)
@@ -125,6 +127,12 @@ class ImageTransformerModule(L.LightningModule):
     @property
     def config(self) -> ModelConfig:
         return self.model.config
+
+    @property
+    def rewarmup_length(self) -> int:
+        """The steps of a re-warm-up (a continuation without Adam's moments, a growth)."""
+        length = self.hparams.rewarmup_steps
+        return self.hparams.warmup_steps if length is None else length
 
     @property
     def decay_fraction(self) -> float | None:
@@ -283,29 +291,39 @@ class ImageTransformerModule(L.LightningModule):
         checkpoint["imagetx"]["nonfinite_skips"] = self.nonfinite.skipped
         checkpoint["imagetx"]["lr_horizon"] = None if self.horizon is None else self.horizon.to_dict()
         checkpoint["imagetx"]["first_step"] = self.first_step
+        checkpoint["imagetx"]["rewarmup"] = None if self.rewarmup is None else list(self.rewarmup)
         checkpoint["imagetx"]["images_seen"] = self.images_seen
         checkpoint["imagetx"]["budget"] = run_budget(self.trainer)
         checkpoint["imagetx"]["continuation"] = self.writing_continuation
+        if self.grown:
+            checkpoint["imagetx"][GROWN] = self.grown
 
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """The run goes on where the checkpoint stood. A continuation checkpoint (written just
         before a warmup–stable–decay run's decay, continuation.py) starts a new run at the peak:
         its own schedule over its own budget, the time budget counted afresh. A checkpoint taken
         before the decay, resumed with another budget (resume.py refuses one taken later), gets a
-        horizon fitted to the new budget."""
+        horizon fitted to the new budget. A checkpoint of this model grown deeper (grow.py; resume.py
+        has checked that only the depth differs) deepens this one first, its tensors then loaded."""
         checkpoint["state_dict"] = current_names(checkpoint["state_dict"], LIGHTNING_PREFIX)
         stored = checkpoint.get("imagetx", {})
+        self.grown = list(stored.get(GROWN, []))
+        layers = model_config_of(checkpoint).n_layers
+        if self.grown and layers > self.config.n_layers:
+            deepen(self.model, layers, seed=self.grown[-1]["seed"])
+            self.hparams["config"] = self.config.to_dict()
         self.nonfinite.skipped = int(stored.get("nonfinite_skips", 0))
         self.images_seen = int(stored.get("images_seen", 0))
         self.first_step = int(stored.get("first_step", 0))
+        if stored.get("rewarmup") is not None:
+            self.rewarmup = tuple(stored["rewarmup"])
         horizon = stored.get("lr_horizon")
         self.horizon = None if horizon is None else Horizon(**horizon)
         if stored.get("continuation"):
             self.horizon, self.first_step = None, int(checkpoint["global_step"])
             checkpoint.get("callbacks", {}).pop(TIMER_STATE, None)  # max_time is this run's own
             if not continued_moments(checkpoint):  # Adam starts afresh: warm up again
-                length = self.hparams.rewarmup_steps
-                self.rewarmup = (self.first_step, self.hparams.warmup_steps if length is None else length)
+                self.rewarmup = (self.first_step, self.rewarmup_length)
         self.stored_budget = None if stored.get("continuation") else stored.get("budget")
 
 

@@ -31,6 +31,7 @@ another budget after its decay, a run trained on at learning rate 0, silently (d
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import signal
 from pathlib import Path
@@ -110,6 +111,9 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
         raise CheckpointError(f"--resume {path}: this checkpoint holds weights only (no optimiser or loop state); "
                               "resume from a checkpoint written by imagetx.train, e.g. checkpoints/last.ckpt")
     stored_config = model_config_of(checkpoint)  # a field added since it was written: its default
+    if checkpoint["imagetx"].get("grown") and stored_config.n_layers > config.n_layers:
+        # grown deeper in its run (grow.GrowDepth) or between runs: this run's model deepened as it was
+        config = dataclasses.replace(config, n_layers=stored_config.n_layers)
     stored, wanted = dotted_fields(stored_config.to_dict()), dotted_fields(config.to_dict())
     differ = [f"{key}={stored.get(key)!r} there, {wanted.get(key)!r} here" for key in {**wanted, **stored}
               if stored.get(key) != wanted.get(key)]

@@ -1,7 +1,7 @@
-"""Growing a continuation (imagetx/training/grow.py): twice the depth (identity layers) or more attention
-heads of the same size (the new heads' output columns at zero) computes the source's function, so the
-grown model's bits/dim on real CIFAR-10 images equal the source's; then it trains, and a run resumes
-from the grown packed continuation as a lease does."""
+"""Growing a continuation (imagetx/training/grow.py): twice the depth (identity layers) computes the
+source's function, so the grown model's bits/dim on real CIFAR-10 images equal the source's; then it
+trains, and a run resumes from the grown packed continuation as a lease does. Growth inside a run
+(GrowDepth): tests/training/test_grow_in_run.py."""
 
 from __future__ import annotations
 
@@ -19,8 +19,7 @@ from imagetx.io.checkpoint import imagetx_metadata, model_config_of
 from imagetx.io.errors import CheckpointError
 from imagetx.train import main as train_main
 from imagetx.training.continuation import CONTINUE, MANIFEST, pack, unpack
-from imagetx.training.grow import (ATTENTION_HEADS, GROWN, PREFIX, grow, grow_checkpoint, main as grow_main,
-                                   model_heads, widen_attention)
+from imagetx.training.grow import GROWN, PREFIX, grow, grow_checkpoint, main as grow_main
 from imagetx.training.resume import main as resume_main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -56,8 +55,8 @@ def trained_continuation(steps: int = 3) -> dict:
 
 
 def network(checkpoint: dict) -> torch.nn.Module:
-    """The model a checkpoint holds, built as training builds it (wider where it was grown wider)."""
-    model = widen_attention(build_model(model_config_of(checkpoint)), model_heads(checkpoint))
+    """The model a checkpoint holds, built as training builds it."""
+    model = build_model(model_config_of(checkpoint))
     model.load_state_dict({name[len(PREFIX):]: value for name, value in checkpoint["state_dict"].items()})
     return model.eval()
 
@@ -67,7 +66,7 @@ def bits(checkpoint: dict, images: torch.Tensor) -> torch.Tensor:
         return network(checkpoint).bits_per_dim(images)
 
 
-@pytest.mark.parametrize("growth", [dict(layers=2), dict(heads=4), dict(layers=2, heads=4, dropout=0.1)])
+@pytest.mark.parametrize("growth", [dict(layers=2), dict(layers=3, dropout=0.1)])
 def test_a_grown_model_scores_real_images_as_its_source_then_trains(growth):
     source = trained_continuation()
     grown = grow_checkpoint(source, seed=1, **growth)
@@ -76,7 +75,6 @@ def test_a_grown_model_scores_real_images_as_its_source_then_trains(growth):
     model = network(grown).train()
     assert model.config.dropout == growth.get("dropout", 0.0)
     assert len(model.layers) == growth.get("layers", 1)
-    assert model.layers[0].self_attn.n_heads == growth.get("heads", 2)
     # a few steps lower the loss, and what was added at zero gets a gradient from the first step
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     losses = []
@@ -85,22 +83,18 @@ def test_a_grown_model_scores_real_images_as_its_source_then_trains(growth):
         loss = model.bits_per_dim(images).mean()
         loss.backward()
         if step == 0:
-            if "layers" in growth:
-                assert model.layers[1].ffn[-1].weight.grad.abs().sum() > 0
-            if "heads" in growth:
-                assert model.layers[0].self_attn.to_out.weight.grad[:, 32:].abs().sum() > 0
+            assert model.layers[1].ffn[-1].weight.grad.abs().sum() > 0
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("growth, tensor", [(dict(layers=2), "layers.1.ffn.2.weight"),
-                                            (dict(heads=4), "layers.0.self_attn.to_out.weight")])
-def test_negative_control_what_grows_at_zero_would_change_the_function_otherwise(growth, tensor):
+@pytest.mark.parametrize("tensor", ["layers.1.ffn.2.weight", "layers.1.self_attn.to_out.weight"])
+def test_negative_control_what_grows_at_zero_would_change_the_function_otherwise(tensor):
     source = trained_continuation()
-    grown = grow_checkpoint(source, seed=1, **growth)
+    grown = grow_checkpoint(source, layers=2, seed=1)
     name = PREFIX + tensor
-    assert not grown["state_dict"][name][:, 32:].any() if "heads" in growth else not grown["state_dict"][name].any()
+    assert not grown["state_dict"][name].any()
     grown["state_dict"][name] = grown["state_dict"][name] + 0.05 * torch.randn_like(grown["state_dict"][name])
     images = real_images(4)
     assert (bits(grown, images) - bits(source, images)).abs().max() > 1e-3
@@ -108,32 +102,30 @@ def test_negative_control_what_grows_at_zero_would_change_the_function_otherwise
 
 def test_the_grown_checkpoint_keeps_the_step_and_drops_the_moments():
     source = trained_continuation()
-    grown = grow_checkpoint(source, layers=2, heads=4, seed=0)
+    grown = grow_checkpoint(source, layers=2, seed=0)
     assert grown["global_step"] == source["global_step"] and grown["imagetx"]["images_seen"] == 24
     assert grown["imagetx"]["continuation_moments"] == "none" and grown["optimizer_states"][0]["state"] == {}
     assert grown["optimizer_states"][0]["param_groups"][0]["params"] == list(range(len(grown["state_dict"])))
     assert source["optimizer_states"][0]["state"]  # the source's own are untouched
-    assert grown["imagetx"][ATTENTION_HEADS] == 4 and model_config_of(grown).n_layers == 2
+    assert model_config_of(grown).n_layers == 2
     record = grown["imagetx"][GROWN][-1]
-    assert record["from"]["n_layers"] == 1 and record["to"]["n_layers"] == 2 and record["to"]["attention_heads"] == 4
+    assert record["from"]["n_layers"] == 1 and record["to"]["n_layers"] == 2 and record["to"]["n_heads"] == 2
     assert record["to"]["parameters"] > record["from"]["parameters"]
     # the same seed, the same grown model
-    again = grow_checkpoint(source, layers=2, heads=4, seed=0)
+    again = grow_checkpoint(source, layers=2, seed=0)
     assert all(torch.equal(again["state_dict"][name], value) for name, value in grown["state_dict"].items())
 
 
-@pytest.mark.parametrize("growth, message", [(dict(layers=0), "fewer than the source's 1"),
-                                             (dict(heads=1), "fewer than the source's 2")])
-def test_growing_smaller_is_refused(growth, message):
-    with pytest.raises(ValueError, match=message):
-        grow_checkpoint(trained_continuation(), **growth)
+def test_growing_smaller_is_refused():
+    with pytest.raises(ValueError, match="fewer than the model's 1"):
+        grow_checkpoint(trained_continuation(), layers=0)
 
 
 def test_a_post_norm_model_cannot_add_layers_and_a_checkpoint_not_a_continuation_is_refused():
     source = trained_continuation()
     post = {**source, "imagetx": {**source["imagetx"], "model_config": {**source["imagetx"]["model_config"],
                                                                          "norm": "post"}}}
-    with pytest.raises(ValueError, match="only a pre-norm model"):
+    with pytest.raises(ValueError, match="a post-norm model .* cannot grow: .* as configs/cifar10_recipe.yaml is"):
         grow_checkpoint(post, layers=2)
     with pytest.raises(CheckpointError, match="not a continuation checkpoint"):
         grow_checkpoint({**source, "imagetx": {**source["imagetx"], "continuation": False}}, layers=2)
@@ -175,12 +167,12 @@ def test_a_run_resumes_from_a_grown_packed_continuation_at_its_step(tmp_path, da
     assert last["global_step"] == 8 and last["imagetx"]["first_step"] == manifest["step"]
     assert model_config_of(last).n_layers == 2 and model_config_of(last).dropout == 0.1
     # without the overrides the run is refused: its configuration is not the continuation's, and the
-    # line names the settings
+    # line names the settings (the depth is not among them: a grown checkpoint deepens the run's model)
     capsys.readouterr()
     with pytest.raises(SystemExit):
         train_main(["--config", str(config), "--wandb", "disabled", "--trainer.max_steps", "8",
                     "--trainer.default_root_dir", str(tmp_path / "third"), "--resume", str(tmp_path / "grown")])
-    assert "(--model.config.n_layers 2 --model.config.dropout 0.1)" in capsys.readouterr().err
+    assert "(--model.config.dropout 0.1)" in capsys.readouterr().err
     # the next lease's continuation: the grown run's own, packed as a lease's `wait` packs it (no overrides)
     pack(tmp_path / "second" / "checkpoints" / CONTINUE, tmp_path / "next")
     assert "train_overrides" not in json.loads((tmp_path / "next" / MANIFEST).read_text())
@@ -194,7 +186,7 @@ def test_pack_keeps_what_grow_wrote(tmp_path):
     """grow packs through continuation.pack: the joined file is the grown checkpoint."""
     source = trained_continuation()
     torch.save(source, tmp_path / "source.ckpt")
-    grow(tmp_path / "source.ckpt", tmp_path / "grown", heads=4, seed=3)
+    grow(tmp_path / "source.ckpt", tmp_path / "grown", layers=2, seed=3)
     joined = torch.load(unpack(tmp_path / "grown", tmp_path / "joined.ckpt"), weights_only=True)
-    expected = grow_checkpoint(source, heads=4, seed=3)
+    expected = grow_checkpoint(source, layers=2, seed=3)
     assert all(torch.equal(joined["state_dict"][name], value) for name, value in expected["state_dict"].items())
