@@ -131,11 +131,14 @@ def test_a_post_norm_model_cannot_add_layers_and_a_checkpoint_not_a_continuation
         grow_checkpoint({**source, "imagetx": {**source["imagetx"], "continuation": False}}, layers=2)
 
 
-def test_the_lineage_continuation_grown_twice_as_deep_scores_real_images_as_it_does(tmp_path):
+def test_the_lineage_continuation_grown_twice_as_deep_scores_real_images_as_it_does(tmp_path, capsys):
     """pretrained/cifar10_gpu's newest continuation (14 layers, 7.4 M parameters) grown to 28 layers by
     the one command a lease runs: the same bits/dim on two real val images."""
     manifest = json.loads((LINEAGE / MANIFEST).read_text())
     grow_main([str(LINEAGE), str(tmp_path / "grown"), "--layers", "28", "--part-mib", "15"])
+    said = capsys.readouterr().out  # the growth in words, then the command that goes on from it
+    assert "14 -> 28 layers" in said
+    assert f"go on with: python -m imagetx.train --config CONFIG --resume {tmp_path / 'grown'}" in said
     grown_manifest = json.loads((tmp_path / "grown" / MANIFEST).read_text())
     assert grown_manifest["step"] == manifest["step"] and grown_manifest["moments"] == "none"
     assert grown_manifest["train_overrides"] == ["--model.config.n_layers", "28"]
