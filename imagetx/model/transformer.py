@@ -156,8 +156,7 @@ class ImageTransformer(nn.Module):
         x = self.inputs(previous, steps, condition)  # (B, t, d)
         caches = [None] * len(self.layers) if cache is None else cache.layers
         for layer, layer_cache in zip(self.layers, caches):
-            x = layer.attention_block(x, layer_cache, start)  # (B, t, d)
-            x = layer.feed_forward_block(x)  # (B, t, d)
+            x = layer(x, layer_cache, start)  # (B, t, d): the layer's own call, which hooks and wrappers see
         if cache is not None:
             cache.step += previous.shape[1]  # after the pass, whose layers read the counter as their start
         return self.head(self.final_norm(x))  # (B, t, P)

@@ -609,3 +609,23 @@ def test_decoding_on_a_cpu_uses_one_thread_and_gives_the_callers_back(monkeypatc
         assert set(seen) == {2}
     finally:
         torch.set_num_threads(before)
+
+
+def test_every_decoder_layer_is_called_as_a_module_in_the_full_pass_and_in_decoding():
+    """The decoder runs each layer through its own call (``layer(x, cache, start)``), so that forward
+    hooks, activation checkpointing and per-layer wrappers (FSDP, regional compilation) see every layer,
+    in the full pass and in each cached decoding step alike."""
+    from helpers import tiny_model
+
+    model = tiny_model().eval()
+    calls = []
+    for index, layer in enumerate(model.layers):
+        layer.register_forward_hook(lambda module, args, output, index=index: calls.append(index))
+    images = torch.randint(0, 256, (1, model.config.image_size, model.config.image_size, 3))
+    with torch.no_grad():
+        model.bits_per_dim(images)
+    assert calls == list(range(len(model.layers)))
+    calls.clear()
+    with torch.no_grad():
+        sample(model, 1)
+    assert calls and set(calls) == set(range(len(model.layers)))
