@@ -1,4 +1,4 @@
-"""Which CUDA tests a GPU lease runs (docs/gpu.md, "A lease, call by call").
+"""Which CUDA tests a GPU lease runs (ops/README.md, "A lease, call by call").
 
 The whole CUDA suite (FlexAttention's values and gradients against the dense reference for every
 pattern and kernel block size, the CUDA-graph decoding step, sampling without per-step syncs) takes

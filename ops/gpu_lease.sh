@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One training run on a lent GPU machine, in steps that each fit one device call (docs/gpu.md,
+# One training run on a lent GPU machine, in steps that each fit one device call (ops/README.md,
 # "A lease, call by call"). Run from the repository root there:
 #   bash ops/gpu_lease.sh setup                       # wheels, the shards and continuation carried in .stage/*/
 #   bash ops/gpu_lease.sh tests                       # the CUDA correctness tests; the run needs them passed
@@ -268,7 +268,7 @@ await)
   exit "$(cat "$WORK/first.rc")"
   ;;
 grow)
-  # The lineage's rule (docs/gpu.md, "When the model grows"): the continuation staged from the repository
+  # The lineage's rule (ops/README.md, "When the lineage's model grows"): the continuation staged from the repository
   # grown in place, computing the same function (imagetx/training/grow.py), before `warm` and `launch`,
   # which then take the grown shape from its manifest. Grown on this machine, where it costs seconds: the
   # grown continuation would not fit call 1 beside the wheels and a shard. The staged copy is grown too,

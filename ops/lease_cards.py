@@ -145,7 +145,7 @@ metrics:
 
 
 def how_a_lease_runs(name: str) -> str:
-    return f"""Each lease runs docs/gpu.md's call plan ("A lease, call by call"; `ops/gpu_lease.sh`):
+    return f"""Each lease runs ops/README.md's call plan ("A lease, call by call"; `ops/gpu_lease.sh`):
 `bash ops/lease_files.sh prepare` here; on the lent machine `setup`, `tests` beside `warm`,
 `launch MAX_TIME` and `finish`; then `bash ops/lease_files.sh home FILES_AT` here, which writes
 this folder (weights, config, this card and its pictures) and the model's training history in the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What a GPU lease carries and brings home, on this machine (docs/gpu.md, "A lease, call by call"):
+# What a GPU lease carries and brings home, on this machine (ops/README.md, "A lease, call by call"):
 #   bash ops/lease_files.sh prepare           # before the first call: .whl/, .stage/{cont,a,b,c}
 #   bash ops/lease_files.sh prepare --no-continuation  # a lease without one (PixelCNN++): .whl/, .stage/{a,b,c}
 #   bash ops/lease_files.sh release           # after a lease whose results go elsewhere: what prepare held back, back
@@ -19,7 +19,7 @@
 # and stages the lease's new files for the commit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-GPU_MODEL=${GPU_MODEL:-pretrained/cifar10_gpu}  # or pretrained/superres_gpu (docs/gpu.md): the model the lease trains on
+GPU_MODEL=${GPU_MODEL:-pretrained/cifar10_gpu}  # or pretrained/superres_gpu (ops/README.md, "A super-resolution lease"): the model the lease trains on
 LINEAGES=lineage  # beside pretrained/: each lease-trained model's training history (ops/lease_cards.py, LINEAGE)
 LINEAGE=$LINEAGES/$(basename "$GPU_MODEL")  # this model's: lineage.json, leases/lease_N/, continuation/
 # What no call carries: the shipped models, their lineages, and the CPU road study's checkpoints
@@ -53,7 +53,7 @@ prepare)
   python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
       --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any -d .whl "${WHEELS[@]}"
   # Call 1 carries .whl, .stage/cont and .stage/a (one shard: the warm-up's data); calls 2 and 3 two
-  # shards each (docs/gpu.md, "A lease, call by call"). Without a continuation call 1 has room for two
+  # shards each (ops/README.md, "A lease, call by call"). Without a continuation call 1 has room for two
   # shards, and so has call 2 after a continuation too large to travel beside one (a grown model's:
   # 56 MiB at 28 layers), which call 1 carries alone with the wheels: then .stage/a, b, c a call each.
   continuation=  # what the lease goes on from, if anything

@@ -1,4 +1,4 @@
-"""A GPU-trained model's lineage: what each lease added to it (docs/gpu.md, "Every lease adds to one
+"""A GPU-trained model's lineage: what each lease added to it (ops/README.md, "Every lease adds to one
 model"). Two models are trained so: pretrained/cifar10_gpu and pretrained/superres_gpu (--into).
 
     python ops/lease_record.py summary RUN_DIR OUT.json [--device cuda]   # on the lent machine

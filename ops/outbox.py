@@ -1,4 +1,4 @@
-"""What a lent machine sends home, a call at a time (docs/gpu.md, "A lease, call by call"). A call
+"""What a lent machine sends home, a call at a time (ops/README.md, "A lease, call by call"). A call
 brings back the files in its $OUT, at most 8 of at most 16 MiB, 64 MiB together (the device tool's
 limits); a lease's results can be more (at 28 layers: the continuation 56.4 MiB, the model 28.2).
 So they are queued in an outbox, in the order they matter, and each call sends what it has room

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # PixelCNN++ beside the Image Transformer on a lent GPU (issue "PixelCNN++ beside the Image Transformer
 # at equal GPU minutes"; docs/results.md, "PixelCNN++ on the same GPU"): experiments/pixelcnn_pp.py at
-# the paper's size, in the calls of docs/gpu.md's lease plan. Run from the repository root there:
+# the paper's size, in the calls of the lease plan (ops/README.md, "A PixelCNN++ lease"). Run from the repository root there:
 #   bash ops/pixelcnn_lease.sh setup             # wheels and shards (ops/gpu_lease.sh setup)
 #   bash ops/pixelcnn_lease.sh begin             # call 1: `first`, detached, beside the calls staging data
 #   bash ops/pixelcnn_lease.sh await SECONDS     # wait for it (ops/gpu_lease.sh await)

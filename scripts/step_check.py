@@ -1,5 +1,5 @@
 """The speed check of a preset's training step, as a GPU lease's first call runs it
-(docs/gpu.md, "A lease, call by call"): the step compiled as training compiles it, on random
+(ops/README.md, "A lease, call by call"): the step compiled as training compiles it, on random
 images, with the figures that say what changed since the last lease.
 
     python -m scripts.step_check --preset configs/cifar10_dmol_25min.yaml --json step.json

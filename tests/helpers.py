@@ -123,8 +123,8 @@ def write_cifar_npz(root, train_sizes=(6, 6), test_size: int = 0, seed: int = 0)
 
 
 def stage_shards(stage):
-    """Two 6-image shards as a lease's calls carry them (docs/gpu.md): train-0.npz in stage/a, train-1.npz
-    in stage/b. -> stage."""
+    """Two 6-image shards as a lease's calls carry them (ops/README.md, "A lease, call by call"):
+    train-0.npz in stage/a, train-1.npz in stage/b. -> stage."""
     write_cifar_npz(stage / "a", train_sizes=(6,))  # train-0.npz, carried by one call ...
     (stage / "b").mkdir()
     (stage / "a" / "train-0.npz").rename(stage / "b" / "train-1.npz")  # ... and train-1.npz by another

@@ -13,9 +13,9 @@ goes on from that step, data position and optimiser state, and fits a new schedu
 then the decay) to the new budget: ``max_time`` is the new run's own time; ``max_steps`` counts,
 as Lightning's, from the first run's start.
 
-To travel and be kept (docs/gpu.md), a continuation is packed into a **folder**: the checkpoint
-with the optimiser's moments slimmed (``MOMENTS``), in parts of a size a transfer or a file host
-takes, and ``continuation.json`` (step, images seen, the whole file's size and SHA-256).
+To travel and be kept (docs/gpu.md, "Going on from a run"), a continuation is packed into a
+**folder**: the checkpoint with the optimiser's moments slimmed (``MOMENTS``), in parts of a size a
+transfer or a file host takes, and ``continuation.json`` (step, images seen, the whole file's size and SHA-256).
 ``--resume`` takes the folder too: the parts are joined and checked first (``unpack``).
 
     python -m imagetx.training.continuation pack CKPT FOLDER [--moments none] [--part-mib N]

@@ -132,7 +132,7 @@ def test_each_model_card_carries_the_hubs_metadata(shipped):
     assert f"**{result.metric_value}**" in card.text  # the figure the card's table states
 
 
-# The preset each GPU model's leases train with (docs/gpu.md; CONFIG in ops/gpu_lease.sh).
+# The preset each GPU model's leases train with (ops/README.md; CONFIG in ops/gpu_lease.sh).
 LEASE_PRESETS = {"cifar10_gpu": "cifar10_dmol_25min.yaml", "superres_gpu": "superres_gpu.yaml"}
 
 

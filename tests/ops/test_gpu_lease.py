@@ -1,5 +1,5 @@
 """ops/gpu_lease.sh end to end on the CPU (``DRY_RUN=1``), with a tiny preset, as a lent GPU
-machine's calls run it (docs/gpu.md): setup, first (the tests and the warm-up side by side), launch,
+machine's calls run it (ops/README.md, "A lease, call by call"): setup, first (the tests and the warm-up side by side), launch,
 wait, finish; then two leases in a row, the second going on from the continuation the first brought
 home (ops/lease_record.py), as the repository keeps it: the model a user loads in pretrained/NAME,
 its training history in lineage/NAME. So that a typo or a step that hides its failure is found here,
