@@ -48,7 +48,10 @@ RUN=$WORK/run
 CODE=$WORK/code  # a copy of the package: later calls re-send the working tree under a running job
 SITE=${SITE:-/tmp/site}
 OUT=${OUT:?the device tool sets OUT, the folder whose files come back}
-CONFIG=${CONFIG:-configs/cifar10_dmol_25min.yaml}
+# The users' recipe (docs/gpu.md): the lineage trains the config it hands them, its growth (GrowDepth, at 1.8 M
+# images) where the callback puts it; `grow --layers 28` before `warm` grows the staged continuation at that
+# point, so that the warm-up compiles the grown model's graphs (issue 110).
+CONFIG=${CONFIG:-configs/cifar10_recipe.yaml}
 PYTHON=${PYTHON:-python3}
 STAGE=${STAGE:-.stage}  # the shards carried, a folder each call
 DEVICE=$([ "$DRY_RUN" = 1 ] && echo cpu || echo cuda)

@@ -133,7 +133,7 @@ def test_each_model_card_carries_the_hubs_metadata(shipped):
 
 
 # The preset each GPU model's leases train with (ops/README.md; CONFIG in ops/gpu_lease.sh).
-LEASE_PRESETS = {"cifar10_gpu": "cifar10_dmol_25min.yaml", "superres_gpu": "superres_gpu.yaml"}
+LEASE_PRESETS = {"cifar10_gpu": "cifar10_recipe.yaml", "superres_gpu": "superres_gpu.yaml"}
 
 
 @pytest.mark.parametrize("name", sorted(LEASE_PRESETS))
