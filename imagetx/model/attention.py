@@ -221,9 +221,11 @@ class SelfAttentionCache:
     """One self-attention layer's decoding state, written in place: keys and values (ring, N, e)
     of the last ``ring`` steps, step s in slot s % ring, and ``steps`` (ring,) the step each slot
     holds (−1: none yet). ring is the pattern's: the fewest slots that hold every key a later
-    query still reads. ``piece``: the most steps attended at once (the pattern's ``piece``): a
-    prefill of t steps runs piece by piece, each over the ring and its own keys, O(t·(ring + piece))
-    pairs under one piece's (piece, ring + piece) mask, never a (t, ring + t) one."""
+    query still reads. A decoding step attends over the whole ring (the codec's arithmetic: its
+    files decode with exactly these sums). A prefill of t steps runs a piece at a time (at most the
+    pattern's ``piece`` steps, within one query block), each over the keys its query block reads
+    (``block_keys``, the full pass's blocks) gathered from the ring, and its own: no more pairs than
+    the full pass spends on those queries, however wide a 2D ring grows with the image."""
 
     keys: Tensor
     values: Tensor
@@ -231,20 +233,27 @@ class SelfAttentionCache:
     piece: int
     rule: MaskRule  # the pattern's
     step_masks: Tensor  # (T, ring + 1): the pattern's mask of each single step (``CausalPattern.step_masks``)
+    block_keys: Tensor  # (n, S): the steps each query block of ``block_length`` reads (T: none)
+    block_length: int
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, steps: Tensor) -> Tensor:
-        """The queries, keys and values (t, N, e) of ``steps`` (t,) over the cached keys and their
-        own, masked by the pattern's rule on the keys' steps; then kept. More than a piece's steps
-        run a piece at a time, each kept before the next reads the ring."""
-        if steps.shape[0] > self.piece:
-            pieces = zip(*(t.split(self.piece) for t in (q, k, v, steps)))
-            return torch.cat([self.attend(*piece) for piece in pieces])
+        """The queries, keys and values (t, N, e) of ``steps`` (t,) over the keys they see, masked
+        by the pattern's rule on the keys' steps; then kept. A prefill's steps run a piece at a
+        time, each kept before the next reads the ring."""
         if steps.shape[0] == 1:  # the ring holds the steps before it, in order: its mask is looked up
-            allowed = self.step_masks[steps]  # (1, ring + 1)
+            out = attend(q, torch.cat([self.keys, k]), torch.cat([self.values, v]), self.step_masks[steps])
         else:
-            key_steps = torch.cat([self.steps, steps])  # (ring + t,)
-            allowed = (key_steps >= 0) & self.rule(steps[:, None], key_steps[None, :].clamp(min=0))
-        out = attend(q, torch.cat([self.keys, k]), torch.cat([self.values, v]), allowed)
+            first = int(steps[0])  # one host read a piece: a prefill runs eagerly
+            within = min(self.piece, self.block_length - first % self.block_length)  # in one block
+            if steps.shape[0] > within:
+                pieces = zip(*(t.split([within, steps.shape[0] - within]) for t in (q, k, v, steps)))
+                return torch.cat([self.attend(*piece) for piece in pieces])
+            block = self.block_keys[first // self.block_length]  # (S,)
+            earlier = block[block < first]  # in the ring: each within ``ring`` steps of the block's last query
+            slots = earlier % self.steps.shape[0]
+            key_steps = torch.cat([earlier, steps])
+            out = attend(q, torch.cat([self.keys[slots], k]), torch.cat([self.values[slots], v]),
+                         self.rule(steps[:, None], key_steps[None, :]))
         slots = steps % self.steps.shape[0]
         self.keys.index_copy_(0, slots, k)
         self.values.index_copy_(0, slots, v)
@@ -278,7 +287,8 @@ class SelfAttention(nn.Module):
         keys = weight.new_zeros(ring, batch * self.n_heads, self.head_size)
         steps = torch.full((ring,), -1, dtype=torch.long, device=weight.device)
         return SelfAttentionCache(keys, torch.zeros_like(keys), steps, self.pattern.piece(), self.pattern.mask_rule(),
-                                  self.pattern.step_masks(weight.device))
+                                  self.pattern.step_masks(weight.device), self.pattern.blocks(weight.device).key_steps,
+                                  self.pattern.block_length)
 
     def forward(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0) -> Tensor:
         """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or with
