@@ -25,7 +25,7 @@ import imagetx.codec.api as codec_api
 from experiments.compress_roundtrip import val_images
 from experiments.json_result import emit
 from imagetx.codec import compress_with_stats, decompress
-from imagetx.codec.container import ARITHMETIC, ARITHMETIC_VERSION, HEADER, READ_VERSIONS, TRAILER
+from imagetx.codec.container import READ_VERSIONS, TRAILER, header_size
 from imagetx.io.load import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -38,8 +38,9 @@ def code(model, images: np.ndarray, version: int) -> dict:
     data, stats = compress_with_stats(model, images)
     if data[len(b"ITXC")] != version or not np.array_equal(decompress(model, data), images):
         raise AssertionError(f"format {version}: the file does not give the images back")
-    # the header and its CRC: 50 bytes, 115 from format 3 on (it records the arithmetic)
-    header = HEADER.size + (ARITHMETIC.size if version >= ARITHMETIC_VERSION else 0)
+    # the header and its CRC: 50 bytes, 115 from format 3 on (it records the arithmetic), 119 from
+    # format 5 on (the length of its names list, empty here: images from Python have no names)
+    header = header_size(version)
     payload_bits = 8 * (len(data) - header - TRAILER.size)
     return {"file_bytes": len(data), "payload_bits": payload_bits, "ideal_bits": round(stats.ideal_bits, 1),
             "payload_minus_ideal_bits": round(payload_bits - stats.ideal_bits, 1)}

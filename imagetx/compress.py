@@ -6,7 +6,9 @@ model (docs/compress.md); ``python -m imagetx.decompress`` gives them back exact
 
 INPUT: pictures (PNG, a JPEG's decoded pixels, GIF, BMP, WebP), npz files with an array
 ``images`` (N, H, W, 3) uint8, or folders of them (their files in name order), each exactly the
-model's size (nothing is resized), coded exactly: a picture whose 8-bit RGB pixels would not be
+model's size (nothing is resized), coded exactly, each with its name (the file's stem; the k-th
+image of an npz ``STEM_0000k``), which decompress gives back where it is a safe file name
+(codec/names.py; a line says how many are not): a picture whose 8-bit RGB pixels would not be
 the file's own (16-bit, several frames, CMYK, transparency) is refused. Each input's line on
 stderr says what it gave (a folder: one line). Every image goes into one file, coded in one decoding pass (up to 1,024
 images; ``--batch``: passes of that many) on ``--threads`` torch threads (both recorded in the
@@ -38,6 +40,7 @@ from .cli.common import parse, parser_for, run_or_exit
 from .cli.shipped import resolve
 from .codec.container import MAX_BATCH
 from .codec.files import Input, check_output, input_files, read_images, write_file
+from .codec.names import PNG_NAME, kept_names
 from .io.names import check_model_path
 
 if TYPE_CHECKING:  # torch and the model are imported once the arguments are checked (run)
@@ -92,9 +95,11 @@ def run(args: Namespace) -> dict:
                                                                 f"{len(given.lines)} files"]):
             print(f"input {line}", file=sys.stderr)  # a folder: one line, not one a file
     images = np.concatenate([given.images for given in inputs])
+    names = [name for given in inputs for name in given.names]
+    say_unkept_names(names)
     started = time.perf_counter()
     threads = DEFAULT_THREADS if args.threads is None else args.threads
-    data, stats = compress_with_stats(model, images, args.batch, threads, args.progress, args.portable)
+    data, stats = compress_with_stats(model, images, args.batch, threads, args.progress, args.portable, names)
     seconds = time.perf_counter() - started
     write_file(out, data)
     result = {"out": str(out), "images": stats.images, "bytes": stats.file_bytes,
@@ -103,6 +108,18 @@ def run(args: Namespace) -> dict:
     if args.compare:
         result.update(compared(model, inputs))
     return result
+
+
+def say_unkept_names(names: list[str]) -> None:
+    """One line on stderr where some images' names are not kept (not safe file names, or one an
+    earlier image has): they decompress under their index names."""
+    kept = kept_names(names) or ("",) * len(names)
+    unkept = [name for name, stored in zip(names, kept) if not stored]
+    if unkept:
+        shown = ", ".join(repr(name) for name in unkept[:3]) + (", ..." if len(unkept) > 3 else "")
+        print(f"names: {len(unkept)} of {len(names)} images will decompress under their index names "
+              f"({PNG_NAME.format(0)}, ...): their names ({shown}) are not safe, unique file names "
+              "(docs/compress.md, Outputs)", file=sys.stderr)
 
 
 def compared(model: ImageTransformer, inputs: list[Input]) -> dict:

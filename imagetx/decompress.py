@@ -4,11 +4,16 @@ exactly (docs/compress.md).
     python -m imagetx.decompress FILE --ckpt pretrained/completion --out DIR|IMAGES.npz|IMAGE.png [--force]
 
 ``--out`` ending in .npz: one npz with the array ``images`` (N, H, W, 3) uint8; in .png: that
-PNG, for a file of one image; otherwise a folder of PNGs 00000.png, 00001.png, ... in the order
-the images were compressed, written whole beside it and then put in its place. ``--force`` (or
-``--force true``) replaces an existing --out: a file, or a folder holding only an earlier
-decode's PNGs, as a whole. A file that is not one, is truncated or damaged, or was compressed
-with another model is refused with one ``error:`` line (exit code 2) before anything is written;
+PNG, for a file of one image; otherwise a folder of PNGs, written whole beside it and then put
+in its place: each image under the name of the file it was compressed from (format 5 keeps
+them: ``photo.jpg`` gives ``photo.png``, the k-th image of ``more.npz`` ``more_0000k.png``), or
+where the file keeps none (images compressed from Python, files of formats 1 to 4), or its name
+is not a safe file name (codec/names.py), under its index: 00000.png, 00001.png, ... in the order
+the images were compressed; one line on stderr says how many fell back. ``--force`` (or
+``--force true``) replaces an existing --out: a file, or a folder holding only PNGs a decode
+writes (index names, or the names this file's images take), as a whole. A file that is not one,
+is truncated or damaged, or was compressed with another model is refused with one ``error:``
+line (exit code 2) before anything is written;
 so is a decoding whose pixels do not match the file's checksum. The command runs the model with
 the arithmetic the file was coded with (restarting itself with or without
 ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE: docs/compress.md); a file coded with another
@@ -33,6 +38,7 @@ from .cli.shipped import resolve
 from .codec.container import CodecError
 from .io.errors import CheckpointError
 from .codec.files import check_output, output_kind, read_compressed, write_images
+from .codec.names import folder_names
 from .io.names import check_model_path
 
 T = TypeVar("T")
@@ -59,12 +65,16 @@ def run(args: Namespace) -> dict:
 
     header = naming_the_file(args.file, lambda: read_header(data))  # refused before the model is loaded
     folder = output_kind(Path(args.out), header.count) == "folder"
-    out = check_output(args.out, args.force, folder)
+    names, fell_back = folder_names(header.names, header.count)
+    out = check_output(args.out, args.force, folder, names if folder else ())
     model = load_model(resolve(args.ckpt))  # pretrained/...: also from an installed wheel
     started = time.perf_counter()
     images = naming_the_file(args.file, lambda: decompress(model, data, args.progress))
     seconds = time.perf_counter() - started
-    written = write_images(images, out)
+    written = write_images(images, out, header.names)
+    if folder and fell_back:
+        print(f"names: {fell_back} of {header.count} images written under their index names (00000.png, ...): the "
+              "file gives them no name, or one that is not a safe, unique file name", file=sys.stderr)
     return {"out": str(out), "images": header.count, "files": len(written), "seconds": round(seconds, 2),
             "images_per_second": round(header.count / seconds, 3), "ckpt": str(args.ckpt)}
 

@@ -8,11 +8,15 @@ All images of a file are coded in one decoding pass (every image stepped togethe
 last takes what is left), all into one range-coded stream. The header records the passes' size
 and the torch threads, which the decoder uses again, and the arithmetic (arithmetic.py): a file
 coded with portable arithmetic decodes on any x86-64 machine with the same torch, so ``compress``
-asks for it unless told ``portable=False``.
+asks for it unless told ``portable=False``. Given ``names`` (a stem an image: what the compress
+command gives, its input files' stems), the file keeps those that are safe file names
+(names.py), and a decompressed folder takes them back; without (images from Python), it keeps
+none, and a folder numbers them, as before format 5. ``read_header(data).names`` holds them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import constriction
@@ -26,6 +30,7 @@ from .coder import decode_values, encode_values, progress_bar, torch_threads
 from .container import (FORMAT_VERSION, MAX_BATCH, MAX_IMAGES, MAX_THREADS, CodecError, Header,
                         model_fingerprint, pack, pixel_digest, unpack)
 from .distributions import PRECISION
+from .names import kept_names
 
 # One torch thread by default, as sampling on a CPU (model/sampler.py's DECODING_THREADS): the
 # file records it, and the decoder must use the same.
@@ -81,11 +86,13 @@ def groups(count: int, batch: int) -> list[slice]:
 
 
 def compress_with_stats(model: ImageTransformer, images: np.ndarray | torch.Tensor, batch: int | None = None,
-                        threads: int = DEFAULT_THREADS, progress: bool = False,
-                        portable: bool = True) -> tuple[bytes, CompressionStats]:
+                        threads: int = DEFAULT_THREADS, progress: bool = False, portable: bool = True,
+                        names: Sequence[str] | None = None) -> tuple[bytes, CompressionStats]:
     """``compress``, and what it measured."""
     check_model(model)
     pixels = check_images(model, images)
+    if names is not None and (len(names) != len(pixels) or not all(isinstance(name, str) for name in names)):
+        raise CodecError(f"names: give one str for each of the {len(pixels)} images, not {len(names)} of them")
     arithmetic = current()
     if portable and not arithmetic.portable:
         raise CodecError(f"{not_portable_reason(arithmetic)}; or pass portable=False (--portable false) for a file "
@@ -103,19 +110,22 @@ def compress_with_stats(model: ImageTransformer, images: np.ndarray | torch.Tens
             ideal += encode_values(model, targets, encoder, FORMAT_VERSION, bar)
     payload = encoder.get_compressed().astype("<u4").tobytes()
     header = Header(FORMAT_VERSION, PRECISION, threads, model.config.head, count, size, size, min(batch, count),
-                    model_fingerprint(model), pixel_digest(pixels), arithmetic)
+                    model_fingerprint(model), pixel_digest(pixels), arithmetic,
+                    kept_names(names) if names is not None else ())
     data = pack(header, payload)
     return data, CompressionStats(count, len(data), ideal, count * model.config.dims_per_image)
 
 
 def compress(model: ImageTransformer, images: np.ndarray | torch.Tensor, batch: int | None = None,
-             threads: int = DEFAULT_THREADS, progress: bool = False, portable: bool = True) -> bytes:
+             threads: int = DEFAULT_THREADS, progress: bool = False, portable: bool = True,
+             names: Sequence[str] | None = None) -> bytes:
     """(N, S, S, 3) uint8 images -> the compressed file's bytes, for a model of side S: in one
     decoding pass (``batch`` None: up to ``MAX_BATCH`` images) or in passes of ``batch``. With
     ``portable`` (the default) the process must compute with portable arithmetic (a CodecError
     says how otherwise), and the file decodes on any x86-64 machine with the same torch; without,
-    it is coded with this machine's own kernels and decodes where they are the same."""
-    return compress_with_stats(model, images, batch, threads, progress, portable)[0]
+    it is coded with this machine's own kernels and decodes where they are the same. ``names``
+    (one stem an image, optional): the names a decompressed folder gives them (names.py)."""
+    return compress_with_stats(model, images, batch, threads, progress, portable, names)[0]
 
 
 def read_header(data: bytes) -> Header:

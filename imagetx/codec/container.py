@@ -18,13 +18,18 @@ coder's words, and a checksum (docs/compress.md, "The file").
     47      16     the machine's architecture, ASCII, zero-padded (x86_64)
     63      16     ATen's CPU kernels, ASCII, zero-padded (DEFAULT, AVX2, AVX512)
     79      32     the torch version, ASCII, zero-padded (2.14.1+cu130)
-    111     ...    payload: the range coder's 32-bit words (from offset 46 in formats 1 and 2)
+    111     4      names' length L in bytes (format 5 on; names.py)
+    115     L      the images' names: UTF-8, one an image, separated by NUL bytes; L = 0: none
+    ...     ...    payload: the range coder's 32-bit words (from offset 46 in formats 1 and 2,
+                   111 in formats 3 and 4)
     end-4   4      CRC-32 of everything before it
 
 A truncated, extended or damaged file fails the length or the CRC before anything is decoded;
 a file for another model fails the fingerprint; a decoding that went wrong anyway (a file
 coded with other arithmetic) fails the coder or the pixel digest. Each is a ``CodecError`` with
-one line saying which.
+one line saying which. A names list that is not one (not UTF-8, another count of names than of
+images) is refused too; a name that is not a safe file name is the decompressor's to refuse
+(names.py).
 """
 
 from __future__ import annotations
@@ -39,21 +44,26 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from .names import MAX_NAME_BYTES
+
 if TYPE_CHECKING:  # torch's modules, imported where used: the commands read limits and CodecError before torch
     from ..model.transformer import ImageTransformer
     from .arithmetic import Arithmetic
 
 MAGIC = b"ITXC"
-# Version 4 has 3's layout; its distributions are computed without libm (float64.py), where 3 and
+# Version 5 has 4's coding and adds the images' names (NAMES_VERSION). Version 4 has 3's layout; its distributions are computed without libm (float64.py), where 3 and
 # earlier computed them with torch's float64 functions (coder.py, LIBM_FREE_VERSION). Version 3
 # records the arithmetic the file was coded with. Version 2 coded with exactly the quantised
 # frequencies, as 3 does; version 1 had constriction re-quantise them (coder.py,
-# REQUANTISED_VERSION). Files of 1, 2 and 3 are still decoded, as they were coded.
-FORMAT_VERSION = 4
-READ_VERSIONS = (1, 2, 3, 4)
+# REQUANTISED_VERSION). Files of 1 to 4 are still decoded, as they were coded (without names).
+FORMAT_VERSION = 5
+READ_VERSIONS = (1, 2, 3, 4, 5)
 ARITHMETIC_VERSION = 3  # the first format that records the arithmetic
+NAMES_VERSION = 5  # the first format that keeps the images' names
 HEADER = struct.Struct("<4sBBBBIHHH16s8sI")
 ARITHMETIC = struct.Struct("<B16s16s32s")
+NAMES_LENGTH = struct.Struct("<I")
+NAME_SEPARATOR = b"\0"
 TRAILER = struct.Struct("<I")
 HEADS = ("categorical", "dmol")
 # 16 bytes (128 bits) of SHA-256 name a model: two different models share a fingerprint with
@@ -85,6 +95,9 @@ class Header:
     fingerprint: bytes
     digest: bytes
     arithmetic: Arithmetic | None  # None: a file of format 1 or 2, which does not record it
+    # each image's name (a file's stem, "" for none), or () where the file keeps none (formats 1 to 4,
+    # or images compressed without names); checked as a file's text, not as safe names (names.py)
+    names: tuple[str, ...] = ()
 
 
 def model_fingerprint(model: ImageTransformer) -> bytes:
@@ -118,8 +131,17 @@ def pack(header: Header, payload: bytes) -> bytes:
         arithmetic = header.arithmetic
         head += ARITHMETIC.pack(arithmetic.portable, arithmetic.machine.encode(), arithmetic.kernels.encode(),
                                 arithmetic.torch.encode())
+    if header.version >= NAMES_VERSION:
+        names = NAME_SEPARATOR.join(name.encode() for name in header.names) if any(header.names) else b""
+        head += NAMES_LENGTH.pack(len(names)) + names
     body = head + payload
     return body + TRAILER.pack(zlib.crc32(body))
+
+
+def header_size(version: int, names_bytes: int = 0) -> int:
+    """The bytes before the payload in a file of format ``version`` whose names take ``names_bytes``."""
+    size = HEADER.size + (ARITHMETIC.size if version >= ARITHMETIC_VERSION else 0)
+    return size + (NAMES_LENGTH.size + names_bytes if version >= NAMES_VERSION else 0)
 
 
 def unpack(data: bytes) -> tuple[Header, bytes]:
@@ -134,7 +156,13 @@ def unpack(data: bytes) -> tuple[Header, bytes]:
     if version not in READ_VERSIONS:
         raise CodecError(f"the file is in format version {version}; this imagetx reads versions "
                          f"{', '.join(map(str, READ_VERSIONS))}")
-    start = HEADER.size + (ARITHMETIC.size if version >= ARITHMETIC_VERSION else 0)
+    names_bytes = 0
+    if version >= NAMES_VERSION:
+        at = header_size(version) - NAMES_LENGTH.size
+        if len(data) < at + NAMES_LENGTH.size + TRAILER.size:
+            raise CodecError(f"the file is truncated: {len(data)} bytes, shorter than its header and checksum")
+        (names_bytes,) = NAMES_LENGTH.unpack_from(data, at)
+    start = header_size(version, names_bytes)
     expected = start + length + TRAILER.size
     if len(data) != expected:
         state = "truncated" if len(data) < expected else "longer than its header says"
@@ -149,8 +177,9 @@ def unpack(data: bytes) -> tuple[Header, bytes]:
         raise CodecError("the file's header is invalid (head, image count, batch, threads or payload length "
                          "out of range)")
     arithmetic = read_arithmetic(data) if version >= ARITHMETIC_VERSION else None
+    names = read_names(body[start - names_bytes:start], count) if names_bytes else ()
     header = Header(version, precision, threads, HEADS[head], count, height, width, batch, fingerprint, digest,
-                    arithmetic)
+                    arithmetic, names)
     return header, body[start:]
 
 
@@ -162,3 +191,17 @@ def read_arithmetic(data: bytes) -> Arithmetic:
     if portable > 1 or not all(text and text.isascii() and text.isprintable() for text in texts):
         raise CodecError("the file's header is invalid (its arithmetic is not one imagetx writes)")
     return Arithmetic(bool(portable), *texts)
+
+
+def read_names(block: bytes, count: int) -> tuple[str, ...]:
+    """A file's names list (``count`` names, NUL-separated UTF-8) -> the names, or a CodecError."""
+    if len(block) > count * (MAX_NAME_BYTES + len(NAME_SEPARATOR)):
+        raise CodecError(f"the file's names list is invalid ({len(block):,} bytes for {count:,} images: "
+                         f"more than {MAX_NAME_BYTES} bytes a name)")
+    try:
+        names = block.decode("utf-8").split(NAME_SEPARATOR.decode())
+    except UnicodeDecodeError:
+        raise CodecError("the file's names list is invalid (not UTF-8 text)") from None
+    if len(names) != count:
+        raise CodecError(f"the file's names list is invalid ({len(names):,} names for {count:,} images)")
+    return tuple(names)

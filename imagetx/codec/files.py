@@ -8,6 +8,10 @@ on size, the same RGB rules as everywhere else) and coded only where its RGB pix
 the file's: refused where it has more than 8 bits a sample, several frames, or a conversion that
 changes values (CMYK, transparency), and where it is not the model's size (nothing is resized or
 cropped). A JPEG is coded as the pixels it decodes to. What each input gave is said in one line.
+
+Each image is named by the file it came from (``Input.names``: a picture its stem, an npz's
+k-th image ``STEM_0000k``); a decoded folder's PNGs take the names the compressed file keeps,
+where they are safe (names.py), and their index names (``00000.png``, ...) otherwise.
 """
 
 from __future__ import annotations
@@ -18,9 +22,9 @@ import re
 import shutil
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +32,7 @@ from PIL import Image
 
 from ..io.atomic import TEMPORARY_SUFFIX, atomic_write, current_umask, replace_folder
 from .container import MAX_IMAGES, CodecError
+from .names import NPZ_IMAGE_NAME, PNG_NAME, folder_names
 
 NPZ_KEY = "images"  # the array an npz holds its images in (as the CIFAR-10 shards do)
 NPZ_SUFFIX, PNG_SUFFIX = ".npz", ".png"
@@ -52,8 +57,7 @@ GREY_MODES = ("1", "L", "LA", "La")
 # A compressed file larger than this is not one the codec writes: 100,000 images (MAX_IMAGES) of
 # 32×32 at the worst 24 bits a sub-pixel are 0.92 GB. Checked before the file is read.
 MAX_COMPRESSED_BYTES = 1_000_000_000
-# A decoded folder's PNGs, in file order: five digits hold every index below MAX_IMAGES.
-PNG_NAME = "{:05d}.png"
+# A decoded folder's PNGs without names (names.PNG_NAME), in file order: what --force may replace.
 DECODED_PNG = re.compile(r"\d{5}\.png")
 
 
@@ -150,6 +154,7 @@ class Input:
     name: str
     images: np.ndarray
     lines: list[str]
+    names: list[str] = field(default_factory=list)  # each image's name: its file's stem (names.py)
 
     @property
     def one_picture(self) -> bool:
@@ -164,7 +169,7 @@ def read_images(names: list[str], size: int) -> list[Input]:
     the problem."""
     inputs, total = [], 0
     for name in names:
-        parts, lines = [], []
+        parts, lines, stems = [], [], []
         for path in input_files([name]):
             if path.stat().st_size == 0:  # said as such: PIL's or numpy's words for it name no cause
                 raise CodecError(f"{path.name} is empty (0 bytes): give a picture or an npz file that holds images")
@@ -172,15 +177,17 @@ def read_images(names: list[str], size: int) -> list[Input]:
                 images = read_npz(path, size)
                 parts.append(images)
                 lines.append(f"{path.name}: {len(images)} images {size}x{size} RGB (npz array '{NPZ_KEY}')")
+                stems += [NPZ_IMAGE_NAME.format(path.stem, index) for index in range(len(images))]
             else:
                 picture, line = read_picture_exactly(path, size)
                 parts.append(picture)
                 lines.append(line)
+                stems.append(path.stem)
             total += len(parts[-1])
             if total > MAX_IMAGES:
                 raise CodecError(f"more than {MAX_IMAGES:,} images: a file holds at most that many; "
                                  "compress them in parts")
-        inputs.append(Input(name, np.concatenate(parts), lines))
+        inputs.append(Input(name, np.concatenate(parts), lines, stems))
     return inputs
 
 
@@ -211,22 +218,37 @@ def output_kind(out: Path, count: int) -> str:
     return "folder"
 
 
-def is_decoded_folder(path: Path) -> bool:
-    """A folder holding nothing but a decode's PNGs (00000.png, ...): one --force may replace."""
-    return path.is_dir() and all(entry.is_file() and DECODED_PNG.fullmatch(entry.name) for entry in path.iterdir())
+def foreign_entry(path: Path, writes: Collection[str] = ()) -> str | None:
+    """The name of an entry of folder ``path`` that is not a PNG file a decode writes (an index
+    name, 00000.png, ..., or one of ``writes``, the names this decode will write), or None where
+    there is none. A file of another name, another file's decoded PNG included, is not this
+    decode's to delete: a folder can say which files a decode wrote only by their names."""
+    for entry in sorted(path.iterdir()):
+        if entry.is_symlink() or not entry.is_file() or not (DECODED_PNG.fullmatch(entry.name)
+                                                             or entry.name in writes):
+            return entry.name
+    return None
 
 
-def check_output(name: str, force: bool, folder: bool = False) -> Path:
+def is_decoded_folder(path: Path, writes: Collection[str] = ()) -> bool:
+    """A folder holding nothing but PNG files that a decode writes (``foreign_entry``): one --force may replace."""
+    return path.is_dir() and foreign_entry(path, writes) is None
+
+
+def check_output(name: str, force: bool, folder: bool = False, writes: Collection[str] = ()) -> Path:
     """The output path, checked before any work: refused where something is there already (unless
-    ``force``, and then only a file for a file, or for a folder of PNGs an earlier decode's folder,
-    so that --force never deletes other files), or where its folder does not exist or cannot be written in."""
+    ``force``, and then only a file for a file, or for a folder of PNGs an earlier decode's folder
+    holding only the PNGs this one writes (``writes``) or index-named ones, so that --force never
+    deletes other files), or where its folder does not exist or cannot be written in."""
     path = Path(name)
     if path.exists() or path.is_symlink():
         if not force:
             raise CodecError(f"{name} exists: choose another --out, or give --force to replace it")
-        if folder and not is_decoded_folder(path):
-            raise CodecError(f"{name} is not a folder of decoded PNGs only (00000.png, ...): --force replaces "
-                             "such a folder whole but not other files; choose another --out")
+        if folder and not is_decoded_folder(path, writes):
+            other = f" (it holds {foreign_entry(path, writes)!r})" if path.is_dir() else ""
+            raise CodecError(f"{name} is not a folder of decoded PNGs only{other}: --force replaces a folder whole "
+                             "where it holds nothing but PNGs this decode writes (00000.png, ..., or the names "
+                             "this file's images take), not other files; choose another --out")
         if not folder and path.is_dir():
             raise CodecError(f"{name} is a folder: --force replaces a file, not a folder; choose another --out")
     parent = path.absolute().parent
@@ -269,24 +291,29 @@ def png_bytes(image: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def write_images(images: np.ndarray, out: Path) -> list[Path]:
+def write_images(images: np.ndarray, out: Path, names: Sequence[str] = ()) -> list[Path]:
     """(N, H, W, 3) uint8 -> ``out`` as ``output_kind`` says: an npz (array ``images``), one PNG,
-    or a folder of PNGs 00000.png, 00001.png, ... in file order. A folder is written whole beside
-    ``out``, then takes its place (``replace_folder``): an earlier decode there is replaced, never
-    mixed with. A failed or interrupted write leaves ``out`` as it was and nothing beside it."""
+    or a folder of PNGs, each named as ``names`` (a stem an image, as a file keeps them) says
+    where that name is safe (names.py), else 00000.png, 00001.png, ... by its place in the file.
+    A folder is written whole beside ``out``, then takes its place (``replace_folder``): an
+    earlier decode there is replaced, never mixed with. A failed or interrupted write leaves
+    ``out`` as it was and nothing beside it."""
     kind = output_kind(out, len(images))
     if kind != "folder":
         write_file(out, npz_bytes(images) if kind == "npz" else png_bytes(images[0]))
         return [out]
+    written = folder_names(names, len(images))[0]
     with writing(out):
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=TEMPORARY_SUFFIX, dir=out.parent))
         try:
             os.chmod(staging, 0o777 & ~current_umask())  # mkdtemp makes 0700 folders; give the usual permissions
-            for index, image in enumerate(images):
+            for name, image in zip(written, images):
+                if Path(name).name != name or name.startswith("."):  # folder_names gives none such: a guard
+                    raise CodecError(f"{name!r} is not a plain file name")
                 data = png_bytes(image)
-                atomic_write(staging / PNG_NAME.format(index), lambda handle, data=data: handle.write(data))
+                atomic_write(staging / name, lambda handle, data=data: handle.write(data))
             replace_folder(staging, out)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
-    return [out / PNG_NAME.format(index) for index in range(len(images))]
+    return [out / name for name in written]

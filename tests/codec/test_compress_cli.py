@@ -4,6 +4,7 @@ code 2, nothing written; outputs replaced whole; Ctrl-C one line, exit status 13
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import stat
 import struct
@@ -18,6 +19,7 @@ from helpers import one_error_line, random_images, tiny_model
 from imagetx import compress as compress_cli
 from imagetx import decompress as decompress_cli
 from imagetx.codec import files
+from imagetx.codec.container import pack, unpack
 from imagetx.io.hub import save_pretrained
 
 # In this process the codec runs on this machine's own kernels; tests/codec/test_codec_portable.py runs
@@ -59,9 +61,10 @@ def test_pictures_and_npz_round_trip(folders, tmp_path, capsys):
     result = run_json(decompress_cli, [str(out), "--ckpt", str(folders / "model"), "--out", str(tmp_path / "pngs"),
                                        "--progress", "false"], capsys)
     assert result["files"] == 7
-    pngs = sorted((tmp_path / "pngs").glob("*.png"))
-    assert [p.name for p in pngs[:2]] == ["00000.png", "00001.png"]
-    assert np.array_equal(np.stack([np.asarray(Image.open(p)) for p in pngs]), expected)
+    names = ["four_00000.png", "four_00001.png", "four_00002.png", "four_00003.png", "one.png", "two.png",
+             "palette.png"]  # each image under its file's name (format 5), in the order given
+    assert sorted(p.name for p in (tmp_path / "pngs").iterdir()) == sorted(names)
+    assert np.array_equal(np.stack([np.asarray(Image.open(tmp_path / "pngs" / name)) for name in names]), expected)
 
 
 def sixteen_bit_png(path: Path, samples: np.ndarray) -> None:
@@ -195,17 +198,20 @@ def test_force_is_a_bare_flag_and_still_takes_true_or_false(folders, tmp_path, c
 def test_force_replaces_an_earlier_decode_whole(folders, tmp_path, capsys):
     """Issue 74: decoding a file of one image over a folder holding a decode of four left the old
     00001-00003.png beside the new 00000.png. The folder is now replaced as a whole, and a folder
-    holding anything else is not deleted even with --force."""
+    holding anything else is not deleted even with --force. (Here the four are a file without names,
+    decoded to 00000.png, ...: a folder of another file's named PNGs is not replaced, test_names.py.)"""
     four = tmp_path / "four.itx"
     compress_cli.main([*NATIVE, str(folders / "four.npz"), "--ckpt", str(folders / "model"), "--out", str(four),
                        "--progress", "false"])
+    header, payload = unpack(four.read_bytes())
+    four.write_bytes(pack(dataclasses.replace(header, names=()), payload))  # as from Python: no names
     one = compress_one(folders, tmp_path)
     out = tmp_path / "decoded"
     decompress_cli.main(decompress_args(folders, four, out))
     assert len(list(out.iterdir())) == 4
     decompress_cli.main(decompress_args(folders, one, out, "--force", "true"))  # as the issue ran it
-    assert [path.name for path in out.iterdir()] == ["00000.png"]
-    assert np.array_equal(np.asarray(Image.open(out / "00000.png")), np.asarray(Image.open(folders / "one.png")))
+    assert [path.name for path in out.iterdir()] == ["one.png"]  # its name, format 5
+    assert np.array_equal(np.asarray(Image.open(out / "one.png")), np.asarray(Image.open(folders / "one.png")))
     assert sorted(path.name for path in tmp_path.iterdir()) == ["decoded", "four.itx", "one.png.itx"]  # nothing beside
     (out / "notes.txt").write_text("mine")
     line = one_error_line(capsys, decompress_cli.main, decompress_args(folders, four, out, "--force"))
