@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import gradio as gr
@@ -68,10 +68,9 @@ def compress_picture(models: Models, upload: str | None) -> Iterator[tuple]:
         yield None, None, None, "", refused(error)
 
 
-def add_tab(models: Models, image_height: int) -> None:
-    """The "compress" tab, inside the page's ``gr.Blocks``."""
-    from .page import upload_box  # the page's upload box and examples (imported here: page imports this module)
-
+def add_tab(models: Models, image_height: int, upload_box: Callable[[str], gr.File]) -> None:
+    """The "compress" tab, inside the page's ``gr.Blocks``; ``upload_box(prefix)`` makes the page's upload
+    box with its examples, as the other tabs have it."""
     with gr.Tab("compress", id="compress"):
         with gr.Row():
             with gr.Column(scale=1):

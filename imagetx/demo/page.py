@@ -116,5 +116,5 @@ def build(models: Models) -> gr.Blocks:
                     samples = samples_gallery("generate-samples")
                     files = downloads("generate-files")
             run.click(models.generate, [count, temperature, seed, label], [samples, files, status])
-        add_compress_tab(models, IMAGE_HEIGHT)
+        add_compress_tab(models, IMAGE_HEIGHT, upload_box)
     return page
