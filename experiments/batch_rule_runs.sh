@@ -22,7 +22,7 @@ COMMON+=" --model.config.d_filter 256 --model.config.attention.n_heads 4 --data.
 COMMON+=" --trainer.limit_val_batches 0 --trainer.callbacks null --trainer.log_every_n_steps 1"
 mkdir -p "$OUT" "$RESULTS"
 NAME=$(basename "$PLAN" .txt)
-sed "s|COMMON|$COMMON|" "$PLAN" >"$OUT/$NAME.txt"
+sed "s|COMMON|$COMMON|" "$PLAN" >"$OUT/$NAME.expanded.txt"  # (not the plan's own name: it may live in OUT)
 cd "$CODE"
-"$PY" -m experiments.budget_sweep --plan "$OUT/$NAME.txt" --data.root "$ROOT" --parallel 1 --out "$OUT" \
+"$PY" -m experiments.budget_sweep --plan "$OUT/$NAME.expanded.txt" --data.root "$ROOT" --parallel 1 --out "$OUT" \
     --json "$RESULTS/$NAME.json"

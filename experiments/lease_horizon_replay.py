@@ -59,7 +59,7 @@ def replay(steer_every: int = 50, budget_seconds: float = LEASE_2["budget"], fir
     timer.time_remaining = lambda *args: max(budget_seconds - clock.now, 0.0)
     trainer = SimpleNamespace(callbacks=[timer], global_step=first_step, max_steps=-1, sanity_checking=False,
                               strategy=SimpleNamespace(broadcast=lambda value, src: value))
-    module = SimpleNamespace(horizon=None, warmup_steps=warmup_steps, first_step=first_step, decay_fraction=decay_fraction, print=lambda *a: None,
+    module = SimpleNamespace(horizon=None, first_step=first_step, decay_fraction=decay_fraction, print=lambda *a: None,
                              hparams=SimpleNamespace(warmup_steps=warmup_steps, lr_horizon="budget"))
     callback = BudgetHorizon(steer_every=steer_every)
     rewarmup = (first_step, warmup_steps)

@@ -161,7 +161,7 @@ def agreed_horizon(trainer: L.Trainer, pl_module, remaining_seconds: float, seco
     horizon = None
     if remaining_seconds > 0:
         horizon = fit_horizon(trainer.global_step, remaining_seconds, seconds_per_step, overhead_per_step,
-                              pl_module.warmup_steps, trainer.max_steps, pl_module.first_step,
+                              pl_module.hparams.warmup_steps, trainer.max_steps, pl_module.first_step,
                               pl_module.decay_fraction)
     return trainer.strategy.broadcast(horizon, src=0)
 
@@ -294,7 +294,7 @@ class BudgetHorizon(Callback):
             return
         pl_module.horizon = refitted
         pl_module.print(f"learning-rate horizon refitted at step {trainer.global_step}: "
-                        f"{described(refitted, pl_module.warmup_steps, self.steer_every > 0)} "
+                        f"{described(refitted, pl_module.hparams.warmup_steps, self.steer_every > 0)} "
                         f"({seconds_per_step:.3f} s per step since step {step}, all included)")
 
     def steers(self, trainer: L.Trainer, pl_module) -> bool:
@@ -341,6 +341,6 @@ class BudgetHorizon(Callback):
         self.starts.clear()
         steered = self.steer_every > 0 and wsd_on_budget(trainer, pl_module)
         pl_module.print(f"learning-rate horizon fixed at step {trainer.global_step}: "
-                        f"{described(horizon, pl_module.warmup_steps, steered)} ({seconds_per_step:.3f} s "
+                        f"{described(horizon, pl_module.hparams.warmup_steps, steered)} ({seconds_per_step:.3f} s "
                         f"per step + {overhead:.3f} s of validations and the rest per step, {remaining:.0f} s of the "
                         "budget left)")

@@ -27,7 +27,6 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
-from .batch_rule import BatchRule
 from .budget import Horizon, budget_timer, place_decay, run_budget
 from .continuation import TIMER_STATE, continued_moments
 from ..io.checkpoint import LIGHTNING_PREFIX, imagetx_metadata, model_config_of, read_checkpoint, refused
@@ -82,10 +81,6 @@ class ImageTransformerModule(L.LightningModule):
         low_res_lr_scale: float = 1.0,
         attention_kernel: Literal["auto", "flex", "sdpa"] = "auto",  # how attention runs; auto: flex on CUDA
         flex_block_size: int = FLEX_BLOCK_SIZE,  # FlexAttention's tiles: 16, 32, 64 or 128
-        # The global batch (devices x batch x accumulation) that peak_lr, warmup_steps and rewarmup_steps
-        # are set for. Run at another, they follow the batch rule (batch_rule.py, measured in
-        # docs/experiments.md entry 38): more GPUs need no other flag. None: used as given at any batch.
-        reference_batch: int | None = None,
     ) -> None:
         super().__init__()
         model_config = config or ModelConfig()
@@ -134,33 +129,10 @@ class ImageTransformerModule(L.LightningModule):
         return self.model.config
 
     @property
-    def global_batch(self) -> int | None:
-        """Training images an optimiser step, over every process (None before a trainer has data)."""
-        try:
-            trainer = self.trainer
-        except RuntimeError:  # not attached to a trainer (Lightning's words): no run, no global batch
-            return None
-        batch = getattr(getattr(trainer, "datamodule", None), "batch_size", None)
-        return None if batch is None else batch * trainer.world_size * trainer.accumulate_grad_batches
-
-    @property
-    def batch_rule(self) -> BatchRule:
-        """``peak_lr`` and the warm-ups at this run's global batch (batch_rule.py)."""
-        return BatchRule(self.hparams.reference_batch, self.global_batch)
-
-    @property
-    def peak_lr(self) -> float:
-        return self.batch_rule.peak_lr(self.hparams.peak_lr)
-
-    @property
-    def warmup_steps(self) -> int:
-        return self.batch_rule.steps(self.hparams.warmup_steps)
-
-    @property
     def rewarmup_length(self) -> int:
         """The steps of a re-warm-up (a continuation without Adam's moments, a growth)."""
         length = self.hparams.rewarmup_steps
-        return self.warmup_steps if length is None else self.batch_rule.steps(length)
+        return self.hparams.warmup_steps if length is None else length
 
     @property
     def decay_fraction(self) -> float | None:
@@ -177,9 +149,6 @@ class ImageTransformerModule(L.LightningModule):
             self.config.num_classes)
 
     def on_fit_start(self) -> None:
-        said = self.batch_rule.described(self.hparams.peak_lr, self.hparams.warmup_steps)
-        if said:
-            self.print(said)
         self.flops = count_flops(self.model, self.device)
         build_patterns(self.model, self.device)  # before any compiled pass: the same graphs in every run
 
@@ -286,20 +255,19 @@ class ImageTransformerModule(L.LightningModule):
 
     def configure_optimizers(self):
         hp = self.hparams
-        optimizer = make_optimizer(self.model, **{**optimizer_settings(hp), "peak_lr": self.peak_lr})
-        warmup_steps = self.warmup_steps
+        optimizer = make_optimizer(self.model, **optimizer_settings(hp))
         if hp.optimizer == "adam_noam":
-            schedule = partial(noam, warmup_steps=warmup_steps)
+            schedule = partial(noam, warmup_steps=hp.warmup_steps)
         else:
             if self.stored_budget not in (None, run_budget(self.trainer)):  # resumed with a new budget
                 self.horizon = None
             if self.horizon is None and (hp.lr_horizon == "steps" or budget_timer(self.trainer) is None):
                 end = max(int(self.trainer.estimated_stepping_batches), self.first_step + 1)
-                self.horizon = place_decay(end, self.first_step + 1, warmup_steps, self.first_step,
+                self.horizon = place_decay(end, self.first_step + 1, hp.warmup_steps, self.first_step,
                                            self.decay_fraction)
             decay = "cosine" if hp.optimizer == "adamw_cosine" else "wsd"
             # Read at every step: a budget horizon is fixed after the first validation (BudgetHorizon).
-            schedule = lambda step: warmup_then_decay(step, warmup_steps, self.horizon, decay,  # noqa: E731
+            schedule = lambda step: warmup_then_decay(step, hp.warmup_steps, self.horizon, decay,  # noqa: E731
                                                       self.rewarmup)
         # LambdaLR calls the schedule with the number of steps taken so far; +1 so the
         # first update uses step 1 of the schedule.

@@ -162,7 +162,7 @@ def fake_run(max_steps: int):
     timer.time_remaining = lambda: 100.0
     trainer = SimpleNamespace(callbacks=[timer], global_step=0, max_steps=max_steps, sanity_checking=False,
                               strategy=SimpleNamespace(broadcast=lambda value, src: value))
-    module = SimpleNamespace(horizon=None, warmup_steps=2, hparams=SimpleNamespace(warmup_steps=2, lr_horizon="budget"), print=lambda *a: None,
+    module = SimpleNamespace(horizon=None, hparams=SimpleNamespace(warmup_steps=2, lr_horizon="budget"), print=lambda *a: None,
                              first_step=0, decay_fraction=None)
     return trainer, module
 
@@ -288,7 +288,7 @@ def simulated_run(budget_seconds: float, step_seconds, warmup_steps: int, decay_
     trainer = SimpleNamespace(callbacks=[timer], global_step=0, max_steps=-1, sanity_checking=False,
                               strategy=SimpleNamespace(broadcast=lambda value, src: value))
     printed, taken = [], []
-    module = SimpleNamespace(horizon=None, warmup_steps=warmup_steps, first_step=0, decay_fraction=decay_fraction, print=printed.append,
+    module = SimpleNamespace(horizon=None, first_step=0, decay_fraction=decay_fraction, print=printed.append,
                              hparams=SimpleNamespace(warmup_steps=warmup_steps, lr_horizon="budget"))
     callback = BudgetHorizon()
     decay = "cosine" if decay_fraction is None else "wsd"
