@@ -27,6 +27,10 @@ RUN="$OUT/run"
 mkdir -p "$RUN/checkpoints"
 if [ ! -f "$RUN/checkpoints/last.ckpt" ] && [ -f "$RESULTS/last.ckpt" ]; then
     cp "$RESULTS/last.ckpt" "$RUN/checkpoints/last.ckpt"  # a later session: on from the kept checkpoint
+    # the earlier sessions' metrics, kept beside this session's (which the copies below write)
+    [ -f "$RESULTS/metrics.csv.gz" ] && mv "$RESULTS/metrics.csv.gz" "$RESULTS/metrics.to-step-$(
+        "$PY" -c 'import sys, torch; print(torch.load(sys.argv[1], weights_only=True, map_location="cpu")["global_step"])' \
+        "$RESULTS/last.ckpt").csv.gz"
 fi
 cat >"$OUT/growth.yaml" <<'EOF'
 trainer:
