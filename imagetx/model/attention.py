@@ -250,9 +250,9 @@ class SelfAttentionCache:
                 return torch.cat([self.attend(*piece) for piece in pieces])
             block = self.block_keys[first // self.block_length]  # (S,)
             earlier = block[block < first]  # in the ring: each within ``ring`` steps of the block's last query
-            slots = earlier % self.steps.shape[0]
+            held = earlier % self.steps.shape[0]  # their slots
             key_steps = torch.cat([earlier, steps])
-            out = attend(q, torch.cat([self.keys[slots], k]), torch.cat([self.values[slots], v]),
+            out = attend(q, torch.cat([self.keys[held], k]), torch.cat([self.values[held], v]),
                          self.rule(steps[:, None], key_steps[None, :]))
         slots = steps % self.steps.shape[0]
         self.keys.index_copy_(0, slots, k)
