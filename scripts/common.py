@@ -161,7 +161,6 @@ def sample_uncached(model, count: int, labels=None, low_res=None, temperature: f
 
     from imagetx.model.heads import check_temperature
     from imagetx.model.modes import eval_mode
-    from imagetx.model.order import sequence_to_images
     from imagetx.model.sampler import check_count
     from imagetx.model.scoring import full_pass
 
@@ -173,7 +172,7 @@ def sample_uncached(model, count: int, labels=None, low_res=None, temperature: f
     sequence = model.targets(images)
     with eval_mode(model), torch.no_grad():
         for t in range(model.order.length if steps is None else steps):
-            images = sequence_to_images(sequence, model.order, cfg.head).to(torch.uint8)
+            images = model.images(sequence).to(torch.uint8)
             params = full_pass(model, images, labels, low_res)
             sequence[:, t] = model.head.sample(params[:, t : t + 1], temperature, generator)[:, 0]
-    return sequence_to_images(sequence, model.order, cfg.head).to(torch.uint8)
+    return model.images(sequence).to(torch.uint8)

@@ -23,7 +23,6 @@ import constriction
 import numpy as np
 import torch
 
-from ..model.order import sequence_to_images
 from ..model.transformer import ImageTransformer
 from .arithmetic import PORTABLE_COMMAND, Arithmetic, current, not_portable_reason
 from .coder import decode_values, encode_values, progress_bar, torch_threads
@@ -163,7 +162,7 @@ def decompress(model: ImageTransformer, data: bytes, progress: bool = False) -> 
                 values = decode_values(model, part.stop - part.start, decoder, header.version, bar)
             except CodecError as error:
                 raise CodecError(not_decoded(str(error), header, here)) from None
-            images.append(sequence_to_images(values, model.order, model.config.head).to(torch.uint8).numpy())
+            images.append(model.images(values).to(torch.uint8).numpy())
     pixels = np.concatenate(images)
     if pixel_digest(pixels) != header.digest:
         raise CodecError(not_decoded("the decoded pixels do not match its checksum", header, here))

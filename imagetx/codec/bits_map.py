@@ -44,8 +44,7 @@ def bits_per_pixel(model: ImageTransformer, images: torch.Tensor, labels: torch.
     with eval_mode(model):
         nats = -model.log_prob(batch["images"], **conditioning(model.config, batch))  # (N, T): a sub-pixel or pixel each
     grid = model.order.sequence_to_grid(nats.double().cpu())  # (N, H, 3W) or (N, H, W)
-    if model.config.head == "categorical":
-        grid = reduce(grid, "n h (w c) -> n h w", "sum", c=CHANNELS)
+    grid = reduce(grid, "n h (w s) -> n h w", "sum", s=model.head.steps_per_pixel)  # a pixel's steps: its cost
     return (grid / math.log(2)).numpy()
 
 

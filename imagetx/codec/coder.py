@@ -28,6 +28,7 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from ..model.config import CHANNELS
+from ..model.heads import CategoricalHead
 from ..model.modes import eval_mode
 from ..model.sampler import first_input
 from ..model.transformer import ImageTransformer
@@ -94,7 +95,7 @@ def code_pass(model: ImageTransformer, count: int, code: CodeSymbols, version: i
     """One decoding pass over ``count`` images: every step's distributions, as format ``version``
     computes them, to ``code``, its values back into the model. -> the values, (count, T)
     sub-pixels or (count, T, 3) pixels."""
-    categorical = model.config.head == "categorical"
+    categorical = isinstance(model.head, CategoricalHead)
     if version >= LIBM_FREE_VERSION:
         probs_of, Pixels = categorical_probs, PixelDistributions
     else:

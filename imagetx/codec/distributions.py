@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from ..model.config import HALF_RANGE, LEVELS
-from ..model.heads import HALF_BIN, DMOLHead
+from ..model.heads import HALF_BIN, DMOLHead, coupled_mean, log_mass
 from . import float64
 
 # The integer frequencies of one distribution sum to 2**PRECISION. 24 bits is the precision of
@@ -103,13 +103,8 @@ class PixelDistributions:
 
     def coupled_mean(self, channel: int) -> np.ndarray:
         """(N, K) for the channel: m_R = μ_R, m_G = μ_G + α x_R, m_B = μ_B + β x_R + γ x_G (docs/model.md §5)."""
-        x = [level.astype(np.float64) / HALF_RANGE - 1.0 for level in self.levels[:channel]]
-        mean = self.means[:, channel]
-        if channel >= 1:
-            mean = mean + self.coeffs[:, 0 if channel == 1 else 1] * x[0][:, None]
-        if channel == 2:
-            mean = mean + self.coeffs[:, 2] * x[1][:, None]
-        return mean
+        x = [(level.astype(np.float64) / HALF_RANGE - 1.0)[:, None] for level in self.levels[:channel]]
+        return coupled_mean(self.means, self.coeffs, x, channel)
 
     def channel(self, channel: int) -> Tensor:
         """(N, 256) float64: p(channel's level | the earlier channels' levels).
@@ -146,8 +141,9 @@ class PixelDistributions:
         ``log_weights``; -> e^``exponents``, computed in the same exp call."""
         observed = self.posterior_of
         levels = self.levels[observed]
-        # log of each component's mass of the observed levels, as ``DMOLHead.channel_log_probs``
-        # computes it (in logs: no mass lost far in a tail)
+        # log of each component's mass of the observed levels, by ``heads.log_mass``'s formula (in
+        # logs: no mass lost far in a tail) in float64's own functions; without its guard of tiny
+        # gaps, which keeps a float32 gradient finite (none is taken here, and float64 holds the gap)
         inv_s = self.inv_scales[:, observed]  # (N, K)
         centered = (levels.astype(np.float64) / HALF_RANGE - 1.0)[:, None] - self.coupled_mean(observed)
         upper = inv_s * (centered + HALF_BIN)
@@ -200,13 +196,8 @@ class TorchPixelDistributions:
 
     def coupled_mean(self, channel: int) -> Tensor:
         """(N, K): m_R = μ_R, m_G = μ_G + α x_R, m_B = μ_B + β x_R + γ x_G (docs/model.md §5)."""
-        x = [level.double() / HALF_RANGE - 1.0 for level in self.levels]
-        mean = self.means[:, channel]
-        if channel >= 1:
-            mean = mean + self.coeffs[:, 0 if channel == 1 else 1] * x[0][:, None]
-        if channel == 2:
-            mean = mean + self.coeffs[:, 2] * x[1][:, None]
-        return mean
+        x = [(level.double() / HALF_RANGE - 1.0)[:, None] for level in self.levels[:channel]]
+        return coupled_mean(self.means, self.coeffs, x, channel)
 
     def channel(self, channel: int) -> Tensor:
         """(N, 256) float64: p(channel's level | the earlier channels' levels).
@@ -227,16 +218,15 @@ class TorchPixelDistributions:
         return torch.diff(cdf, prepend=below, append=above).clamp(min=0.0)
 
     def level_log_mass(self, channel: int, levels: Tensor) -> Tensor:
-        """(N, K): log of each component's mass of the given levels, exactly as
-        ``DMOLHead.channel_log_probs`` computes it (in logs: no mass lost far in a tail)."""
+        """(N, K): log of each component's mass of the given levels, by ``DMOLHead.channel_log_probs``'s
+        ``log_mass`` (in logs: no mass lost far in a tail) without its guard of tiny gaps, as these
+        files were coded (a float32 gradient's guard: float64 needs none)."""
         inv_s = self.inv_scales[:, channel]  # (N, K)
         centered = (levels.double() / HALF_RANGE - 1.0)[:, None] - self.coupled_mean(channel)
-        upper = inv_s * (centered + HALF_BIN)
-        lower = inv_s * (centered - HALF_BIN)
-        log_sigmoid = torch.nn.functional.logsigmoid
-        interior = log_sigmoid(upper) + log_sigmoid(-lower) + torch.log(-torch.expm1(-2.0 * HALF_BIN * inv_s))
         lowest, highest = (levels == 0)[:, None], (levels == LEVELS - 1)[:, None]
-        return torch.where(lowest, log_sigmoid(upper), torch.where(highest, log_sigmoid(-lower), interior))
+        gap = 2.0 * HALF_BIN * inv_s
+        return log_mass(inv_s * (centered - HALF_BIN), inv_s * (centered + HALF_BIN), gap, gap.log(), lowest, highest,
+                        tiny_gap=0.0)
 
     def observe(self, channel: int, levels: Tensor) -> None:
         """The channel's levels (N,) long, known: the components' posterior takes them in."""

@@ -28,6 +28,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .config import CHANNELS, HALF_RANGE, LEVELS, ModelConfig
+from .heads import head_type
 from .precision import full_precision_linear, scoring_dtype
 
 
@@ -52,10 +53,10 @@ class CellRemainder(nn.Module):
         super().__init__()
         scale = config.image_size // config.superres.low_res_size
         self.cell_size = scale * scale  # values of one channel under one low-res pixel
-        self.categorical = config.head == "categorical"
+        self.sub_pixel_steps = head_type(config).value_shape == ()  # a step is a sub-pixel, not a pixel
         # A group is what one low-res value summarises: a cell's sub-pixels of one channel
         # (categorical steps are sub-pixels), or a cell's pixels (DMOL steps are pixels).
-        groups = low_res_pixel_of_step * CHANNELS + step_channels if self.categorical else low_res_pixel_of_step
+        groups = low_res_pixel_of_step * CHANNELS + step_channels if self.sub_pixel_steps else low_res_pixel_of_step
         order = torch.argsort(groups, stable=True)  # each group's steps together, in generation order
         earlier = torch.empty_like(order)
         earlier[order] = torch.arange(order.numel()) % self.cell_size  # steps of its group before it
@@ -63,7 +64,7 @@ class CellRemainder(nn.Module):
         self.register_buffer("order", order, persistent=False)
         self.register_buffer("inverse", torch.argsort(order), persistent=False)
         self.register_buffer("still_to_come", (self.cell_size - earlier).float(), persistent=False)
-        values_per_step = 1 if self.categorical else CHANNELS
+        values_per_step = 1 if self.sub_pixel_steps else CHANNELS
         self.proj = nn.Linear(values_per_step + 1, config.d_model)
 
     @property
@@ -78,11 +79,11 @@ class CellRemainder(nn.Module):
     def step_values(self, values: Tensor) -> Tensor:
         """(B, T) sub-pixels or (B, T, 3) pixels -> (B, T, c) floats, c values per step."""
         values = values.to(self.sum_dtype)
-        return values[..., None] if self.categorical else values
+        return values[..., None] if self.sub_pixel_steps else values
 
     def low_res_values(self, low_res: Tensor) -> Tensor:
         """(B, h, w, 3) -> (B, T, c): the low-res value(s) each step's group averages to."""
-        if self.categorical:
+        if self.sub_pixel_steps:
             flat = rearrange(low_res, "b h w c -> b (h w c)")  # index = cell·3 + channel = group
             return self.step_values(flat[:, self.groups])
         return self.step_values(rearrange(low_res, "b h w c -> b (h w) c")[:, self.groups])

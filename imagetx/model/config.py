@@ -58,11 +58,15 @@ class AttentionConfig:
         # YAML and JSON hand us lists; the dataclass promises tuples.
         self.query_block_shape = tuple(self.query_block_shape)  # type: ignore[assignment]
         self.memory_flange = tuple(self.memory_flange)  # type: ignore[assignment]
-        # Another kind's geometry does nothing and is not stored: kept at its defaults, so that a
-        # config equals its stored form read back.
+        # Another kind's geometry does nothing and is not stored (``to_dict``): refused where it is
+        # given, rather than kept and lost, so that a config is what it says and equals its stored
+        # form read back.
         for kind, names in GEOMETRY.items():
             for name in names if kind != self.kind else ():
-                setattr(self, name, ATTENTION_DEFAULTS[name])
+                if getattr(self, name) != ATTENTION_DEFAULTS[name]:
+                    raise ValueError(f"ModelConfig.attention.{name}={getattr(self, name)!r} is {kind} geometry, "
+                                     f"which kind {self.kind!r} does not read: leave it out (or at its default "
+                                     f"{ATTENTION_DEFAULTS[name]!r}), or set attention.kind to {kind!r}")
 
 
 @dataclass

@@ -56,7 +56,8 @@ class PixelEmbedding(nn.Module):
         super().__init__()
         self.proj = nn.Linear(CHANNELS, d_model)
 
-    def forward(self, pixels: Tensor) -> Tensor:
+    def forward(self, pixels: Tensor, channels: Tensor | None = None) -> Tensor:
+        """``channels``: not read (a pixel holds all three), taken as ``SubPixelEmbedding`` takes them."""
         # In float32 under mixed precision: bfloat16 would merge neighbouring levels (precision.py).
         values = pixels.to(scoring_dtype(self.proj.weight)) / HALF_RANGE - 1.0
         return torch.relu(full_precision_linear(self.proj, values))

@@ -39,6 +39,7 @@ from torch import nn
 
 from .config import CHANNELS
 from .attention import pairs_computed, uses_flex
+from .embedding import PixelEmbedding
 from .superres import SuperResolutionTransformer
 from .transformer import ImageTransformer
 
@@ -91,7 +92,8 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
     cfg = model.config
     decoder = model.decoder if isinstance(model, SuperResolutionTransformer) else model
     steps = model.order.length  # decoder positions: sub-pixels or pixels
-    raw = {decoder.value_embedding.proj} if cfg.head == "dmol" else set()
+    embedding = decoder.value_embedding
+    raw = {embedding.proj} if isinstance(embedding, PixelEmbedding) else set()  # a table's look-up is no product
     # Every linear layer runs once per decoder step, except the encoder's and the projection of
     # cross-attention's keys and values, which run once per low-resolution sub-pixel, and the
     # cell add's map, once per low-resolution pixel (its 3 sub-pixels at once).

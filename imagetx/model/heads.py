@@ -9,6 +9,11 @@ under bf16 autocast, and in float64 for a float64 model (``precision.py`` says w
 Given bounds, (..., 2c) long, each step's lowest values then its highest (what a super-resolution
 model with ``exact_box_means`` computes beside its parameters), a head's scores and draws
 restrict each step to its bounds, renormalised.
+
+A head also owns what differs between the two kinds of model: what one generation step is (a
+sub-pixel, or a pixel: ``steps_per_pixel``, ``value_shape``), how images lie on the generation
+grid (``to_grid``, ``to_images``) and how a step's input value is embedded (``input_embedding``).
+``head_for(config)`` builds the config's; nothing else reads the head's kind.
 """
 
 from __future__ import annotations
@@ -20,7 +25,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from .config import CHANNELS, HALF_RANGE, LEVELS
+from .config import CHANNELS, HALF_RANGE, LEVELS, ModelConfig
+from .embedding import PixelEmbedding, SubPixelEmbedding
 from .precision import full_precision_linear, scoring_dtype
 
 HALF_BIN = 1.0 / (LEVELS - 1)  # half-width of one value's bin on the [-1, 1] scale
@@ -30,6 +36,10 @@ MIN_LOG_SCALE = -7.0  # PixelCNN++ clamp: keeps inv_s = exp(-s) below ~1100
 # (1.2e-38), at log-scales near 88 (no clamp stops a network's output there: wide components are legal);
 # above it the direct form is exact to float32's precision, and below it log(gap) differs by gap/2.
 TINY_GAP = 1e-30
+# The coupling coefficients each channel's mean reads the earlier channels through, by index into
+# the K-wide coefficient rows of the parameters (PixelCNN++'s α, β, γ in its order): R none, G α·x_R,
+# B β·x_R + γ·x_G.
+COUPLINGS = ((), (0,), (1, 2))
 
 
 def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
@@ -43,7 +53,7 @@ def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
 
 
 def log_mass(lower: Tensor, upper: Tensor, gap: Tensor, log_gap: Tensor, open_below: Tensor,
-             open_above: Tensor) -> Tensor:
+             open_above: Tensor, tiny_gap: float = TINY_GAP) -> Tensor:
     """log of a standard logistic's mass between ``lower`` and ``upper`` (standardised edges;
     ``gap`` = upper − lower, which the caller has exactly, unlike their difference, and its log
     ``log_gap``, which the caller has without underflow), or from −∞ where ``open_below``, to +∞
@@ -51,14 +61,29 @@ def log_mass(lower: Tensor, upper: Tensor, gap: Tensor, log_gap: Tensor, open_be
     cancels, so the mass stays accurate in float32 however small it is (the plain difference of
     two sigmoids loses every digit far in a tail). A gap below ``TINY_GAP`` (a scale so wide that
     e^(−s) nears float32's smallest numbers) takes log(1 − e^(−gap)) = log(gap) − gap/2 + ...
-    as log_gap: its value is then exact, and its gradient finite where 1/gap would overflow."""
-    tiny = gap < TINY_GAP
+    as log_gap: its value is then exact, and its gradient finite where 1/gap would overflow
+    (``tiny_gap`` 0: never, the direct form everywhere, as compressed files of formats 1 to 3 were
+    coded: codec/distributions.py)."""
+    tiny = gap < tiny_gap
     # (the direct form on a harmless gap where it is not used: the gradient of a branch torch.where
     # leaves out is multiplied by 0, and 0 times its infinity would be NaN)
     direct = torch.log(-torch.expm1(-torch.where(tiny, torch.ones_like(gap), gap)))
     interior = F.logsigmoid(upper) + F.logsigmoid(-lower) + torch.where(tiny, log_gap, direct)
     below = torch.where(open_above, torch.zeros_like(upper), F.logsigmoid(upper))
     return torch.where(open_below, below, torch.where(open_above, F.logsigmoid(-lower), interior))
+
+
+def coupled_mean(means, coeffs, earlier: list, channel: int):
+    """Channel ``channel``'s logistic means given the earlier channels' values ``earlier`` (one per
+    earlier channel, on the [-1, 1] scale, each broadcasting against (..., K)): m_R = μ_R,
+    m_G = μ_G + α x_R, m_B = μ_B + β x_R + γ x_G (docs/model.md §5). ``means``, ``coeffs``
+    (..., 3, K) -> (..., K). The one place the coupling is written: scoring, sampling and the codec
+    read it, on torch tensors or on the codec's numpy float64 arrays (sums and products only, in
+    this order: the same bits either way)."""
+    mean = means[..., channel, :]
+    for coefficient, x in zip(COUPLINGS[channel], earlier):
+        mean = mean + coeffs[..., coefficient, :] * x
+    return mean
 
 
 def truncated_logistic(u: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
@@ -104,9 +129,31 @@ def check_temperature(temperature: float) -> None:
 class CategoricalHead(nn.Module):
     """One linear map d -> 256 shared by the three channels; one position per sub-pixel."""
 
+    steps_per_pixel = CHANNELS  # a step is a sub-pixel: a grid row holds 3W of them
+    value_shape: tuple[int, ...] = ()  # one step's value: one sub-pixel
+
     def __init__(self, d_model: int) -> None:
         super().__init__()
         self.proj = nn.Linear(d_model, LEVELS)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> "CategoricalHead":
+        return cls(config.d_model)
+
+    @staticmethod
+    def input_embedding(d_model: int) -> SubPixelEmbedding:
+        """The embedding of a step's input value: a table row per channel and value."""
+        return SubPixelEmbedding(d_model)
+
+    @staticmethod
+    def to_grid(images: Tensor) -> Tensor:
+        """(B, H, W, 3) -> (B, H, 3W) sub-pixels, a pixel's channels side by side."""
+        return rearrange(images, "b h w c -> b h (w c)")
+
+    @staticmethod
+    def to_images(grid: Tensor) -> Tensor:
+        """``to_grid``'s inverse: (B, H, 3W) -> (B, H, W, 3)."""
+        return rearrange(grid, "b h (w c) -> b h w c", c=CHANNELS)
 
     def forward(self, hidden: Tensor) -> Tensor:
         """(B, T, d) -> (B, T, 256) logits."""
@@ -149,11 +196,32 @@ class DMOLHead(nn.Module):
     then for each channel K means, K log-scales and K coupling coefficients.
     """
 
+    steps_per_pixel = 1  # a step is a whole pixel
+    value_shape = (CHANNELS,)  # one step's value: a pixel's three
+
     def __init__(self, d_model: int, components: int) -> None:
         super().__init__()
         self.components = components
         self.size = components * (1 + 3 * CHANNELS)  # parameters of the distribution
         self.proj = nn.Linear(d_model, self.size)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig) -> "DMOLHead":
+        return cls(config.d_model, config.mixture_components)
+
+    @staticmethod
+    def input_embedding(d_model: int) -> PixelEmbedding:
+        """The embedding of a step's input value: a linear map of the pixel's three values."""
+        return PixelEmbedding(d_model)
+
+    @staticmethod
+    def to_grid(images: Tensor) -> Tensor:
+        """(B, H, W, 3) -> the grid (B, H, W, 3): a cell is a pixel."""
+        return images
+
+    @staticmethod
+    def to_images(grid: Tensor) -> Tensor:
+        return grid
 
     def forward(self, hidden: Tensor) -> Tensor:
         """(B, T, d) -> (B, T, 10K) parameters."""
@@ -173,11 +241,9 @@ class DMOLHead(nn.Module):
 
     @staticmethod
     def coupled_means(means: Tensor, coeffs: Tensor, x: Tensor) -> Tensor:
-        """m_R = μ_R, m_G = μ_G + α x_R, m_B = μ_B + β x_R + γ x_G; x is (..., 3, 1) on [-1, 1]."""
-        m_r = means[..., 0, :]
-        m_g = means[..., 1, :] + coeffs[..., 0, :] * x[..., 0, :]
-        m_b = means[..., 2, :] + coeffs[..., 1, :] * x[..., 0, :] + coeffs[..., 2, :] * x[..., 1, :]
-        return torch.stack([m_r, m_g, m_b], dim=-2)
+        """(..., 3, K): every channel's ``coupled_mean`` given the pixel's values x (..., 3, 1) on [-1, 1]."""
+        earlier = list(x.unbind(-2))  # (..., 1) each
+        return torch.stack([coupled_mean(means, coeffs, earlier[:c], c) for c in range(CHANNELS)], dim=-2)
 
     def channel_log_probs(self, params: Tensor, targets: Tensor,
                           bounds: Tensor | None = None) -> tuple[Tensor, Tensor]:
@@ -234,11 +300,13 @@ class DMOLHead(nn.Module):
         else:
             component = draw(torch.softmax(logits / temperature, dim=-1), generator)
         pick = F.one_hot(component, self.components).to(means.dtype).unsqueeze(-2)  # (..., 1, K)
-        means, log_scales, coeffs = ((t * pick).sum(-1).double() for t in (means, log_scales, coeffs))  # (..., 3)
+        # the picked component's: means and coefficients (..., 3, 1), as ``coupled_mean`` reads them; log-scales (..., 3)
+        means, coeffs = ((t * pick).sum(-1, keepdim=True).double() for t in (means, coeffs))
+        log_scales = (log_scales * pick).sum(-1).double()
         # Logistic noise by inversion, in float64: u = 0 would give −inf, so it starts at the
         # smallest positive float64; the largest u below 1 caps the draw at about 37 scale
         # units, leaving out a mass of about 1e-16.
-        u = torch.rand(means.shape, generator=generator, device=means.device, dtype=torch.float64)
+        u = torch.rand(log_scales.shape, generator=generator, device=means.device, dtype=torch.float64)
         u = u.clamp(min=torch.finfo(torch.float64).tiny)
         noise = torch.log(u) - torch.log1p(-u)  # (..., 3) standard logistic draws
         limits = split_bounds(bounds)
@@ -251,15 +319,21 @@ class DMOLHead(nn.Module):
 
         levels: list[Tensor] = []
         for c in range(CHANNELS):
-            # the coupled mean's terms from the earlier channels' levels: G's α·R; B's β·R, γ·G
-            terms = [coeffs[..., c - 1 + i] * scaled(earlier) for i, earlier in enumerate(levels)] if c else []
+            # the mean given the earlier channels' levels (not their continuous draws)
+            centre = coupled_mean(means, coeffs, [scaled(v)[..., None] for v in levels], c)[..., 0]
             z = noise[..., c]
             if limits is not None and temperature > 0:  # the draw restricted to the bounds' bins
                 lowest, highest = limits[0][..., c], limits[1][..., c]
-                centre, unit = sum(terms, means[..., c]), torch.exp(log_scales[..., c]) * temperature
+                unit = torch.exp(log_scales[..., c]) * temperature
                 lower = torch.where(lowest == 0, -math.inf, scaled(lowest) - HALF_BIN)
                 upper = torch.where(highest == LEVELS - 1, math.inf, scaled(highest) + HALF_BIN)
                 z = truncated_logistic(u[..., c], (lower - centre) / unit, (upper - centre) / unit)
-            value = level(sum(terms, means[..., c] + torch.exp(log_scales[..., c]) * z * temperature))
+            value = level(centre + torch.exp(log_scales[..., c]) * z * temperature)
             levels.append(value if limits is None else value.clamp(limits[0][..., c], limits[1][..., c]))
         return torch.stack(levels, dim=-1)
+
+
+def head_type(config: ModelConfig) -> type[CategoricalHead] | type[DMOLHead]:
+    """The class of the output head ``config.head`` names (``from_config`` builds it): the one
+    place the head's name is read, beside the config's own checks."""
+    return CategoricalHead if config.head == "categorical" else DMOLHead

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 
-from .config import CHANNELS, ModelConfig
+from .config import ModelConfig
 
 
 class GenerationOrder:
@@ -60,25 +60,3 @@ class GenerationOrder:
         block, inside = steps // (qh * qw), steps % (qh * qw)
         blocks_per_row = self.cols // qw
         return block // blocks_per_row * qh + inside // qw, block % blocks_per_row * qw + inside % qw
-
-
-def images_to_grid(images: torch.Tensor, head: str) -> torch.Tensor:
-    """uint8/long images (B, H, W, 3) -> grid (B, H, 3W) of sub-pixels, or (B, H, W, 3) for DMOL."""
-    if head == "categorical":
-        return rearrange(images, "b h w c -> b h (w c)")
-    return images
-
-
-def grid_to_images(grid: torch.Tensor, head: str) -> torch.Tensor:
-    if head == "categorical":
-        return rearrange(grid, "b h (w c) -> b h w c", c=CHANNELS)
-    return grid
-
-
-def images_to_sequence(images: torch.Tensor, order: GenerationOrder, head: str) -> torch.Tensor:
-    """(B, H, W, 3) -> (B, T) sub-pixel values (categorical) or (B, T, 3) pixels (DMOL)."""
-    return order.grid_to_sequence(images_to_grid(images, head))
-
-
-def sequence_to_images(seq: torch.Tensor, order: GenerationOrder, head: str) -> torch.Tensor:
-    return grid_to_images(order.sequence_to_grid(seq), head)

@@ -38,10 +38,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from .config import CHANNELS
 from .heads import check_temperature
 from .modes import eval_mode
-from .order import sequence_to_images
 from .superres import SuperResolutionCache, SuperResolutionTransformer
 from .transformer import DecodingCache, ImageTransformer
 
@@ -78,8 +76,7 @@ def check_count(count: int) -> None:
 def first_input(model: Model, count: int) -> Tensor:
     """``previous`` for step 0, which ``decode_step`` reads and ignores: zeros of the shape of
     one step's values, (count,) sub-pixels or (count, 3) pixels."""
-    per_step = () if model.config.head == "categorical" else (CHANNELS,)
-    return torch.zeros((count, *per_step), dtype=torch.long, device=model_device(model))
+    return torch.zeros((count, *model.head.value_shape), dtype=torch.long, device=model_device(model))
 
 
 def cache_tensors(state: object) -> Iterator[Tensor]:
@@ -242,7 +239,7 @@ def partial_images(model: Model, values: list[Tensor]) -> Tensor:
     missing = model.order.length - sequence.shape[1]
     if missing:
         sequence = torch.cat([sequence, sequence.new_zeros(sequence.shape[0], missing, *sequence.shape[2:])], dim=1)
-    return sequence_to_images(sequence, model.order, model.config.head).to(torch.uint8)
+    return model.images(sequence).to(torch.uint8)
 
 
 def given_values(model: Model, count: int, prefix: Tensor | None, given_rows: int) -> Tensor | None:

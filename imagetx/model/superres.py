@@ -32,9 +32,9 @@ from .attention import FLEX_BLOCK_SIZE, CrossAttention, CrossAttentionCache
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
 from .embedding import PositionEncoding, SubPixelEmbedding
-from .heads import CategoricalHead, DMOLHead
+from .heads import CategoricalHead, DMOLHead, head_type
 from .inputs import check_image_tensor, check_labels
-from .order import GenerationOrder, images_to_sequence
+from .order import GenerationOrder
 from .transformer import (DecodingCache, ImageTransformer, TransformerLayer, image_nll, previous_values, scored_dims,
                           zero_start)
 
@@ -58,8 +58,10 @@ class Encoder(nn.Module):
         scale = config.image_size // side
         target_rows = rows * scale + scale // 2
         target_cols = pixel_cols * scale + scale // 2
-        if config.head == "categorical":  # decoder columns are sub-pixels
-            target_cols = target_cols * CHANNELS + channels
+        # the decoder's grid column of that pixel and channel: its sub-pixel, or (DMOL, one step a
+        # pixel) the pixel itself
+        per_pixel = head_type(config).steps_per_pixel
+        target_cols = target_cols * per_pixel + channels % per_pixel
         self.register_buffer("channels", channels, persistent=False)
         self.register_buffer("rows", target_rows, persistent=False)
         self.register_buffer("cols", target_cols, persistent=False)
@@ -70,7 +72,7 @@ class Encoder(nn.Module):
 
     def forward(self, low_res: Tensor, positions: PositionEncoding) -> Tensor:
         """(B, h, w, 3) uint8 -> (B, 3·h·w, d), positions from the decoder's encoding."""
-        values = images_to_sequence(low_res, self.order, "categorical")
+        values = self.order.grid_to_sequence(CategoricalHead.to_grid(low_res))  # sub-pixels, however the decoder steps
         x = self.embedding(values, self.channels) + positions(self.rows, self.cols)
         x = self.dropout(x)
         for layer in self.layers:
@@ -191,7 +193,7 @@ class SuperResolutionTransformer(nn.Module):
         """(T,): the low-resolution pixel each decoder step lies in, as a raster index (what the
         cell add and the cell remainder read)."""
         decoder, scale = self.decoder, self.config.image_size // self.config.superres.low_res_size
-        pixel_cols = decoder.step_cols // CHANNELS if self.config.head == "categorical" else decoder.step_cols
+        pixel_cols = decoder.step_cols // decoder.head.steps_per_pixel
         return (decoder.step_rows // scale) * self.config.superres.low_res_size + pixel_cols // scale
 
     def low_res_modules(self) -> list[nn.Module]:
@@ -266,6 +268,9 @@ class SuperResolutionTransformer(nn.Module):
     # ----- likelihoods ----------------------------------------------------------
     def targets(self, images: Tensor) -> Tensor:
         return self.decoder.targets(images)
+
+    def images(self, sequence: Tensor) -> Tensor:
+        return self.decoder.images(sequence)
 
     def given_steps(self, rows: int) -> Tensor:
         return self.decoder.given_steps(rows)

@@ -26,10 +26,9 @@ from torch import Tensor, nn
 
 from .attention import FLEX_BLOCK_SIZE, SelfAttention, SelfAttentionCache
 from .config import CHANNELS, ModelConfig
-from .embedding import PixelEmbedding, PositionEncoding, SubPixelEmbedding
-from .heads import CategoricalHead, DMOLHead
+from .embedding import PositionEncoding
+from .heads import head_type
 from .inputs import check_image_tensor, check_labels
-from .order import images_to_sequence
 from .patterns import CausalPattern, pattern_for
 from .rotary import Rotary2D
 
@@ -116,8 +115,8 @@ class ImageTransformer(nn.Module):
         self.register_buffer("step_rows", rows, persistent=False)
         self.register_buffer("step_cols", cols, persistent=False)
         self.register_buffer("step_channels", cols % CHANNELS, persistent=False)
-        categorical = config.head == "categorical"
-        self.value_embedding = SubPixelEmbedding(d) if categorical else PixelEmbedding(d)
+        head = head_type(config)  # what a step is, its grid and its input embedding; built last, below
+        self.value_embedding = head.input_embedding(d)
         self.positions = PositionEncoding(*config.grid_shape, d, config.position_encoding)
         self.class_embedding = nn.Embedding(config.num_classes, d) if config.num_classes else None
         self.input_dropout = nn.Dropout(config.dropout)
@@ -126,17 +125,14 @@ class ImageTransformer(nn.Module):
         self.layers = nn.ModuleList(TransformerLayer(config, self.pattern, rotary, kernel, flex_block_size)
                                     for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
-        self.head = CategoricalHead(d) if categorical else DMOLHead(d, config.mixture_components)
+        self.head = head.from_config(config)
 
     def inputs(self, previous: Tensor, steps: Tensor, condition: Tensor | None, extra: Tensor | None = None) -> Tensor:
         """(B, t[, 3]) the value before each of ``steps`` (t,) -> (B, t, d): embedded with that
         value's channel (step 0's multiplied by 0: it has none), plus the step's position, the
         class vector (B, 1, d) and ``extra`` (B, t, d), what else a step's input adds (built from
         earlier values only), then dropout."""
-        if self.config.head == "categorical":
-            embedded = self.value_embedding(previous, self.step_channels[(steps - 1) % self.order.length])
-        else:
-            embedded = self.value_embedding(previous)
+        embedded = self.value_embedding(previous, self.step_channels[(steps - 1) % self.order.length])
         x = embedded * (steps > 0)[:, None] + self.positions(self.step_rows[steps], self.step_cols[steps])
         if condition is not None:
             x = x + condition
@@ -192,7 +188,11 @@ class ImageTransformer(nn.Module):
     # ----- likelihoods ----------------------------------------------------------
     def targets(self, images: Tensor) -> Tensor:
         """(B, H, W, 3) -> (B, T) sub-pixel values or (B, T, 3) pixels, in generation order."""
-        return images_to_sequence(images.long(), self.order, self.config.head)
+        return self.order.grid_to_sequence(self.head.to_grid(images.long()))
+
+    def images(self, sequence: Tensor) -> Tensor:
+        """``targets``' inverse: (B, T[, 3]) values in generation order -> (B, H, W, 3)."""
+        return self.head.to_images(self.order.sequence_to_grid(sequence))
 
     def log_prob(self, images: Tensor, labels: Tensor | None = None, check: bool = True) -> Tensor:
         """uint8 images (B, H, W, 3) -> (B, T) log-likelihood of every generation step, in nats.

@@ -9,7 +9,6 @@ import torch
 
 from helpers import random_images, tiny_model
 from imagetx.model.inputs import downsample_area
-from imagetx.model.order import sequence_to_images
 from imagetx.model.scoring import full_pass
 from imagetx.model.transformer import previous_values
 from test_sampler import SMALL_BLOCKS, block_shape, check_cached_equals_full
@@ -87,7 +86,7 @@ def test_remainder_reads_nothing_at_or_after_its_step(head, attention, bounded):
 
 
 def sequence_images(model, sequence):
-    return sequence_to_images(sequence, model.order, model.config.head).to(torch.uint8)
+    return model.images(sequence).to(torch.uint8)
 
 
 @pytest.mark.parametrize("bounded", [False, True], ids=["", "exact_box_means"])

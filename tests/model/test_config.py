@@ -72,6 +72,23 @@ def test_2d_block_is_checked_against_the_head_grid():
         ModelConfig(image_size=32, attention=AttentionConfig(kind="local_2d", query_block_shape=(16, 64))).validate()
 
 
+@pytest.mark.parametrize("kind,other", [("local_1d", dict(query_block_shape=(8, 8))),
+                                        ("local_1d", dict(memory_flange=[4, 4])),
+                                        ("local_2d", dict(query_block_length=32)),
+                                        ("full", dict(memory_blocks=2))])
+def test_another_kinds_geometry_is_refused_not_rewritten(kind, other):
+    """A field the kind does not read would be lost (``to_dict`` stores the kind's own): refused in
+    one line naming it and the way out, where it once came back silently at its default."""
+    (name, value), = other.items()
+    with pytest.raises(ValueError, match=rf"attention\.{name}=.* is local_\dd geometry, which kind '{kind}' does "
+                                         r"not read: leave it out .* or set attention\.kind to") as refused:
+        AttentionConfig(kind=kind, **other)
+    assert "\n" not in str(refused.value)
+    # at its default it is no setting: accepted, as every config built field by field (the CLI's) holds it
+    default = AttentionConfig(kind=kind, **{name: getattr(AttentionConfig(), name)})
+    assert ModelConfig.from_dict(ModelConfig(attention=default).to_dict()) == ModelConfig(attention=default)
+
+
 def test_2d_block_must_be_positive():
     assert_rejected("query_block_shape", attention="local_2d", query_block_shape=(0, 3), memory_flange=(0, 1))
 

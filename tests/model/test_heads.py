@@ -11,13 +11,14 @@ from __future__ import annotations
 import math
 
 import mpmath
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
 from helpers import random_images, tiny_model
 from imagetx.model.config import HALF_RANGE
-from imagetx.model.heads import HALF_BIN, CategoricalHead, DMOLHead
+from imagetx.model.heads import HALF_BIN, CategoricalHead, DMOLHead, coupled_mean
 
 LEVELS = 256
 
@@ -602,3 +603,23 @@ def test_dmol_samples_follow_exp_log_prob_for_sharp_coupled_components(log_scale
     samples = head.sample(params.expand(1, n, -1), 1.0, generator=torch.Generator().manual_seed(11))[0]
     assert total_variation(samples, cells, probs) < 3 * noise_floor
     assert total_variation(coupled_on_continuous_draws(head, params, n, seed=11), cells, probs) > 3 * noise_floor
+
+
+def test_coupled_mean_is_one_function_for_torch_and_the_codecs_numpy_arrays():
+    """The coupling is written once (``heads.coupled_mean``): the head's scores and draws read it on
+    tensors, the codec on numpy float64 arrays; the same bits either way, and each channel's mean as
+    docs/model.md §5 writes it (a negative control: G without α's term differs)."""
+    gen = torch.Generator().manual_seed(0)
+    means, coeffs = torch.randn(5, 3, 4, generator=gen, dtype=torch.float64), torch.randn(5, 3, 4, generator=gen,
+                                                                                          dtype=torch.float64)
+    x = torch.rand(5, 3, 1, generator=gen, dtype=torch.float64) * 2 - 1
+    earlier = list(x.unbind(-2))
+    for channel in range(3):
+        on_torch = coupled_mean(means, coeffs, earlier[:channel], channel)
+        on_numpy = coupled_mean(means.numpy(), coeffs.numpy(), [e.numpy() for e in earlier[:channel]], channel)
+        assert np.array_equal(on_torch.numpy(), on_numpy)
+    written = [means[:, 0], means[:, 1] + coeffs[:, 0] * x[:, 0], means[:, 2] + coeffs[:, 1] * x[:, 0] + coeffs[:, 2] * x[:, 1]]
+    for channel, want in enumerate(written):
+        assert torch.equal(coupled_mean(means, coeffs, earlier[:channel], channel), want)
+    assert not torch.allclose(coupled_mean(means, coeffs, [], 1), written[1])
+    assert torch.equal(DMOLHead.coupled_means(means, coeffs, x), torch.stack(written, dim=-2))

@@ -12,7 +12,6 @@ import torch
 from helpers import random_images, random_labels, tiny_model
 from imagetx.model.inputs import downsample_area
 from imagetx import build_model
-from imagetx.model.order import sequence_to_images
 from imagetx.model.sampler import (ISOLATED, LOG_PROGRESS_SECONDS, compile_decoding, first_input, progress_bar, sample,
                                    sample_progressively, start_decoding, with_bounds)
 from imagetx.model.transformer import previous_values
@@ -484,7 +483,7 @@ def stepped_completion(model, prefix, rows, generator):
             params = model.decode_step(value, cache)
             value = forced[:, t] if given[t] else model.head.sample(params[:, None], 1.0, generator)[:, 0]
             values.append(value)
-    return sequence_to_images(torch.stack(values, dim=1), model.order, model.config.head).to(torch.uint8)
+    return model.images(torch.stack(values, dim=1)).to(torch.uint8)
 
 
 @pytest.mark.parametrize("head,attention,rows", [("categorical", "local_1d", 3), ("dmol", "local_2d", 4),
