@@ -13,7 +13,7 @@ restrict each step to its bounds, renormalised.
 A head also owns what differs between the two kinds of model: what one generation step is (a
 sub-pixel, or a pixel: ``steps_per_pixel``, ``value_shape``), how images lie on the generation
 grid (``to_grid``, ``to_images``) and how a step's input value is embedded (``input_embedding``).
-``head_for(config)`` builds the config's; nothing else reads the head's kind.
+``head_type(config)`` names the config's; nothing else reads the head's kind.
 """
 
 from __future__ import annotations
