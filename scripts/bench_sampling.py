@@ -37,7 +37,7 @@ import torch
 
 from imagetx import ImageTransformer, build_model, load_model
 from imagetx.data.sources import Reader, tensors
-from imagetx.model.sampler import compile_decoding, first_input, sample, start_decoding
+from imagetx.model.sampler import compile_decoding, first_input, sample
 from imagetx.training.presets import preset_model_config
 from scripts.common import sample_uncached, sync, timed
 
@@ -47,7 +47,7 @@ def warm_up(model: ImageTransformer, step, batch: int, labels, low_res, device) 
     """Seconds of one decoding step on a throw-away cache (the compiled step compiles here)."""
     sync(device)
     start = time.perf_counter()
-    step(first_input(model, batch), start_decoding(model, batch, labels, low_res))
+    step(first_input(model, batch), model.start_decoding(batch, labels, low_res))
     sync(device)
     return time.perf_counter() - start
 

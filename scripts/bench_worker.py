@@ -246,12 +246,12 @@ def decode_loop_seconds(model, batch: int, labels, low_res, generator, device, n
     """(decoder set-up seconds, seconds per step over steps warm..n-1) of sample()'s loop."""
     import torch
 
-    from imagetx.model.sampler import first_input, start_decoding, with_bounds
+    from imagetx.model.sampler import first_input
 
     with torch.no_grad():
         sync(device)
         t0 = time.perf_counter()
-        cache = start_decoding(model, batch, labels, low_res)
+        cache = model.start_decoding(batch, labels, low_res)
         sync(device)
         setup = time.perf_counter() - t0
         value, t1 = first_input(model, batch), time.perf_counter()
@@ -259,8 +259,7 @@ def decode_loop_seconds(model, batch: int, labels, low_res, generator, device, n
             if t == warm:
                 sync(device)
                 t1 = time.perf_counter()
-            params, bounds = with_bounds(model.decode_step(value, cache))
-            value = model.head.sample(params[:, None], 1.0, generator, bounds)[:, 0]
+            value = model.head.sample(model.decode_step(value, cache)[:, None], 1.0, generator)[:, 0]
         sync(device)
         return setup, (time.perf_counter() - t1) / max(1, n - warm)
 

@@ -207,24 +207,16 @@ def weights_checkpoint(model: ImageTransformer, metadata: dict | None = None) ->
     return {"imagetx": metadata if metadata is not None else imagetx_metadata(model.config), "state_dict": state}
 
 
-def decoder(model) -> ImageTransformer:
-    """The model's decoder: itself, or the one a super-resolution model holds."""
-    return getattr(model, "decoder", model)
-
-
 def bits_per_dim(model, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
                  **options) -> Tensor:
-    """``model.bits_per_dim`` of either kind: given ``low_res`` where the model reads one."""
-    return model.bits_per_dim(images, labels, **({} if low_res is None else {"low_res": low_res}), **options)
+    """``model.bits_per_dim``, given ``low_res`` where the model reads one."""
+    return model.bits_per_dim(images, labels, low_res, **options)
 
 
 def value_embeddings(model, targets: Tensor) -> Tensor:
     """(B, T, d): each target's value through the decoder's value embedding (with its own channel,
     categorical)."""
-    inner = decoder(model)
-    if model.config.head == "categorical":
-        return inner.value_embedding(targets, inner.step_channels)
-    return inner.value_embedding(targets)
+    return model.value_embedding(targets, model.step_channels)
 
 
 def decode_embeddings(model, emb: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
@@ -234,12 +226,10 @@ def decode_embeddings(model, emb: Tensor, labels: Tensor | None = None, low_res:
     as the model shifts them (``shift=False``, a negative control: its own), so that tests can
     differentiate with respect to what enters each step."""
     inputs = previous_values(emb) if shift else emb
-    hook = decoder(model).value_embedding.register_forward_hook(lambda module, args, output: inputs)
+    hook = model.value_embedding.register_forward_hook(lambda module, args, output: inputs)
     previous = torch.zeros(emb.shape[:2] + ((3,) if model.config.head == "dmol" else ()), dtype=torch.long)
     try:  # the values embedded are replaced by the hook: only their shape counts
-        if low_res is None:
-            return model(previous, labels=labels)
-        return model(previous, labels=labels, low_res=low_res)[0]
+        return model(previous, labels=labels, low_res=low_res)
     finally:
         hook.remove()
 

@@ -2,12 +2,14 @@
 imagetx's lineage store (``model_config``), and super-resolution weights under older parameter
 names (``current_names``).
 
-A super-resolution model's weights were once named as if it were the decoder itself, its readings
-of the encoder inside the decoder's layers (``layers.3.cross_attn.to_q.weight``); today the model
-holds the decoder (``decoder.layers.3.self_attn...``) and its readings beside it
+A super-resolution model's weights have had three forms of names. Today the model is the decoder
+with an encoder, and each decoder layer's reading of the encoder is its conditioning sublayer
+(``layers.3.reading.cross_attn.to_q.weight``). First they were named as today's but with the
+reading's parts in the layer itself (``layers.3.cross_attn.to_q.weight``); then the model held the
+decoder (``decoder.layers.3.self_attn...``) and its readings beside it
 (``readings.3.cross_attn.to_q.weight``). Shipped folders, checkpoints and continuations written
-then are read through ``current_names``. The order of the parameters is what it was, so an
-optimiser's state (matched by order) goes on as before.
+then are read through ``current_names``. The optimiser lists the parameters in the order it
+always has (``training.module.parameter_groups``), so its state (matched by order) goes on.
 """
 
 from __future__ import annotations
@@ -20,33 +22,36 @@ from torch import Tensor
 
 from ..model.config import GEOMETRY, AttentionConfig, ModelConfig, SuperResolutionConfig
 
-# The parts of a super-resolution model's decoder layers that read the encoder, then named under
-# ``layers.<i>.``, and the decoder's own top-level parts.
+# The parts of a super-resolution model's decoder layers that read the encoder (first in the
+# layer itself, then under ``readings.<i>.``, today under ``layers.<i>.reading.``).
 READING_PARTS = ("cross_attn", "cross_norm", "cell_add", "cell_norm")
-DECODER_PARTS = ("value_embedding", "positions", "class_embedding", "layers", "final_norm", "head")
-READING = re.compile(rf"layers\.(\d+)\.({'|'.join(READING_PARTS)})\.")
+IN_LAYER = re.compile(rf"layers\.(\d+)\.((?:{'|'.join(READING_PARTS)})\..*)")  # the first form
+BESIDE = re.compile(r"readings\.(\d+)\.(.*)")  # the second
 
 
 def current_names(state: dict[str, Tensor], prefix: str = "") -> dict[str, Tensor]:
     """``state`` (names under ``prefix``: "model." in a training checkpoint) with a
-    super-resolution model's older names made today's; any other state as it is. An older
-    super-resolution state is one with an encoder and no ``decoder.`` part."""
+    super-resolution model's older names made today's; any other state as it is."""
     names = [name.removeprefix(prefix) for name in state if name.startswith(prefix)]
-    if not any(name.startswith("encoder.") for name in names) or any(name.startswith("decoder.") for name in names):
+    if not any(name.startswith("encoder.") for name in names):
         return state
-    return {rename(name, prefix): value for name, value in state.items()}
+    if any(name.startswith("decoder.") for name in names):
+        return {rename(name, prefix, BESIDE, "decoder."): value for name, value in state.items()}
+    if any(IN_LAYER.fullmatch(name) for name in names):
+        return {rename(name, prefix, IN_LAYER): value for name, value in state.items()}
+    return state
 
 
-def rename(name: str, prefix: str) -> str:
+def rename(name: str, prefix: str, reading: re.Pattern, decoder: str = "") -> str:
+    """One parameter's name today: a reading's (``reading`` matches it) under its layer, the
+    decoder's without ``decoder``'s prefix."""
     if not name.startswith(prefix):
         return name
     own = name.removeprefix(prefix)
-    reading = READING.match(own)
-    if reading:
-        return f"{prefix}readings.{reading.group(1)}.{own[len('layers.'):].split('.', 1)[1]}"
-    if own.split(".", 1)[0] in DECODER_PARTS:
-        return f"{prefix}decoder.{own}"
-    return name
+    found = reading.fullmatch(own)
+    if found:
+        return f"{prefix}layers.{found.group(1)}.reading.{found.group(2)}"
+    return prefix + own.removeprefix(decoder)
 
 
 # ----- the model configuration -------------------------------------------------------------------

@@ -90,9 +90,8 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
     """FLOPs of one image through ``model`` (any ``ModelConfig``: build it with
     ``build_model(config)``), with the attention kernels it runs on ``device``."""
     cfg = model.config
-    decoder = model.decoder if isinstance(model, SuperResolutionTransformer) else model
     steps = model.order.length  # decoder positions: sub-pixels or pixels
-    embedding = decoder.value_embedding
+    embedding = model.value_embedding
     raw = {embedding.proj} if isinstance(embedding, PixelEmbedding) else set()  # a table's look-up is no product
     # Every linear layer runs once per decoder step, except the encoder's and the projection of
     # cross-attention's keys and values, which run once per low-resolution sub-pixel, and the
@@ -121,7 +120,7 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
                 projections += flops
     # Scores (q·k) and values (weights·v): 2 products of e per pair and head, h·e = d.
     per_pair = 2 * FLOPS_PER_MAC * cfg.d_model
-    pairs = cfg.n_layers * decoder_attention_pairs(decoder, device)
+    pairs = cfg.n_layers * decoder_attention_pairs(model, device)
     # the encoder and cross-attention to all of it: every pair
     pairs += encoder_layers * context * context + crossing * steps * context
     return Flops(projections, inputs, per_pair * pairs)

@@ -40,32 +40,15 @@ from tqdm.auto import tqdm
 
 from .heads import check_temperature
 from .modes import eval_mode
-from .superres import SuperResolutionCache, SuperResolutionTransformer
 from .transformer import DecodingCache, ImageTransformer
 
-Model = ImageTransformer | SuperResolutionTransformer
-Cache = DecodingCache | SuperResolutionCache
-# (value generated at the step before, cache) -> what the model's ``decode_step`` returns, or its
-# compiled form: the head's parameters, and for a super-resolution model its value bounds beside them.
-DecodeStep = Callable[[Tensor, Cache], Tensor | tuple[Tensor, Tensor | None]]
+# (value generated at the step before, cache) -> the head's parameters: the model's ``decode_step``,
+# or its compiled form (a super-resolution model's or any other: superres.py).
+DecodeStep = Callable[[Tensor, DecodingCache], Tensor]
 
 
-def with_bounds(outputs: Tensor | tuple[Tensor, Tensor | None]) -> tuple[Tensor, Tensor | None]:
-    """A decoding step's outputs as (the head's parameters, the value bounds or None)."""
-    return outputs if isinstance(outputs, tuple) else (outputs, None)
-
-
-def model_device(model: Model) -> torch.device:
+def model_device(model: ImageTransformer) -> torch.device:
     return next(model.parameters()).device
-
-
-def start_decoding(model: Model, count: int, labels: Tensor | None, low_res: Tensor | None) -> Cache:
-    """The model's empty decoding cache for ``count`` images: given ``low_res`` where it reads one."""
-    if isinstance(model, SuperResolutionTransformer):
-        return model.start_decoding(count, labels, low_res)
-    if low_res is not None:
-        raise ValueError("this model has no encoder (no superres section): pass low_res=None")
-    return model.start_decoding(count, labels)
 
 
 def check_count(count: int) -> None:
@@ -73,7 +56,7 @@ def check_count(count: int) -> None:
         raise ValueError(f"number of images {count} is invalid: ask for at least 1")
 
 
-def first_input(model: Model, count: int) -> Tensor:
+def first_input(model: ImageTransformer, count: int) -> Tensor:
     """``previous`` for step 0, which ``decode_step`` reads and ignores: zeros of the shape of
     one step's values, (count,) sub-pixels or (count, 3) pixels."""
     return torch.zeros((count, *model.head.value_shape), dtype=torch.long, device=model_device(model))
@@ -94,11 +77,11 @@ def cache_tensors(state: object) -> Iterator[Tensor]:
 class CompiledDecoding:
     """``model.decode_step`` compiled (``compile_decoding``), called as the step itself."""
 
-    def __init__(self, model: Model, compiled: Callable) -> None:
+    def __init__(self, model: ImageTransformer, compiled: Callable) -> None:
         self.model, self.compiled = model, compiled
         self.marked: weakref.ref | None = None  # the cache whose tensors were last marked static
 
-    def __call__(self, previous: Tensor, cache: Cache) -> Tensor | tuple[Tensor, Tensor | None]:
+    def __call__(self, previous: Tensor, cache: DecodingCache) -> Tensor:
         if self.marked is None or self.marked() is not cache:
             # The caches stay at one address for the whole decoding (written in place): marked so,
             # a CUDA graph may capture a step that writes them, rather than being skipped for
@@ -107,13 +90,9 @@ class CompiledDecoding:
                 torch._dynamo.mark_static_address(tensor)  # no public name (torch.compiler has none)
             self.marked = weakref.ref(cache)
         # contiguous: strides are part of a static graph; a teacher-forced value (a column of
-        # the prefix) would otherwise compile a second graph. clone: the parameters (and the
-        # step's bounds) are the caller's to keep, and a CUDA graph overwrites its outputs at its
-        # next replay.
-        outputs = self.compiled(self.model, previous.contiguous(), cache)
-        if isinstance(outputs, tuple):
-            return tuple(None if output is None else output.clone() for output in outputs)
-        return outputs.clone()
+        # the prefix) would otherwise compile a second graph. clone: the parameters are the
+        # caller's to keep, and a CUDA graph overwrites its outputs at its next replay.
+        return self.compiled(self.model, previous.contiguous(), cache).clone()
 
 
 # model -> {mode: its compiled decode_step}. Weak: a model's compilations go with it. What is
@@ -126,7 +105,7 @@ COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 ISOLATED = {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
 
 
-def compile_decoding(model: Model, mode: str = "default") -> DecodeStep:
+def compile_decoding(model: ImageTransformer, mode: str = "default") -> DecodeStep:
     """``model.decode_step`` under ``torch.compile(fullgraph=True, dynamic=False)``, in ``mode``
     ("default"; "reduce-overhead" on CUDA: captured as a CUDA graph, replayed at every step).
 
@@ -201,7 +180,7 @@ class Drawer:
     """Draws each step's values from the head's parameters at each image's temperature: one
     draw for the batch where they share one, else one per temperature (its images gathered)."""
 
-    def __init__(self, model: Model, temperatures: list[float], generator: torch.Generator | None,
+    def __init__(self, model: ImageTransformer, temperatures: list[float], generator: torch.Generator | None,
                  device: torch.device) -> None:
         self.head, self.generator = model.head, generator
         distinct = sorted(set(temperatures))
@@ -210,12 +189,11 @@ class Drawer:
         order = torch.cat([rows for _, rows in self.groups])
         self.inverse = torch.argsort(order)  # concatenated groups -> image order
 
-    def __call__(self, params: Tensor, bounds: Tensor | None = None) -> Tensor:
-        """(B, P) one step's parameters [and (B, 1, 2c) its value bounds] -> (B,) or (B, 3) values."""
+    def __call__(self, params: Tensor) -> Tensor:
+        """(B, P) one step's parameters -> (B,) or (B, 3) values."""
         if len(self.groups) == 1:
-            return self.head.sample(params[:, None], self.groups[0][0], self.generator, bounds)[:, 0]
-        drawn = [self.head.sample(params[rows, None], value, self.generator, None if bounds is None else bounds[rows])
-                 [:, 0] for value, rows in self.groups]
+            return self.head.sample(params[:, None], self.groups[0][0], self.generator)[:, 0]
+        drawn = [self.head.sample(params[rows, None], value, self.generator)[:, 0] for value, rows in self.groups]
         return torch.cat(drawn).index_select(0, self.inverse)
 
 
@@ -233,7 +211,7 @@ class Progress:
         return self.steps == self.total
 
 
-def partial_images(model: Model, values: list[Tensor]) -> Tensor:
+def partial_images(model: ImageTransformer, values: list[Tensor]) -> Tensor:
     """The values of the steps decoded so far -> (count, H, W, 3) uint8, later cells 0."""
     sequence = torch.stack(values, dim=1)
     missing = model.order.length - sequence.shape[1]
@@ -242,7 +220,7 @@ def partial_images(model: Model, values: list[Tensor]) -> Tensor:
     return model.images(sequence).to(torch.uint8)
 
 
-def given_values(model: Model, count: int, prefix: Tensor | None, given_rows: int) -> Tensor | None:
+def given_values(model: ImageTransformer, count: int, prefix: Tensor | None, given_rows: int) -> Tensor | None:
     """The values a completion is given, read from ``prefix`` (count, H, W, 3): those of the steps
     in the first ``given_rows`` image rows (``model.given_steps``), (count, k) sub-pixels or
     (count, k, 3) pixels; None without given rows."""
@@ -257,17 +235,17 @@ def given_values(model: Model, count: int, prefix: Tensor | None, given_rows: in
     return model.targets(prefix.to(model_device(model)))[:, :given_count]
 
 
-def check_given_fit(model: Model, forced: Tensor, bounds: Tensor | None) -> None:
+def check_given_fit(model: ImageTransformer, forced: Tensor, params: Tensor) -> None:
     """With ``exact_box_means``, given values that no image with the low-res input's box means
     could have (a completion's rows from another image) are refused in one line, before any step
-    is drawn: each given value must lie within the ``bounds`` of its step (the prefill's), which
-    then leave every later step a value to take. One read of the device."""
-    if bounds is not None and not model.head.fits(forced, bounds).all():
+    is drawn: each given value must lie within the bounds of its step (the prefill's ``params``
+    carry them), which then leave every later step a value to take. One read of the device."""
+    if model.head.bounded and not model.head.fits(forced, params).all():
         raise ValueError("the given rows do not fit low_res: no image with its box means has them "
                          "(exact_box_means); give the rows of the image low_res was made from")
 
 
-def decoded(model: Model, count: int, step: DecodeStep, draw: Drawer, cache: Cache,
+def decoded(model: ImageTransformer, count: int, step: DecodeStep, draw: Drawer, cache: DecodingCache,
             forced: Tensor | None, progress: bool) -> Iterator[tuple[list[Tensor], Tensor]]:
     """The decoding loop over ``cache``: yields (the values of the steps so far, whether every
     output so far was finite: a 0-d bool on the device, for the caller to read once) after the
@@ -275,23 +253,23 @@ def decoded(model: Model, count: int, step: DecodeStep, draw: Drawer, cache: Cac
     finite = torch.ones((), dtype=torch.bool, device=model_device(model))
     values, value = [], first_input(model, count)
     if forced is not None:  # one teacher-forced pass over the given rows fills every cache
-        params, bounds = with_bounds(model.prefill(forced, cache))
+        params = model.prefill(forced, cache)
         finite &= params.isfinite().all()
-        check_given_fit(model, forced, bounds)
+        check_given_fit(model, forced, params)
         values, value = list(forced.unbind(1)), forced[:, -1]
         yield values, finite
     total = model.order.length
     for _ in progress_bar(range(len(values), total), progress):
-        params, bounds = with_bounds(step(value, cache))
+        params = step(value, cache)
         finite &= params.isfinite().all()
-        value = draw(params, bounds)
+        value = draw(params)
         values.append(value)
         yield values, finite
 
 
 @torch.no_grad()
 def sample_progressively(
-    model: Model,
+    model: ImageTransformer,
     count: int,
     labels: Tensor | None = None,
     low_res: Tensor | None = None,
@@ -328,7 +306,7 @@ def sample_progressively(
     with eval_mode(model):
         threads.limit()
         try:
-            cache = start_decoding(model, count, labels, low_res)
+            cache = model.start_decoding(count, labels, low_res)
             for values, finite in decoded(model, count, step, draw, cache, forced, progress):
                 steps = len(values)
                 if every is not None and (steps == given_count or (steps % every == 0 and steps < total)):
@@ -342,7 +320,7 @@ def sample_progressively(
     yield Progress(total, total, partial_images(model, values))
 
 
-def sample(model: Model, count: int, *args, **kwargs) -> Tensor:
+def sample(model: ImageTransformer, count: int, *args, **kwargs) -> Tensor:
     """Generate ``count`` images (count, H, W, 3) uint8: the finished images of
     ``sample_progressively``, which takes the same arguments (and ``every``, which this has no use for)."""
     (finished,) = sample_progressively(model, count, *args, every=None, **kwargs)  # without every: one yield

@@ -13,7 +13,6 @@ from .config import ModelConfig
 from .inputs import downsample_area
 from .modes import eval_mode
 from .sampler import LOG_PROGRESS_SECONDS
-from .superres import SuperResolutionTransformer
 from .transformer import ImageTransformer, previous_values
 
 
@@ -27,17 +26,14 @@ def conditioning(config: ModelConfig, batch: dict[str, torch.Tensor]) -> dict[st
     return given
 
 
-def full_pass(model: ImageTransformer | SuperResolutionTransformer, images: torch.Tensor,
+def full_pass(model: ImageTransformer, images: torch.Tensor,
               labels: torch.Tensor | None = None, low_res: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T, P) the head's parameters at every step of uint8 ``images`` (B, H, W, 3), teacher-forced
     (inputs unchecked: ``log_prob`` checks them)."""
-    previous = previous_values(model.targets(images))
-    if isinstance(model, SuperResolutionTransformer):
-        return model(previous, labels=labels, low_res=low_res)[0]
-    return model(previous, labels=labels)
+    return model(previous_values(model.targets(images)), labels=labels, low_res=low_res)
 
 
-def batch_bits_per_dim(model: ImageTransformer | SuperResolutionTransformer, batch: dict[str, torch.Tensor],
+def batch_bits_per_dim(model: ImageTransformer, batch: dict[str, torch.Tensor],
                        given_rows: int = 0, check: bool = True) -> torch.Tensor:
     """(B,) bits/dim of every image of a batch (``conditioning`` reads what else it holds): of the
     whole image, or of the part below its first ``given_rows`` rows given them. ``check`` False:
@@ -46,7 +42,7 @@ def batch_bits_per_dim(model: ImageTransformer | SuperResolutionTransformer, bat
 
 
 @torch.no_grad()
-def evaluate(model: ImageTransformer | SuperResolutionTransformer, images: torch.Tensor, labels: torch.Tensor | None,
+def evaluate(model: ImageTransformer, images: torch.Tensor, labels: torch.Tensor | None,
              batch_size: int = 32, rows: int = 0, progress: bool = True) -> dict[str, float]:
     """Bits/dim over all ``images`` (N, H, W, 3); with ``rows`` > 0, of the part below them.
     ``labels``: for a class-conditional model (None for unlabelled images). Scored in eval

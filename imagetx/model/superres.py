@@ -1,9 +1,9 @@
 """Super-resolution (docs/model.md §6): the decoder of ``transformer.py`` given a low-resolution
-image to enlarge, as the paper's encoder–decoder. It holds the decoder and runs its parts with
-three things of its own:
+image to enlarge, as the paper's encoder–decoder: ``ImageTransformer`` with three things more:
 
 * an **encoder**: unmasked self-attention over the low-resolution image's sub-pixels;
-* in every decoder layer, after self-attention, a **reading** of the encoder's output:
+* in every decoder layer, after self-attention, a **reading** of the encoder's output (the layer's
+  conditioning sublayer, ``TransformerLayer.reading``):
   cross-attention to all of it (the paper's), or the cell add (``low_res_reading: cell_add``; not
   in the paper): a linear map of the encoder's outputs for the low-resolution pixel the step lies
   in, as good as cross-attention to that pixel alone and cheaper (no query or output projection
@@ -12,16 +12,15 @@ three things of its own:
   what the rest of its low-resolution cell must average to, and with ``exact_box_means`` the head
   draws only values that can still meet the input's box mean.
 
-Decoding, the encoder runs once (``start_decoding``): cross-attention keeps its keys and values,
-the cell add its mapped pixels, and the cell sums run on from the values generated. ``forward``
-returns what it computes: the head's parameters and, with ``exact_box_means``, each step's value
-bounds (else None).
+What each reading reads of the encoder's output is prepared once a pass (``LowResReading.prepare``:
+cross-attention's keys and values, the cell add's mapped pixels), and once for a whole decoding
+(``start_decoding``), where the cell sums run on from the values generated. With
+``exact_box_means`` the head's parameters end with each step's value bounds (heads.py: a bounded
+head), so ``forward`` returns one tensor, as the decoder's does.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import math
 from dataclasses import dataclass
 
 import torch
@@ -32,11 +31,10 @@ from .attention import FLEX_BLOCK_SIZE, CrossAttention, CrossAttentionCache
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
 from .embedding import PositionEncoding, SubPixelEmbedding
-from .heads import CategoricalHead, DMOLHead, head_type
+from .heads import CategoricalHead, head_type
 from .inputs import check_image_tensor, check_labels
 from .order import GenerationOrder
-from .transformer import (DecodingCache, ImageTransformer, TransformerLayer, image_nll, previous_values, scored_dims,
-                          zero_start)
+from .transformer import DecodingCache, ImageTransformer, TransformerLayer, zero_start
 
 
 class Encoder(nn.Module):
@@ -102,22 +100,20 @@ class CellAdd(nn.Module):
         pixel's 3 channels adjacent (``Encoder.order``): one row of 3·d per low-res pixel."""
         return self.proj(rearrange(context, "b (p c) d -> b p (c d)", c=CHANNELS))
 
-    def start_decoding(self, context: Tensor) -> CellAddCache:
+    def prepare(self, context: Tensor) -> CellAddCache:
+        """What every step reads of the encoder's output ``context``: each low-res pixel mapped, once."""
         return CellAddCache(self.map_cells(context))
 
-    def forward(self, context: Tensor | None = None, cache: CellAddCache | None = None, start: Tensor | int = 0,
-                count: int | None = None) -> Tensor:
-        """(B, t, d): each of ``count`` steps from ``start`` (by default every step) its low-res
-        pixel's mapped encoding, from ``context`` or, decoding, from ``cache``."""
-        mapped = self.map_cells(context) if cache is None else cache.mapped
-        count = self.low_res_pixel_of_step.numel() if count is None else count
-        steps = start + torch.arange(count, device=mapped.device)
-        return mapped.index_select(1, self.low_res_pixel_of_step[steps])
+    def forward(self, cells: CellAddCache, start: Tensor | int, count: int) -> Tensor:
+        """(B, t, d): each of ``count`` steps from ``start`` its low-res pixel's mapped encoding."""
+        steps = start + torch.arange(count, device=cells.mapped.device)
+        return cells.mapped.index_select(1, self.low_res_pixel_of_step[steps])
 
 
 class LowResReading(nn.Module):
-    """What one decoder layer reads of the encoder, after its self-attention, as
-    ``config.superres.low_res_reading`` says: cross-attention (with add-and-norm) or the cell add."""
+    """What one decoder layer reads of the encoder, after its self-attention (its conditioning
+    sublayer), as ``config.superres.low_res_reading`` says: cross-attention (with add-and-norm) or
+    the cell add."""
 
     def __init__(self, config: ModelConfig, low_res_pixel_of_step: Tensor) -> None:
         """``low_res_pixel_of_step`` (T,): the low-res pixel of each step, which the cell add reads."""
@@ -131,18 +127,21 @@ class LowResReading(nn.Module):
         # cell add, which reads no hidden state.
         self.cell_norm = nn.LayerNorm(d) if self.cell_add is not None and config.norm == "post" else None
 
-    def start_decoding(self, context: Tensor) -> CrossAttentionCache | CellAddCache:
-        """What decoding reads of the encoder's output ``context``, computed once."""
-        return (self.cross_attn if self.cross_attn is not None else self.cell_add).start_decoding(context)
-
-    def forward(self, x: Tensor, layer: TransformerLayer, context: Tensor | None,
-                cache: CrossAttentionCache | CellAddCache | None, start: Tensor | int) -> Tensor:
-        """(B, t, d) after ``layer``'s self-attention -> (B, t, d) with the encoder read, added as
-        ``layer`` adds its branches; from ``context``, or decoding from ``cache``."""
+    def prepare(self, context: Tensor) -> CrossAttentionCache | CellAddCache:
+        """What the steps read of the encoder's output ``context``, computed once: a pass's, or a
+        whole decoding's."""
         if self.cross_attn is not None:
-            h = self.cross_norm(x) if layer.pre_norm else x
-            return layer.add(x, self.cross_attn(h, context, cache), self.cross_norm)
-        return layer.add(x, self.cell_add(context, cache, start, x.shape[1]), self.cell_norm)
+            return self.cross_attn.start_decoding(context)
+        return self.cell_add.prepare(context)
+
+    def forward(self, x: Tensor, layer: TransformerLayer, prepared: CrossAttentionCache | CellAddCache,
+                start: Tensor | int) -> Tensor:
+        """(B, t, d) after ``layer``'s self-attention, the steps from ``start`` on -> (B, t, d) with
+        the encoder read from what ``prepare`` made, added as ``layer`` adds its branches."""
+        if self.cross_attn is not None:
+            branch = self.cross_attn(layer.branch_input(x, self.cross_norm), cache=prepared)
+            return layer.add(x, branch, self.cross_norm)
+        return layer.add(x, self.cell_add(prepared, start, x.shape[1]), self.cell_norm)
 
     def writer(self) -> nn.Linear:
         """The reading's last map into the residual stream: cross-attention's output projection or
@@ -150,55 +149,42 @@ class LowResReading(nn.Module):
         return self.cross_attn.to_out if self.cross_attn is not None else self.cell_add.proj
 
 
-@dataclass
-class SuperResolutionCache:
-    """Decoding state: the decoder's (its step counter, its rings), what each layer reads of the
-    encoder, and the cell sums (or None)."""
-
-    decoder: DecodingCache
-    readings: list[CrossAttentionCache | CellAddCache]
-    remainder: RemainderCache | None
-
-
-class SuperResolutionTransformer(nn.Module):
+class SuperResolutionTransformer(ImageTransformer):
     """The decoder given a low-resolution image (B, h, w, 3) as ``low_res``, read through an encoder
-    (docs/model.md §6). ``kernel``, ``flex_block_size``: the decoder's (``ImageTransformer``)."""
+    (docs/model.md §6): ``ImageTransformer`` with the encoder, the cell sums, and each layer's
+    reading of the encoder. ``kernel``, ``flex_block_size``: the decoder's."""
 
     def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
-        super().__init__()
-        self.config = config.validate()
         if config.superres is None:
             raise ValueError("a config without a superres section is a plain decoder: ImageTransformer(config)")
-        # Registered in this order, the parts that read the low-res input come after the decoder's,
-        # in the order the optimiser's groups have always listed them (encoder, cell sums, readings).
-        self.decoder = ImageTransformer(dataclasses.replace(config, superres=None), kernel, flex_block_size)
+        # Built in this order (the order of a fresh model's random draws): the decoder, the
+        # encoder, the cell sums, then each decoder layer's reading, its conditioning sublayer.
+        super().__init__(config, kernel, flex_block_size)
         self.encoder = Encoder(config)
         self.cell_remainder = None
         if config.superres.cell_remainder_input:
-            self.cell_remainder = CellRemainder(config, self.low_res_pixel_of_step(), self.decoder.step_channels)
-        self.readings = nn.ModuleList(LowResReading(config, self.low_res_pixel_of_step())
-                                      for _ in range(config.n_layers))
+            self.cell_remainder = CellRemainder(config, self.low_res_pixel_of_step(), self.step_channels)
+        for layer in self.layers:
+            layer.reading = LowResReading(config, self.low_res_pixel_of_step())
         if config.superres.low_res_zero_start:
             zero_start(self.low_res_writers())
 
     @property
-    def order(self) -> GenerationOrder:
-        return self.decoder.order
-
-    @property
-    def head(self) -> CategoricalHead | DMOLHead:
-        return self.decoder.head
+    def readings(self) -> list[LowResReading]:
+        """Each decoder layer's reading of the encoder, in layer order."""
+        return [layer.reading for layer in self.layers]
 
     def low_res_pixel_of_step(self) -> Tensor:
         """(T,): the low-resolution pixel each decoder step lies in, as a raster index (what the
         cell add and the cell remainder read)."""
-        decoder, scale = self.decoder, self.config.image_size // self.config.superres.low_res_size
-        pixel_cols = decoder.step_cols // decoder.head.steps_per_pixel
-        return (decoder.step_rows // scale) * self.config.superres.low_res_size + pixel_cols // scale
+        scale = self.config.image_size // self.config.superres.low_res_size
+        pixel_cols = self.step_cols // self.head.steps_per_pixel
+        return (self.step_rows // scale) * self.config.superres.low_res_size + pixel_cols // scale
 
     def low_res_modules(self) -> list[nn.Module]:
-        """The parts that read the low-resolution input (trained at their own rate)."""
-        return [part for part in (self.encoder, self.cell_remainder, self.readings) if part is not None]
+        """The parts that read the low-resolution input (trained at their own rate), in the order the
+        optimiser's group lists their parameters: the encoder, the cell sums, the readings."""
+        return [part for part in (self.encoder, self.cell_remainder, *self.readings) if part is not None]
 
     def low_res_writers(self) -> list[nn.Linear]:
         """The last maps on the way from the low-res input into the decoder's residual stream,
@@ -206,95 +192,28 @@ class SuperResolutionTransformer(nn.Module):
         writers = [reading.writer() for reading in self.readings]
         return writers + ([self.cell_remainder.proj] if self.cell_remainder is not None else [])
 
-    def cell_sums(self, previous: Tensor, low_res: Tensor | None, cache: RemainderCache | None,
-                  steps: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    def read_low_res(self, low_res: Tensor) -> list[CrossAttentionCache | CellAddCache]:
+        """What each layer reads of ``low_res`` (B, h, w, 3), through the encoder: once a pass."""
+        context = self.encoder(low_res, self.positions)  # (B, 3·h·w, d)
+        return [reading.prepare(context) for reading in self.readings]
+
+    def low_res_inputs(self, previous: Tensor, steps: Tensor, low_res: Tensor | None,
+                       remainder: RemainderCache | None) -> tuple[Tensor | None, Tensor | None]:
         """(B, t, d) what the cell sums add to each step's input (``cell_remainder_input``) and
-        (B, t, 2c) its value bounds (``exact_box_means``), each None without them."""
+        (B, t, 2c) its value bounds (``exact_box_means``), each None without them: from ``low_res``
+        (teacher-forced) or, decoding, the sums so far (``remainder``)."""
         if self.cell_remainder is None:
             return None, None
-        state = self.cell_remainder.cell_state(previous, steps, low_res, cache)
+        state = self.cell_remainder.cell_state(previous, steps, low_res, remainder)
         bounds = self.cell_remainder.bounds(*state) if self.config.superres.exact_box_means else None
         return self.cell_remainder.embed(self.cell_remainder.features(*state)), bounds
 
-    def forward(self, previous: Tensor, cache: SuperResolutionCache | None = None, labels: Tensor | None = None,
-                low_res: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
-        """(B, t[, 3]) the value before each step -> ((B, t, P) the head's parameters, (B, t, 2c)
-        the steps' value bounds or None): every step teacher-forced given ``low_res`` (and
-        ``labels``), or with ``cache`` the t steps from its counter on."""
-        decoder = self.decoder
-        if cache is None:
-            start, condition = 0, None if labels is None else decoder.class_embedding(labels)[:, None]
-            context, readings, remainder = self.encoder(low_res, decoder.positions), [None] * len(self.readings), None
-        else:
-            start, condition = cache.decoder.step, cache.decoder.condition
-            context, readings, remainder = None, cache.readings, cache.remainder
-        steps = start + torch.arange(previous.shape[1], device=previous.device)  # (t,)
-        side, bounds = self.cell_sums(previous, low_res, remainder, steps)
-        x = decoder.inputs(previous, steps, condition, side)  # (B, t, d)
-        rings = [None] * len(decoder.layers) if cache is None else cache.decoder.layers
-        for layer, reading, ring, read in zip(decoder.layers, self.readings, rings, readings):
-            x = layer.attention_block(x, ring, start)  # (B, t, d)
-            x = reading(x, layer, context, read, start)  # (B, t, d)
-            x = layer.feed_forward_block(x)  # (B, t, d)
-        if cache is not None:
-            cache.decoder.step += previous.shape[1]
-        return decoder.head(decoder.final_norm(x)), bounds  # (B, t, P), (B, t, 2c) or None
-
-    # ----- decoding, one step at a time ---------------------------------------
-    def start_decoding(self, batch: int, labels: Tensor | None = None,
-                       low_res: Tensor | None = None) -> SuperResolutionCache:
+    def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None) -> DecodingCache:
         """An empty cache for decoding ``batch`` images of ``low_res``; the encoder runs here, once."""
-        self.check_conditioning(batch, labels, low_res)
-        context = self.encoder(low_res, self.decoder.positions)
-        remainder = None if self.cell_remainder is None else self.cell_remainder.start_decoding(low_res)
-        return SuperResolutionCache(self.decoder.start_decoding(batch, labels),
-                                    [reading.start_decoding(context) for reading in self.readings], remainder)
-
-    def decode_step(self, previous: Tensor, cache: SuperResolutionCache) -> tuple[Tensor, Tensor | None]:
-        """``ImageTransformer.decode_step``'s, with the step's value bounds: (B, P), (B, 1, 2c) or None."""
-        params, bounds = self(previous[:, None], cache)
-        return params[:, 0], bounds
-
-    def prefill(self, given: Tensor, cache: SuperResolutionCache) -> tuple[Tensor, Tensor | None]:
-        """``ImageTransformer.prefill``'s, with the steps' value bounds."""
-        length = given.shape[1]
-        if not 0 < length <= self.order.length:
-            raise ValueError(f"prefill takes 1..{self.order.length} steps, not {length}")
-        if int(cache.decoder.step):
-            raise ValueError(f"prefill fills a fresh cache (from start_decoding), not one at step "
-                             f"{int(cache.decoder.step)}")
-        return self(previous_values(given), cache)
-
-    # ----- likelihoods ----------------------------------------------------------
-    def targets(self, images: Tensor) -> Tensor:
-        return self.decoder.targets(images)
-
-    def images(self, sequence: Tensor) -> Tensor:
-        return self.decoder.images(sequence)
-
-    def given_steps(self, rows: int) -> Tensor:
-        return self.decoder.given_steps(rows)
-
-    def log_prob(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
-                 check: bool = True) -> Tensor:
-        """``ImageTransformer.log_prob`` given ``low_res``."""
-        check_image_tensor("images", images, self.config.image_size, check)
-        self.check_conditioning(images.shape[0], labels, low_res, check)
-        targets = self.targets(images)
-        params, bounds = self(previous_values(targets), labels=labels, low_res=low_res)
-        return self.head.log_prob(params, targets, bounds)
-
-    def nll(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
-            given_rows: int = 0, check: bool = True) -> Tensor:
-        """``ImageTransformer.nll`` given ``low_res``."""
-        log_p = self.log_prob(images, labels, low_res, check)
-        return image_nll(log_p, self.given_steps(given_rows) if given_rows else None)
-
-    def bits_per_dim(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
-                     given_rows: int = 0, check: bool = True) -> Tensor:
-        """``ImageTransformer.bits_per_dim`` given ``low_res``."""
-        nats = self.nll(images, labels, low_res, given_rows, check)
-        return nats / (scored_dims(self.config, given_rows) * math.log(2))
+        cache = super().start_decoding(batch, labels, low_res)
+        cache.readings = self.read_low_res(low_res)
+        cache.remainder = None if self.cell_remainder is None else self.cell_remainder.start_decoding(low_res)
+        return cache
 
     def check_conditioning(self, count: int, labels: Tensor | None, low_res: Tensor | None,
                            values: bool = True) -> None:
@@ -310,7 +229,7 @@ class SuperResolutionTransformer(nn.Module):
 
 
 def build_model(config: ModelConfig, kernel: str = "auto",
-                flex_block_size: int = FLEX_BLOCK_SIZE) -> ImageTransformer | SuperResolutionTransformer:
+                flex_block_size: int = FLEX_BLOCK_SIZE) -> ImageTransformer:
     """The network ``config`` describes: the decoder, or with a ``superres`` section the
     super-resolution model. ``kernel`` ("auto", "flex", "sdpa") and ``flex_block_size`` (16, 32, 64,
     128): how its decoder's self-attention runs, the same numbers every way (attention.py)."""

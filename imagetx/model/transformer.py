@@ -13,7 +13,8 @@ feed-forward, each with add-and-norm) and the head turn it into step t's distrib
 One ``forward`` serves training, scoring, a prefill (a completion's given rows) and decoding:
 without a cache it runs every step teacher-forced; with one, the t steps from the cache's
 counter on, each self-attention layer over its ring of earlier keys. Super-resolution
-(``superres.py``) holds this decoder and runs its parts with an encoder read between them.
+(``superres.py``) is this decoder with an encoder, which each layer reads after its
+self-attention (``TransformerLayer.reading``).
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ from .rotary import Rotary2D
 
 
 class TransformerLayer(nn.Module):
-    """Self-attention + feed-forward, each with add-and-norm (docs/model.md §3). A decoder layer
-    is causal under ``pattern`` (with ``rotary`` positions, shared by every layer); without a
-    pattern it sees every position (an encoder's)."""
+    """Self-attention, then (a super-resolution decoder's) a reading of the encoder, then a
+    feed-forward, each with add-and-norm (docs/model.md §3, §6): the unit every stack calls,
+    ``x = layer(x, cache, start, condition)``. A decoder layer is causal under ``pattern`` (with
+    ``rotary`` positions, shared by every layer); without a pattern it sees every position (an
+    encoder's). ``reading`` (``superres.LowResReading``, set by the super-resolution model) reads
+    what ``condition`` holds of the encoder's output; None: no conditioning sublayer."""
 
     def __init__(self, config: ModelConfig, pattern: CausalPattern | None = None, rotary: Rotary2D | None = None,
                  kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
@@ -48,27 +52,30 @@ class TransformerLayer(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
         self.ffn_norm = nn.LayerNorm(d)
         self.dropout = nn.Dropout(config.dropout)
+        self.reading: nn.Module | None = None
 
-    def add(self, x: Tensor, branch: Tensor, norm: nn.LayerNorm) -> Tensor:
-        """x + a branch's output (computed from ``norm(x)`` when pre-norm), with dropout; normalised
-        after when post-norm (the paper's)."""
+    def branch_input(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
+        """What a branch reads of the residual stream: ``norm(x)`` when pre-norm, x itself when post-norm."""
+        return norm(x) if self.pre_norm else x
+
+    def add(self, x: Tensor, branch: Tensor, norm: nn.LayerNorm | None) -> Tensor:
+        """x + a branch's output, with dropout; normalised after by ``norm`` when post-norm (the paper's)."""
         x = x + self.dropout(branch)
         return x if self.pre_norm else norm(x)
 
-    def attention_block(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0) -> Tensor:
-        """(B, t, d) -> (B, t, d): self-attention of the steps from ``start`` on, added."""
-        return self.add(x, self.self_attn(self.self_norm(x) if self.pre_norm else x, cache, start), self.self_norm)
-
-    def feed_forward_block(self, x: Tensor) -> Tensor:
-        """(B, t, d) -> (B, t, d): the feed-forward, added."""
-        return self.add(x, self.ffn(self.ffn_norm(x) if self.pre_norm else x), self.ffn_norm)
-
-    def forward(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0) -> Tensor:
-        return self.feed_forward_block(self.attention_block(x, cache, start))
+    def forward(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0,
+                condition: object | None = None) -> Tensor:
+        """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or with
+        ``cache`` the next t steps over its ring; ``condition``, what ``reading`` reads (prepared
+        once a pass by ``reading.prepare``)."""
+        x = self.add(x, self.self_attn(self.branch_input(x, self.self_norm), cache, start), self.self_norm)
+        if self.reading is not None:
+            x = self.reading(x, self, condition, start)  # (B, t, d): the encoder read, added
+        return self.add(x, self.ffn(self.branch_input(x, self.ffn_norm)), self.ffn_norm)
 
     def residual_writers(self) -> list[nn.Linear]:
-        """The last map of each branch that adds into the residual stream: with both at zero a
-        pre-norm layer is the identity."""
+        """The last map of each branch of its own that adds into the residual stream: with both at
+        zero a pre-norm layer without a reading is the identity."""
         return [self.self_attn.to_out, self.ffn[-1]]
 
 
@@ -90,21 +97,27 @@ def previous_values(targets: Tensor) -> Tensor:
 class DecodingCache:
     """What ``ImageTransformer.forward`` keeps between decoding steps, written in place: ``step``
     (0-d long, on the model's device), the step decoded next, the one step counter; the class
-    vector (B, 1, d) or None; each layer's self-attention ring."""
+    vector (B, 1, d) or None; each layer's self-attention ring; and, for a super-resolution model
+    (superres.py), what each layer reads of the encoder (``readings``) and the cell sums
+    (``remainder``), else None."""
 
     step: Tensor
     condition: Tensor | None
     layers: list[SelfAttentionCache]
+    readings: list | None = None
+    remainder: object | None = None
 
 
 class ImageTransformer(nn.Module):
     """The decoder-only autoregressive model over sub-pixels or pixels. ``kernel`` and
     ``flex_block_size``: how its self-attention runs (attention.py), the same numbers
-    every way. Saving, loading and sharing it: ``imagetx.io``."""
+    every way. A super-resolution model is this decoder with an encoder (superres.py:
+    ``SuperResolutionTransformer``); the methods it fills in return nothing here
+    (``low_res_modules``, ``read_low_res``, ``low_res_inputs``). Saving, loading and sharing it: ``imagetx.io``."""
 
     def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
         super().__init__()
-        if config.superres:
+        if config.superres and type(self) is ImageTransformer:
             raise ValueError("a config with a superres section is a super-resolution model: "
                              "SuperResolutionTransformer(config); build_model(config) builds either")
         self.config = config.validate()
@@ -140,30 +153,53 @@ class ImageTransformer(nn.Module):
             x = x + extra
         return self.input_dropout(x)
 
-    def forward(self, previous: Tensor, cache: DecodingCache | None = None, labels: Tensor | None = None) -> Tensor:
+    def forward(self, previous: Tensor, cache: DecodingCache | None = None, labels: Tensor | None = None,
+                low_res: Tensor | None = None) -> Tensor:
         """(B, t[, 3]) the value before each step -> (B, t, P) the head's parameters: every step
         teacher-forced (no cache: ``previous_values(targets)``, ``labels`` the class of each
-        image), or with ``cache`` the t steps from its counter on (its class its own)."""
+        image, ``low_res`` a super-resolution model's input), or with ``cache`` the t steps from
+        its counter on (its class and input its own)."""
         if cache is None:
-            start, condition = 0, None if labels is None else self.class_embedding(labels)[:, None]
+            start, condition = 0, self.class_vector(labels)
+            readings, remainder = self.read_low_res(low_res), None
         else:
-            start, condition = cache.step, cache.condition
+            start, condition, readings, remainder = cache.step, cache.condition, cache.readings, cache.remainder
         steps = start + torch.arange(previous.shape[1], device=previous.device)  # (t,)
-        x = self.inputs(previous, steps, condition)  # (B, t, d)
-        caches = [None] * len(self.layers) if cache is None else cache.layers
-        for layer, layer_cache in zip(self.layers, caches):
-            x = layer(x, layer_cache, start)  # (B, t, d): the layer's own call, which hooks and wrappers see
+        extra, bounds = self.low_res_inputs(previous, steps, low_res, remainder)
+        x = self.inputs(previous, steps, condition, extra)  # (B, t, d)
+        rings = [None] * len(self.layers) if cache is None else cache.layers
+        readings = [None] * len(self.layers) if readings is None else readings
+        for layer, ring, reading in zip(self.layers, rings, readings):
+            x = layer(x, ring, start, reading)  # (B, t, d): the layer's own call, which hooks and wrappers see
         if cache is not None:
             cache.step += previous.shape[1]  # after the pass, whose layers read the counter as their start
-        return self.head(self.final_norm(x))  # (B, t, P)
+        params = self.head(self.final_norm(x))  # (B, t, P)
+        return params if bounds is None else self.head.with_bounds(params, bounds)  # (B, t, P + 2c)
+
+    def class_vector(self, labels: Tensor | None) -> Tensor | None:
+        """(B,) labels -> (B, 1, d) what every step's input adds of its image's class (None: none)."""
+        return None if labels is None else self.class_embedding(labels)[:, None]
+
+    def low_res_modules(self) -> list[nn.Module]:
+        """The parts that read a low-resolution input (trained at their own rate): none here."""
+        return []
+
+    def read_low_res(self, low_res: Tensor | None) -> list | None:
+        """What each layer reads of a low-resolution input, for one pass: none here (superres.py)."""
+        return None
+
+    def low_res_inputs(self, previous: Tensor, steps: Tensor, low_res: Tensor | None,
+                       remainder: object | None) -> tuple[Tensor | None, Tensor | None]:
+        """What a low-resolution input adds to the steps' inputs and the steps' value bounds: none
+        here (superres.py)."""
+        return None, None
 
     # ----- decoding, one step at a time ---------------------------------------
-    def start_decoding(self, batch: int, labels: Tensor | None = None) -> DecodingCache:
+    def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None) -> DecodingCache:
         """An empty cache for decoding ``batch`` images with ``forward``, at step 0."""
-        check_labels(labels, batch, self.config.num_classes)
+        self.check_conditioning(batch, labels, low_res)
         step = torch.zeros((), dtype=torch.long, device=self.step_rows.device)
-        condition = None if labels is None else self.class_embedding(labels)[:, None]
-        return DecodingCache(step, condition, [layer.self_attn.start_decoding(batch) for layer in self.layers])
+        return DecodingCache(step, self.class_vector(labels), [layer.self_attn.start_decoding(batch) for layer in self.layers])
 
     def decode_step(self, previous: Tensor, cache: DecodingCache) -> Tensor:
         """The value generated at step t − 1, (B,) or (B, 3) -> (B, P): step t's parameters, equal to
@@ -194,26 +230,38 @@ class ImageTransformer(nn.Module):
         """``targets``' inverse: (B, T[, 3]) values in generation order -> (B, H, W, 3)."""
         return self.head.to_images(self.order.sequence_to_grid(sequence))
 
-    def log_prob(self, images: Tensor, labels: Tensor | None = None, check: bool = True) -> Tensor:
-        """uint8 images (B, H, W, 3) -> (B, T) log-likelihood of every generation step, in nats.
-        Inputs it cannot take are refused in one line; ``check`` False reads no value back (shapes
-        and dtypes only), for data whose values were checked as it was read (the training step)."""
+    def log_prob(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
+                 check: bool = True) -> Tensor:
+        """uint8 images (B, H, W, 3) -> (B, T) log-likelihood of every generation step, in nats
+        (given ``low_res``, a super-resolution model's input). Inputs it cannot take are refused in
+        one line; ``check`` False reads no value back (shapes and dtypes only), for data whose
+        values were checked as it was read (the training step)."""
         check_image_tensor("images", images, self.config.image_size, check)
-        check_labels(labels, images.shape[0], self.config.num_classes, values=check)
+        self.check_conditioning(images.shape[0], labels, low_res, check)
         targets = self.targets(images)
-        return self.head.log_prob(self(previous_values(targets), labels=labels), targets)
+        return self.head.log_prob(self(previous_values(targets), labels=labels, low_res=low_res), targets)
 
-    def nll(self, images: Tensor, labels: Tensor | None = None, given_rows: int = 0, check: bool = True) -> Tensor:
+    def nll(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None, given_rows: int = 0,
+            check: bool = True) -> Tensor:
         """(B,) negative log-likelihood of each whole image, in nats; with ``given_rows`` = k, of the
         part below the first k rows given them (image completion, ``given_steps``)."""
-        log_p = self.log_prob(images, labels, check)
+        log_p = self.log_prob(images, labels, low_res, check)
         return image_nll(log_p, self.given_steps(given_rows) if given_rows else None)
 
-    def bits_per_dim(self, images: Tensor, labels: Tensor | None = None, given_rows: int = 0,
-                     check: bool = True) -> Tensor:
+    def bits_per_dim(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
+                     given_rows: int = 0, check: bool = True) -> Tensor:
         """(B,) bits per scored sub-pixel of each image (docs/model.md §5): all of them, or those
         below the first ``given_rows`` rows."""
-        return self.nll(images, labels, given_rows, check) / (scored_dims(self.config, given_rows) * math.log(2))
+        nats = self.nll(images, labels, low_res, given_rows, check)
+        return nats / (scored_dims(self.config, given_rows) * math.log(2))
+
+    def check_conditioning(self, count: int, labels: Tensor | None, low_res: Tensor | None,
+                           values: bool = True) -> None:
+        """Labels (and a low-resolution input) as this model needs them, for ``count`` images
+        (``values``: their values checked too)."""
+        check_labels(labels, count, self.config.num_classes, values=values)
+        if low_res is not None:
+            raise ValueError("this model has no encoder (no superres section): pass low_res=None")
 
     def given_steps(self, rows: int) -> Tensor:
         """(T,) bool: the steps in the first ``rows`` image rows, which image completion gives

@@ -37,7 +37,7 @@ from ..data.datamodule import ImageDataModule
 from ..model.flops import Flops, count_flops
 from ..model.attention import FLEX_BLOCK_SIZE
 from ..model.scoring import batch_bits_per_dim
-from ..model.superres import SuperResolutionTransformer, build_model
+from ..model.superres import build_model
 from ..model.transformer import ImageTransformer
 from .grow import GROWN, deepen
 from .nonfinite import NonFiniteLossError, NonFiniteSteps, gradients_not_finite, non_finite_tensors, step_kind
@@ -341,10 +341,10 @@ def optimizer_settings(hyper_parameters: dict) -> dict:
 def parameter_groups(model: ImageTransformer, peak_lr: float, low_res_lr_scale: float) -> list[dict]:
     """The optimiser's parameter groups: the parts that read the low-resolution input at
     ``low_res_lr_scale`` times the peak learning rate, the rest at the peak."""
-    low_res_modules = model.low_res_modules() if isinstance(model, SuperResolutionTransformer) else []
-    low_res = {id(p) for module in low_res_modules for p in module.parameters()}
-    groups = [{"params": [p for p in model.parameters() if id(p) not in low_res], "lr": peak_lr},
-              {"params": [p for p in model.parameters() if id(p) in low_res], "lr": peak_lr * low_res_lr_scale}]
+    low_res = [p for module in model.low_res_modules() for p in module.parameters()]  # in the modules' order
+    reads_low_res = {id(p) for p in low_res}
+    groups = [{"params": [p for p in model.parameters() if id(p) not in reads_low_res], "lr": peak_lr},
+              {"params": low_res, "lr": peak_lr * low_res_lr_scale}]
     return [group for group in groups if group["params"]]
 
 

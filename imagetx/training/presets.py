@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from ..model.config import ModelConfig
+from ..model.config import GEOMETRY, ModelConfig
 
 
 def read_preset(path: str | Path) -> dict:
@@ -24,9 +24,15 @@ def read_preset(path: str | Path) -> dict:
 
 def preset_model_config(path: str | Path, overrides: dict | None = None) -> ModelConfig:
     """The ``ModelConfig`` of the preset at ``path`` (its ``model.config``), with ``overrides``: a field by
-    its name, a section's by a dotted one (``{"n_layers": 28, "attention.n_heads": 16}``)."""
+    its name, a section's by a dotted one (``{"n_layers": 28, "attention.n_heads": 16}``). An override of
+    ``attention.kind`` leaves out the preset's geometry of its own kind (a config refuses another kind's)."""
     fields = read_preset(path)["model"]["config"]
-    for key, value in (overrides or {}).items():
+    overrides = overrides or {}
+    if "attention.kind" in overrides:  # another kind: the preset's geometry was its own kind's, not this one's
+        attention = fields.get("attention") or {}
+        for name in (name for kind, names in GEOMETRY.items() if kind != overrides["attention.kind"] for name in names):
+            attention.pop(name, None)
+    for key, value in overrides.items():
         set_dotted(fields, key, value)
     return ModelConfig.from_dict(fields)
 

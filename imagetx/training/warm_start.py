@@ -4,7 +4,7 @@ What it is for: a super-resolution model started from an unconditional model of 
 and a deeper model started from a shallower one.
 Every tensor of the source is copied into the new model, which must have it, with the same shape;
 the tensors the new model has beyond the source's may only be those that read the low-resolution
-input (``SuperResolutionTransformer.low_res_modules``), which keep their own start, and those of decoder
+input (``ImageTransformer.low_res_modules``), which keep their own start, and those of decoder
 layers after the source's last (a pre-norm model only), which start as identity layers: their
 residual writers at zero (``TransformerLayer.residual_writers``), the rest as initialised, so
 that gradients reach the writers from the first step. With ``low_res_zero_start`` the new model
@@ -31,7 +31,6 @@ import torch
 from ..io.errors import CheckpointError
 from ..io.load import load_model
 from ..io.weights import listed
-from ..model.superres import SuperResolutionTransformer
 from ..model.transformer import ImageTransformer, zero_start
 from .continuation import is_packed, unpack
 
@@ -46,30 +45,26 @@ def read_source(source: str | Path) -> dict[str, torch.Tensor]:
         return load_model(unpack(path, Path(folder) / "joined.ckpt", option="--init_from")).state_dict()
 
 
-def source_layers(stored: dict[str, torch.Tensor], prefix: str) -> int:
-    """How many decoder layers the weights ``stored`` have (``<prefix>layers.<i>.`` tensors)."""
-    indices = {int(name.removeprefix(prefix).split(".")[1]) for name in stored if name.startswith(f"{prefix}layers.")}
+def source_layers(stored: dict[str, torch.Tensor]) -> int:
+    """How many decoder layers the weights ``stored`` have (``layers.<i>.`` tensors)."""
+    indices = {int(name.split(".")[1]) for name in stored if name.startswith("layers.")}
     return max(indices, default=-1) + 1
 
 
-def start_from(model: ImageTransformer | SuperResolutionTransformer, source: str | Path) -> str:
+def start_from(model: ImageTransformer, source: str | Path) -> str:
     """Copy the weights stored at ``source`` (a weights folder, a checkpoint written by
     imagetx.train, or a packed continuation folder) into ``model``, in place; a CheckpointError
     naming the tensors that do not fit. Returns what was done, in one line."""
     stored = read_source(source)
-    superres = isinstance(model, SuperResolutionTransformer)
-    decoder = model.decoder if superres else model
-    # A plain decoder's weights start a super-resolution model's decoder (their names are the
-    # decoder's own); a super-resolution model's start one of its kind whole.
-    whole = not superres or any(name.startswith("decoder.") for name in stored)
-    target, prefix = (model, "decoder." if superres else "") if whole else (decoder, "")
-    own = target.state_dict()
-    low_res = [id(module) for module in model.low_res_modules()] if superres and whole else []
+    own = model.state_dict()
+    # A plain decoder's weights start a super-resolution model's decoder (the decoder's names are
+    # the same in both); a super-resolution model's start one of its kind whole.
+    low_res = {id(module) for module in model.low_res_modules()}
     fresh = {f"{name}.{key}" for name, module in model.named_modules() if id(module) in low_res
              for key in module.state_dict()}
-    kept_layers = source_layers(stored, prefix)
-    added = list(decoder.layers)[kept_layers:]
-    fresh |= {f"{prefix}layers.{index}.{key}" for index, layer in enumerate(added, start=kept_layers)
+    kept_layers = source_layers(stored)
+    added = list(model.layers)[kept_layers:]
+    fresh |= {f"layers.{index}.{key}" for index, layer in enumerate(added, start=kept_layers)
               for key in layer.state_dict()}
     extra = [name for name in stored if name not in own]
     misfits = [f"{name} {tuple(stored[name].shape)} there, {tuple(own[name].shape)} here"
@@ -88,10 +83,12 @@ def start_from(model: ImageTransformer | SuperResolutionTransformer, source: str
         for name, value in stored.items():
             own[name].copy_(value)
         zero_start(writer for layer in added for writer in layer.residual_writers())
-    kept = len(model.state_dict()) - len(stored) - sum(len(layer.state_dict()) for layer in added)
+    added_own = sum(len(layer.state_dict()) - (len(layer.reading.state_dict()) if layer.reading else 0)
+                    for layer in added)  # their readings are counted with the low-res parts
+    kept = len(model.state_dict()) - len(stored) - added_own
     return (f"started from {source}: {len(stored)} tensors copied"
             + (f", {kept} that read the low-resolution input left as initialised" if kept else "")
-            + (f", {added_names(kept_layers, len(decoder.layers))} added as identity layers (their residual "
+            + (f", {added_names(kept_layers, len(model.layers))} added as identity layers (their residual "
                "writers at zero)" if added else ""))
 
 

@@ -374,25 +374,35 @@ def test_a_run_driven_from_python_with_path_arguments_writes_a_checkpoint_load_m
         assert torch.equal(loaded.nll(images), module.model.eval().nll(images))
 
 
-def test_super_resolution_weights_under_their_older_names_load_as_today_s(tmp_path):
-    """Before the super-resolution model held its decoder, its weights were named as the decoder's
-    own, each layer's reading of the encoder inside the layer (layers.0.cell_add...): such folders
-    (the shipped super-resolution models') load, and score as the model they were written from."""
+@pytest.mark.parametrize("form", ["first", "second"])
+def test_super_resolution_weights_under_their_older_names_load_as_today_s(tmp_path, form):
+    """A super-resolution model's weights were first named as the decoder's own, each layer's
+    reading of the encoder inside the layer (layers.0.cell_add...), then the decoder's under
+    ``decoder.`` and the readings beside it (readings.0.cell_add...); today each reading is its
+    layer's (layers.0.reading.cell_add...). Folders of either older form (the shipped
+    super-resolution models') load, and score as the model they were written from."""
     model = tiny_model(seed=3, image_size=8, head="dmol", encoder_layers=1, low_res_size=4, low_res_reading="cell_add",
                        cell_remainder_input=True, n_layers=2)
+    assert "layers.1.reading.cell_add.proj.weight" in model.state_dict()
     older = {}
     for name, value in model.state_dict().items():
-        if name.startswith("readings."):
-            _, index, rest = name.split(".", 2)
-            name = f"layers.{index}.{rest}"
-        older[name.removeprefix("decoder.")] = value
-    assert "layers.1.cell_add.proj.weight" in older and "encoder.embedding.table.weight" in older
+        if form == "first":
+            name = name.replace(".reading.", ".")
+        elif ".reading." in name:
+            index, rest = name.removeprefix("layers.").split(".reading.")
+            name = f"readings.{index}.{rest}"
+        elif not name.startswith(("encoder.", "cell_remainder.")):
+            name = f"decoder.{name}"
+        older[name] = value
+    old_name = "layers.1.cell_add.proj.weight" if form == "first" else "readings.1.cell_add.proj.weight"
+    assert old_name in older and "encoder.embedding.table.weight" in older
     write_weights(tmp_path / "older", older, model.config)
     loaded = load_model(tmp_path / "older")
     images = random_images(2, 8, seed=4)
     with torch.no_grad():
         assert torch.equal(loaded.nll(images, low_res=downsample_area(images, 4)),
                            model.nll(images, low_res=downsample_area(images, 4)))
+    assert list(current_names(older)) == list(model.state_dict())  # today's names, in today's order
     assert list(current_names(model.state_dict())) == list(model.state_dict())  # today's names stay as they are
 
 

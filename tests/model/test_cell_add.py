@@ -23,13 +23,16 @@ def test_each_step_reads_the_encoding_of_the_low_res_pixel_it_lies_in(head):
     model = cell_add_model(head)
     cell_add = model.readings[0].cell_add
     context = torch.randn(1, 48, model.config.d_model, dtype=torch.float64)  # 4x4x3 encoder outputs
-    base = cell_add(context)
+    def every_step(encoded):  # every step's reading, from the encoder's output
+        return cell_add(cell_add.prepare(encoded), 0, model.order.length)
+
+    base = every_step(context)
     steps_per_row = 8 * 3 if head == "categorical" else 8
     for low_row, low_col in [(0, 0), (1, 2), (3, 3)]:
         moved = context.clone()
         pixel = low_row * 4 + low_col
         moved[:, 3 * pixel:3 * pixel + 3] += 1.0  # its R, G and B sub-pixels, adjacent in the encoder
-        changed = (cell_add(moved) - base).abs().sum(dim=(0, 2)) > 0  # (T,)
+        changed = (every_step(moved) - base).abs().sum(dim=(0, 2)) > 0  # (T,)
         # Written out independently of the model's step bookkeeping: raster steps, 2x2 pixels a cell.
         steps = torch.arange(changed.numel())
         rows, cols = steps // steps_per_row, steps % steps_per_row

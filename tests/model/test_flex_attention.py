@@ -18,7 +18,7 @@ import torch
 import torch._dynamo
 import torch.nn.attention.flex_attention as flex_module
 
-from helpers import (bits_per_dim, decode_embeddings, decoder, dense_attention, random_images, random_labels, tiny_model,
+from helpers import (bits_per_dim, decode_embeddings, dense_attention, random_images, random_labels, tiny_model,
                      value_embeddings)
 from imagetx.model import attention
 from imagetx.model.inputs import downsample_area
@@ -230,7 +230,7 @@ def test_bits_per_dim_through_flex_equals_sdpa(name, monkeypatch):
         expected = bits_per_dim(sdpa_model, images, labels, low_res)
         assert calls[0] == 0
         got = bits_per_dim(flex_model, images, labels, low_res)
-    assert calls[0] == len(decoder(flex_model).layers)  # every layer's self-attention ran flex (cross-attention: SDPA)
+    assert calls[0] == len(flex_model.layers)  # every layer's self-attention ran flex (cross-attention: SDPA)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=0)
 
 
@@ -301,8 +301,8 @@ def test_compiled_model_through_flex_equals_eager():
     model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
     with torch.no_grad():
         expected = full_pass(model, images, labels, low_res)
-        model.decoder.layers[0].self_attn.pattern.kept.clear()  # so that the compiled pass builds it
-        got = torch.compile(model)(previous_values(model.targets(images)), labels=labels, low_res=low_res)[0]
+        model.layers[0].self_attn.pattern.kept.clear()  # so that the compiled pass builds it
+        got = torch.compile(model)(previous_values(model.targets(images)), labels=labels, low_res=low_res)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 

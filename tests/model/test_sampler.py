@@ -13,7 +13,7 @@ from helpers import random_images, random_labels, tiny_model
 from imagetx.model.inputs import downsample_area
 from imagetx import build_model
 from imagetx.model.sampler import (ISOLATED, LOG_PROGRESS_SECONDS, compile_decoding, first_input, progress_bar, sample,
-                                   sample_progressively, start_decoding, with_bounds)
+                                   sample_progressively)
 from imagetx.model.transformer import previous_values
 from imagetx.model.scoring import full_pass
 from imagetx.training.presets import preset_model_config
@@ -35,43 +35,34 @@ def counter(cache) -> int:
     return int(getattr(cache, "decoder", cache).step)
 
 
-def cached_outputs(model, images, labels=None, low_res=None, step=None):
-    """Teacher-force ``images`` through ``step`` (``model.decode_step`` by default): (B, T, P)
-    parameters, and (B, T, 2c) the value bounds each step returned (None without)."""
-    step = step or model.decode_step
-    cache = start_decoding(model, images.shape[0], labels, low_res)
-    targets = model.targets(images)
-    outputs = [with_bounds(step(first_input(model, images.shape[0]), cache))]
-    for t in range(1, model.order.length):
-        outputs.append(with_bounds(step(targets[:, t - 1], cache)))
-    assert counter(cache) == model.order.length  # one counter, advanced once per step
-    params, bounds = zip(*outputs)
-    return torch.stack(params, dim=1), None if bounds[0] is None else torch.cat(bounds, dim=1)
-
-
-def full_outputs(model, images, labels=None, low_res=None):
-    """The full pass's (B, T, P) parameters and (B, T, 2c) value bounds (None without)."""
-    previous = previous_values(model.targets(images))
-    if low_res is None:
-        return model(previous, labels=labels), None
-    return model(previous, labels=labels, low_res=low_res)
-
-
 def cached_params(model, images, labels=None, low_res=None, step=None):
-    """Teacher-force ``images`` through ``step`` (``model.decode_step`` by default): (B, T, P) parameters."""
-    return cached_outputs(model, images, labels, low_res, step)[0]
+    """Teacher-force ``images`` through ``step`` (``model.decode_step`` by default): (B, T, P)
+    parameters (a bounded head's carry each step's value bounds)."""
+    step = step or model.decode_step
+    cache = model.start_decoding(images.shape[0], labels, low_res)
+    targets = model.targets(images)
+    params = [step(first_input(model, images.shape[0]), cache)]
+    for t in range(1, model.order.length):
+        params.append(step(targets[:, t - 1], cache))
+    assert counter(cache) == model.order.length  # one counter, advanced once per step
+    return torch.stack(params, dim=1)
+
+
+def full_params(model, images, labels=None, low_res=None):
+    """The full pass's (B, T, P) parameters."""
+    return model(previous_values(model.targets(images)), labels=labels, low_res=low_res)
 
 
 def prefilled_params(model, images, given, labels=None, low_res=None, step=None):
     """Teacher-force the first ``given`` steps of ``images`` in one ``prefill``, the rest through
     ``step`` (``model.decode_step`` by default): (B, T, P) parameters."""
     step = step or model.decode_step
-    cache = start_decoding(model, images.shape[0], labels, low_res)
+    cache = model.start_decoding(images.shape[0], labels, low_res)
     targets = model.targets(images)
-    params = [with_bounds(model.prefill(targets[:, :given], cache))[0]]
+    params = [model.prefill(targets[:, :given], cache)]
     assert counter(cache) == given
     for t in range(given, model.order.length):
-        params.append(with_bounds(step(targets[:, t - 1], cache))[0][:, None])
+        params.append(step(targets[:, t - 1], cache)[:, None])
     assert counter(cache) == model.order.length
     return torch.cat(params, dim=1)
 
@@ -88,14 +79,15 @@ def check_cached_equals_full(model, images, labels=None, low_res=None, step=None
     """The cached decoder, step by step and after a prefill of each of ``prefill_lengths``,
     gives the full pass's parameters."""
     with torch.no_grad():
-        full, bounds = full_outputs(model, images, labels, low_res)
-        cached, cached_bounds = cached_outputs(model, images, labels, low_res, step)
+        full = full_params(model, images, labels, low_res)
+        cached = cached_params(model, images, labels, low_res, step)
         targets = model.targets(images)
         assert cached.shape == full.shape
         torch.testing.assert_close(cached, full, rtol=1e-9, atol=1e-9)
+        (_, bounds), (_, cached_bounds) = model.head.unpack(full), model.head.unpack(cached)
         assert (cached_bounds is None) == (bounds is None) and (bounds is None or torch.equal(cached_bounds, bounds))
         given = {} if low_res is None else {"low_res": low_res}
-        torch.testing.assert_close(model.head.log_prob(cached, targets, cached_bounds),
+        torch.testing.assert_close(model.head.log_prob(cached, targets),
                                    model.log_prob(images, labels, **given), rtol=1e-6, atol=1e-6)
         for given in prefill_lengths(model):
             prefilled = prefilled_params(model, images, given, labels, low_res, step)
@@ -286,8 +278,8 @@ CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.mark.parametrize("bounded", [False, True], ids=["", "superres_exact_box_means"])
 def test_cuda_graph_step_matches_the_full_pass(bounded):
     # mode="reduce-overhead": the compiled step captured as a CUDA graph. cudagraph_or_error turns
-    # a skipped capture (e.g. for the caches written in place) into an error. Bounded: the step
-    # also leaves its value bounds in the cache, a graph output copied out before the next replay.
+    # a skipped capture (e.g. for the caches written in place) into an error. Bounded: the step's
+    # parameters also carry its value bounds, a graph output copied out before the next replay.
     import torch._inductor.config as inductor_config
     from torch._dynamo.utils import counters
 
@@ -610,21 +602,32 @@ def test_decoding_on_a_cpu_uses_one_thread_and_gives_the_callers_back(monkeypatc
         torch.set_num_threads(before)
 
 
-def test_every_decoder_layer_is_called_as_a_module_in_the_full_pass_and_in_decoding():
-    """The decoder runs each layer through its own call (``layer(x, cache, start)``), so that forward
-    hooks, activation checkpointing and per-layer wrappers (FSDP, regional compilation) see every layer,
-    in the full pass and in each cached decoding step alike."""
+@pytest.mark.parametrize("reading", [None, "cross_attention", "cell_add"])
+def test_every_decoder_layer_is_called_as_a_module_in_the_full_pass_and_in_decoding(reading):
+    """The decoder runs each layer through its own call (``layer(x, cache, start, condition)``), a
+    super-resolution model's with its reading of the encoder inside, so that forward hooks,
+    activation checkpointing and per-layer wrappers (FSDP, regional compilation) see every layer,
+    in the full pass and in each cached decoding step alike; what the call returns is what the
+    model goes on with (a hook that replaces it changes the model's scores)."""
     from helpers import tiny_model
 
-    model = tiny_model().eval()
+    from imagetx.model.inputs import downsample_area
+
+    superres = {} if reading is None else dict(image_size=8, encoder_layers=1, low_res_size=4, low_res_reading=reading)
+    model = tiny_model(**superres).eval()
+    layers = model.layers
     calls = []
-    for index, layer in enumerate(model.layers):
+    for index, layer in enumerate(layers):
         layer.register_forward_hook(lambda module, args, output, index=index: calls.append(index))
     images = torch.randint(0, 256, (1, model.config.image_size, model.config.image_size, 3))
+    low_res = {"low_res": downsample_area(images, 4)} if reading else {}
     with torch.no_grad():
-        model.bits_per_dim(images)
-    assert calls == list(range(len(model.layers)))
+        scored = model.bits_per_dim(images, **low_res)
+    assert calls == list(range(len(layers)))
     calls.clear()
     with torch.no_grad():
-        sample(model, 1)
-    assert calls and set(calls) == set(range(len(model.layers)))
+        sample(model, 1, **low_res)
+    assert calls and set(calls) == set(range(len(layers)))
+    layers[-1].register_forward_hook(lambda module, args, output: torch.zeros_like(output))
+    with torch.no_grad():
+        assert not torch.allclose(model.bits_per_dim(images, **low_res), scored)

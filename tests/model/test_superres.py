@@ -83,7 +83,7 @@ def test_the_cell_add_reaches_exactly_the_step_s_own_low_res_pixel(head):
     # cell add, so the gradient's support is the 3 sub-pixels of the low-res pixel under it.
     model = superres_model(head, "local_1d", low_res_size=4, n_layers=1, low_res_reading="cell_add")
     images, low_res = random_images(1, 8, seed=1), random_images(1, 4, seed=2)
-    context = model.encoder(low_res, model.decoder.positions).detach().requires_grad_()
+    context = model.encoder(low_res, model.positions).detach().requires_grad_()
     model.encoder.register_forward_hook(lambda module, args, output: context)  # the encoder's output a leaf
     params = full_pass(model, images, low_res=low_res)
     for t in range(params.shape[1]):
@@ -119,7 +119,7 @@ def test_cross_attention_equals_the_dense_reference(head):
 def test_encoder_is_not_causal():
     model = superres_model("categorical", "local_1d")
     leaf = LeafEmbeddings(model)
-    context = model.encoder(random_images(1, 2, seed=3), model.decoder.positions)  # (1, 12, d)
+    context = model.encoder(random_images(1, 2, seed=3), model.positions)  # (1, 12, d)
     proj = torch.randn(context.shape[-1], dtype=context.dtype, generator=torch.Generator().manual_seed(0))
     for i in range(context.shape[1]):
         # a random projection: the plain sum of a LayerNorm output is constant
@@ -208,5 +208,5 @@ def test_the_decoder_alone_refuses_an_encoder_and_build_model_builds_the_extensi
     assert type(build_model(config)) is SuperResolutionTransformer
     assert type(build_model(dataclasses.replace(config, superres=None))) is ImageTransformer
     # the super-resolution model holds the decoder whole, with its own names
-    decoder = {f"decoder.{name}" for name in build_model(dataclasses.replace(config, superres=None)).state_dict()}
+    decoder = set(build_model(dataclasses.replace(config, superres=None)).state_dict())
     assert decoder < set(build_model(config).state_dict())

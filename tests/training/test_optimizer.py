@@ -61,11 +61,8 @@ def test_gradients_are_clipped_by_their_global_norm(precision, monkeypatch):
 
 def name_before(name: str) -> str:
     """A super-resolution parameter's name as it was before the model held its decoder
-    (imagetx/io/older.py reads those)."""
-    if name.startswith("readings."):
-        _, index, rest = name.split(".", 2)
-        return f"layers.{index}.{rest}"
-    return name.removeprefix("decoder.")
+    (imagetx/io/older.py reads those): a reading's under its layer."""
+    return name.replace(".reading.", ".")
 
 
 # The order the super-resolution model registered its parts in then: the decoder's inputs, the
