@@ -20,6 +20,7 @@ from huggingface_hub import ModelCard
 from PIL import Image
 
 from ..data.images import enlarged, load_image_file, upsample_nearest
+from ..errors import UserError
 from ..model.inputs import downsample_area
 from ..model.sampler import Progress, sample_progressively
 from ..model.transformer import ImageTransformer
@@ -163,7 +164,7 @@ class Models:
         note of what was done and the seconds it took (the user waited for them too); a ValueError
         saying what to do when there is none."""
         if not upload:
-            raise ValueError("no picture: upload one or pick an example")
+            raise UserError("no picture: upload one or pick an example")
         started = time.perf_counter()
         picture, note = load_image_file(upload, model.config.image_size, crop="center", resize="area",
                                         name=Path(upload).name)

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from ..errors import UserError
 from .patterns import BlockIndex, CausalPattern, MaskRule
 from .rotary import Rotary2D, rotate
 
@@ -70,10 +71,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, allowed: CausalPattern | Tensor | No
 def check_kernel(kernel: str, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
     """Refuse, in one line naming the choices, a kernel or kernel block size there is none of."""
     if kernel not in ATTENTION_KERNELS:
-        raise ValueError(f"attention kernel {kernel!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
+        raise UserError(f"attention kernel {kernel!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
     if not isinstance(flex_block_size, int) or flex_block_size not in FLEX_BLOCK_SIZES:
-        raise ValueError(f"flex_block_size {flex_block_size!r} is invalid: choose one of "
-                         f"{', '.join(map(str, FLEX_BLOCK_SIZES))}")
+        raise UserError(f"flex_block_size {flex_block_size!r} is invalid: choose one of "
+                        f"{', '.join(map(str, FLEX_BLOCK_SIZES))}")
 
 
 def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
@@ -84,8 +85,8 @@ def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
     check_kernel(kernel)
     narrow = device.type == "cuda" and head_size < FLEX_MIN_HEAD_SIZE
     if kernel == "flex" and narrow:
-        raise ValueError(f"attention kernel 'flex' needs heads of at least {FLEX_MIN_HEAD_SIZE} channels on CUDA, "
-                         f"got {head_size} (d_model / n_heads): use 'auto' or 'sdpa', or fewer heads")
+        raise UserError(f"attention kernel 'flex' needs heads of at least {FLEX_MIN_HEAD_SIZE} channels on CUDA, "
+                        f"got {head_size} (d_model / n_heads): use 'auto' or 'sdpa', or fewer heads")
     return kernel == "flex" or (kernel == "auto" and device.type == "cuda" and not narrow)
 
 

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..errors import UserError
 from .config import CHANNELS
 from .heads import check_temperature
 from .modes import eval_mode
@@ -66,13 +67,13 @@ def start_decoding(model: Model, count: int, labels: Tensor | None, low_res: Ten
     if isinstance(model, SuperResolutionTransformer):
         return model.start_decoding(count, labels, low_res)
     if low_res is not None:
-        raise ValueError("this model has no encoder (no superres section): pass low_res=None")
+        raise UserError("this model has no encoder (no superres section): pass low_res=None")
     return model.start_decoding(count, labels)
 
 
 def check_count(count: int) -> None:
     if count < 1:
-        raise ValueError(f"number of images {count} is invalid: ask for at least 1")
+        raise UserError(f"number of images {count} is invalid: ask for at least 1")
 
 
 def first_input(model: Model, count: int) -> Tensor:
@@ -194,7 +195,7 @@ def image_temperatures(temperature: float | Sequence[float], count: int) -> list
     """One temperature for every image, checked: ``temperature`` for all, or one each."""
     temperatures = [temperature] * count if isinstance(temperature, (int, float)) else list(temperature)
     if len(temperatures) != count:
-        raise ValueError(f"{len(temperatures)} temperatures for {count} images: give one, or one per image")
+        raise UserError(f"{len(temperatures)} temperatures for {count} images: give one, or one per image")
     for value in temperatures:
         check_temperature(value)
     return temperatures
@@ -253,7 +254,7 @@ def given_values(model: Model, count: int, prefix: Tensor | None, given_rows: in
     if not given_rows:
         return None
     if prefix is None or prefix.shape[0] != count:
-        raise ValueError(f"completion needs prefix images of shape ({count}, H, W, 3) for given_rows={given_rows}")
+        raise UserError(f"completion needs prefix images of shape ({count}, H, W, 3) for given_rows={given_rows}")
     given_count = sum(given)
     if not all(given[:given_count]):  # model.given_steps puts them first (whole rows of 2D blocks)
         raise ValueError(f"given_rows={given_rows}: the given steps do not come first in generation order")
@@ -266,8 +267,8 @@ def check_given_fit(model: Model, forced: Tensor, bounds: Tensor | None) -> None
     is drawn: each given value must lie within the ``bounds`` of its step (the prefill's), which
     then leave every later step a value to take. One read of the device."""
     if bounds is not None and not model.head.fits(forced, bounds).all():
-        raise ValueError("the given rows do not fit low_res: no image with its box means has them "
-                         "(exact_box_means); give the rows of the image low_res was made from")
+        raise UserError("the given rows do not fit low_res: no image with its box means has them "
+                        "(exact_box_means); give the rows of the image low_res was made from")
 
 
 def decoded(model: Model, count: int, step: DecodeStep, draw: Drawer, cache: Cache,
@@ -322,7 +323,7 @@ def sample_progressively(
     temperatures = image_temperatures(temperature, count)
     forced = given_values(model, count, prefix, given_rows)
     if every is not None and every < 1:
-        raise ValueError(f"every={every} is invalid: yield every 1 or more steps")
+        raise UserError(f"every={every} is invalid: yield every 1 or more steps")
     device, total = model_device(model), model.order.length
     step = compile_decoding(model, "default" if compiled is True else compiled) if compiled else model.decode_step
     draw = Drawer(model, temperatures, generator, device)

@@ -28,6 +28,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from ..errors import UserError
 from .attention import FLEX_BLOCK_SIZE, CrossAttention, CrossAttentionCache
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
@@ -166,7 +167,7 @@ class SuperResolutionTransformer(nn.Module):
         super().__init__()
         self.config = config.validate()
         if config.superres is None:
-            raise ValueError("a config without a superres section is a plain decoder: ImageTransformer(config)")
+            raise UserError("a config without a superres section is a plain decoder: ImageTransformer(config)")
         # Registered in this order, the parts that read the low-res input come after the decoder's,
         # in the order the optimiser's groups have always listed them (encoder, cell sums, readings).
         self.decoder = ImageTransformer(dataclasses.replace(config, superres=None), kernel, flex_block_size)
@@ -257,10 +258,10 @@ class SuperResolutionTransformer(nn.Module):
         """``ImageTransformer.prefill``'s, with the steps' value bounds."""
         length = given.shape[1]
         if not 0 < length <= self.order.length:
-            raise ValueError(f"prefill takes 1..{self.order.length} steps, not {length}")
+            raise UserError(f"prefill takes 1..{self.order.length} steps, not {length}")
         if int(cache.decoder.step):
-            raise ValueError(f"prefill fills a fresh cache (from start_decoding), not one at step "
-                             f"{int(cache.decoder.step)}")
+            raise UserError(f"prefill fills a fresh cache (from start_decoding), not one at step "
+                            f"{int(cache.decoder.step)}")
         return self(previous_values(given), cache)
 
     # ----- likelihoods ----------------------------------------------------------
@@ -298,10 +299,10 @@ class SuperResolutionTransformer(nn.Module):
         check_labels(labels, count, self.config.num_classes, values=values)
         low = self.config.superres.low_res_size
         if low_res is None:
-            raise ValueError(f"this super-resolution model needs low_res images of shape (B, {low}, {low}, 3)")
+            raise UserError(f"this super-resolution model needs low_res images of shape (B, {low}, {low}, 3)")
         check_image_tensor("low_res", low_res, low, values)
         if low_res.shape[0] != count:
-            raise ValueError(f"low_res has {low_res.shape[0]} images for {count} targets")
+            raise UserError(f"low_res has {low_res.shape[0]} images for {count} targets")
 
 
 def build_model(config: ModelConfig, kernel: str = "auto",

@@ -26,6 +26,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.trainer.states import RunningStage
 
+from ..errors import UserError
 from ..io.checkpoint import read_checkpoint
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
@@ -51,7 +52,7 @@ def has_wandb_key() -> bool:
 def choose_wandb_mode(requested: str = "auto") -> str:
     """Set ``WANDB_MODE`` for this process and return it."""
     if requested not in WANDB_MODES:
-        raise ValueError(f"--wandb {requested!r} is invalid: choose one of {', '.join(WANDB_MODES)}")
+        raise UserError(f"--wandb {requested!r} is invalid: choose one of {', '.join(WANDB_MODES)}")
     # Never let wandb wait for a key on standard input.
     os.environ.setdefault("WANDB_SILENT", "true")
     if requested == "auto":
