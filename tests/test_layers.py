@@ -3,8 +3,9 @@ leaf: torch and einops (and tqdm for its progress bars), nothing else of imagetx
 (``imagetx.io`` and the package's own ``__init__``: loading, saving, Hub sharing) add safetensors
 and huggingface_hub; the data layer builds on those, the training stack on the data, the
 command lines (``imagetx.cli`` and the ``python -m imagetx.X`` modules) on everything. Below them
-all, a module that any may import, which imports nothing of imagetx: ``imagetx.errors`` (the
-user-error type). No module imports one of a higher layer, and no two modules import each other, even
+all, two modules that any may import, which import nothing of imagetx: ``imagetx.errors`` (the
+user-error type) and ``imagetx.compat`` (other libraries' private API, imported inside its
+functions). No module imports one of a higher layer, and no two modules import each other, even
 through others."""
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "imagetx"
 REPO = PACKAGE.parent
 LAYERS = {"model": 0, "io": 1, "data": 2, "training": 3, "cli": 4}  # a top-level module: a command, 4
-BASE = {"imagetx.errors"}  # below the model: imported by any layer, importing none
+BASE = {"imagetx.errors", "imagetx.compat"}  # below the model: imported by any layer, importing none
 THIRD_PARTY = {0: {"torch", "einops", "tqdm"},  # what each of the two lowest layers may import
                1: {"torch", "einops", "tqdm", "safetensors", "huggingface_hub"}}
 

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from ..compat import flex_tiles
 from ..errors import UserError
 from .patterns import BlockIndex, CausalPattern, MaskRule
 from .rotary import Rotary2D, rotate
@@ -183,8 +184,7 @@ def tile_options(block_mask: BlockMask, device: torch.device) -> dict | None:
     # forward: M queries × N keys; backward: dK/dV over N1 keys by M1 queries, dQ over M2 queries
     # by N2 keys, where the kernel needs N1 a multiple of M1 and M2 a multiple of N2
     both = min(q_block, kv_block)
-    return {"BLOCK_M": q_block, "BLOCK_N": kv_block, "BLOCK_M1": both, "BLOCK_N1": kv_block,
-            "BLOCK_M2": q_block, "BLOCK_N2": both}
+    return flex_tiles(forward=(q_block, kv_block), backward_kv=(both, kv_block), backward_q=(q_block, both))
 
 
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..compat import mark_static_address
 from ..errors import UserError
 from .config import CHANNELS
 from .heads import check_temperature
@@ -108,7 +109,7 @@ class CompiledDecoding:
             # a CUDA graph may capture a step that writes them, rather than being skipped for
             # "mutated inputs"; without CUDA graphs the mark changes nothing.
             for tensor in cache_tensors(cache):
-                torch._dynamo.mark_static_address(tensor)  # no public name (torch.compiler has none)
+                mark_static_address(tensor)
             self.marked = weakref.ref(cache)
         # contiguous: strides are part of a static graph; a teacher-forced value (a column of
         # the prefix) would otherwise compile a second graph. clone: the parameters (and the

@@ -27,6 +27,7 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
+from ..compat import skip_fused_step_where
 from ..errors import UserError
 from .budget import Horizon, budget_timer, place_decay, run_budget
 from .continuation import TIMER_STATE, continued_moments
@@ -233,7 +234,7 @@ class ImageTransformerModule(L.LightningModule):
             torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX)
             found = found.bool()
         if not scaled:  # GradScaler's protocol with fused optimisers: no public call skips an update on the device
-            optimizer.found_inf = found.float()
+            skip_fused_step_where(optimizer, found)
         self.nonfinite.note(found, self.global_step + 1, step_kind(loss))
 
     def read_nonfinite(self) -> None:

@@ -26,6 +26,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.trainer.states import RunningStage
 
+from ..compat import resume_wandb_run
 from ..errors import UserError
 from ..io.checkpoint import read_checkpoint
 
@@ -120,9 +121,8 @@ def continue_wandb_run(loggers: list, ckpt_path: str | None) -> None:
         return
     for logger in wandb_loggers(loggers):
         # WandbLogger's own way to resume (its `id`/`version` argument) is only taken when it is
-        # made, which imagetx.train does before it knows the checkpoint; these are what it sets
-        logger._wandb_init.update(id=run_id, resume="allow")
-        logger._id = run_id
+        # made, which imagetx.train does before it knows the checkpoint
+        resume_wandb_run(logger, run_id)
 
 
 class TrainingSteps:
