@@ -1,6 +1,7 @@
-"""The ``--data.*`` options that evaluate and sample share with training: ``DataOptions``, a plain
-dataclass (names, types, defaults and help in one place), so that neither command imports the
-training stack (Lightning, torchdata)."""
+"""What evaluate and sample share about their data: the ``--data.*`` options training takes
+(``DataOptions``, data/options.py, and ``--data.val_size``), ``--split``, and the ``Reader`` of the
+data those name (``data_reader``), without importing the training stack (Lightning, torchdata:
+tests/test_layers.py)."""
 
 from __future__ import annotations
 

@@ -148,10 +148,8 @@ def compile_decoding(model: Model, mode: str = "default") -> DecodeStep:
 # Threads for decoding on a CPU. One step is small (a batch of a few images at one position):
 # spread over more threads, its work is shorter than the time the threads take to meet, and on a
 # machine that is running anything else a thread that waits for a core makes every step wait.
-# Measured on a 2-core CPU (docs/results.md, "Threads for decoding"; scripts/bench_threads.py):
-# idle, 2 threads sample 0-20% faster than 1; with two 1-thread jobs beside them, 5-15× slower.
-# So one thread, unless the user said otherwise (OMP_NUM_THREADS): what is lost idle is small,
-# what is won busy is large.
+# So one thread, unless the user said otherwise (OMP_NUM_THREADS): what is lost on an idle
+# machine is small, what is won on a busy one is large (docs/results.md, "Threads for decoding").
 DECODING_THREADS = 1
 THREADS_ASKED_BY = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
