@@ -110,7 +110,7 @@ class Models:
             yield (original, kept, samples, files,
                    f"**{count} sample(s)** from the top {rows} rows in {took(preparing, elapsed)}. "
                    f"{note}. {self.card('completion')}")
-        except (ValueError, OSError, FloatingPointError) as error:  # PictureError is a ValueError
+        except (UserError, OSError, FloatingPointError) as error:  # PictureError among them; another: a bug, raised
             yield *empty, refused(error)
 
     def upsample(self, upload: str | None, seed: int | None, label: int | None = None) -> Iterator[tuple]:
@@ -137,7 +137,7 @@ class Models:
                    f"**{count} samples** at temperatures {', '.join(map(str, temperatures))} from the "
                    f"{low_res.shape[1]}x{low_res.shape[2]} average in {took(preparing, elapsed)}. "
                    f"{note}. {self.card('superres')}")
-        except (ValueError, OSError, FloatingPointError) as error:
+        except (UserError, OSError, FloatingPointError) as error:
             yield *empty, refused(error)
 
     def generate(self, count: int, temperature: float, seed: int | None, label: int | None = None) -> Iterator[tuple]:
@@ -154,7 +154,7 @@ class Models:
             of_class = f" of class {chosen_class(label)}" if model.config.num_classes else ""
             yield (samples, self.saved(samples, "generated", "sample"),
                    f"**{count} sample(s)**{of_class} in {seconds(elapsed)} of sampling. {self.card('completion')}")
-        except (ValueError, FloatingPointError) as error:
+        except (UserError, FloatingPointError) as error:
             yield [], None, refused(error)
 
     # ----- helpers ------------------------------------------------------------------------
