@@ -54,6 +54,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from experiments.json_result import emit
 from experiments.pixelcnn_pp_model import PixelCNNpp, to_model_input
+from imagetx.compat import skip_fused_step_where
 from imagetx.data.datamodule import ImageDataModule, TrainOrder
 from imagetx.data.images import save_grid
 from imagetx.model.config import CHANNELS
@@ -270,7 +271,7 @@ def main(argv: list[str] | None = None) -> None:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         found = ~torch.isfinite(loss.detach()) | gradients_not_finite(weights)
-        optimizer.found_inf = found.float()
+        skip_fused_step_where(optimizer, found)
         nonfinite.note(found, steps + 1, step_kind(loss.detach()))
         optimizer.step()
         schedule.step()

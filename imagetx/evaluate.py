@@ -26,6 +26,7 @@ from .cli.common import check_device, check_given_rows, parse, parser_for, run_o
 from .cli.data_options import add_data_arguments, add_split_argument, data_reader
 from .codec.bits_map import MAP_IMAGES, write_bits_maps
 from .data.sources import check_fits, tensors
+from .errors import UserError
 from .io.load import load_model
 from .model.scoring import evaluate
 
@@ -50,7 +51,7 @@ def build_parser() -> ArgumentParser:
 
 def run(args: Namespace) -> dict:
     if args.batch_size < 1 or (args.limit is not None and args.limit < 1):
-        raise ValueError("--batch_size and --limit must be positive")
+        raise UserError("--batch_size and --limit must be positive")
     check_device(args.device)
     model = load_model(resolve(args.ckpt), map_location=args.device)  # pretrained/...: also from an installed wheel
     cfg = model.config

@@ -39,6 +39,7 @@ from .cli.common import Number, check_device, check_given_rows, check_not_taken,
 from .cli.classes import class_names, class_number, described
 from .cli.data_options import add_data_arguments, add_split_argument, data_reader
 from .data.sources import check_fits, tensors
+from .errors import UserError
 from .io.atomic import check_writable
 from .data.images import GRID_SCALE, load_image_file, save_grid, upsample_nearest
 from .io.load import load_model
@@ -88,9 +89,9 @@ def check_arguments(args: Namespace) -> None:
     """What can be refused before the model is read: counts, scale, temperatures."""
     for option, value in (("--count", args.count), ("--samples", args.samples)):
         if value < 1:
-            raise ValueError(f"{option} {value} is invalid: give 1 or more")
+            raise UserError(f"{option} {value} is invalid: give 1 or more")
     if args.scale < 1:
-        raise ValueError(f"--scale {args.scale} is invalid: enlarge the grids 1 (the raw pixels) or more times")
+        raise UserError(f"--scale {args.scale} is invalid: enlarge the grids 1 (the raw pixels) or more times")
     for temperature in [args.temperature, *args.temperatures]:
         check_temperature(temperature)
 
@@ -104,9 +105,9 @@ def check_request(args: Namespace, model: ImageTransformer, label: int | None) -
     if label is not None:  # without --label a class-conditional model draws every class in turn
         check_labels(torch.tensor([label]), 1, cfg.num_classes, name="--label")
     if args.task == "superres" and not cfg.superres:
-        raise ValueError("--task superres needs a super-resolution checkpoint (a superres section)")
+        raise UserError("--task superres needs a super-resolution checkpoint (a superres section)")
     if args.task != "superres" and cfg.superres:
-        raise ValueError("this is a super-resolution checkpoint: use --task superres")
+        raise UserError("this is a super-resolution checkpoint: use --task superres")
 
 
 def load_inputs(args: Namespace, config: ModelConfig) -> tuple[torch.Tensor, torch.Tensor | None]:

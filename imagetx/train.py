@@ -55,6 +55,7 @@ from .cli.errors import describe_parse_error
 from .cli.shipped import resolve_config_args
 from .data.datamodule import ImageDataModule
 from .data.options import DataOptions
+from .errors import UserError
 from .io.atomic import check_writable, exclusive, remove_stale_temporaries
 from .io.checkpoint import CHECKPOINT_DIR, LAST
 from .model.config import ModelConfig
@@ -286,7 +287,7 @@ class ImagetxCLI(LightningCLI):
                 raise ConfigError(f"{target} is set from {source}: drop it from the YAML file")
         every = self.config.checkpoint_every_n_steps
         if every < 0:
-            raise ValueError(f"--checkpoint_every_n_steps {every} is invalid: give N >= 1, or 0 for validations only")
+            raise UserError(f"--checkpoint_every_n_steps {every} is invalid: give N >= 1, or 0 for validations only")
         if self.config.checkpoint_every_minutes < 0:
             raise ConfigError(f"--checkpoint_every_minutes {self.config.checkpoint_every_minutes} is invalid: give "
                               "minutes > 0, or 0 for none on the clock")

@@ -2,8 +2,11 @@
 leaf: torch and einops (and tqdm for its progress bars), nothing else of imagetx; the files
 (``imagetx.io`` and the package's own ``__init__``: loading, saving, Hub sharing) add safetensors
 and huggingface_hub; the data layer builds on those, the training stack on the data, the
-command lines (``imagetx.cli`` and the ``python -m imagetx.X`` modules) on everything. No module
-imports one of a higher layer, and no two modules import each other, even through others."""
+command lines (``imagetx.cli`` and the ``python -m imagetx.X`` modules) on everything. Below them
+all, two modules that any may import, which import nothing of imagetx: ``imagetx.errors`` (the
+user-error type) and ``imagetx.compat`` (other libraries' private API, imported inside its
+functions). No module imports one of a higher layer, and no two modules import each other, even
+through others."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "imagetx"
 REPO = PACKAGE.parent
 LAYERS = {"model": 0, "io": 1, "data": 2, "training": 3, "cli": 4}  # a top-level module: a command, 4
+BASE = {"imagetx.errors", "imagetx.compat"}  # below the model: imported by any layer, importing none
 THIRD_PARTY = {0: {"torch", "einops", "tqdm"},  # what each of the two lowest layers may import
                1: {"torch", "einops", "tqdm", "safetensors", "huggingface_hub"}}
 
@@ -26,6 +30,8 @@ def module_name(path: Path) -> str:
 
 
 def layer(module: str) -> int:
+    if module in BASE:
+        return -1
     parts = module.split(".")
     if len(parts) == 1:
         return LAYERS["io"]  # imagetx/__init__.py: the public API, the model and its files
@@ -84,8 +90,17 @@ def test_the_model_needs_only_torch_and_einops_and_its_files_safetensors_and_hug
 
 def test_the_model_imports_nothing_of_imagetx_outside_it():
     outside = {f"{module} imports {target}" for module, path in MODULES.items() if layer(module) == 0
-               for target in imports(path, top_level_only=False)[0] if not target.startswith("imagetx.model")}
+               for target in imports(path, top_level_only=False)[0]
+               if not target.startswith("imagetx.model") and target not in BASE}
     assert outside == set()
+
+
+def test_the_base_modules_import_nothing_of_imagetx_and_no_library_on_import():
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    for module in BASE:
+        ours, theirs = imports(MODULES[module], top_level_only=False)
+        assert ours == set(), (module, ours)
+        assert imports(MODULES[module], top_level_only=True)[1] <= stdlib, module
 
 
 def test_no_import_cycles():

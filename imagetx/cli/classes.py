@@ -9,6 +9,8 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
+from ..errors import UserError
+
 # CIFAR-10's label_names (batches.meta), in the order of its labels 0..9.
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
 
@@ -37,16 +39,16 @@ def class_number(label: str, names: list[str] | None, num_classes: int) -> int:
     except ValueError:
         pass
     if not num_classes:
-        raise ValueError(f"--label {label} given, but this model is unconditional (num_classes=0): drop --label")
+        raise UserError(f"--label {label} given, but this model is unconditional (num_classes=0): drop --label")
     if names is None:
-        raise ValueError(f"--label {label}: this data names no classes (CIFAR-10 and a folder's sub-folders do): "
-                         f"give a class number 0..{num_classes - 1}")
+        raise UserError(f"--label {label}: this data names no classes (CIFAR-10 and a folder's sub-folders do): "
+                        f"give a class number 0..{num_classes - 1}")
     if label in names:
         return names.index(label)
     close = difflib.get_close_matches(label, names, n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
-    raise ValueError(f"--label {label!r} is not a class of this data{hint}: give a number 0..{num_classes - 1} "
-                     f"or a name: {', '.join(names)}")
+    raise UserError(f"--label {label!r} is not a class of this data{hint}: give a number 0..{num_classes - 1} "
+                    f"or a name: {', '.join(names)}")
 
 
 def described(labels: list[int], names: list[str] | None) -> str:

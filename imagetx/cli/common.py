@@ -1,11 +1,12 @@
 """What the commands (train, evaluate, sample, export) share: parsing with jsonargparse, the
 check of ``--device``, and one way to fail on bad input (train parses through LightningCLI).
 
-Bad input (a setting, a file, a checkpoint, a request the model cannot serve) ends the
-command with one line ``error: <the problem and the fix>`` on stderr and exit code 2;
-``IMAGETX_DEBUG=1`` raises instead, with the whole traceback. A command stopped by Ctrl-C ends
-with one line ``stopped: ...`` and exit code 130; a training run stopped by another signal (SIGTERM,
-SIGUSR1: training/interrupt.py) with exit code 128 + that signal's number, as shells report it.
+Bad input (a ``UserError``: a setting, a file, a checkpoint, a request the model cannot serve)
+ends the command with one line ``error: <the problem and the fix>`` on stderr and exit code 2;
+``IMAGETX_DEBUG=1`` raises instead, with the whole traceback. Any other error is a bug in imagetx
+and shows its traceback. A command stopped by Ctrl-C ends with one line ``stopped: ...`` and exit
+code 130; a training run stopped by another signal (SIGTERM, SIGUSR1: training/interrupt.py) with
+exit code 128 + that signal's number, as shells report it.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse.typing import register_type
 
-from ..io.errors import CheckpointError
+from ..errors import UserError
 from .errors import describe_parse_error
 
 if TYPE_CHECKING:
@@ -30,24 +31,18 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError):
     """A setting the parser rejected (unknown key, wrong type, missing file)."""
 
 
-# FloatingPointError: a run stopped by non-finite steps (NonFiniteLossError, nonfinite.py), or a
-# model whose outputs are not finite asked to sample (sampler.py): one line, like bad input.
-BAD_INPUT = (ConfigError, CheckpointError, FloatingPointError, OSError, ValueError)
-# Bad input of modules this one does not import, so that a command refuses a bad argument before
-# torch and the data sources are imported (``python -X importtime``: they are most of a cold
-# start): {module: its error}. An error of a module not yet imported cannot have been raised.
-LATER_BAD_INPUT = {"imagetx.data.sources.common": "DataError"}
-
-
-def bad_input() -> tuple[type[BaseException], ...]:
-    """``BAD_INPUT`` and the errors of ``LATER_BAD_INPUT``'s modules imported by now."""
-    later = tuple(getattr(sys.modules[module], name) for module, name in LATER_BAD_INPUT.items()
-                  if module in sys.modules)
-    return BAD_INPUT + later
+# What a command shows as one line: UserError (a setting, a file, a request the model cannot serve:
+# ConfigError, CheckpointError, CodecError, PictureError and the data sources' DataError derive from
+# it); FloatingPointError, a run stopped by non-finite steps (NonFiniteLossError, nonfinite.py) or a
+# model whose outputs are not finite asked to sample (sampler.py); OSError, a file missing, unreadable
+# or not writable. Anything else (a plain ValueError among them) is a bug in imagetx: its traceback.
+# errors.py imports nothing, so that a command refuses a bad argument before torch and the data
+# sources are imported (``python -X importtime``: they are most of a cold start).
+BAD_INPUT = (UserError, FloatingPointError, OSError)
 
 
 # The exit code of a command stopped by a signal, as shells report one: 128 + the signal's number
@@ -65,12 +60,12 @@ class Stopped(KeyboardInterrupt):
 
 
 def run_or_exit(command: Callable[[], T]) -> T:
-    """``command()``, turning bad input into one ``error:`` line and exit code 2, and Ctrl-C into
-    one ``stopped:`` line (the interrupt's own words, where a command gave it some: what was kept
+    """``command()``, turning bad input (``BAD_INPUT``) into one ``error:`` line and exit code 2, and
+    Ctrl-C into one ``stopped:`` line (the interrupt's own words, where a command gave it some: what was kept
     and how to go on) and exit code ``INTERRUPTED_EXIT`` (a ``Stopped`` by another signal: 128 + its number)."""
     try:
         return command()
-    except bad_input() as error:
+    except BAD_INPUT as error:
         if os.environ.get("IMAGETX_DEBUG"):
             raise
         print("error: " + " ".join(str(error).split()), file=sys.stderr)
@@ -83,18 +78,18 @@ def run_or_exit(command: Callable[[], T]) -> T:
 
 
 def check_device(device: str | torch.device) -> None:
-    """A device this machine has, or a ValueError saying which to use instead."""
-    import torch  # here, not above: a bad argument is refused before torch is imported (LATER_BAD_INPUT)
+    """A device this machine has, or a UserError saying which to use instead."""
+    import torch  # here, not above: a bad argument is refused before torch is imported (BAD_INPUT)
 
     try:
         device = torch.device(device)
     except (RuntimeError, TypeError) as error:
-        raise ValueError(f"--device {device!r} is not a device name ({error}); use cpu or cuda") from None
+        raise UserError(f"--device {device!r} is not a device name ({error}); use cpu or cuda") from None
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"--device {device}: no CUDA GPU is available here; use --device cpu")
+        raise UserError(f"--device {device}: no CUDA GPU is available here; use --device cpu")
     if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
-        raise ValueError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
-                         f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
+        raise UserError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s); "
+                        f"use cuda:0..cuda:{torch.cuda.device_count() - 1}")
 
 
 def check_not_taken(out: Path, files: list[Path], force: bool) -> None:
@@ -102,16 +97,16 @@ def check_not_taken(out: Path, files: list[Path], force: bool) -> None:
     the user's, or results of an earlier run worth keeping. Checked before any work."""
     taken = [str(path) for path in files if path.exists()]
     if taken and not force:
-        raise ValueError(f"--out {out} already holds {' and '.join(taken)}: add --force to replace "
-                         f"{'them' if len(taken) > 1 else 'it'}, or choose another --out")
+        raise UserError(f"--out {out} already holds {' and '.join(taken)}: add --force to replace "
+                        f"{'them' if len(taken) > 1 else 'it'}, or choose another --out")
 
 
 def check_given_rows(rows: int, image_size: int) -> None:
     """``--rows`` for completion (sample and evaluate alike): 0..image_size - 1, since all rows given
-    would leave nothing to complete or score; a ValueError saying so otherwise."""
+    would leave nothing to complete or score; a UserError saying so otherwise."""
     if not 0 <= rows < image_size:
-        raise ValueError(f"--rows {rows} is invalid: give 0..{image_size - 1} rows "
-                         f"(all {image_size} rows given would leave nothing to complete)")
+        raise UserError(f"--rows {rows} is invalid: give 0..{image_size - 1} rows "
+                        f"(all {image_size} rows given would leave nothing to complete)")
 
 
 class Number(float):

@@ -1,6 +1,7 @@
-"""The ``--data.*`` options that evaluate and sample share with training: ``DataOptions``, a plain
-dataclass (names, types, defaults and help in one place), so that neither command imports the
-training stack (Lightning, torchdata)."""
+"""What evaluate and sample share about their data: the ``--data.*`` options training takes
+(``DataOptions``, data/options.py, and ``--data.val_size``), ``--split``, and the ``Reader`` of the
+data those name (``data_reader``), without importing the training stack (Lightning, torchdata:
+tests/test_layers.py)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from jsonargparse import ArgumentParser, Namespace
 
 from ..data.options import DataOptions
 from ..data.sources import SPLITS, Reader
+from ..errors import UserError
 
 
 def add_data_arguments(parser: ArgumentParser) -> None:
@@ -38,8 +40,8 @@ def data_reader(args: Namespace, image_size: int) -> Reader:
     val_size, val_size_from = data.val_size, "--data.val_size"
     if args.val_size is not None:
         if val_size is not None and val_size != args.val_size:
-            raise ValueError(f"--data.val_size {val_size} and --val_size {args.val_size} disagree: "
-                             "give one of them (--data.val_size, as training takes it)")
+            raise UserError(f"--data.val_size {val_size} and --val_size {args.val_size} disagree: "
+                            "give one of them (--data.val_size, as training takes it)")
         val_size, val_size_from = args.val_size, "--val_size"
     return Reader(data.source, data.root, val_size, image_size, crop=data.crop, resize=data.resize,
                   cache=data.cache, rebuild=data.rebuild, val_size_from=val_size_from)

@@ -1,13 +1,12 @@
 """jsonargparse's complaints as one line: ``key.path: problem``, or the closest valid key to an
 unknown one. jsonargparse states its errors as text only, so the key path and the problem are
-read from that text (``condensed``); the keys a user gave are read from the flags and the
-``--config`` files (``given_keys``)."""
+read from that text (``condensed``, through compat.py, which knows its wording); the keys a user
+gave are read from the flags and the ``--config`` files (``given_keys``)."""
 
 from __future__ import annotations
 
 import ast
 import difflib
-import re
 import sys
 from argparse import ArgumentError
 from collections.abc import Iterable
@@ -15,6 +14,9 @@ from typing import Any
 
 import yaml
 from jsonargparse import ArgumentParser
+
+from ..compat import (EXPECTED_CLASS, PARSE_ERROR_NOISE, option_names, parse_error_choice, parse_error_key_path,
+                      parse_error_line, parse_error_required)
 
 
 def describe_parse_error(error: ArgumentError, parser: ArgumentParser, args: list[str] | None, command: str,
@@ -36,18 +38,13 @@ def describe_parse_error(error: ArgumentError, parser: ArgumentParser, args: lis
     return f"{problem} ({fix}python -m imagetx.{command} --help lists the options)"
 
 
-# argparse's words for required arguments not given
-REQUIRED = re.compile(r"the following arguments are required: (.*)")
-
-
 def missing(message: str, parser: ArgumentParser) -> str | None:
     """'--ckpt and --out are required' where argparse's ``message`` says they were not given (it
     names options without their dashes, as if positional: ckpt, out), else None."""
-    match = REQUIRED.search(message)
-    if match is None:
+    names = parse_error_required(message)
+    if names is None:
         return None
-    options = {option.lstrip("-") for action in parser._actions for option in action.option_strings}
-    names = [name.strip() for name in match.group(1).split(",")]
+    options = option_names(parser)
     shown = [f"--{name}" if name in options else name.upper() for name in names]
     listed = ", ".join(shown[:-1]) + " and " + shown[-1] if len(shown) > 1 else shown[0]
     return f"{listed} {'is' if len(shown) == 1 else 'are'} required: give {'it' if len(shown) == 1 else 'them'}"
@@ -137,27 +134,19 @@ def unknown_key(given: Iterable[str], known: set[str]) -> str | None:
     return None
 
 
-# jsonargparse's words for a value that is none of a Literal's choices (--task, --split, --data.source, ...)
-CHOICE = re.compile(r"Expected a typing\.Literal\[(.*)\]\. Got value: (.*)")
-
-
 def not_a_choice(message: str) -> str | None:
     """"'VALUE' is not one of A, B, C (did you mean 'B'?)" where jsonargparse's ``message`` says a
     value is none of a Literal's choices, else None."""
-    match = CHOICE.search(message)
-    if match is None:
+    found = parse_error_choice(message)
+    if found is None:
         return None
+    listed, given = found
     try:
-        choices = [str(choice) for choice in ast.literal_eval(f"[{match.group(1)}]")]
+        choices = [str(choice) for choice in ast.literal_eval(f"[{listed}]")]
     except (ValueError, SyntaxError):
         return None
-    given = match.group(2).strip()
     close = difflib.get_close_matches(given, choices, n=1)
     return f"{given!r} is not one of {', '.join(choices)}" + (f" (did you mean {close[0]!r}?)" if close else "")
-
-
-NOISE = ("Does not validate against", "Subtypes:", "Errors:", "Given value", "Expected a <class 'NoneType'>",
-         "Problem with given class_path")
 
 
 def condensed(message: str) -> str:
@@ -166,14 +155,14 @@ def condensed(message: str) -> str:
     jsonargparse gives its errors as text only, nesting one 'Parser key "..."' line per
     level (and, for an optional dataclass, a line per union member); the key path and the
     last line that states the problem are read from that text."""
-    path = ".".join(re.findall(r'Parser key "([^"]+)"', message))
+    path = ".".join(parse_error_key_path(message))
     choice = not_a_choice(message)
     if choice is not None:
         return f"{path}: {choice}" if path else choice
-    lines = [re.sub(r'^-?\s*Parser key "[^"]+":\s*', "", line.strip()).lstrip("- ") for line in message.splitlines()]
+    lines = [parse_error_line(line) for line in message.splitlines()]
     given = [line for line in lines if line.startswith("Given value:")]
-    lines = [line for line in lines if line and not line.startswith(NOISE)]
-    problem = re.sub(r"Expected a <class '([\w.]+)'>", r"expected \1", lines[-1] if lines else message.strip())
+    lines = [line for line in lines if line and not line.startswith(PARSE_ERROR_NOISE)]
+    problem = EXPECTED_CLASS.sub(r"expected \1", lines[-1] if lines else message.strip())
     if given and "Got value" not in problem:
         problem += f". {given[0].replace('Given value', 'Got value')}"
     problem = problem.replace(". Got value:", ", got")

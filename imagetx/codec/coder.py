@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..compat import CONSTRICTION_LEAK, CONSTRICTION_PRECISION, lazy_categorical
 from ..model.config import CHANNELS
 from ..model.heads import CategoricalHead
 from ..model.modes import eval_mode
@@ -41,16 +42,12 @@ CodeSymbols = Callable[[Tensor, int, int | None], Tensor]
 # A progress bar whose output is not a terminal redraws at most once every this many seconds
 # (each redraw is a line in a log file).
 LOG_PROGRESS_SECONDS = 30.0
-# constriction 0.5's Python API has no categorical model taking integer frequencies. Its lazy
-# categorical model, Categorical(perfect=False), makes fixed point of float masses p_0..p_255 as
-#     left cumulative of value v = floor(sum(p_j for j < v) * (2**24 - 256) / sum(p)) + v
-# (LazyContiguousCategoricalEntropyModel::from_floating_point_probabilities_fast, 24-bit
-# precision): every value gets LEAK = 1 more than its share. Handed each frequency less LEAK, the
-# masses sum to 2**24 - 256, the scale is exactly 1.0, and every partial sum (an integer below
-# 2**24) is exact in float64, so the model's frequency of v is exactly f_v (``coder_masses``).
-# pyproject.toml pins constriction to 0.5.x: its bit stream is part of the file format.
-LEAK = 1
-FAMILY = constriction.stream.model.Categorical(perfect=False)
+# constriction 0.5's Python API has no categorical model taking integer frequencies: its lazy
+# categorical family, handed each frequency less LEAK, codes with exactly those frequencies
+# (compat.py, "constriction", says how; ``coder_masses``). pyproject.toml pins constriction to
+# 0.5.x: its bit stream is part of the file format.
+LEAK = CONSTRICTION_LEAK
+FAMILY = lazy_categorical()
 # Format 1 handed the frequencies themselves, which constriction re-quantised (a value of frequency
 # 1 cost 23 bits, not 24). Its files are still decoded as they were coded.
 REQUANTISED_VERSION = 1
@@ -86,7 +83,7 @@ def coder_masses(freq: Tensor, version: int) -> np.ndarray:
 
 
 # What ``coder_masses`` relies on: constriction's 24-bit precision, and no mass below zero.
-assert PRECISION == 24 and MIN_FREQUENCY >= LEAK
+assert PRECISION == CONSTRICTION_PRECISION and MIN_FREQUENCY >= LEAK
 
 
 @torch.no_grad()  # not inference_mode: tensors the model caches (attention blocks) stay usable by autograd later

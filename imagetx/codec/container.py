@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..errors import UserError
 from .names import MAX_NAME_BYTES
 
 if TYPE_CHECKING:  # torch's modules, imported where used: the commands read limits and CodecError before torch
@@ -78,7 +79,7 @@ MAX_BATCH = 1024
 MAX_THREADS = 64
 
 
-class CodecError(ValueError):
+class CodecError(UserError):
     """A file that cannot be decoded (or images that cannot be coded): the message says why."""
 
 

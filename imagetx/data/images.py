@@ -30,6 +30,7 @@ import numpy as np
 import torch
 from PIL import ExifTags, Image, ImageOps, UnidentifiedImageError
 
+from ..errors import UserError
 from .options import CROPS, FILTER_NAMES  # noqa: F401 - the names, defined where the options parse
 # CelebA's face crop: the centred 138x138 box (40 rows off the top and bottom, 20 columns
 # off each side of the aligned 178x218 images), as T2T's img2img_celeba, the paper's
@@ -78,7 +79,7 @@ def upright(image: Image.Image) -> Image.Image:
 def crop_side(width: int, height: int, crop: str) -> int:
     side = CELEBA_CROP if crop == "celeba" else min(width, height)
     if side > min(width, height):
-        raise ValueError(f"{width}x{height} is smaller than the {side}x{side} celeba crop")
+        raise UserError(f"{width}x{height} is smaller than the {side}x{side} celeba crop")
     return side
 
 
@@ -134,7 +135,7 @@ def resize_area(pixels: np.ndarray, size: int) -> np.ndarray:
     return ((2 * sums.astype(np.int64) + area) // (2 * area)).astype(np.uint8)
 
 
-class PictureError(ValueError):
+class PictureError(UserError):
     """A user's file that cannot be read as a picture: the message says why and what to give."""
 
 
@@ -271,7 +272,7 @@ def enlarged(image: Image.Image, scale: int) -> Image.Image:
     """``image`` ``scale`` times larger, each pixel a scale×scale square (nearest neighbours:
     the pixels as the model sees them, not smoothed); scale 1: as it is."""
     if scale < 1:
-        raise ValueError(f"scale {scale} is invalid: enlarge 1 (the raw pixels) or more times")
+        raise UserError(f"scale {scale} is invalid: enlarge 1 (the raw pixels) or more times")
     if scale == 1:
         return image
     return image.resize((image.width * scale, image.height * scale), Image.NEAREST)

@@ -21,6 +21,7 @@ from ..cli.common import parse, parser_for, run_or_exit
 from ..cli.shipped import resolve, shipped_folder
 from ..codec.arithmetic import restart_with
 from ..data.images import MAX_FILE_BYTES
+from ..errors import UserError
 from ..io.load import load_model
 from .tasks import Models, card_bits_per_dim
 
@@ -56,21 +57,21 @@ def build_parser():
 def load_models(args) -> Models:
     """The two models, each checked to be of its kind; a ValueError of one line otherwise."""
     if not 1 <= args.port <= HIGHEST_PORT:
-        raise ValueError(f"--port {args.port} is outside 1..{HIGHEST_PORT}: give a free port, e.g. {DEFAULT_PORT}")
+        raise UserError(f"--port {args.port} is outside 1..{HIGHEST_PORT}: give a free port, e.g. {DEFAULT_PORT}")
     args.ckpt, args.superres_ckpt = resolve(args.ckpt), resolve(args.superres_ckpt)
     for option, path in (("--ckpt", args.ckpt), ("--superres-ckpt", args.superres_ckpt)):
         if not Path(path).exists():
-            raise ValueError(f"{option} {path} does not exist: give a weights folder (imagetx.export) or a "
-                             "checkpoint written by imagetx.train")
+            raise UserError(f"{option} {path} does not exist: give a weights folder (imagetx.export) or a "
+                            "checkpoint written by imagetx.train")
     check_port_free(args.host, args.port)  # before the models load: Gradio's own message names an env variable
     completion = load_model(args.ckpt, map_location="cpu")
     superres = load_model(args.superres_ckpt, map_location="cpu")
     if completion.config.superres:
-        raise ValueError(f"--ckpt {args.ckpt} is a super-resolution model: give it as --superres-ckpt, "
-                         "and a model without an encoder as --ckpt")
+        raise UserError(f"--ckpt {args.ckpt} is a super-resolution model: give it as --superres-ckpt, "
+                        "and a model without an encoder as --ckpt")
     if not superres.config.superres:
-        raise ValueError(f"--superres-ckpt {args.superres_ckpt} is not a super-resolution model (no encoder): "
-                         "give one trained with a superres section, e.g. pretrained/superres")
+        raise UserError(f"--superres-ckpt {args.superres_ckpt} is not a super-resolution model (no encoder): "
+                        "give one trained with a superres section, e.g. pretrained/superres")
     return Models(completion, superres, shown_path(args.ckpt), shown_path(args.superres_ckpt),
                   card_bits_per_dim(args.ckpt), card_bits_per_dim(args.superres_ckpt))
 
@@ -84,8 +85,8 @@ def check_port_free(host: str, port: int) -> None:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind(address)
     except OSError as error:
-        raise ValueError(f"--port {port}: cannot listen on {host}:{port} ({error.strerror or error}); another "
-                         f"program may have it: give a free port, e.g. --port {port + 1}, or another --host") from None
+        raise UserError(f"--port {port}: cannot listen on {host}:{port} ({error.strerror or error}); another "
+                        f"program may have it: give a free port, e.g. --port {port + 1}, or another --host") from None
 
 
 def shown_path(path: str) -> str:
@@ -104,7 +105,7 @@ def require_gradio() -> None:
     except ModuleNotFoundError as error:
         if error.name != "gradio":
             raise
-        raise ValueError(NEEDS_GRADIO) from None
+        raise UserError(NEEDS_GRADIO) from None
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -18,7 +18,7 @@ from ..codec import compress, decompress
 from ..codec.arithmetic import current
 from ..codec.bits_map import SCALE_BITS, bits_per_pixel, map_picture
 from ..codec.classical import available, sizes
-from ..codec.container import CodecError
+from ..errors import UserError
 from .tasks import Models, refused, seconds, shown
 
 # The table's codecs beside imagetx's: the lossless formats people use for pictures (JPEG 2000 is in
@@ -64,7 +64,7 @@ def compress_picture(models: Models, upload: str | None) -> Iterator[tuple]:
                f"{seconds(preparing + coding)} ({seconds(preparing)} preparing the picture, {seconds(coding)} "
                f"compressing), then {seconds(decoding)} decompressing; {decoded}; {travels}. {note}. "
                f"{models.card('completion')}")
-    except (ValueError, OSError, FloatingPointError, CodecError) as error:
+    except (UserError, OSError, FloatingPointError) as error:  # CodecError among them
         yield None, None, None, "", refused(error)
 
 

@@ -20,6 +20,7 @@ from huggingface_hub import ModelCard
 from PIL import Image
 
 from ..data.images import enlarged, load_image_file, upsample_nearest
+from ..errors import UserError
 from ..model.inputs import downsample_area
 from ..model.sampler import Progress, sample_progressively
 from ..model.transformer import ImageTransformer
@@ -109,7 +110,7 @@ class Models:
             yield (original, kept, samples, files,
                    f"**{count} sample(s)** from the top {rows} rows in {took(preparing, elapsed)}. "
                    f"{note}. {self.card('completion')}")
-        except (ValueError, OSError, FloatingPointError) as error:  # PictureError is a ValueError
+        except (UserError, OSError, FloatingPointError) as error:  # PictureError among them; another: a bug, raised
             yield *empty, refused(error)
 
     def upsample(self, upload: str | None, seed: int | None, label: int | None = None) -> Iterator[tuple]:
@@ -136,7 +137,7 @@ class Models:
                    f"**{count} samples** at temperatures {', '.join(map(str, temperatures))} from the "
                    f"{low_res.shape[1]}x{low_res.shape[2]} average in {took(preparing, elapsed)}. "
                    f"{note}. {self.card('superres')}")
-        except (ValueError, OSError, FloatingPointError) as error:
+        except (UserError, OSError, FloatingPointError) as error:
             yield *empty, refused(error)
 
     def generate(self, count: int, temperature: float, seed: int | None, label: int | None = None) -> Iterator[tuple]:
@@ -153,7 +154,7 @@ class Models:
             of_class = f" of class {chosen_class(label)}" if model.config.num_classes else ""
             yield (samples, self.saved(samples, "generated", "sample"),
                    f"**{count} sample(s)**{of_class} in {seconds(elapsed)} of sampling. {self.card('completion')}")
-        except (ValueError, FloatingPointError) as error:
+        except (UserError, FloatingPointError) as error:
             yield [], None, refused(error)
 
     # ----- helpers ------------------------------------------------------------------------
@@ -163,7 +164,7 @@ class Models:
         note of what was done and the seconds it took (the user waited for them too); a ValueError
         saying what to do when there is none."""
         if not upload:
-            raise ValueError("no picture: upload one or pick an example")
+            raise UserError("no picture: upload one or pick an example")
         started = time.perf_counter()
         picture, note = load_image_file(upload, model.config.image_size, crop="center", resize="area",
                                         name=Path(upload).name)

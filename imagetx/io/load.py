@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import UserError
 from .shipped import resolve
 from ..model.config import ModelConfig
 from ..model.superres import build_model
@@ -39,7 +40,7 @@ def with_config(model: ImageTransformer, config: ModelConfig) -> ImageTransforme
     rebuilt = build_model(config)
     own, stored = rebuilt.state_dict(), model.state_dict()
     if {name: value.shape for name, value in own.items()} != {name: value.shape for name, value in stored.items()}:
-        raise ValueError("the new configuration changes the model's tensors: train a model with it instead")
+        raise UserError("the new configuration changes the model's tensors: train a model with it instead")
     rebuilt.load_state_dict(stored)
     parameter = next(model.parameters())
     return rebuilt.to(parameter.device, parameter.dtype).train(model.training)
@@ -51,7 +52,7 @@ def with_exact_box_means(model: ImageTransformer, exact: bool) -> ImageTransform
     a model without a low-resolution input, or (``exact``) without the cell remainder input."""
     superres = model.config.superres
     if superres is None:
-        raise ValueError("exact_box_means is a super-resolution model's setting, and this model has no "
-                         "low-resolution input (no superres section): leave it out")
+        raise UserError("exact_box_means is a super-resolution model's setting, and this model has no "
+                        "low-resolution input (no superres section): leave it out")
     superres = dataclasses.replace(superres, exact_box_means=exact)
     return with_config(model, dataclasses.replace(model.config, superres=superres))

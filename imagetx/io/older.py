@@ -20,6 +20,7 @@ from typing import Any
 
 from torch import Tensor
 
+from ..errors import UserError
 from ..model.config import GEOMETRY, AttentionConfig, ModelConfig, SuperResolutionConfig
 
 # The parts of a super-resolution model's decoder layers that read the encoder (first in the
@@ -90,24 +91,24 @@ def model_config(values: dict[str, Any]) -> ModelConfig:
     attention = dict(values.get("attention") or {})
     for name, (stored, option) in RUN_OPTIONS.items():
         if name in attention and attention.pop(name) != stored:
-            raise ValueError(f"attention.{name} is how a model runs, no longer part of its configuration: "
-                             f"leave it out and give {option} instead")
+            raise UserError(f"attention.{name} is how a model runs, no longer part of its configuration: "
+                            f"leave it out and give {option} instead")
     kind = attention.get("kind", AttentionConfig.kind)
     for other, names in GEOMETRY.items():
         for name in names if other != kind else ():
             attention.pop(name, None)
     if attention.get("relative_positions") in REMOVED_RELATIVE_POSITIONS:
-        raise ValueError(f"attention.relative_positions {attention['relative_positions']!r} was removed (rotary "
-                         f"positions learn faster at no kernel cost): read this file with commit "
-                         f"{LAST_COMMIT_WITH_THEM} of imagetx")
+        raise UserError(f"attention.relative_positions {attention['relative_positions']!r} was removed (rotary "
+                        f"positions learn faster at no kernel cost): read this file with commit "
+                        f"{LAST_COMMIT_WITH_THEM} of imagetx")
     return ModelConfig.from_dict({**values, "attention": attention})
 
 
 def nested(values: dict[str, Any]) -> dict[str, Any]:
     """The one-level form -> the sectioned one. There, ``encoder_layers`` 0 was a plain decoder."""
     if values.pop(REMOVED_CROSS_ATTENTION_RADIUS, None) is not None:
-        raise ValueError(f"{REMOVED_CROSS_ATTENTION_RADIUS} was removed (the cell add reads the step's own low-res "
-                         f"pixel as well, faster): read this file with commit {LAST_COMMIT_WITH_RADIUS} of imagetx")
+        raise UserError(f"{REMOVED_CROSS_ATTENTION_RADIUS} was removed (the cell add reads the step's own low-res "
+                        f"pixel as well, faster): read this file with commit {LAST_COMMIT_WITH_RADIUS} of imagetx")
     sections: dict[str, dict[str, Any]] = {"attention": {}, "superres": {}}
     if isinstance(values.get("attention"), str):
         sections["attention"]["kind"] = values.pop("attention")
@@ -118,14 +119,14 @@ def nested(values: dict[str, Any]) -> dict[str, Any]:
     for section, moved in sections.items():
         given = values.get(section)
         if given is not None and (not isinstance(given, dict) or set(given) & set(moved)):
-            raise ValueError(f"ModelConfig.{section} is given both as a section and field by field: give it once")
+            raise UserError(f"ModelConfig.{section} is given both as a section and field by field: give it once")
         values[section] = {**(given or {}), **moved}
     superres = sections["superres"]
     if not superres_given and not superres.get("encoder_layers", 0):  # one level, no encoder: a plain decoder
         for name in ("low_res_reading", "cell_remainder_input", "exact_box_means", "low_res_zero_start"):
             if superres.get(name, getattr(SuperResolutionConfig, name)) != getattr(SuperResolutionConfig, name):
-                raise ValueError(f"ModelConfig.{name}={superres[name]!r} is invalid: needs a low-resolution input: "
-                                 "set encoder_layers > 0")
+                raise UserError(f"ModelConfig.{name}={superres[name]!r} is invalid: needs a low-resolution input: "
+                                "set encoder_layers > 0")
         values["superres"] = None
     return values
 

@@ -17,6 +17,7 @@ import json
 import sys
 from pathlib import Path
 
+from ..errors import UserError
 from .atomic import atomic_write
 
 MiB = 2**20
@@ -53,8 +54,8 @@ def read_parts(folder: str | Path, record: dict) -> bytes:
     (or ``OSError`` for a missing part) when they are not those bytes."""
     data = b"".join((Path(folder) / name).read_bytes() for name in record["parts"])
     if len(data) != int(record["bytes"]) or hashlib.sha256(data).hexdigest() != record["sha256"]:
-        raise ValueError(f"the parts {', '.join(record['parts'])} do not add up to the file they were cut from "
-                         f"({len(data)} of {record['bytes']} bytes, or another SHA-256): a part is cut short or changed")
+        raise UserError(f"the parts {', '.join(record['parts'])} do not add up to the file they were cut from "
+                        f"({len(data)} of {record['bytes']} bytes, or another SHA-256): a part is cut short or changed")
     return data
 
 

@@ -32,6 +32,8 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from ..compat import flex_tiles
+from ..errors import UserError
 from .patterns import BlockIndex, CausalPattern, MaskRule
 from .rotary import Rotary2D, rotate
 
@@ -70,10 +72,10 @@ def attend(q: Tensor, k: Tensor, v: Tensor, allowed: CausalPattern | Tensor | No
 def check_kernel(kernel: str, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
     """Refuse, in one line naming the choices, a kernel or kernel block size there is none of."""
     if kernel not in ATTENTION_KERNELS:
-        raise ValueError(f"attention kernel {kernel!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
+        raise UserError(f"attention kernel {kernel!r} is unknown: choose one of {', '.join(ATTENTION_KERNELS)}")
     if not isinstance(flex_block_size, int) or flex_block_size not in FLEX_BLOCK_SIZES:
-        raise ValueError(f"flex_block_size {flex_block_size!r} is invalid: choose one of "
-                         f"{', '.join(map(str, FLEX_BLOCK_SIZES))}")
+        raise UserError(f"flex_block_size {flex_block_size!r} is invalid: choose one of "
+                        f"{', '.join(map(str, FLEX_BLOCK_SIZES))}")
 
 
 def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
@@ -84,8 +86,8 @@ def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
     check_kernel(kernel)
     narrow = device.type == "cuda" and head_size < FLEX_MIN_HEAD_SIZE
     if kernel == "flex" and narrow:
-        raise ValueError(f"attention kernel 'flex' needs heads of at least {FLEX_MIN_HEAD_SIZE} channels on CUDA, "
-                         f"got {head_size} (d_model / n_heads): use 'auto' or 'sdpa', or fewer heads")
+        raise UserError(f"attention kernel 'flex' needs heads of at least {FLEX_MIN_HEAD_SIZE} channels on CUDA, "
+                        f"got {head_size} (d_model / n_heads): use 'auto' or 'sdpa', or fewer heads")
     return kernel == "flex" or (kernel == "auto" and device.type == "cuda" and not narrow)
 
 
@@ -182,8 +184,7 @@ def tile_options(block_mask: BlockMask, device: torch.device) -> dict | None:
     # forward: M queries × N keys; backward: dK/dV over N1 keys by M1 queries, dQ over M2 queries
     # by N2 keys, where the kernel needs N1 a multiple of M1 and M2 a multiple of N2
     both = min(q_block, kv_block)
-    return {"BLOCK_M": q_block, "BLOCK_N": kv_block, "BLOCK_M1": both, "BLOCK_N1": kv_block,
-            "BLOCK_M2": q_block, "BLOCK_N2": both}
+    return flex_tiles(forward=(q_block, kv_block), backward_kv=(both, kv_block), backward_q=(q_block, both))
 
 
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal, NoReturn, get_args
 
+from ..errors import UserError
+
 # The choices of each field, once: the annotations below, and the tuples the checks read.
 Head = Literal["categorical", "dmol"]
 Attention = Literal["local_1d", "local_2d", "full"]
@@ -64,9 +66,9 @@ class AttentionConfig:
         for kind, names in GEOMETRY.items():
             for name in names if kind != self.kind else ():
                 if getattr(self, name) != ATTENTION_DEFAULTS[name]:
-                    raise ValueError(f"ModelConfig.attention.{name}={getattr(self, name)!r} is {kind} geometry, "
-                                     f"which kind {self.kind!r} does not read: leave it out (or at its default "
-                                     f"{ATTENTION_DEFAULTS[name]!r}), or set attention.kind to {kind!r}")
+                    raise UserError(f"ModelConfig.attention.{name}={getattr(self, name)!r} is {kind} geometry, "
+                                    f"which kind {self.kind!r} does not read: leave it out (or at its default "
+                                    f"{ATTENTION_DEFAULTS[name]!r}), or set attention.kind to {kind!r}")
 
 
 @dataclass
@@ -244,12 +246,12 @@ def _from_fields(kind: type, values: dict[str, Any], name: str) -> Any:
     known = {f.name for f in fields(kind)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"unknown {name} field(s) {unknown}; valid fields: {sorted(known)}")
+        raise UserError(f"unknown {name} field(s) {unknown}; valid fields: {sorted(known)}")
     return kind(**values)
 
 
 def _invalid(field_name: str, value: Any, valid: str) -> NoReturn:
-    raise ValueError(f"ModelConfig.{field_name}={value!r} is invalid: {valid}")
+    raise UserError(f"ModelConfig.{field_name}={value!r} is invalid: {valid}")
 
 
 def _divisors(n: int) -> list[int]:

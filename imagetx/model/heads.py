@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
+from ..errors import UserError
 from .config import CHANNELS, HALF_RANGE, LEVELS, ModelConfig
 from .embedding import PixelEmbedding, SubPixelEmbedding
 from .precision import full_precision_linear, scoring_dtype
@@ -158,8 +159,8 @@ class Head(nn.Module):
 
 def check_temperature(temperature: float) -> None:
     if not temperature >= 0 or math.isinf(temperature):
-        raise ValueError(f"temperature {temperature} is invalid: temperatures must be finite and >= 0 "
-                         "(0 = always the most likely value)")
+        raise UserError(f"temperature {temperature} is invalid: temperatures must be finite and >= 0 "
+                        "(0 = always the most likely value)")
 
 
 class CategoricalHead(Head):

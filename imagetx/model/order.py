@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from einops import rearrange
 
+from ..errors import UserError
 from .config import ModelConfig
 
 
@@ -20,7 +21,7 @@ class GenerationOrder:
 
     def __init__(self, rows: int, cols: int, block: tuple[int, int] | None = None) -> None:
         if block is not None and (rows % block[0] or cols % block[1]):
-            raise ValueError(f"block {block} does not tile the {rows}x{cols} grid")
+            raise UserError(f"block {block} does not tile the {rows}x{cols} grid")
         self.rows, self.cols, self.block = rows, cols, block
 
     @classmethod

@@ -4,10 +4,9 @@ the network, where bfloat16's 8-bit mantissa cannot tell neighbouring pixel leve
 On the [-1, 1] scale a level is 2/255 ≈ 0.0078 from the next, and bfloat16 resolves steps of
 1/128 ≈ 0.0078 near ±1: rounded to it, a pixel's raw value (the DMOL pixel embedding, the cell
 remainder input) merges with its neighbours, and so do a DMOL head's means and scales, moving
-mass between bins. Measured on the shipped completion model (128 val images, CPU bf16 autocast):
-0.0121 bits/dim worse than float32 with these layers in bfloat16, 0.0104 with the head alone in
-float32, 0.0024 with the raw-value layers too (docs/results.md). Their products are tiny next to
-the network's ((B, T, 3) × (3, d) in, (B, T, d) × (d, 10·K) out).
+mass between bins; in float32 both ends keep most of what bfloat16 loses (docs/experiments.md,
+entry 15), and their products are tiny next to the network's ((B, T, 3) × (3, d) in,
+(B, T, d) × (d, 10·K) out).
 """
 
 from __future__ import annotations

@@ -38,6 +38,8 @@ import torch
 from torch import Tensor
 from tqdm.auto import tqdm
 
+from ..compat import mark_static_address
+from ..errors import UserError
 from .heads import check_temperature
 from .modes import eval_mode
 from .transformer import DecodingCache, ImageTransformer
@@ -53,7 +55,7 @@ def model_device(model: ImageTransformer) -> torch.device:
 
 def check_count(count: int) -> None:
     if count < 1:
-        raise ValueError(f"number of images {count} is invalid: ask for at least 1")
+        raise UserError(f"number of images {count} is invalid: ask for at least 1")
 
 
 def first_input(model: ImageTransformer, count: int) -> Tensor:
@@ -87,7 +89,7 @@ class CompiledDecoding:
             # a CUDA graph may capture a step that writes them, rather than being skipped for
             # "mutated inputs"; without CUDA graphs the mark changes nothing.
             for tensor in cache_tensors(cache):
-                torch._dynamo.mark_static_address(tensor)  # no public name (torch.compiler has none)
+                mark_static_address(tensor)
             self.marked = weakref.ref(cache)
         # contiguous: strides are part of a static graph; a teacher-forced value (a column of
         # the prefix) would otherwise compile a second graph. clone: the parameters are the
@@ -122,10 +124,8 @@ def compile_decoding(model: ImageTransformer, mode: str = "default") -> DecodeSt
 # Threads for decoding on a CPU. One step is small (a batch of a few images at one position):
 # spread over more threads, its work is shorter than the time the threads take to meet, and on a
 # machine that is running anything else a thread that waits for a core makes every step wait.
-# Measured on a 2-core CPU (docs/results.md, "Threads for decoding"; scripts/bench_threads.py):
-# idle, 2 threads sample 0-20% faster than 1; with two 1-thread jobs beside them, 5-15× slower.
-# So one thread, unless the user said otherwise (OMP_NUM_THREADS): what is lost idle is small,
-# what is won busy is large.
+# So one thread, unless the user said otherwise (OMP_NUM_THREADS): what is lost on an idle
+# machine is small, what is won on a busy one is large (docs/results.md, "Threads for decoding").
 DECODING_THREADS = 1
 THREADS_ASKED_BY = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -170,7 +170,7 @@ def image_temperatures(temperature: float | Sequence[float], count: int) -> list
     """One temperature for every image, checked: ``temperature`` for all, or one each."""
     temperatures = [temperature] * count if isinstance(temperature, (int, float)) else list(temperature)
     if len(temperatures) != count:
-        raise ValueError(f"{len(temperatures)} temperatures for {count} images: give one, or one per image")
+        raise UserError(f"{len(temperatures)} temperatures for {count} images: give one, or one per image")
     for value in temperatures:
         check_temperature(value)
     return temperatures
@@ -228,7 +228,7 @@ def given_values(model: ImageTransformer, count: int, prefix: Tensor | None, giv
     if not given_rows:
         return None
     if prefix is None or prefix.shape[0] != count:
-        raise ValueError(f"completion needs prefix images of shape ({count}, H, W, 3) for given_rows={given_rows}")
+        raise UserError(f"completion needs prefix images of shape ({count}, H, W, 3) for given_rows={given_rows}")
     given_count = sum(given)
     if not all(given[:given_count]):  # model.given_steps puts them first (whole rows of 2D blocks)
         raise ValueError(f"given_rows={given_rows}: the given steps do not come first in generation order")
@@ -241,8 +241,8 @@ def check_given_fit(model: ImageTransformer, forced: Tensor, params: Tensor) -> 
     is drawn: each given value must lie within the bounds of its step (the prefill's ``params``
     carry them), which then leave every later step a value to take. One read of the device."""
     if model.head.bounded and not model.head.fits(forced, params).all():
-        raise ValueError("the given rows do not fit low_res: no image with its box means has them "
-                         "(exact_box_means); give the rows of the image low_res was made from")
+        raise UserError("the given rows do not fit low_res: no image with its box means has them "
+                        "(exact_box_means); give the rows of the image low_res was made from")
 
 
 def decoded(model: ImageTransformer, count: int, step: DecodeStep, draw: Drawer, cache: DecodingCache,
@@ -297,7 +297,7 @@ def sample_progressively(
     temperatures = image_temperatures(temperature, count)
     forced = given_values(model, count, prefix, given_rows)
     if every is not None and every < 1:
-        raise ValueError(f"every={every} is invalid: yield every 1 or more steps")
+        raise UserError(f"every={every} is invalid: yield every 1 or more steps")
     device, total = model_device(model), model.order.length
     step = compile_decoding(model, "default" if compiled is True else compiled) if compiled else model.decode_step
     draw = Drawer(model, temperatures, generator, device)

@@ -27,6 +27,7 @@ import torch
 from einops import rearrange
 from torch import Tensor, nn
 
+from ..errors import UserError
 from .attention import FLEX_BLOCK_SIZE, CrossAttention, CrossAttentionCache
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
@@ -156,7 +157,7 @@ class SuperResolutionTransformer(ImageTransformer):
 
     def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
         if config.superres is None:
-            raise ValueError("a config without a superres section is a plain decoder: ImageTransformer(config)")
+            raise UserError("a config without a superres section is a plain decoder: ImageTransformer(config)")
         # Built in this order (the order of a fresh model's random draws): the decoder, the
         # encoder, the cell sums, then each decoder layer's reading, its conditioning sublayer.
         super().__init__(config, kernel, flex_block_size)
@@ -222,10 +223,10 @@ class SuperResolutionTransformer(ImageTransformer):
         check_labels(labels, count, self.config.num_classes, values=values)
         low = self.config.superres.low_res_size
         if low_res is None:
-            raise ValueError(f"this super-resolution model needs low_res images of shape (B, {low}, {low}, 3)")
+            raise UserError(f"this super-resolution model needs low_res images of shape (B, {low}, {low}, 3)")
         check_image_tensor("low_res", low_res, low, values)
         if low_res.shape[0] != count:
-            raise ValueError(f"low_res has {low_res.shape[0]} images for {count} targets")
+            raise UserError(f"low_res has {low_res.shape[0]} images for {count} targets")
 
 
 def build_model(config: ModelConfig, kernel: str = "auto",

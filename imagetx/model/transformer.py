@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from ..errors import UserError
 from .attention import FLEX_BLOCK_SIZE, SelfAttention, SelfAttentionCache
 from .config import CHANNELS, ModelConfig
 from .embedding import PositionEncoding
@@ -118,8 +119,8 @@ class ImageTransformer(nn.Module):
     def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
         super().__init__()
         if config.superres and type(self) is ImageTransformer:
-            raise ValueError("a config with a superres section is a super-resolution model: "
-                             "SuperResolutionTransformer(config); build_model(config) builds either")
+            raise UserError("a config with a superres section is a super-resolution model: "
+                            "SuperResolutionTransformer(config); build_model(config) builds either")
         self.config = config.validate()
         d = config.d_model
         self.pattern = pattern_for(config)
@@ -216,9 +217,9 @@ class ImageTransformer(nn.Module):
         at a time over its ring (attention.SelfAttentionCache)."""
         length = given.shape[1]
         if not 0 < length <= self.order.length:
-            raise ValueError(f"prefill takes 1..{self.order.length} steps, not {length}")
+            raise UserError(f"prefill takes 1..{self.order.length} steps, not {length}")
         if int(cache.step):  # read once per prefill: the layers attend from step 0
-            raise ValueError(f"prefill fills a fresh cache (from start_decoding), not one at step {int(cache.step)}")
+            raise UserError(f"prefill fills a fresh cache (from start_decoding), not one at step {int(cache.step)}")
         return self(previous_values(given), cache)
 
     # ----- likelihoods ----------------------------------------------------------
@@ -261,7 +262,7 @@ class ImageTransformer(nn.Module):
         (``values``: their values checked too)."""
         check_labels(labels, count, self.config.num_classes, values=values)
         if low_res is not None:
-            raise ValueError("this model has no encoder (no superres section): pass low_res=None")
+            raise UserError("this model has no encoder (no superres section): pass low_res=None")
 
     def given_steps(self, rows: int) -> Tensor:
         """(T,) bool: the steps in the first ``rows`` image rows, which image completion gives
@@ -270,11 +271,11 @@ class ImageTransformer(nn.Module):
         other: then the steps scored are exactly p(rest | given)."""
         cfg = self.config
         if not 0 <= rows <= cfg.image_size:
-            raise ValueError(f"given_rows={rows} is invalid: give 0..{cfg.image_size} rows")
+            raise UserError(f"given_rows={rows} is invalid: give 0..{cfg.image_size} rows")
         block_height = cfg.attention.query_block_shape[0]
         if cfg.attention.kind == "local_2d" and rows % block_height:
-            raise ValueError(f"given_rows={rows}: with 2D blocks of height {block_height} the given rows must be a "
-                             "whole number of block rows, to come first in generation order")
+            raise UserError(f"given_rows={rows}: with 2D blocks of height {block_height} the given rows must be a "
+                            "whole number of block rows, to come first in generation order")
         return self.step_rows < rows  # grid rows are image rows
 
 

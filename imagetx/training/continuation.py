@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import UserError
 from ..io.atomic import atomic_write, exclusive
 from ..io.checkpoint import load_weights_only
 from ..io.errors import CheckpointError
@@ -57,7 +58,7 @@ MOMENTS = ("fp32", "bf16", "second", "none")
 def slim_moments(checkpoint: dict, moments: str) -> None:
     """Keep Adam's moments in ``checkpoint`` as ``moments`` says (``MOMENTS``), in place."""
     if moments not in MOMENTS:
-        raise ValueError(f"--moments {moments}: choose one of {', '.join(MOMENTS)}")
+        raise UserError(f"--moments {moments}: choose one of {', '.join(MOMENTS)}")
     for optimizer in checkpoint["optimizer_states"]:
         if moments == "none":
             optimizer["state"] = {}

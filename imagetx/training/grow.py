@@ -43,6 +43,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DDPStrategy, SingleDeviceStrategy
 from torch import nn
 
+from ..errors import UserError
 from ..io.checkpoint import load_weights_only, model_config_of
 from ..io.errors import CheckpointError
 from ..io.parts import mib_to_part_bytes
@@ -64,14 +65,14 @@ def grown_config(config: ModelConfig, layers: int | None = None, dropout: float 
     """``config`` with ``layers`` decoder layers and ``dropout``, each where given; a ValueError for
     fewer layers, a super-resolution model, or added layers in a post-norm model."""
     if layers is not None and layers < config.n_layers:
-        raise ValueError(f"--layers {layers}: fewer than the model's {config.n_layers}; growing only adds layers")
+        raise UserError(f"--layers {layers}: fewer than the model's {config.n_layers}; growing only adds layers")
     if layers not in (None, config.n_layers):
         if config.superres is not None:  # its layers also read the low-resolution input
-            raise ValueError("a super-resolution model cannot grow: growing is built for a plain decoder")
+            raise UserError("a super-resolution model cannot grow: growing is built for a plain decoder")
         if config.norm != "pre":
-            raise ValueError(f"a post-norm model (norm: {config.norm}) cannot grow: a layer that adds nothing still "
-                             f"normalises its input, so no added layer computes the identity; grow a pre-norm model "
-                             f"(norm: pre), as {RECIPE} is")
+            raise UserError(f"a post-norm model (norm: {config.norm}) cannot grow: a layer that adds nothing still "
+                            f"normalises its input, so no added layer computes the identity; grow a pre-norm model "
+                            f"(norm: pre), as {RECIPE} is")
     changes = {"n_layers": layers, "dropout": dropout}
     return dataclasses.replace(config, **{key: value for key, value in changes.items() if value is not None}).validate()
 
@@ -123,22 +124,22 @@ class GrowDepth(Callback):
     def __init__(self, layers: int, at_fraction: float | None = None, at_images: int | None = None,
                  seed: int = 0) -> None:
         if (at_fraction is None) == (at_images is None):
-            raise ValueError("GrowDepth: give one of at_fraction (of the run's budget) and at_images (training images)")
+            raise UserError("GrowDepth: give one of at_fraction (of the run's budget) and at_images (training images)")
         if at_fraction is not None and not 0 <= at_fraction < 1:
-            raise ValueError(f"GrowDepth: at_fraction {at_fraction} is not in [0, 1): the share of the budget before "
+            raise UserError(f"GrowDepth: at_fraction {at_fraction} is not in [0, 1): the share of the budget before "
                              "the growth")
         if at_images is not None and at_images < 0:
-            raise ValueError(f"GrowDepth: at_images {at_images} is negative")
+            raise UserError(f"GrowDepth: at_images {at_images} is negative")
         self.layers, self.at_fraction, self.at_images, self.seed = layers, at_fraction, at_images, seed
 
     def on_fit_start(self, trainer: L.Trainer, pl_module) -> None:
         grown_config(pl_module.config, max(self.layers, pl_module.config.n_layers))  # a ValueError, before any step
         if pl_module.config.n_layers > self.layers:
-            raise ValueError(f"GrowDepth(layers={self.layers}): the model already has {pl_module.config.n_layers} "
-                             "layers; growing only adds layers")
+            raise UserError(f"GrowDepth(layers={self.layers}): the model already has {pl_module.config.n_layers} "
+                            "layers; growing only adds layers")
         if not isinstance(trainer.strategy, (SingleDeviceStrategy, DDPStrategy)):
-            raise ValueError(f"GrowDepth: growing inside a run is built for one device and for DDP, not for "
-                             f"{type(trainer.strategy).__name__}; grow between runs (python -m imagetx.training.grow)")
+            raise UserError(f"GrowDepth: growing inside a run is built for one device and for DDP, not for "
+                            f"{type(trainer.strategy).__name__}; grow between runs (python -m imagetx.training.grow)")
 
     def due(self, trainer: L.Trainer, pl_module) -> bool:
         """Whether the growth's point has come, the same verdict in every process."""
@@ -273,7 +274,7 @@ def main(args: list[str] | None = None) -> None:
         parser.error(f"{options.out} is not empty: grow into a new folder")
     try:
         manifest = grow(options.source, options.out, options.layers, options.dropout, options.seed, options.part_bytes)
-    except (CheckpointError, ValueError) as error:
+    except UserError as error:  # CheckpointError among them; any other error is a bug: its traceback
         raise SystemExit(f"error: {error}") from None
     grown = manifest[GROWN]
     print(f"grown at step {grown['step']}: {grown['from']['n_layers']} -> {grown['to']['n_layers']} layers, dropout "

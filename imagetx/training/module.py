@@ -27,6 +27,8 @@ from lightning.pytorch.utilities import rank_zero_warn
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 
+from ..compat import skip_fused_step_where
+from ..errors import UserError
 from .budget import Horizon, budget_timer, place_decay, run_budget
 from .continuation import TIMER_STATE, continued_moments
 from ..io.checkpoint import LIGHTNING_PREFIX, imagetx_metadata, model_config_of, read_checkpoint, refused
@@ -114,8 +116,8 @@ class ImageTransformerModule(L.LightningModule):
         a file that needs any object but plain data is refused (CheckpointError) before anything
         in it runs."""
         if kwargs.pop("weights_only", True) is not True:
-            raise ValueError("ImageTransformerModule.load_from_checkpoint reads checkpoints weights-only: "
-                             "drop weights_only (an imagetx checkpoint needs nothing else)")
+            raise UserError("ImageTransformerModule.load_from_checkpoint reads checkpoints weights-only: "
+                            "drop weights_only (an imagetx checkpoint needs nothing else)")
         if "config" not in kwargs:  # the hyper-parameters hold it as a dict; the module takes a ModelConfig
             kwargs["config"] = model_config_of(read_checkpoint(checkpoint_path, mmap=True))
         try:
@@ -211,8 +213,8 @@ class ImageTransformerModule(L.LightningModule):
         if gradient_clip_val is None or str(self.trainer.precision).startswith("16"):
             return super().configure_gradient_clipping(optimizer, gradient_clip_val, gradient_clip_algorithm)
         if gradient_clip_algorithm not in (None, "norm"):
-            raise ValueError(f"--trainer.gradient_clip_algorithm {gradient_clip_algorithm}: imagetx clips by the "
-                             "global norm only (norm)")
+            raise UserError(f"--trainer.gradient_clip_algorithm {gradient_clip_algorithm}: imagetx clips by the "
+                            "global norm only (norm)")
         torch.nn.utils.clip_grad_norm_(self.parameters(), gradient_clip_val)
 
     def on_before_optimizer_step(self, optimizer) -> None:
@@ -232,7 +234,7 @@ class ImageTransformerModule(L.LightningModule):
             torch.distributed.all_reduce(found, op=torch.distributed.ReduceOp.MAX)
             found = found.bool()
         if not scaled:  # GradScaler's protocol with fused optimisers: no public call skips an update on the device
-            optimizer.found_inf = found.float()
+            skip_fused_step_where(optimizer, found)
         self.nonfinite.note(found, self.global_step + 1, step_kind(loss))
 
     def read_nonfinite(self) -> None:

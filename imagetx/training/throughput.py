@@ -23,6 +23,8 @@ import torch
 from lightning.fabric.utilities.throughput import Throughput
 from lightning.pytorch.callbacks import ThroughputMonitor
 
+from ..compat import replace_throughput_meters
+
 # Dense peaks (no 2:4 structured sparsity), FLOP/s, by compute dtype ("tf32": float32 matmuls
 # on tensor cores). NVIDIA's datasheets give the tensor-core figures "with sparsity", twice the
 # dense ones, which are halved here; FP32 (no tensor cores) as given.
@@ -85,9 +87,9 @@ class ThroughputWithPeak(ThroughputMonitor):
     def setup(self, trainer, pl_module, stage: str) -> None:
         self.fallback_peak = table_peak(trainer.strategy.root_device, compute_dtype(str(trainer.precision)))
         super().setup(trainer, pl_module, stage)
-        # the meters Lightning's setup has just built (its private ``_throughputs``), as AllProcesses
-        self._throughputs = {key: AllProcesses(available_flops=self.available_flops, world_size=trainer.world_size,
-                                               **self.kwargs) for key in self._throughputs}
+        # the meters Lightning's setup has just built, as AllProcesses
+        replace_throughput_meters(self, lambda: AllProcesses(available_flops=self.available_flops,
+                                                             world_size=trainer.world_size, **self.kwargs))
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)

@@ -26,6 +26,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.trainer.states import RunningStage
 
+from ..compat import resume_wandb_run
+from ..errors import UserError
 from ..io.checkpoint import read_checkpoint
 
 WANDB_MODES = ("auto", "online", "offline", "disabled")
@@ -51,7 +53,7 @@ def has_wandb_key() -> bool:
 def choose_wandb_mode(requested: str = "auto") -> str:
     """Set ``WANDB_MODE`` for this process and return it."""
     if requested not in WANDB_MODES:
-        raise ValueError(f"--wandb {requested!r} is invalid: choose one of {', '.join(WANDB_MODES)}")
+        raise UserError(f"--wandb {requested!r} is invalid: choose one of {', '.join(WANDB_MODES)}")
     # Never let wandb wait for a key on standard input.
     os.environ.setdefault("WANDB_SILENT", "true")
     if requested == "auto":
@@ -119,9 +121,8 @@ def continue_wandb_run(loggers: list, ckpt_path: str | None) -> None:
         return
     for logger in wandb_loggers(loggers):
         # WandbLogger's own way to resume (its `id`/`version` argument) is only taken when it is
-        # made, which imagetx.train does before it knows the checkpoint; these are what it sets
-        logger._wandb_init.update(id=run_id, resume="allow")
-        logger._id = run_id
+        # made, which imagetx.train does before it knows the checkpoint
+        resume_wandb_run(logger, run_id)
 
 
 class TrainingSteps:

@@ -19,6 +19,8 @@ import lightning as L
 from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
+from ..compat import redraw_rule, restarted_mid_epoch
+
 # Where the output is not a terminal (a log file, CI), each redraw of a bar is a line of its own:
 # there a bar redraws at most every this many seconds (and at its first and last batch), whatever
 # a step costs: 4 lines a minute, on a 2-core CPU (2 steps a second) as on an H100 (15 or more).
@@ -48,7 +50,7 @@ class TrainingBar(TQDMProgressBar):
 
     def on_train_start(self, trainer, pl_module) -> None:
         super().on_train_start(trainer, pl_module)
-        self.resumed_mid_epoch = trainer.fit_loop.restarted_mid_epoch
+        self.resumed_mid_epoch = restarted_mid_epoch(trainer)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx: int) -> None:
         super().on_train_batch_start(trainer, pl_module, batch, batch_idx)
@@ -70,17 +72,18 @@ class TrainingBar(TQDMProgressBar):
                 for key, value in super().get_metrics(trainer, pl_module).items()}
 
 
+@redraw_rule
 class LogProgressBar(TrainingBar):
     """tqdm's bar for output that is not a terminal: each bar redraws at its first batch, at its
     last, and between them once ``LOG_REFRESH_SECONDS`` have passed since the last redraw of any
-    bar. ``_should_update`` is where Lightning's bar decides every redraw; a count of batches
-    there (``refresh_rate``) left a quick run's log at 0 % for its first 100 steps."""
+    bar. ``should_redraw`` decides every redraw (``compat.redraw_rule``); a count of batches
+    (Lightning's ``refresh_rate``) left a quick run's log at 0 % for its first 100 steps."""
 
     def __init__(self) -> None:
         super().__init__(refresh_rate=1)
         self.drawn_at = -math.inf  # time.monotonic() of the last redraw
 
-    def _should_update(self, current: int, total: int) -> bool:
+    def should_redraw(self, current: int, total: int) -> bool:
         if not self.is_enabled:
             return False
         now = time.monotonic()

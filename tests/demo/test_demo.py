@@ -108,6 +108,17 @@ def test_no_upload_and_bad_requests_say_what_to_do(tiny, pictures):
     assert outputs[-1].startswith(REFUSED) and "temperature -1.0 is invalid" in outputs[-1], outputs[-1]
 
 
+def test_a_bug_inside_a_task_is_raised_not_shown_as_a_refusal(tiny, monkeypatch):
+    # A plain ValueError is a bug in imagetx (imagetx/errors.py): Gradio shows an error and logs
+    # its traceback, rather than the page answering as if the request were at fault.
+    def broken(*args, **kwargs):
+        raise ValueError("an invariant of imagetx broke")
+
+    monkeypatch.setattr(tasks, "sample_progressively", broken)
+    with pytest.raises(ValueError, match="an invariant of imagetx broke"):
+        list(tiny.generate(1, 1.0, 0))
+
+
 def test_superres_shows_the_low_resolution_input_and_one_sample_per_temperature(tiny, pictures, tmp_path):
     path = pictures["photo.jpg"][0]
     small, samples, original, files, status = list(tiny.upsample(str(path), 0))[-1]

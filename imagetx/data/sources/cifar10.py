@@ -80,6 +80,8 @@ def read_shard(shard: Path, name: str) -> np.ndarray:
                 raise DataError(f"{shard}: holds {sorted(data.files)}; expected arrays 'images' and 'labels': "
                                 "replace it with a shard in the CIFAR-10 format, or remove it")
             return data[name]
+    except DataError:  # a ValueError too (a UserError): its own words, not "corrupt"
+        raise
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
         raise DataError(f"{shard} is truncated or corrupt ({type(error).__name__}: {error}); "
                         "replace it with a good copy") from error

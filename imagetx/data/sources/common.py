@@ -16,11 +16,13 @@ from pathlib import Path
 
 import numpy as np
 
+from ...errors import UserError
 from ...io.atomic import atomic_write
 
 
-class DataError(RuntimeError):
-    """Data that cannot be found or read; the message says where and what to do."""
+class DataError(UserError, RuntimeError):
+    """Data that cannot be found or read; the message says where and what to do. A ``UserError``
+    (the commands show it as one line) and, as it always was, a ``RuntimeError``."""
 
 
 def as_given(path: Path) -> str:

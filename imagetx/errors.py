@@ -1,0 +1,15 @@
+"""The error a user can fix, apart from a bug.
+
+``UserError``: input a user can fix (a setting, a file, a request the model cannot serve); its
+message is one line naming the problem and the fix. The commands (cli/common.py's ``run_or_exit``)
+print it as one ``error:`` line with exit code 2; any other exception is a bug in imagetx and
+shows its traceback. A ``ValueError``, so that a caller catching ``ValueError`` still catches it.
+
+This module imports nothing: cli/common.py imports it before torch, so that a bad argument is
+refused without the cost of importing torch.
+"""
+
+
+class UserError(ValueError):
+    """Input a user can fix (a setting, a file, a request the model cannot serve): the message is
+    one line naming the problem and the fix."""
