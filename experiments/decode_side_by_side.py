@@ -1,7 +1,8 @@
 """Decoding's CPU cost on each of several trees, side by side: CPU seconds of one thread for 2
 images of ``quick``'s model drawn with the eager step and with the compiled step (each after a
 warm-up, which compiles), and for 4 completions of the first val image from its top 16 rows with
-the tree's shipped completion model (the demo's defaults). Every measurement is a fresh process,
+the tree's shipped completion model (the demo's defaults); and a training step's (``train``: 5
+steps of ``quick``'s model on 8 random images, forward, backward and Adam, after 2 untimed). Every measurement is a fresh process,
 the trees alternated round by round, so that a drift of the machine falls on all of them.
 
     .venv/bin/python experiments/decode_side_by_side.py --trees /tmp/old /tmp/base . --rounds 4
@@ -22,7 +23,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-TASKS = ("eager", "compiled", "completion")
+TASKS = ("eager", "compiled", "completion", "train")
 
 # What one fresh process measures: argv = task, tree, CIFAR-10 root. Written for every tree since
 # 1ba98d3 (which has neither build_model nor the config sections' loader in its presets' form).
@@ -47,6 +48,21 @@ else:
     with open(f"{tree}/configs/quick.yaml") as handle:
         config = ModelConfig.from_dict(yaml.safe_load(handle)["model"]["config"])
     model = build(config).eval()
+if task == "train":
+    model.train()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    images = torch.randint(0, 256, (8, 32, 32, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    def step():
+        loss = model.bits_per_dim(images).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    for _ in range(2):
+        step()
+    start = time.process_time()
+    for _ in range(5):
+        step()
+elif task != "completion":
     compiled = task == "compiled"
     sample(model, 2, generator=torch.Generator().manual_seed(0), compiled=compiled)  # warm-up (compiles)
     start = time.process_time()

@@ -155,12 +155,13 @@ class SuperResolutionTransformer(ImageTransformer):
     (docs/model.md §6): ``ImageTransformer`` with the encoder, the cell sums, and each layer's
     reading of the encoder. ``kernel``, ``flex_block_size``: the decoder's."""
 
-    def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
+    def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE,
+                 activation_checkpointing: bool = False) -> None:
         if config.superres is None:
             raise UserError("a config without a superres section is a plain decoder: ImageTransformer(config)")
         # Built in this order (the order of a fresh model's random draws): the decoder, the
         # encoder, the cell sums, then each decoder layer's reading, its conditioning sublayer.
-        super().__init__(config, kernel, flex_block_size)
+        super().__init__(config, kernel, flex_block_size, activation_checkpointing)
         self.encoder = Encoder(config)
         self.cell_remainder = None
         if config.superres.cell_remainder_input:
@@ -229,9 +230,11 @@ class SuperResolutionTransformer(ImageTransformer):
             raise UserError(f"low_res has {low_res.shape[0]} images for {count} targets")
 
 
-def build_model(config: ModelConfig, kernel: str = "auto",
-                flex_block_size: int = FLEX_BLOCK_SIZE) -> ImageTransformer:
+def build_model(config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE,
+                activation_checkpointing: bool = False) -> ImageTransformer:
     """The network ``config`` describes: the decoder, or with a ``superres`` section the
     super-resolution model. ``kernel`` ("auto", "flex", "sdpa") and ``flex_block_size`` (16, 32, 64,
-    128): how its decoder's self-attention runs, the same numbers every way (attention.py)."""
-    return (SuperResolutionTransformer if config.superres else ImageTransformer)(config, kernel, flex_block_size)
+    128): how its decoder's self-attention runs, the same numbers every way (attention.py);
+    ``activation_checkpointing``: its decoder layers' activations recomputed in the backward pass."""
+    kind = SuperResolutionTransformer if config.superres else ImageTransformer
+    return kind(config, kernel, flex_block_size, activation_checkpointing)

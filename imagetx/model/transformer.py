@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
 
 from ..errors import UserError
 from .attention import FLEX_BLOCK_SIZE, SelfAttention, SelfAttentionCache
@@ -112,12 +113,15 @@ class DecodingCache:
 class ImageTransformer(nn.Module):
     """The decoder-only autoregressive model over sub-pixels or pixels. ``kernel`` and
     ``flex_block_size``: how its self-attention runs (attention.py), the same numbers
-    every way. A super-resolution model is this decoder with an encoder (superres.py:
+    every way; ``activation_checkpointing``: each layer's activations recomputed in the backward
+    pass instead of kept (memory for compute; the same numbers too). A super-resolution model is this decoder with an encoder (superres.py:
     ``SuperResolutionTransformer``); the methods it fills in return nothing here
     (``low_res_modules``, ``read_low_res``, ``low_res_inputs``). Saving, loading and sharing it: ``imagetx.io``."""
 
-    def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
+    def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE,
+                 activation_checkpointing: bool = False) -> None:
         super().__init__()
+        self.activation_checkpointing = activation_checkpointing
         if config.superres and type(self) is ImageTransformer:
             raise UserError("a config with a superres section is a super-resolution model: "
                             "SuperResolutionTransformer(config); build_model(config) builds either")
@@ -170,8 +174,12 @@ class ImageTransformer(nn.Module):
         x = self.inputs(previous, steps, condition, extra)  # (B, t, d)
         rings = [None] * len(self.layers) if cache is None else cache.layers
         readings = [None] * len(self.layers) if readings is None else readings
+        recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
         for layer, ring, reading in zip(self.layers, rings, readings):
-            x = layer(x, ring, start, reading)  # (B, t, d): the layer's own call, which hooks and wrappers see
+            if recompute:  # the layer run again in the backward pass, its random state (dropout) kept
+                x = checkpoint(layer, x, ring, start, reading, use_reentrant=False)
+            else:
+                x = layer(x, ring, start, reading)  # (B, t, d): the layer's own call, which hooks and wrappers see
         if cache is not None:
             cache.step += previous.shape[1]  # after the pass, whose layers read the counter as their start
         params = self.head(self.final_norm(x))  # (B, t, P)

@@ -162,6 +162,7 @@ class GrowDepth(Callback):
         before = shape(pl_module.config, pl_module.model)
         old_optimizer, old_scheduler = trainer.optimizers[0], trainer.lr_scheduler_configs[0].scheduler
         deepen(pl_module.model, self.layers, self.seed)
+        pl_module.compile_added(pl_module.model.layers[before["n_layers"]:])
         pl_module.hparams["config"] = pl_module.config.to_dict()
         pl_module.grown.append(growth_record(step, pl_module.images_seen, self.seed, before,
                                              shape(pl_module.config, pl_module.model)))

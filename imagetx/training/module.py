@@ -40,7 +40,7 @@ from ..model.flops import Flops, count_flops
 from ..model.attention import FLEX_BLOCK_SIZE
 from ..model.scoring import batch_bits_per_dim
 from ..model.superres import build_model
-from ..model.transformer import ImageTransformer
+from ..model.transformer import ImageTransformer, TransformerLayer
 from .grow import GROWN, deepen
 from .nonfinite import NonFiniteLossError, NonFiniteSteps, gradients_not_finite, non_finite_tensors, step_kind
 from .schedule import noam, warmup_then_decay
@@ -70,7 +70,12 @@ class ImageTransformerModule(L.LightningModule):
         eps: float = 1e-9,
         weight_decay: float = 0.0,  # the paper uses none
         max_nonfinite_skips: int = 0,  # 0 = stop at the first NaN/inf loss or gradient
-        compile: bool = False,  # torch.compile the network (opt-in: start-up cost, helps on GPUs)
+        # torch.compile the network (opt-in: start-up cost, helps on GPUs): the whole of it (true), or
+        # each transformer layer on its own ("layers", regional: one layer's compile serves them all)
+        compile: bool | Literal["layers"] = False,
+        # each decoder layer's activations recomputed in the backward pass instead of kept: memory
+        # for compute (scripts/bench_layers.py measures both), the same numbers
+        activation_checkpointing: bool = False,
         # adamw_cosine / adamw_wsd: where the decay ends. budget: when trainer.max_time runs out
         # (measured on this machine, budget.py), or at max_steps if that comes first; steps: at max_steps.
         lr_horizon: Literal["budget", "steps"] = "budget",
@@ -90,7 +95,7 @@ class ImageTransformerModule(L.LightningModule):
         # plain dict: readable in W&B and YAML (a checkpoint stores it once, on_save_checkpoint).
         config = model_config.to_dict()
         self.save_hyperparameters()
-        self.model = build_model(model_config, attention_kernel, flex_block_size)
+        self.model = build_model(model_config, attention_kernel, flex_block_size, activation_checkpointing)
         self.val_bpd = MeanMetric()
         self.nonfinite = NonFiniteSteps(max_nonfinite_skips)
         self.step_loss: torch.Tensor | None = None  # this optimiser step's loss, until its update is decided
@@ -104,9 +109,7 @@ class ImageTransformerModule(L.LightningModule):
         self.writing_continuation = False  # set by ContinuationCheckpoint while it saves
         self.stored_budget: dict | None = None  # the budget of the run a resumed checkpoint came from
         self.grown: list[dict] = []  # the record of each growth of this model's lineage (grow.py), in every checkpoint
-        if compile:
-            # In place, so parameter names (and checkpoints) stay those of the plain model.
-            self.model.compile(**COMPILE_OPTIONS)
+        compile_network(self.model, compile)
 
     @classmethod
     def load_from_checkpoint(cls, checkpoint_path, map_location=None, hparams_file=None, strict=None,
@@ -125,6 +128,13 @@ class ImageTransformerModule(L.LightningModule):
                                                 **kwargs)
         except pickle.UnpicklingError as error:
             raise refused(checkpoint_path, error) from error
+
+    def compile_added(self, layers) -> None:
+        """Layers added to the network (a growth) compiled as the network's are: each on its own
+        under ``compile: layers`` (under ``compile: true`` the compiled network traces them anew)."""
+        if self.hparams.compile == "layers":
+            for layer in layers:
+                compile_network(layer, "layers")
 
     @property
     def config(self) -> ModelConfig:
@@ -312,7 +322,9 @@ class ImageTransformerModule(L.LightningModule):
         self.grown = list(stored.get(GROWN, []))
         layers = model_config_of(checkpoint).n_layers
         if self.grown and layers > self.config.n_layers:
+            added = len(self.model.layers)
             deepen(self.model, layers, seed=self.grown[-1]["seed"])
+            self.compile_added(self.model.layers[added:])
             self.hparams["config"] = self.config.to_dict()
         self.nonfinite.skipped = int(stored.get("nonfinite_skips", 0))
         self.images_seen = int(stored.get("images_seen", 0))
@@ -338,6 +350,20 @@ def optimizer_settings(hyper_parameters: dict) -> dict:
     section), ImageTransformerModule's defaults for those it leaves out."""
     defaults = inspect.signature(ImageTransformerModule).parameters
     return {key: hyper_parameters.get(key, defaults[key].default) for key in OPTIMIZER_SETTINGS}
+
+
+def compile_network(model: torch.nn.Module, mode: bool | str) -> None:
+    """``torch.compile`` the network in place, so that parameter names (and checkpoints) stay the
+    plain network's: the whole of it (``True``), or each transformer layer on its own (``"layers"``,
+    regional compilation: the layers differ in their tensors only, which torch takes as the graph's
+    inputs, so one layer's graph serves every layer and the compilation costs about one layer's);
+    nothing for ``False``."""
+    if mode == "layers":
+        for module in model.modules():
+            if isinstance(module, TransformerLayer):
+                module.compile(**COMPILE_OPTIONS)
+    elif mode:
+        model.compile(**COMPILE_OPTIONS)
 
 
 def parameter_groups(model: ImageTransformer, peak_lr: float, low_res_lr_scale: float) -> list[dict]:

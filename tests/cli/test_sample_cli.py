@@ -195,23 +195,23 @@ def superres_ckpt(tmp_path_factory):
 
 @pytest.fixture
 def counted_decoding(monkeypatch):
-    """Every prefill's and decode_step's batch size, as the command calls them (of either kind of model)."""
-    from imagetx import ImageTransformer, SuperResolutionTransformer
+    """Every prefill's and decode_step's batch size, as the command calls them (of either kind of model:
+    a super-resolution model's are the decoder's, ImageTransformer's)."""
+    from imagetx import ImageTransformer
 
     calls = {"prefill": [], "decode_step": []}
-    for kind in (ImageTransformer, SuperResolutionTransformer):
-        prefill, decode_step = kind.prefill, kind.decode_step
+    prefill, decode_step = ImageTransformer.prefill, ImageTransformer.decode_step
 
-        def counted_prefill(self, given, cache, prefill=prefill):
-            calls["prefill"].append(tuple(given.shape[:2]))
-            return prefill(self, given, cache)
+    def counted_prefill(self, given, cache):
+        calls["prefill"].append(tuple(given.shape[:2]))
+        return prefill(self, given, cache)
 
-        def counted_step(self, previous, cache, decode_step=decode_step):
-            calls["decode_step"].append(previous.shape[0])
-            return decode_step(self, previous, cache)
+    def counted_step(self, previous, cache):
+        calls["decode_step"].append(previous.shape[0])
+        return decode_step(self, previous, cache)
 
-        monkeypatch.setattr(kind, "prefill", counted_prefill)
-        monkeypatch.setattr(kind, "decode_step", counted_step)
+    monkeypatch.setattr(ImageTransformer, "prefill", counted_prefill)
+    monkeypatch.setattr(ImageTransformer, "decode_step", counted_step)
     return calls
 
 
