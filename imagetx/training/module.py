@@ -322,9 +322,9 @@ class ImageTransformerModule(L.LightningModule):
         self.grown = list(stored.get(GROWN, []))
         layers = model_config_of(checkpoint).n_layers
         if self.grown and layers > self.config.n_layers:
-            added = len(self.model.layers)
+            kept = len(self.model.layers)
             deepen(self.model, layers, seed=self.grown[-1]["seed"])
-            self.compile_added(self.model.layers[added:])
+            self.compile_added(self.model.layers[kept:])
             self.hparams["config"] = self.config.to_dict()
         self.nonfinite.skipped = int(stored.get("nonfinite_skips", 0))
         self.images_seen = int(stored.get("images_seen", 0))
