@@ -145,4 +145,6 @@ def one_level(config: ModelConfig) -> dict[str, Any]:
     out["attention"] = attention["kind"]
     for name, (section, field_name) in FLAT_NAMES.items():
         out[name] = sections[section][field_name]
+    if attention.get("head_size") is not None:  # a width of the attention's own: none before the field
+        out["head_size"] = attention["head_size"]
     return out

@@ -87,7 +87,7 @@ def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
     narrow = device.type == "cuda" and head_size < FLEX_MIN_HEAD_SIZE
     if kernel == "flex" and narrow:
         raise UserError(f"attention kernel 'flex' needs heads of at least {FLEX_MIN_HEAD_SIZE} channels on CUDA, "
-                        f"got {head_size} (d_model / n_heads): use 'auto' or 'sdpa', or fewer heads")
+                        f"got {head_size}: use 'auto' or 'sdpa', or wider heads")
     return kernel == "flex" or (kernel == "auto" and device.type == "cuda" and not narrow)
 
 
@@ -268,16 +268,18 @@ class SelfAttention(nn.Module):
     their grid positions (``rotary``)."""
 
     def __init__(self, d_model: int, n_heads: int, pattern: CausalPattern | None = None, kernel: str = "auto",
-                 rotary: Rotary2D | None = None, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
+                 rotary: Rotary2D | None = None, flex_block_size: int = FLEX_BLOCK_SIZE,
+                 head_size: int | None = None) -> None:
         super().__init__()
         check_kernel(kernel, flex_block_size)
         self.n_heads, self.pattern = n_heads, pattern
         self.kernel, self.flex_block_size = kernel, flex_block_size  # how it runs (``attend``)
-        self.head_size = d_model // n_heads
+        self.head_size = head_size or d_model // n_heads
         self.rotary = rotary
+        width = n_heads * self.head_size
         # T2T's attention projections carry no bias.
-        self.to_qkv = nn.Linear(d_model, 3 * d_model, bias=False)
-        self.to_out = nn.Linear(d_model, d_model, bias=False)
+        self.to_qkv = nn.Linear(d_model, 3 * width, bias=False)
+        self.to_out = nn.Linear(width, d_model, bias=False)
 
     def start_decoding(self, batch: int) -> SelfAttentionCache:
         """An empty ring for ``forward(..., cache=)``."""
@@ -319,12 +321,13 @@ class CrossAttentionCache:
 class CrossAttention(nn.Module):
     """Attention of the decoder to every position of a context (the encoder's output)."""
 
-    def __init__(self, d_model: int, n_heads: int) -> None:
+    def __init__(self, d_model: int, n_heads: int, head_size: int | None = None) -> None:
         super().__init__()
         self.n_heads = n_heads
-        self.to_q = nn.Linear(d_model, d_model, bias=False)
-        self.to_kv = nn.Linear(d_model, 2 * d_model, bias=False)
-        self.to_out = nn.Linear(d_model, d_model, bias=False)
+        width = n_heads * (head_size or d_model // n_heads)
+        self.to_q = nn.Linear(d_model, width, bias=False)
+        self.to_kv = nn.Linear(d_model, 2 * width, bias=False)
+        self.to_out = nn.Linear(width, d_model, bias=False)
 
     def start_decoding(self, context: Tensor) -> CrossAttentionCache:
         """The context's keys and values (S, N, e), projected here once."""

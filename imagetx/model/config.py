@@ -40,7 +40,10 @@ HALF_RANGE = (LEVELS - 1) / 2
 @dataclass
 class AttentionConfig:
     """§4: decoder self-attention — its heads, which earlier positions each step sees, and where they lie."""
-    n_heads: int = 4  # heads of every attention layer: d_model / n_heads channels each
+    n_heads: int = 4  # heads of every attention layer
+    # Channels of each head (the attention's width: n_heads × head_size, projected from and back to
+    # d_model); None: d_model / n_heads, the paper's (and every stored model's before the field).
+    head_size: int | None = None
     kind: Attention = "local_1d"  # which earlier positions a step sees: local 1D or 2D blocks, or all
     # 1D local attention: query blocks of this many positions, in raster order ...
     query_block_length: int = ATTENTION_DEFAULTS["query_block_length"]
@@ -134,8 +137,8 @@ class ModelConfig:
 
     @property
     def head_size(self) -> int:
-        """Channels of one attention head: d_model / n_heads."""
-        return self.d_model // self.attention.n_heads
+        """Channels of one attention head: ``attention.head_size``, or d_model / n_heads."""
+        return self.attention.head_size or self.d_model // self.attention.n_heads
 
     @property
     def dims_per_image(self) -> int:
@@ -169,15 +172,19 @@ class ModelConfig:
         for name, value in sizes:
             if not isinstance(value, int) or value < 1:
                 _invalid(name, value, "must be a positive integer")
-        if self.d_model % self.attention.n_heads:
+        head_size = self.attention.head_size
+        if head_size is not None and (not isinstance(head_size, int) or head_size < 1):
+            _invalid("attention.head_size", head_size, "must be a positive integer (or null: d_model / n_heads)")
+        if head_size is None and self.d_model % self.attention.n_heads:
             _invalid("attention.n_heads", self.attention.n_heads,
-                     f"must divide d_model={self.d_model} (e.g. {_divisors(self.d_model)})")
+                     f"must divide d_model={self.d_model} (e.g. {_divisors(self.d_model)}), "
+                     "or give attention.head_size")
         if self.d_model % 2:
             _invalid("d_model", self.d_model, "must be even: half encodes the row, half the column")
         if self.rotary and self.head_size % 4:
             _invalid("attention.relative_positions", self.attention.relative_positions,
-                     f"needs a head size (d_model / n_heads = {self.head_size}) divisible by 4, "
-                     "in dimension pairs for rows and for columns: change attention.n_heads or d_model")
+                     f"needs a head size ({self.head_size}) divisible by 4, in dimension pairs for rows "
+                     "and for columns: change attention.head_size, attention.n_heads or d_model")
         if not 0.0 <= self.dropout < 1.0:
             _invalid("dropout", self.dropout, "must be in [0, 1)")
         if self.num_classes < 0:
@@ -227,6 +234,8 @@ class ModelConfig:
         section's geometry only the kind's own (``GEOMETRY``)."""
         out = asdict(self)
         attention = out["attention"]
+        if attention["head_size"] is None:  # d_model / n_heads: stored as every model before the field was
+            del attention["head_size"]
         for kind, names in GEOMETRY.items():
             for name in names:
                 if kind != self.attention.kind:

@@ -118,8 +118,8 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
                 inputs += flops
             else:
                 projections += flops
-    # Scores (q·k) and values (weights·v): 2 products of e per pair and head, h·e = d.
-    per_pair = 2 * FLOPS_PER_MAC * cfg.d_model
+    # Scores (q·k) and values (weights·v): 2 products of e per pair and head, h·e the attention's width.
+    per_pair = 2 * FLOPS_PER_MAC * cfg.attention.n_heads * cfg.head_size
     pairs = cfg.n_layers * decoder_attention_pairs(model, device)
     # the encoder and cross-attention to all of it: every pair
     pairs += encoder_layers * context * context + crossing * steps * context

@@ -121,7 +121,7 @@ class LowResReading(nn.Module):
         super().__init__()
         d = config.d_model
         cross_attention = config.superres.low_res_reading == "cross_attention"
-        self.cross_attn = CrossAttention(d, config.attention.n_heads) if cross_attention else None
+        self.cross_attn = CrossAttention(d, config.attention.n_heads, config.head_size) if cross_attention else None
         self.cross_norm = nn.LayerNorm(d) if cross_attention else None
         self.cell_add = None if cross_attention else CellAdd(d, low_res_pixel_of_step)
         # Post-norm normalises after every add; pre-norm has nothing to normalise before the

@@ -49,7 +49,8 @@ class TransformerLayer(nn.Module):
         super().__init__()
         d = config.d_model
         self.pre_norm = config.norm == "pre"
-        self.self_attn = SelfAttention(d, config.attention.n_heads, pattern, kernel, rotary, flex_block_size)
+        self.self_attn = SelfAttention(d, config.attention.n_heads, pattern, kernel, rotary, flex_block_size,
+                                       config.head_size)
         self.self_norm = nn.LayerNorm(d)
         self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
         self.ffn_norm = nn.LayerNorm(d)

@@ -89,6 +89,26 @@ def test_another_kinds_geometry_is_refused_not_rewritten(kind, other):
     assert ModelConfig.from_dict(ModelConfig(attention=default).to_dict()) == ModelConfig(attention=default)
 
 
+def test_an_attention_width_of_its_own_is_stored_only_where_given_and_checked():
+    """``attention.head_size``: None (d_model / n_heads) is every stored model's and is not written
+    (the stored form, and the codec's fingerprint of a model, as before the field); a width of its
+    own is written, read back, lets n_heads not divide d_model, and is refused in one line where it is
+    not a positive integer."""
+    plain = tiny_config()
+    assert "head_size" not in plain.to_dict()["attention"] and "head_size" not in one_level(plain)
+    assert plain.head_size == plain.d_model // plain.attention.n_heads
+    wide = dataclasses.replace(plain, attention=dataclasses.replace(plain.attention, n_heads=3, head_size=12))
+    assert wide.validate().head_size == 12 and wide.to_dict()["attention"]["head_size"] == 12
+    assert ModelConfig.from_dict(json.loads(json.dumps(wide.to_dict()))) == wide
+    assert one_level(wide)["head_size"] == 12
+    with pytest.raises(ValueError, match=r"ModelConfig.attention.n_heads=3 is invalid: must divide d_model=16 .*"
+                                         r"or give attention.head_size"):
+        dataclasses.replace(wide, attention=dataclasses.replace(wide.attention, head_size=None)).validate()
+    for bad in (0, -4, 2.5):
+        with pytest.raises(ValueError, match=rf"ModelConfig.attention.head_size={bad!r} is invalid: must be a positive"):
+            dataclasses.replace(plain, attention=dataclasses.replace(plain.attention, head_size=bad)).validate()
+
+
 def test_2d_block_must_be_positive():
     assert_rejected("query_block_shape", attention="local_2d", query_block_shape=(0, 3), memory_flange=(0, 1))
 

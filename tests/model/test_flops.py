@@ -87,6 +87,22 @@ def test_counted_flops_equal_flop_counter_mode(case):
     assert flops.training == flops.forward + 2 * flops.projections + flops.inputs + 2 * flops.attention
 
 
+@pytest.mark.parametrize("superres", [False, True], ids=["decoder", "encoder, cross-attention"])
+def test_an_attention_width_of_its_own_is_counted_as_flop_counter_mode_counts_it(superres):
+    """3 heads of 12 channels over d_model 16: projections to that width and back, scores and values
+    over 36 channels a pair, as FlopCounterMode counts them."""
+    import dataclasses
+
+    cfg = tiny_config(image_size=8, n_layers=2, n_heads=3, **(dict(encoder_layers=1) if superres else {}))
+    cfg = dataclasses.replace(cfg, attention=dataclasses.replace(cfg.attention, head_size=12)).validate()
+    torch.manual_seed(0)
+    model = build_model(cfg).train()
+    flops = count_flops(model)
+    forward, backward = counted(model)
+    assert forward == flops.forward
+    assert backward == 2 * flops.projections + flops.inputs + 2 * flops.attention
+
+
 def test_local_attention_counts_its_blocks_not_the_dense_square():
     """A 1D local pattern at 32×32 computes a fixed window per query: a fraction of full
     attention's pairs, and growing with T, not T²."""

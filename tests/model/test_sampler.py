@@ -631,3 +631,26 @@ def test_every_decoder_layer_is_called_as_a_module_in_the_full_pass_and_in_decod
     layers[-1].register_forward_hook(lambda module, args, output: torch.zeros_like(output))
     with torch.no_grad():
         assert not torch.allclose(model.bits_per_dim(images, **low_res), scored)
+
+
+@pytest.mark.parametrize("reading", [None, "cross_attention"])
+def test_an_attention_of_its_own_width_decodes_as_its_full_pass(reading):
+    """``attention.head_size`` other than d_model / n_heads (3 heads of 12 channels over d_model 16):
+    the projections go to that width and back, every attention of the model alike (the encoder's and
+    cross-attention too), and the cached decoder gives the full pass's parameters."""
+    import dataclasses
+
+    from helpers import tiny_config
+    from imagetx.model.superres import build_model
+
+    superres = {} if reading is None else dict(image_size=8, encoder_layers=1, low_res_size=4, low_res_reading=reading)
+    config = tiny_config(n_heads=3, relative_positions="rotary", **superres)
+    config = dataclasses.replace(config, attention=dataclasses.replace(config.attention, head_size=12)).validate()
+    torch.manual_seed(11)
+    model = build_model(config).double().eval()
+    assert model.layers[0].self_attn.to_qkv.weight.shape == (3 * 36, 16)
+    assert model.layers[0].self_attn.to_out.weight.shape == (16, 36)
+    if reading:
+        assert model.layers[0].reading.cross_attn.to_kv.weight.shape == (2 * 36, 16)
+    images = random_images(2, config.image_size, seed=12)
+    check_cached_equals_full(model, images, low_res=downsample_area(images, 4) if reading else None)
