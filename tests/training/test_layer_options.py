@@ -76,3 +76,31 @@ def test_regional_compilation_compiles_the_layer_once_for_every_layer_and_equals
     torch.testing.assert_close(compiled, eager, rtol=1e-5, atol=1e-5)
     assert [name for name, _ in model.named_parameters()] == names
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+
+
+def test_compile_layers_compiles_every_transformer_layer_and_a_growth_s_new_ones(monkeypatch):
+    """``compile: layers`` compiles each transformer layer (a super-resolution model's encoder layers
+    too) and nothing else; layers a growth adds are compiled the same way (``compile_added``, which
+    GrowDepth and a grown checkpoint's loading call), and not under ``compile: false``. Recorded,
+    not compiled: what each compilation computes is the test above's."""
+    from imagetx.model.transformer import TransformerLayer
+    from imagetx.training.grow import deepen
+    from imagetx.training.module import ImageTransformerModule
+
+    compiled = []
+    monkeypatch.setattr(torch.nn.Module, "compile", lambda self, **options: compiled.append(self))
+    config = tiny_config(image_size=8, encoder_layers=1, low_res_size=4, n_layers=2, norm="pre")
+    module = ImageTransformerModule(config, compile="layers")
+    layers = [m for m in module.model.modules() if isinstance(m, TransformerLayer)]
+    assert len(layers) == 3 and compiled == layers  # 2 decoder layers and the encoder's, each once
+    compiled.clear()
+    plain = ImageTransformerModule(tiny_config(n_layers=2, norm="pre"), compile="layers")
+    assert compiled == list(plain.model.layers)
+    deepen(plain.model, 3, seed=0)
+    plain.compile_added(plain.model.layers[2:])
+    assert compiled[2:] == [plain.model.layers[2]]
+    compiled.clear()
+    eager = ImageTransformerModule(tiny_config(n_layers=2, norm="pre"))
+    deepen(eager.model, 3, seed=0)
+    eager.compile_added(eager.model.layers[2:])
+    assert compiled == []
