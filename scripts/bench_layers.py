@@ -55,7 +55,8 @@ def worker(spec: dict) -> dict:
     if compile_mode:
         compile_network(model, compile_mode)
     optimizer = make_optimizer(model, **optimizer_settings(preset))
-    images = torch.randint(0, 256, (spec["batch"], 32, 32, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(1))
+    images = torch.randint(0, 256, (spec["batch"], 32, 32, 3), dtype=torch.uint8,
+                           generator=torch.Generator().manual_seed(1))
 
     def step() -> None:
         loss = batch_bits_per_dim(model, {"images": images}, check=False).mean()

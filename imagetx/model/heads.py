@@ -330,7 +330,8 @@ class DMOLHead(Head):
         else:
             component = draw(torch.softmax(logits / temperature, dim=-1), generator)
         pick = F.one_hot(component, self.components).to(means.dtype).unsqueeze(-2)  # (..., 1, K)
-        # the picked component's: means and coefficients (..., 3, 1), as ``coupled_mean`` reads them; log-scales (..., 3)
+        # the picked component's means and coefficients (..., 3, 1), as ``coupled_mean`` reads them,
+        # and log-scales (..., 3)
         means, coeffs = ((t * pick).sum(-1, keepdim=True).double() for t in (means, coeffs))
         log_scales = (log_scales * pick).sum(-1).double()
         # Logistic noise by inversion, in float64: u = 0 would give −inf, so it starts at the

@@ -113,11 +113,12 @@ class DecodingCache:
 
 class ImageTransformer(nn.Module):
     """The decoder-only autoregressive model over sub-pixels or pixels. ``kernel`` and
-    ``flex_block_size``: how its self-attention runs (attention.py), the same numbers
-    every way; ``activation_checkpointing``: each layer's activations recomputed in the backward
-    pass instead of kept (memory for compute; the same numbers too). A super-resolution model is this decoder with an encoder (superres.py:
-    ``SuperResolutionTransformer``); the methods it fills in return nothing here
-    (``low_res_modules``, ``read_low_res``, ``low_res_inputs``). Saving, loading and sharing it: ``imagetx.io``."""
+    ``flex_block_size``: how its self-attention runs (attention.py), the same numbers every way;
+    ``activation_checkpointing``: each layer's activations recomputed in the backward pass instead
+    of kept (memory for compute; the same numbers too). A super-resolution model is this decoder
+    with an encoder (superres.py: ``SuperResolutionTransformer``); the methods it fills in return
+    nothing here (``low_res_modules``, ``read_low_res``, ``low_res_inputs``). Saving, loading and
+    sharing it: ``imagetx.io``."""
 
     def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE,
                  activation_checkpointing: bool = False) -> None:
@@ -209,7 +210,8 @@ class ImageTransformer(nn.Module):
         """An empty cache for decoding ``batch`` images with ``forward``, at step 0."""
         self.check_conditioning(batch, labels, low_res)
         step = torch.zeros((), dtype=torch.long, device=self.step_rows.device)
-        return DecodingCache(step, self.class_vector(labels), [layer.self_attn.start_decoding(batch) for layer in self.layers])
+        rings = [layer.self_attn.start_decoding(batch) for layer in self.layers]
+        return DecodingCache(step, self.class_vector(labels), rings)
 
     def decode_step(self, previous: Tensor, cache: DecodingCache) -> Tensor:
         """The value generated at step t − 1, (B,) or (B, 3) -> (B, P): step t's parameters, equal to
