@@ -329,13 +329,12 @@ class CrossAttention(nn.Module):
         self.to_kv = nn.Linear(d_model, 2 * width, bias=False)
         self.to_out = nn.Linear(width, d_model, bias=False)
 
-    def start_decoding(self, context: Tensor) -> CrossAttentionCache:
-        """The context's keys and values (S, N, e), projected here once."""
+    def prepare(self, context: Tensor) -> CrossAttentionCache:
+        """The context's (B, S, d) keys and values (S, N, e), projected once: a pass's, or a whole
+        decoding's."""
         return CrossAttentionCache(*project_heads(self.to_kv, context, self.n_heads, 2))
 
-    def forward(self, x: Tensor, context: Tensor | None = None, cache: CrossAttentionCache | None = None) -> Tensor:
-        """x (B, t, d), context (B, S, d) -> (B, t, d); with ``cache``, no ``context`` (the cache
-        holds it)."""
+    def forward(self, x: Tensor, context: CrossAttentionCache) -> Tensor:
+        """x (B, t, d) over the ``prepare``d context -> (B, t, d)."""
         (q,) = project_heads(self.to_q, x, self.n_heads, 1)
-        k, v = project_heads(self.to_kv, context, self.n_heads, 2) if cache is None else (cache.keys, cache.values)
-        return merge_heads(self.to_out, attend(q, k, v), self.n_heads)
+        return merge_heads(self.to_out, attend(q, context.keys, context.values), self.n_heads)

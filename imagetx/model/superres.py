@@ -132,7 +132,7 @@ class LowResReading(nn.Module):
         """What the steps read of the encoder's output ``context``, computed once: a pass's, or a
         whole decoding's."""
         if self.cross_attn is not None:
-            return self.cross_attn.start_decoding(context)
+            return self.cross_attn.prepare(context)
         return self.cell_add.prepare(context)
 
     def forward(self, x: Tensor, layer: TransformerLayer, prepared: CrossAttentionCache | CellAddCache,
@@ -140,7 +140,7 @@ class LowResReading(nn.Module):
         """(B, t, d) after ``layer``'s self-attention, the steps from ``start`` on -> (B, t, d) with
         the encoder read from what ``prepare`` made, added as ``layer`` adds its branches."""
         if self.cross_attn is not None:
-            branch = self.cross_attn(layer.branch_input(x, self.cross_norm), cache=prepared)
+            branch = self.cross_attn(layer.branch_input(x, self.cross_norm), prepared)
             return layer.add(x, branch, self.cross_norm)
         return layer.add(x, self.cell_add(prepared, start, x.shape[1]), self.cell_norm)
 

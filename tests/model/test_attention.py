@@ -234,12 +234,12 @@ def test_self_attention_matches_dense_per_head():
 def decode_in_chunks(attn, x, chunks, context=None):
     """Run x (B, T, d) through ``attn`` with a cache, ``chunks`` steps at a time (a list of
     lengths summing to T: 1s are decoding steps, longer ones prefills): (B, T, d)."""
-    cache = attn.start_decoding(x.shape[0]) if context is None else attn.start_decoding(context)
+    cache = attn.start_decoding(x.shape[0]) if context is None else attn.prepare(context)
     outputs, start = [], 0
     for length in chunks:
         part = x[:, start : start + length]
         # the model's decoding cache owns the counter: a layer is handed its start, a 0-d tensor
-        outputs.append(attn(part, cache, torch.tensor(start)) if context is None else attn(part, None, cache))
+        outputs.append(attn(part, cache, torch.tensor(start)) if context is None else attn(part, cache))
         start += length
     return torch.cat(outputs, dim=1)
 
@@ -328,6 +328,6 @@ def test_cached_cross_attention_equals_the_full_pass():
     attn = CrossAttention(16, 4).double()
     x, context = torch.randn(2, 48, 16, dtype=torch.float64), torch.randn(2, 12, 16, dtype=torch.float64)
     with torch.no_grad():
-        full = attn(x, context)
+        full = attn(x, attn.prepare(context))  # every step's queries at once
         cached = decode_step_by_step(attn, x, context)
     torch.testing.assert_close(cached, full, atol=1e-12, rtol=0)

@@ -107,7 +107,7 @@ def test_cross_attention_equals_the_dense_reference(head):
     k, v = project_heads(attn.to_kv, context, attn.n_heads, 2)
     expected = merge_heads(attn.to_out, dense_attention(q, k, v, torch.ones(length, 48, dtype=torch.bool)),
                            attn.n_heads)
-    got = attn(x, context)
+    got = attn(x, attn.prepare(context))
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
     weights = torch.randn_like(got)
     grads = torch.autograd.grad((got * weights).sum(), (x, context))
