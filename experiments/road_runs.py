@@ -202,8 +202,8 @@ def widen_attention(model, heads: int):
         attention = layer.self_attn
         if heads != attention.n_heads:
             width = heads * attention.head_size
-            attention.to_qkv = nn.Linear(d, 3 * width, bias=False)
-            attention.to_out = nn.Linear(width, d, bias=False)
+            attention.qkv = nn.Linear(d, 3 * width, bias=False)
+            attention.proj = nn.Linear(width, d, bias=False)
             attention.n_heads = heads
     return model
 

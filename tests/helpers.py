@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from einops import rearrange
+from torch import Tensor
 
 from imagetx import ImageTransformer, build_model, ModelConfig
 from imagetx.io.older import model_config
@@ -235,18 +235,18 @@ def decode_embeddings(model, emb: Tensor, labels: Tensor | None = None, low_res:
 
 
 def dense_attention(q: Tensor, k: Tensor, v: Tensor, can_attend: Tensor, bias: Tensor | None = None) -> Tensor:
-    """Reference softmax attention: q (Tq, N, e), k and v (Tk, N, e), can_attend (Tq, Tk) -> (Tq, N, e).
+    """Reference softmax attention: q (B, h, Tq, e), k and v (B, h, Tk, e), can_attend (Tq, Tk) -> (B, h, Tq, e).
 
     Written out by hand (no fused kernel) so the fast paths have something
     independent to be compared with. A query with no allowed key gets zeros.
-    ``bias`` (h, Tq, Tk): added to the scores of head i of every image (N = batch·h).
+    ``bias`` (h, Tq, Tk): added to the scores of head i of every image.
     """
-    scores = torch.einsum("qne,kne->nqk", q, k) / math.sqrt(q.shape[-1])
+    scores = torch.einsum("bhqe,bhke->bhqk", q, k) / math.sqrt(q.shape[-1])
     if bias is not None:
-        scores = (rearrange(scores, "(b h) q k -> b h q k", h=bias.shape[0]) + bias).flatten(0, 1)
+        scores = scores + bias
     scores = scores.masked_fill(~can_attend, float("-inf"))
     weights = torch.softmax(scores, dim=-1).nan_to_num(0.0)
-    return torch.einsum("nqk,kne->qne", weights, v)
+    return torch.einsum("bhqk,bhke->bhqe", weights, v)
 
 
 # ----- pictures a user might give: good ones, and every kind of bad one -----------------------

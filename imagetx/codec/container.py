@@ -103,15 +103,16 @@ class Header:
 
 def model_fingerprint(model: ImageTransformer) -> bytes:
     """SHA-256 of the model's config (its fields in the one-level form files have always been
-    fingerprinted in, ``io.older.one_level``, as sorted JSON) and of every tensor of its state
-    (name, dtype, shape and bytes, in name order), first ``FINGERPRINT_BYTES`` bytes."""
+    fingerprinted in, ``io.older.one_level``, as sorted JSON) and of every tensor of its state in
+    the form it has always been fingerprinted in (``io.older.older_state``: name, dtype, shape and
+    bytes, in name order), first ``FINGERPRINT_BYTES`` bytes."""
     import torch
 
-    from ..io.older import one_level
+    from ..io.older import older_state, one_level
 
     sha = hashlib.sha256()
     sha.update(json.dumps(one_level(model.config), sort_keys=True, default=str).encode())
-    for name, tensor in sorted(model.state_dict().items()):
+    for name, tensor in sorted(older_state(model).items()):
         tensor = tensor.detach().cpu().contiguous()
         sha.update(f"{name}|{tensor.dtype}|{tuple(tensor.shape)}|".encode())
         sha.update(tensor.view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")

@@ -1,15 +1,24 @@
 """What older files hold, read as today's: the model configuration in the forms files of this
-imagetx's lineage store (``model_config``), and super-resolution weights under older parameter
-names (``current_names``).
+imagetx's lineage store (``model_config``), and weights under older parameter names and layouts
+(``current_names``).
 
 A super-resolution model's weights have had three forms of names. Today the model is the decoder
 with an encoder, and each decoder layer's reading of the encoder is its conditioning sublayer
-(``layers.3.reading.cross_attn.to_q.weight``). First they were named as today's but with the
-reading's parts in the layer itself (``layers.3.cross_attn.to_q.weight``); then the model held the
+(``layers.3.reading.cross_attn.q.weight``). First they were named as today's but with the
+reading's parts in the layer itself (``layers.3.cross_attn.q.weight``); then the model held the
 decoder (``decoder.layers.3.self_attn...``) and its readings beside it
-(``readings.3.cross_attn.to_q.weight``). Shipped folders, checkpoints and continuations written
-then are read through ``current_names``. The optimiser lists the parameters in the order it
-always has (``training.module.parameter_groups``), so its state (matched by order) goes on.
+(``readings.3.cross_attn.q.weight``).
+
+Every model's attention projections had other names and, fused, another order (``PROJECTIONS``):
+``to_qkv`` with its output features in (head, part, e) order, where today's ``qkv`` has them in
+(part, head, e) order, the order of the (B, h, T, e) layout (model/attention.py).
+
+Shipped folders, checkpoints and continuations written then are read through ``current_names``;
+a continuation's Adam moments of the reordered projections through ``reordered_projections``.
+The optimiser lists the parameters in the order it always has
+(``training.module.parameter_groups``), so its state (matched by order) goes on. The codec's
+model fingerprint hashes the weights in the older form (``older_state``), as it always has, so
+that every compressed file names its model as it did.
 """
 
 from __future__ import annotations
@@ -18,9 +27,11 @@ import re
 from dataclasses import asdict
 from typing import Any
 
-from torch import Tensor
+from einops import rearrange
+from torch import Tensor, nn
 
 from ..errors import UserError
+from ..model.attention import CrossAttention, SelfAttention
 from ..model.config import GEOMETRY, AttentionConfig, ModelConfig, SuperResolutionConfig
 
 # The parts of a super-resolution model's decoder layers that read the encoder (first in the
@@ -30,9 +41,75 @@ IN_LAYER = re.compile(rf"layers\.(\d+)\.((?:{'|'.join(READING_PARTS)})\..*)")  #
 BESIDE = re.compile(r"readings\.(\d+)\.(.*)")  # the second
 
 
-def current_names(state: dict[str, Tensor], prefix: str = "") -> dict[str, Tensor]:
-    """``state`` (names under ``prefix``: "model." in a training checkpoint) with a
-    super-resolution model's older names made today's; any other state as it is."""
+# An attention projection's older name -> (today's, the parts its output features fuse: q, k and v).
+PROJECTIONS = {"to_qkv": ("qkv", 3), "to_kv": ("kv", 2), "to_q": ("q", 1), "to_out": ("proj", 1)}
+
+
+def current_names(state: dict[str, Tensor], model: nn.Module, prefix: str = "") -> dict[str, Tensor]:
+    """``state`` (names under ``prefix``: "model." in a training checkpoint) of ``model`` with
+    older names and projection layouts made today's, in the same order; today's state as it is."""
+    state = reading_names(state, prefix)
+    older = older_projections(state, model, prefix)
+    today = {}
+    for name, value in state.items():
+        name, order = older.get(name, (name, None))
+        today[name] = value if order is None else in_today_order(value, *order)
+    return today
+
+
+def reordered_projections(state: dict[str, Tensor], model: nn.Module, prefix: str = "") -> dict[str, tuple[int, int]]:
+    """Today's names of the fused projections that ``state`` holds in the older order, each with
+    its heads and parts: what Adam's moments of those tensors need too (``in_today_order``)."""
+    older = older_projections(reading_names(state, prefix), model, prefix)
+    return {today: order for today, order in older.values() if order is not None}
+
+
+def older_projections(state: dict[str, Tensor], model: nn.Module,
+                      prefix: str) -> dict[str, tuple[str, tuple[int, int] | None]]:
+    """{older name: (today's name, (heads, parts) of a fused projection whose output features are
+    to be reordered, else None)} of the attention projections ``state`` stores under their older
+    names. A tensor of another shape than ``model``'s is renamed only: the check of every tensor
+    against the model then names it (``io.weights.check_tensors``)."""
+    attentions = {name: module for name, module in model.named_modules()
+                  if isinstance(module, (SelfAttention, CrossAttention))}
+    found = {}
+    for name, value in state.items():
+        path, _, tensor = name.removeprefix(prefix).rpartition(".")
+        owner, _, projection = path.rpartition(".")
+        if name.startswith(prefix) and tensor == "weight" and projection in PROJECTIONS and owner in attentions:
+            today, parts = PROJECTIONS[projection]
+            fused = parts > 1 and value.shape == getattr(attentions[owner], today).weight.shape
+            found[name] = (f"{prefix}{owner}.{today}.weight", (attentions[owner].n_heads, parts) if fused else None)
+    return found
+
+
+def in_today_order(weight: Tensor, heads: int, parts: int) -> Tensor:
+    """A fused projection's (parts·h·e, d) weight, or a moment of it, from (head, part, e) order of
+    its output features to (part, head, e)."""
+    return rearrange(weight, "(h p e) d -> (p h e) d", h=heads, p=parts).contiguous()
+
+
+def older_state(model: nn.Module) -> dict[str, Tensor]:
+    """``model``'s state in the older form (``PROJECTIONS``), in the same order: the names and
+    layout the codec's model fingerprint has always hashed."""
+    older = {today: (name, parts) for name, (today, parts) in PROJECTIONS.items()}
+    heads = {name: module.n_heads for name, module in model.named_modules()
+             if isinstance(module, (SelfAttention, CrossAttention))}
+    state = {}
+    for name, value in model.state_dict().items():
+        path, _, tensor = name.rpartition(".")
+        owner, _, projection = path.rpartition(".")
+        if tensor == "weight" and projection in older and owner in heads:
+            older_name, parts = older[projection]
+            name = f"{owner}.{older_name}.weight"
+            if parts > 1:
+                value = rearrange(value, "(p h e) d -> (h p e) d", h=heads[owner], p=parts)
+        state[name] = value
+    return state
+
+
+def reading_names(state: dict[str, Tensor], prefix: str = "") -> dict[str, Tensor]:
+    """``state`` with a super-resolution model's older names of its readings made today's."""
     names = [name.removeprefix(prefix) for name in state if name.startswith(prefix)]
     if not any(name.startswith("encoder.") for name in names):
         return state

@@ -71,7 +71,7 @@ def checked_model(config: ModelConfig, state: dict[str, torch.Tensor], source: P
     """The model of ``config`` holding the tensors ``state`` read from ``source``, in eval mode; a
     CheckpointError naming any tensor that does not fit, and the ``fix``."""
     model = build_model(config)
-    state = current_names(state)
+    state = current_names(state, model)
     check_tensors(source, state, model.state_dict(), fix)
     model.load_state_dict(state)
     return model.to(map_location).eval()

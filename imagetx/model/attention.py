@@ -1,9 +1,10 @@
 """Multi-head attention (docs/model.md §3, §4): the layers and the one function that computes
 attention, ``attend``, for training, prefill and decoding alike.
 
-One layout throughout: q, k, v sequence-first (T, N, e), N = batch·heads, e the head size. A
-(B, T, d) input becomes (T, B·h, e) by one fused projection (``project_heads``) and comes back
-through the output projection (``merge_heads``).
+One layout throughout, the one attention kernels take: q, k, v (B, h, T, e), e the head size. A
+(B, T, d) input becomes (B, h, T, e) views of one fused projection, its output features in
+(part, head, e) order as in nanoGPT and timm (``project_heads``), and comes back through the
+output projection (``merge_heads``).
 
 ``attend`` takes what the queries may see as one argument:
 
@@ -59,7 +60,7 @@ FLEX_MIN_HEAD_SIZE = 16
 
 def attend(q: Tensor, k: Tensor, v: Tensor, allowed: CausalPattern | Tensor | None = None,
            kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> Tensor:
-    """q (Tq, N, e) over k, v (Tk, N, e) -> (Tq, N, e): over the keys ``allowed`` lets each query
+    """q (B, h, Tq, e) over k, v (B, h, Tk, e) -> (B, h, Tq, e): over the keys ``allowed`` lets each query
     see (a pattern; a (Tq, Tk) bool mask; None: every key), equal to the dense reference.
     FlexAttention runs in kernel blocks of ``flex_block_size``."""
     if allowed is None or isinstance(allowed, Tensor):
@@ -136,29 +137,27 @@ def pairs_computed(pattern: CausalPattern) -> int:
 # ----- the SDPA reference path --------------------------------------------------------------------
 
 def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """(Tq, N, e) queries over the (Tk, N, e) keys ``mask`` (Tq, Tk) allows (None: every key): one
-    fused call on views."""
-    # t n e -> 1 n t e, by torch's own view ops: this runs at every decoding step of every layer,
-    # where einops' bookkeeping would cost as much as the attention
-    q, k, v = (t.transpose(0, 1).unsqueeze(0) for t in (q, k, v))
-    out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-    return out.squeeze(0).transpose(0, 1)  # 1 n t e -> t n e
+    """(B, h, Tq, e) queries over the (B, h, Tk, e) keys ``mask`` (Tq, Tk) allows (None: every
+    key): one fused call."""
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
 def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex) -> Tensor:
     """Queries in blocks (``BlockIndex``), each block over its own gathered keys, the blocks the
-    batch axis of one fused call: q (Tq, N, e); k, v (Tk, N, e), a zero row appended for key step
-    Tk (no key). -> (Tq, N, e). Cost O(T·(keys per block)), never O(T²) for local patterns."""
+    batch axis of one fused call: q (B, h, Tq, e); k, v (B, h, Tk, e), a zero row appended for key
+    step Tk (no key). -> (B, h, Tq, e). Cost O(T·(keys per block)), never O(T²) for local patterns.
+    The blocks lead the kernel's batch axis, so that one (n, 1, L, S) mask serves every image and
+    head; the kernel's 4 axes are (block, image·head, step, channel)."""
     n_blocks, n_keys = blocks.key_steps.shape
-    block_len, length = blocks.can_attend.shape[1], q.shape[0]
-    q = F.pad(q, (0, 0, 0, 0, 0, n_blocks * block_len - length))  # end padding: its outputs are dropped
-    zero = q.new_zeros(1, *q.shape[1:])
-    keys, values = (rearrange(torch.cat([t, zero]).index_select(0, blocks.key_steps.flatten()),
-                              "(b s) n e -> b n s e", s=n_keys) for t in (k, v))
-    queries = rearrange(q, "(b l) n e -> b n l e", b=n_blocks)
+    block_len, length, heads = blocks.can_attend.shape[1], q.shape[2], q.shape[1]
+    q = F.pad(q, (0, 0, 0, n_blocks * block_len - length))  # end padding: its outputs are dropped
+    zero = q.new_zeros(*q.shape[:2], 1, q.shape[3])
+    keys, values = (rearrange(torch.cat([t, zero], dim=2).index_select(2, blocks.key_steps.flatten()),
+                              "b h (n s) e -> n (b h) s e", s=n_keys) for t in (k, v))
+    queries = rearrange(q, "b h (n l) e -> n (b h) l e", n=n_blocks)
     mask = None if blocks.causal else blocks.can_attend[:, None]  # causal: SDPA's own, no mask read
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=blocks.causal)
-    return rearrange(out, "b n l e -> (b l) n e")[:length]
+    return rearrange(out, "n (b h) l e -> b h (n l) e", h=heads)[:, :, :length]
 
 
 # ----- FlexAttention ------------------------------------------------------------------------------
@@ -188,38 +187,33 @@ def tile_options(block_mask: BlockMask, device: torch.device) -> dict | None:
 
 
 def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
-    """q (Tq, N, e), k and v (Tk, N, e) -> (Tq, N, e) under ``block_mask``: the N images·heads are
-    the kernel's batch. Copied contiguous: in a compiled model, Inductor's CPU lowering rejects
-    views of a graph's inputs, and the copy is small next to the attention."""
-    q, k, v = (rearrange(t, "t n e -> n 1 t e").contiguous() for t in (q, k, v))
+    """q (B, h, Tq, e), k and v (B, h, Tk, e) -> (B, h, Tq, e) under ``block_mask`` (one for every
+    image and head). Copied contiguous: in a compiled model, Inductor's CPU lowering rejects views
+    of a graph's inputs, and the copy is small next to the attention."""
+    q, k, v = (t.contiguous() for t in (q, k, v))
     from torch.nn.attention.flex_attention import flex_attention
 
     # Inside a compiled model the model's compilation builds the kernel.
     kernel = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
-    out = kernel(q, k, v, block_mask=block_mask, kernel_options=tile_options(block_mask, q.device))
-    return rearrange(out, "n 1 t e -> t n e")
+    return kernel(q, k, v, block_mask=block_mask, kernel_options=tile_options(block_mask, q.device))
 
 
 # ----- the layers ---------------------------------------------------------------------------------
 
 def project_heads(proj: nn.Linear, x: Tensor, n_heads: int, parts: int) -> tuple[Tensor, ...]:
-    """x (B, T, d) through ``proj`` (d -> parts·d) -> ``parts`` tensors (T, B·h, e).
-
-    The projection's output features are ordered (head, part, e): projecting the transposed
-    (T, B, d) input, every part of every head then folds into the batch axis as a view, with
-    no copy (a (part, head, e) order would need one)."""
-    out = proj(x.transpose(0, 1))  # (T, B, h·parts·e)
-    return rearrange(out, "t b (h p e) -> p t (b h) e", h=n_heads, p=parts).unbind(0)
+    """x (B, T, d) through ``proj`` (d -> parts·h·e, output features in (part, head, e) order)
+    -> ``parts`` tensors (B, h, T, e), views of the one projection."""
+    return rearrange(proj(x), "b t (p h e) -> p b h t e", p=parts, h=n_heads).unbind(0)
 
 
-def merge_heads(proj: nn.Linear, out: Tensor, n_heads: int) -> Tensor:
-    """(T, B·h, e) -> (B, T, d) through the output projection."""
-    return proj(rearrange(out, "t (b h) e -> t b (h e)", h=n_heads)).transpose(0, 1)
+def merge_heads(proj: nn.Linear, out: Tensor) -> Tensor:
+    """(B, h, T, e) -> (B, T, d) through the output projection."""
+    return proj(rearrange(out, "b h t e -> b t (h e)"))
 
 
 @dataclass
 class SelfAttentionCache:
-    """One self-attention layer's decoding state, written in place: keys and values (ring, N, e)
+    """One self-attention layer's decoding state, written in place: keys and values (B, h, ring, e)
     of the last ``ring`` steps, step s in slot s % ring, and ``steps`` (ring,) the step each slot
     holds (−1: none yet). ring is the pattern's: the fewest slots that hold every key a later
     query still reads. A decoding step attends over the whole ring (the codec's arithmetic: its
@@ -238,26 +232,28 @@ class SelfAttentionCache:
     block_length: int
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, steps: Tensor) -> Tensor:
-        """The queries, keys and values (t, N, e) of ``steps`` (t,) over the keys they see, masked
+        """The queries, keys and values (B, h, t, e) of ``steps`` (t,) over the keys they see, masked
         by the pattern's rule on the keys' steps; then kept. A prefill's steps run a piece at a
         time, each kept before the next reads the ring."""
         if steps.shape[0] == 1:  # the ring holds the steps before it, in order: its mask is looked up
-            out = attend(q, torch.cat([self.keys, k]), torch.cat([self.values, v]), self.step_masks[steps])
+            out = attend(q, torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2),
+                         self.step_masks[steps])
         else:
             first = int(steps[0])  # one host read a piece: a prefill runs eagerly
             within = min(self.piece, self.block_length - first % self.block_length)  # in one block
             if steps.shape[0] > within:
-                pieces = zip(*(t.split([within, steps.shape[0] - within]) for t in (q, k, v, steps)))
-                return torch.cat([self.attend(*piece) for piece in pieces])
+                split = [within, steps.shape[0] - within]
+                pieces = zip(*(t.split(split, dim=2) for t in (q, k, v)), steps.split(split))
+                return torch.cat([self.attend(*piece) for piece in pieces], dim=2)
             block = self.block_keys[first // self.block_length]  # (S,)
             earlier = block[block < first]  # in the ring: each within ``ring`` steps of the block's last query
             held = earlier % self.steps.shape[0]  # their slots
             key_steps = torch.cat([earlier, steps])
-            out = attend(q, torch.cat([self.keys[held], k]), torch.cat([self.values[held], v]),
-                         self.rule(steps[:, None], key_steps[None, :]))
+            out = attend(q, torch.cat([self.keys[:, :, held], k], dim=2),
+                         torch.cat([self.values[:, :, held], v], dim=2), self.rule(steps[:, None], key_steps[None, :]))
         slots = steps % self.steps.shape[0]
-        self.keys.index_copy_(0, slots, k)
-        self.values.index_copy_(0, slots, v)
+        self.keys.index_copy_(2, slots, k)
+        self.values.index_copy_(2, slots, v)
         self.steps.index_copy_(0, slots, steps)
         return out
 
@@ -278,16 +274,16 @@ class SelfAttention(nn.Module):
         self.rotary = rotary
         width = n_heads * self.head_size
         # T2T's attention projections carry no bias.
-        self.to_qkv = nn.Linear(d_model, 3 * width, bias=False)
-        self.to_out = nn.Linear(width, d_model, bias=False)
+        self.qkv = nn.Linear(d_model, 3 * width, bias=False)  # output features (part, head, e)
+        self.proj = nn.Linear(width, d_model, bias=False)
 
     def start_decoding(self, batch: int) -> SelfAttentionCache:
         """An empty ring for ``forward(..., cache=)``."""
         if self.pattern is None:
             raise ValueError("unmasked self-attention (no pattern) is not causal: it cannot decode step by step")
-        weight = self.to_qkv.weight
+        weight = self.qkv.weight
         ring = self.pattern.ring()
-        keys = weight.new_zeros(ring, batch * self.n_heads, self.head_size)
+        keys = weight.new_zeros(batch, self.n_heads, ring, self.head_size)
         steps = torch.full((ring,), -1, dtype=torch.long, device=weight.device)
         return SelfAttentionCache(keys, torch.zeros_like(keys), steps, self.pattern.piece(), self.pattern.mask_rule(),
                                   self.pattern.step_masks(weight.device), self.pattern.blocks(weight.device).key_steps,
@@ -298,7 +294,7 @@ class SelfAttention(nn.Module):
         ``cache`` the next t steps (one decoding step, or a prefill)."""
         if cache is None:
             prepare(self.pattern, self.kernel, self.flex_block_size, x.device, self.head_size)
-        q, k, v = project_heads(self.to_qkv, x, self.n_heads, 3)  # each (t, B·h, e)
+        q, k, v = project_heads(self.qkv, x, self.n_heads, 3)  # each (B, h, t, e)
         steps = start + torch.arange(x.shape[1], device=x.device)
         if self.rotary is not None:  # cached keys are kept turned: each by its own step
             angles = self.rotary.angles(steps, q.dtype)
@@ -307,12 +303,12 @@ class SelfAttention(nn.Module):
             out = attend(q, k, v, self.pattern, self.kernel, self.flex_block_size)
         else:
             out = cache.attend(q, k, v, steps)
-        return merge_heads(self.to_out, out, self.n_heads)  # (B, t, d)
+        return merge_heads(self.proj, out)  # (B, t, d)
 
 
 @dataclass
 class CrossAttentionCache:
-    """The context's keys and values (S, N, e), projected once."""
+    """The context's keys and values (B, h, S, e), projected once."""
 
     keys: Tensor
     values: Tensor
@@ -325,16 +321,16 @@ class CrossAttention(nn.Module):
         super().__init__()
         self.n_heads = n_heads
         width = n_heads * (head_size or d_model // n_heads)
-        self.to_q = nn.Linear(d_model, width, bias=False)
-        self.to_kv = nn.Linear(d_model, 2 * width, bias=False)
-        self.to_out = nn.Linear(width, d_model, bias=False)
+        self.q = nn.Linear(d_model, width, bias=False)
+        self.kv = nn.Linear(d_model, 2 * width, bias=False)  # output features (part, head, e)
+        self.proj = nn.Linear(width, d_model, bias=False)
 
     def prepare(self, context: Tensor) -> CrossAttentionCache:
-        """The context's (B, S, d) keys and values (S, N, e), projected once: a pass's, or a whole
-        decoding's."""
-        return CrossAttentionCache(*project_heads(self.to_kv, context, self.n_heads, 2))
+        """The context's (B, S, d) keys and values (B, h, S, e), projected once: a pass's, or a
+        whole decoding's."""
+        return CrossAttentionCache(*project_heads(self.kv, context, self.n_heads, 2))
 
     def forward(self, x: Tensor, context: CrossAttentionCache) -> Tensor:
         """x (B, t, d) over the ``prepare``d context -> (B, t, d)."""
-        (q,) = project_heads(self.to_q, x, self.n_heads, 1)
-        return merge_heads(self.to_out, attend(q, context.keys, context.values), self.n_heads)
+        (q,) = project_heads(self.q, x, self.n_heads, 1)
+        return merge_heads(self.proj, attend(q, context.keys, context.values))

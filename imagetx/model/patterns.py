@@ -1,8 +1,8 @@
 """Attention patterns: which keys each query may see (docs/model.md §4), as geometry only;
 ``attention.attend`` computes attention under them.
 
-One layout throughout: q, k, v are sequence-first (T, N, e), N = batch·heads and e the head
-size, in generation order.
+One layout throughout: q, k, v are (B, h, T, e), e the head size, the T steps in generation
+order.
 
 One pattern type, ``CausalPattern`` (full, 1D and 2D local), over the steps of a
 ``GenerationOrder``. Each pattern states two things:

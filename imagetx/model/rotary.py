@@ -19,7 +19,6 @@ sub-pixel columns (3·pixel column + channel).
 from __future__ import annotations
 
 import torch
-from einops import rearrange
 from torch import Tensor, nn
 
 from .order import GenerationOrder
@@ -33,7 +32,7 @@ ROTARY_BASE = 100.0
 
 
 class Rotary2D(nn.Module):
-    """Turns (t, N, e) queries or keys of the given steps by their grid rows and columns."""
+    """Turns (B, h, t, e) queries or keys of the given steps by their grid rows and columns."""
 
     def __init__(self, head_dim: int, order: GenerationOrder) -> None:
         super().__init__()
@@ -43,22 +42,22 @@ class Rotary2D(nn.Module):
         angles = torch.cat([rows[:, None] * frequencies, cols[:, None] * frequencies], dim=1)  # (T, e/2)
         # Kept in float64, so that a float64 model turns by exact angles; ``forward`` rounds them
         # to the precision it turns in. ``model.float()`` would round them once, as it should.
-        self.register_buffer("cos", rearrange(angles.cos(), "t p -> t 1 p"), persistent=False)  # (T, 1, e/2)
-        self.register_buffer("sin", rearrange(angles.sin(), "t p -> t 1 p"), persistent=False)
+        self.register_buffer("cos", angles.cos(), persistent=False)  # (T, e/2)
+        self.register_buffer("sin", angles.sin(), persistent=False)
 
     def angles(self, steps: Tensor | slice, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """The cosines and sines (t, 1, e/2) of ``steps``' angles, to turn tensors of ``dtype`` by
+        """The cosines and sines (t, e/2) of ``steps``' angles, to turn tensors of ``dtype`` by
         (``rotate``): in float32 at least, so that bf16 queries and keys (mixed precision) are
         rounded once, after the rotation, not at each product."""
         dtype = torch.promote_types(dtype, torch.float32)
         return self.cos[steps].to(dtype), self.sin[steps].to(dtype)
 
     def forward(self, x: Tensor, steps: Tensor | slice = slice(None)) -> Tensor:
-        """x (t, N, e) of ``steps`` (all T by default, or the decoding step's (1,) index) -> x turned."""
+        """x (B, h, t, e) of ``steps`` (all T by default, or the decoding step's (1,) index) -> x turned."""
         return rotate(x, *self.angles(steps, x.dtype))
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (t, N, e) turned by the angles of ``Rotary2D.angles``: dimension i pairs with i + e/2."""
+    """x (..., t, e) turned by the angles of ``Rotary2D.angles``: dimension i pairs with i + e/2."""
     first, second = x.to(cos.dtype).chunk(2, dim=-1)
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1).to(x.dtype)

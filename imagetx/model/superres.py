@@ -147,7 +147,7 @@ class LowResReading(nn.Module):
     def writer(self) -> nn.Linear:
         """The reading's last map into the residual stream: cross-attention's output projection or
         the cell add's map."""
-        return self.cross_attn.to_out if self.cross_attn is not None else self.cell_add.proj
+        return self.cross_attn.proj if self.cross_attn is not None else self.cell_add.proj
 
 
 class SuperResolutionTransformer(ImageTransformer):

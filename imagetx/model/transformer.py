@@ -79,7 +79,7 @@ class TransformerLayer(nn.Module):
     def residual_writers(self) -> list[nn.Linear]:
         """The last map of each branch of its own that adds into the residual stream: with both at
         zero a pre-norm layer without a reading is the identity."""
-        return [self.self_attn.to_out, self.ffn[-1]]
+        return [self.self_attn.proj, self.ffn[-1]]
 
 
 def zero_start(linears: list[nn.Linear]) -> None:

@@ -46,6 +46,7 @@ from torch import nn
 from ..errors import UserError
 from ..io.checkpoint import load_weights_only, model_config_of
 from ..io.errors import CheckpointError
+from ..io.older import current_names
 from ..io.parts import mib_to_part_bytes
 from ..model.attention import build_patterns
 from ..model.config import ModelConfig
@@ -202,7 +203,8 @@ def grow_checkpoint(checkpoint: dict, layers: int | None = None, dropout: float 
     target = grown_config(source, layers, dropout)
     model = build_model(source)
     try:
-        model.load_state_dict({name[len(PREFIX):]: value for name, value in checkpoint["state_dict"].items()})
+        model.load_state_dict(current_names({name[len(PREFIX):]: value for name, value in
+                                             checkpoint["state_dict"].items()}, model))
     except RuntimeError as error:
         raise CheckpointError(f"the source's tensors are not its configuration's model: {error}") from None
     before = shape(source, model)

@@ -32,7 +32,7 @@ from ..errors import UserError
 from .budget import Horizon, budget_timer, place_decay, run_budget
 from .continuation import TIMER_STATE, continued_moments
 from ..io.checkpoint import LIGHTNING_PREFIX, imagetx_metadata, model_config_of, read_checkpoint, refused
-from ..io.older import current_names
+from ..io.older import current_names, in_today_order, reordered_projections
 from ..model.attention import build_patterns
 from ..model.config import ModelConfig
 from ..data.datamodule import ImageDataModule
@@ -310,14 +310,34 @@ class ImageTransformerModule(L.LightningModule):
         if self.grown:
             checkpoint["imagetx"][GROWN] = self.grown
 
+    def current_layout(self, checkpoint: dict) -> None:
+        """The checkpoint's weights under today's names and layouts (``io.older``), and Adam's
+        moments of the fused projections it stored in the older order reordered with them."""
+        reordered = reordered_projections(checkpoint["state_dict"], self.model, LIGHTNING_PREFIX)
+        checkpoint["state_dict"] = current_names(checkpoint["state_dict"], self.model, LIGHTNING_PREFIX)
+        if not reordered:
+            return
+        # The optimiser's state is by parameter index, in the parameter groups' order (their rates unread).
+        names = {id(parameter): LIGHTNING_PREFIX + name for name, parameter in self.model.named_parameters()}
+        order = [names[id(parameter)] for group in parameter_groups(self.model, 1.0, 1.0)
+                 for parameter in group["params"]]
+        for optimizer in checkpoint.get("optimizer_states", []):
+            for index, state in optimizer.get("state", {}).items():
+                name = order[index] if isinstance(index, int) and 0 <= index < len(order) else None
+                if name in reordered:
+                    shape = checkpoint["state_dict"][name].shape
+                    for key, value in state.items():
+                        if isinstance(value, torch.Tensor) and value.shape == shape:  # a moment, not the step
+                            state[key] = in_today_order(value, *reordered[name])
+
     def on_load_checkpoint(self, checkpoint: dict) -> None:
         """The run goes on where the checkpoint stood. A continuation checkpoint (written just
         before a warmup–stable–decay run's decay, continuation.py) starts a new run at the peak:
         its own schedule over its own budget, the time budget counted afresh. A checkpoint taken
         before the decay, resumed with another budget (resume.py refuses one taken later), gets a
         horizon fitted to the new budget. A checkpoint of this model grown deeper (grow.py; resume.py
-        has checked that only the depth differs) deepens this one first, its tensors then loaded."""
-        checkpoint["state_dict"] = current_names(checkpoint["state_dict"], LIGHTNING_PREFIX)
+        has checked that only the depth differs) deepens this one first, its tensors then loaded.
+        Older names and layouts are read as today's (``current_layout``)."""
         stored = checkpoint.get("imagetx", {})
         self.grown = list(stored.get(GROWN, []))
         layers = model_config_of(checkpoint).n_layers
@@ -326,6 +346,7 @@ class ImageTransformerModule(L.LightningModule):
             deepen(self.model, layers, seed=self.grown[-1]["seed"])
             self.compile_added(self.model.layers[kept:])
             self.hparams["config"] = self.config.to_dict()
+        self.current_layout(checkpoint)
         self.nonfinite.skipped = int(stored.get("nonfinite_skips", 0))
         self.images_seen = int(stored.get("images_seen", 0))
         self.first_step = int(stored.get("first_step", 0))

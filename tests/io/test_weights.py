@@ -3,6 +3,7 @@ round trips from a training checkpoint, and folders that do not fit the model th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -10,14 +11,15 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from helpers import (TINY, TINY_TRAIN_MODEL, one_error_line, random_images, random_labels, tiny_model, weights_checkpoint,
-                     write_train_config)
+from helpers import (TINY, TINY_TRAIN_MODEL, one_error_line, random_images, random_labels, tiny_config, tiny_model,
+                     weights_checkpoint, write_train_config)
 from imagetx import (CheckpointError, ImageTransformer, ModelConfig, from_pretrained, load_model, push_to_hub,
                      save_pretrained)
 from imagetx.io.checkpoint import imagetx_metadata
-from imagetx.io.older import current_names
+from imagetx.io.older import current_names, older_state
 from imagetx.io.weights import FORMAT_VERSION, write_weights
 from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import build_model
 from imagetx.evaluate import main as evaluate_main
 from imagetx.export import main as export_main
 from imagetx.sample import main as sample_main
@@ -402,8 +404,51 @@ def test_super_resolution_weights_under_their_older_names_load_as_today_s(tmp_pa
     with torch.no_grad():
         assert torch.equal(loaded.nll(images, low_res=downsample_area(images, 4)),
                            model.nll(images, low_res=downsample_area(images, 4)))
-    assert list(current_names(older)) == list(model.state_dict())  # today's names, in today's order
-    assert list(current_names(model.state_dict())) == list(model.state_dict())  # today's names stay as they are
+    assert list(current_names(older, model)) == list(model.state_dict())  # today's names, in today's order
+    assert list(current_names(model.state_dict(), model)) == list(model.state_dict())  # today's names stay as they are
+
+
+def tiny_of_kind(kind: str) -> ImageTransformer:
+    if kind == "own width":  # 3 heads of 12 over d_model 16: no projection's rows divide by d_model / heads
+        config = tiny_config(head="dmol", n_layers=2, n_heads=3)
+        config = dataclasses.replace(config, attention=dataclasses.replace(config.attention, head_size=12)).validate()
+        torch.manual_seed(3)
+        return build_model(config).eval()
+    extra = dict(image_size=8, encoder_layers=1, low_res_size=4) if kind == "superres" else {}
+    return tiny_model(seed=3, head="dmol", n_layers=2, **extra)
+
+
+@pytest.mark.parametrize("kind", ["decoder", "superres", "own width"])
+def test_weights_in_the_older_projection_layout_load_as_today_s(tmp_path, kind):
+    """Folders written before the (B, h, T, e) layout (every shipped one): attention projections
+    named to_qkv / to_kv / to_q / to_out, the fused ones' output features in (head, part, e)
+    order. They load with today's names and order, and score as the model they were written from."""
+    model = tiny_of_kind(kind)
+    older = older_state(model)
+    assert "layers.1.self_attn.to_qkv.weight" in older and "layers.1.self_attn.qkv.weight" not in older
+    fused = older["layers.1.self_attn.to_qkv.weight"]
+    assert not torch.equal(fused, model.state_dict()["layers.1.self_attn.qkv.weight"])  # reordered
+    if kind == "superres":
+        assert "layers.0.reading.cross_attn.to_kv.weight" in older
+    today = current_names(older, model)
+    assert list(today) == list(model.state_dict())
+    assert all(torch.equal(today[name], value) for name, value in model.state_dict().items())
+    write_weights(tmp_path / "older", older, model.config)
+    loaded = load_model(tmp_path / "older")
+    images = random_images(2, 8 if kind == "superres" else model.config.image_size, seed=4)
+    low_res = downsample_area(images, 4) if kind == "superres" else None
+    with torch.no_grad():
+        assert torch.equal(loaded.nll(images, low_res=low_res), model.eval().nll(images, low_res=low_res))
+
+
+def test_an_older_projection_of_another_shape_is_named_in_one_line(tmp_path):
+    model = tiny_of_kind("decoder")
+    older = older_state(model)
+    older["layers.1.self_attn.to_qkv.weight"] = older["layers.1.self_attn.to_qkv.weight"][:-1]
+    write_weights(tmp_path / "older", older, model.config)
+    with pytest.raises(CheckpointError, match=r"layers\.1\.self_attn\.qkv\.weight") as error:
+        load_model(tmp_path / "older")
+    assert "\n" not in str(error.value)
 
 
 def test_an_exported_card_says_what_training_recorded_and_a_shipped_card_is_kept(tmp_path, capsys):

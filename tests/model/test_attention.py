@@ -3,7 +3,7 @@
 attend(q, k, v, pattern, "sdpa") is computed block by block; dense_attention(q, k, v,
 pattern.can_attend()) masks an n×n matrix. Outputs and gradients must agree to
 float64 precision, and the float32 / bfloat16 paths must stay close to that.
-q, k, v are sequence-first (T, N, e), N = batch·heads. Decoding one step at a time
+q, k, v are (B, h, T, e), as attention kernels take them. Decoding one step at a time
 through a cache equals the full pass.
 """
 
@@ -65,9 +65,9 @@ CASES_2D = [
 
 
 def rand_qkv(length: int, dtype=torch.float64, batch=2, heads=2, dim=4, seed=0):
-    """q, k, v (length, batch·heads, dim)."""
+    """q, k, v (batch, heads, length, dim)."""
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(length, batch * heads, dim, generator=gen, dtype=torch.float64).to(dtype).requires_grad_()
+    return [torch.randn(batch, heads, length, dim, generator=gen, dtype=torch.float64).to(dtype).requires_grad_()
             for _ in range(3)]
 
 
@@ -113,9 +113,9 @@ def test_dense_reference_is_plain_softmax_attention():
     out = dense_attention(q, k, v, mask)
     for i in range(6):
         keys = mask[i].nonzero().flatten()
-        scores = (k[keys, 0] @ q[i, 0]) / math.sqrt(q.shape[-1])
-        expected = torch.softmax(scores, dim=0) @ v[keys, 0]
-        torch.testing.assert_close(out[i, 0], expected, atol=1e-12, rtol=0)
+        scores = (k[0, 0, keys] @ q[0, 0, i]) / math.sqrt(q.shape[-1])
+        expected = torch.softmax(scores, dim=0) @ v[0, 0, keys]
+        torch.testing.assert_close(out[0, 0, i], expected, atol=1e-12, rtol=0)
 
 
 def test_the_comparison_detects_a_wrong_mask():
@@ -188,11 +188,11 @@ def test_local_2d_sequence_is_block_raster(rows, cols, block, flange):
     qg, kg, vg = (torch.randn(1, 2, rows, cols, 4, generator=gen, dtype=torch.float64) for _ in range(3))
     order = GenerationOrder(rows, cols, block)
 
-    def to_seq(t):  # (b, h, rows, cols, d) -> (T, b·h, d) in generation order
-        return rearrange(order.grid_to_sequence(t.permute(0, 2, 3, 1, 4)), "b t h d -> t (b h) d")
+    def to_seq(t):  # (b, h, rows, cols, d) -> (b, h, T, d) in generation order
+        return rearrange(order.grid_to_sequence(t.permute(0, 2, 3, 1, 4)), "b t h d -> b h t d")
 
-    def to_grid(seq, order):  # (T, b·h, d) -> (b, h, rows, cols, d)
-        return order.sequence_to_grid(rearrange(seq, "t (b h) d -> b t h d", b=1)).permute(0, 3, 1, 2, 4)
+    def to_grid(seq, order):  # (b, h, T, d) -> (b, h, rows, cols, d)
+        return order.sequence_to_grid(rearrange(seq, "b h t d -> b t h d")).permute(0, 3, 1, 2, 4)
 
     out_seq = attend(to_seq(qg), to_seq(kg), to_seq(vg), local_2d(rows, cols, block, flange), "sdpa")
     out_grid = to_grid(out_seq, order)
@@ -202,7 +202,7 @@ def test_local_2d_sequence_is_block_raster(rows, cols, block, flange):
     raster = GenerationOrder(rows, cols)
 
     def to_raster(t):
-        return rearrange(raster.grid_to_sequence(t.permute(0, 2, 3, 1, 4)), "b t h d -> t (b h) d")
+        return rearrange(raster.grid_to_sequence(t.permute(0, 2, 3, 1, 4)), "b t h d -> b h t d")
 
     wrong = attend(to_raster(qg), to_raster(kg), to_raster(vg), local_2d(rows, cols, block, flange), "sdpa")
     wrong_grid = to_grid(wrong, raster)
@@ -218,13 +218,13 @@ def test_self_attention_matches_dense_per_head():
     pattern = local_1d(n, 6, 1)
     attn = SelfAttention(d, h, pattern).double()
     x = torch.randn(2, n, d, dtype=torch.float64)
-    # q, k, v written out from the fused weight, whose output rows are ordered (head, q|k|v, e)
-    weight = attn.to_qkv.weight.view(h, 3, d // h, d)
-    q, k, v = (torch.einsum("btd,hed->tbhe", x, weight[:, i]).reshape(n, 2 * h, d // h) for i in range(3))
-    ref = dense_attention(q, k, v, pattern.can_attend()).view(n, 2, h, d // h).permute(1, 0, 2, 3).reshape(2, n, d)
-    torch.testing.assert_close(attn(x), attn.to_out(ref), atol=1e-10, rtol=0)
+    # q, k, v written out from the fused weight, whose output rows are ordered (q|k|v, head, e)
+    weight = attn.qkv.weight.view(3, h, d // h, d)
+    q, k, v = (torch.einsum("btd,hed->bhte", x, weight[i]) for i in range(3))
+    ref = rearrange(dense_attention(q, k, v, pattern.can_attend()), "b h t e -> b t (h e)")
+    torch.testing.assert_close(attn(x), attn.proj(ref), atol=1e-10, rtol=0)
     # project_heads gives those same q, k, v (as views of one projection)
-    for got, want in zip(project_heads(attn.to_qkv, x, h, 3), (q, k, v)):
+    for got, want in zip(project_heads(attn.qkv, x, h, 3), (q, k, v)):
         torch.testing.assert_close(got, want, atol=1e-12, rtol=0)
 
 
@@ -260,7 +260,7 @@ def test_cached_self_attention_equals_the_full_pass(pattern):
         cache = attn.start_decoding(3)
     torch.testing.assert_close(cached, full, atol=1e-12, rtol=0)
     # the ring holds fewer keys than full attention's (all but the last step's) wherever the pattern is local
-    assert (cache.keys.shape[0] < pattern.length - 1) == (not isinstance(pattern, FullCausal))
+    assert (cache.keys.shape[2] < pattern.length - 1) == (not isinstance(pattern, FullCausal))
 
 
 @pytest.mark.parametrize("pattern", [local_1d(20, 6, 1), local_2d(4, 6, (2, 3), (1, 2)), full_causal(20)],
@@ -283,7 +283,7 @@ def prefill_cost(monkeypatch, attn, x, length):
     calls = []
 
     def counted(q, k, v, allowed=None, kernel="auto"):
-        calls.append((q.shape[0] * k.shape[0], allowed.numel()))
+        calls.append((q.shape[2] * k.shape[2], allowed.numel()))
         return attend(q, k, v, allowed, kernel)
 
     with monkeypatch.context() as patched, torch.no_grad():
@@ -319,7 +319,7 @@ def test_a_cache_that_forgets_a_key_is_caught(monkeypatch):
     x = torch.randn(2, 20, 16, dtype=torch.float64)
     monkeypatch.setattr(pattern, "ring", lambda ring=pattern.ring(): ring - 1)
     with torch.no_grad():
-        assert attn.start_decoding(2).keys.shape[0] == 10
+        assert attn.start_decoding(2).keys.shape[2] == 10
         assert not torch.allclose(decode_step_by_step(attn, x), attn(x), atol=1e-6)
 
 

@@ -56,9 +56,9 @@ PATTERNS = [
 
 
 def rand_qkv(length: int, batch: int = 2, dim: int = 8, seed: int = 0, device="cpu") -> list[torch.Tensor]:
-    """q, k, v (length, batch·heads, dim), float64."""
+    """q, k, v (batch, heads, length, dim), float64."""
     gen = torch.Generator().manual_seed(seed)
-    return [torch.randn(length, batch * HEADS, dim, generator=gen, dtype=torch.float64).to(device) for _ in range(3)]
+    return [torch.randn(batch, HEADS, length, dim, generator=gen, dtype=torch.float64).to(device) for _ in range(3)]
 
 
 def dense_reference(pattern, q, k, v) -> torch.Tensor:

@@ -27,10 +27,10 @@ KINDS = ["rotary"]
 def test_rotary_scores_depend_on_the_grid_offset_only(order):
     rotary = Rotary2D(8, order)  # float64 angles: a float64 input is turned exactly
     gen = torch.Generator().manual_seed(0)
-    q, k = (torch.randn(1, 1, 8, generator=gen, dtype=torch.float64).expand(order.length, 1, 8) for _ in range(2))
+    q, k = (torch.randn(1, 1, 1, 8, generator=gen, dtype=torch.float64).expand(1, 1, order.length, 8) for _ in range(2))
     turned_q, turned_k = rotary(q), rotary(k)
     torch.testing.assert_close(turned_q.norm(dim=-1), q.norm(dim=-1), rtol=1e-14, atol=0)  # a rotation
-    scores = torch.einsum("qne,kne->qk", turned_q, turned_k)
+    scores = torch.einsum("bhqe,bhke->qk", turned_q, turned_k)
     rows, cols = order.grid_cell(torch.arange(order.length))
     # each (row, column) offset of a query-key pair as one number
     offsets = (rows[:, None] - rows[None, :]) * (2 * order.cols) + (cols[:, None] - cols[None, :])
@@ -49,25 +49,26 @@ def test_rotary_turns_bfloat16_in_float32_and_rounds_once():
     # angles are exact.
     order = GenerationOrder(8, 24)
     rotary = Rotary2D(16, order)
-    x = torch.randn(order.length, 4, 16, generator=torch.Generator().manual_seed(1)).bfloat16()
+    x = torch.randn(4, order.length, 16, generator=torch.Generator().manual_seed(1)).bfloat16()
     got = rotary(x)
     assert got.dtype == torch.bfloat16 and torch.equal(got, rotary(x.float()).bfloat16())
     exact = rotary(x.double())
-    cos, sin = rotary.cos.bfloat16(), rotary.sin.bfloat16()  # (T, 1, e/2)
+    cos, sin = rotary.cos.bfloat16(), rotary.sin.bfloat16()  # (T, e/2)
     first, second = x.chunk(2, dim=-1)
     in_bf16 = torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1)
     assert (got.double() - exact).abs().mean() < (in_bf16.double() - exact).abs().mean()
     rows, cols = order.grid_cell()
-    assert torch.equal(rotary.cos[:, 0, 0], rows.double().cos()) and torch.equal(rotary.sin[:, 0, 4], cols.double().sin())
+    assert torch.equal(rotary.cos[:, 0], rows.double().cos()) and torch.equal(rotary.sin[:, 4], cols.double().sin())
 
 
 def test_rotary_turns_the_decoding_step_as_the_full_pass_turns_it():
     order = GenerationOrder(4, 6, (2, 3))
     rotary = Rotary2D(8, order)
-    x = torch.randn(order.length, 3, 8)
+    x = torch.randn(3, order.length, 8)
     full = rotary(x)
     for step in (0, 5, order.length - 1):
-        torch.testing.assert_close(rotary(x[step:step + 1], torch.tensor([step])), full[step:step + 1], rtol=0, atol=0)
+        torch.testing.assert_close(rotary(x[:, step:step + 1], torch.tensor([step])), full[:, step:step + 1], rtol=0,
+                                   atol=0)
 
 
 def test_rotary_adds_no_parameters_and_only_turns_decoder_self_attention():

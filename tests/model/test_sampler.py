@@ -117,7 +117,7 @@ def test_ring_buffer_is_shorter_than_the_sequence():
     # step's own, which it brings.
     model = tiny_model(head="categorical", attention="local_1d", **SMALL_BLOCKS)
     cache = model.start_decoding(1)
-    assert all(layer.keys.shape[0] == 2 * SMALL_BLOCKS["query_block_length"] - 1 for layer in cache.layers)
+    assert all(layer.keys.shape[2] == 2 * SMALL_BLOCKS["query_block_length"] - 1 for layer in cache.layers)
     assert 32 < model.order.length == 192
     # one step counter, the model's cache's: no layer's cache keeps a copy
     assert not any(hasattr(layer, "step") for layer in cache.layers)
@@ -648,9 +648,9 @@ def test_an_attention_of_its_own_width_decodes_as_its_full_pass(reading):
     config = dataclasses.replace(config, attention=dataclasses.replace(config.attention, head_size=12)).validate()
     torch.manual_seed(11)
     model = build_model(config).double().eval()
-    assert model.layers[0].self_attn.to_qkv.weight.shape == (3 * 36, 16)
-    assert model.layers[0].self_attn.to_out.weight.shape == (16, 36)
+    assert model.layers[0].self_attn.qkv.weight.shape == (3 * 36, 16)
+    assert model.layers[0].self_attn.proj.weight.shape == (16, 36)
     if reading:
-        assert model.layers[0].reading.cross_attn.to_kv.weight.shape == (2 * 36, 16)
+        assert model.layers[0].reading.cross_attn.kv.weight.shape == (2 * 36, 16)
     images = random_images(2, config.image_size, seed=12)
     check_cached_equals_full(model, images, low_res=downsample_area(images, 4) if reading else None)

@@ -103,10 +103,9 @@ def test_cross_attention_equals_the_dense_reference(head):
     length = model.order.length
     x = torch.randn(2, length, 16, dtype=torch.float64, requires_grad=True)
     context = torch.randn(2, 48, 16, dtype=torch.float64, requires_grad=True)
-    (q,) = project_heads(attn.to_q, x, attn.n_heads, 1)
-    k, v = project_heads(attn.to_kv, context, attn.n_heads, 2)
-    expected = merge_heads(attn.to_out, dense_attention(q, k, v, torch.ones(length, 48, dtype=torch.bool)),
-                           attn.n_heads)
+    (q,) = project_heads(attn.q, x, attn.n_heads, 1)
+    k, v = project_heads(attn.kv, context, attn.n_heads, 2)
+    expected = merge_heads(attn.proj, dense_attention(q, k, v, torch.ones(length, 48, dtype=torch.bool)))
     got = attn(x, attn.prepare(context))
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
     weights = torch.randn_like(got)

@@ -10,12 +10,17 @@ import math
 import pytest
 import torch
 import yaml
+from einops import rearrange
 
 from helpers import one_error_line, train_metrics, write_train_config
+from imagetx.io.checkpoint import LIGHTNING_PREFIX, model_config_of, model_state_dict
 from imagetx.io.errors import CheckpointError
+from imagetx.io.older import older_state
+from imagetx.model.superres import build_model
 from imagetx.train import main
 from imagetx.training.budget import BudgetHorizon, Horizon, place_decay
 from imagetx.training.continuation import CONTINUE, MANIFEST, continued_moments, pack, slim_moments, unpack
+from imagetx.training.module import parameter_groups
 from imagetx.training.schedule import warmup_then_decay
 from test_budget import CopyLastCheckpoint, fake_run, train_steps
 from test_reliability_resume import assert_identical
@@ -102,6 +107,48 @@ def test_a_run_continued_through_the_packed_format_ends_as_the_uncut_run(tmp_pat
     for column in ("train/bpd", "lr-AdamW"):
         after = {step: value for step, value in train_metrics(tmp_path / "uncut", column).items() if step >= 8}
         assert train_metrics(tmp_path / "second", column) == after, column
+
+
+def in_older_layout(checkpoint: dict) -> dict:
+    """``checkpoint`` as continuations were written before the (B, h, T, e) layout: the attention
+    projections under their older names, the fused ones' output features (and Adam's moments of
+    them) in (head, part, e) order."""
+    model = build_model(model_config_of(checkpoint))
+    model.load_state_dict(model_state_dict(checkpoint))
+    older = {LIGHTNING_PREFIX + name: value for name, value in older_state(model).items()}
+    order = [name for group in parameter_groups(model, 1.0, 1.0) for name in names_of(model, group["params"])]
+    heads = model.config.attention.n_heads
+    optimizer = checkpoint["optimizer_states"][0]
+    for index, state in optimizer["state"].items():
+        if order[index].endswith(".qkv.weight"):
+            for key in ("exp_avg", "exp_avg_sq"):
+                state[key] = rearrange(state[key], "(p h e) d -> (h p e) d", p=3, h=heads)
+    return {**checkpoint, "state_dict": older}
+
+
+def names_of(model, parameters) -> list[str]:
+    names = {id(parameter): name for name, parameter in model.named_parameters()}
+    return [names[id(parameter)] for parameter in parameters]
+
+
+def test_a_continuation_in_the_older_projection_layout_ends_as_the_uncut_run(tmp_path, data_root):
+    """A continuation written before the (B, h, T, e) layout (its fused q/k/v weights and their
+    Adam moments in (head, part, e) order, under older names) goes on as today's does: the run
+    ends bitwise as the uncut one."""
+    train(wsd_config(tmp_path, "uncut", data_root, 14, 0.05))
+    uncut = load(tmp_path / "uncut" / "checkpoints" / "last.ckpt")
+    train(wsd_config(tmp_path, "first", data_root, 10, 0.2))
+    today = load(tmp_path / "first" / "checkpoints" / CONTINUE)
+    older = in_older_layout(load(tmp_path / "first" / "checkpoints" / CONTINUE))
+    assert "model.layers.0.self_attn.to_qkv.weight" in older["state_dict"]
+    moments = [state["exp_avg"] for state in older["optimizer_states"][0]["state"].values()]
+    todays = [state["exp_avg"] for state in today["optimizer_states"][0]["state"].values()]
+    assert not all(torch.equal(a, b) for a, b in zip(moments, todays))  # some moments reordered
+    torch.save(older, tmp_path / "older.ckpt")
+    train(wsd_config(tmp_path, "second", data_root, 14, 0.1), "--resume", str(tmp_path / "older.ckpt"))
+    second = load(tmp_path / "second" / "checkpoints" / "last.ckpt")
+    for key in ("state_dict", "optimizer_states", "global_step"):
+        assert_identical(second[key], uncut[key], key)
 
 
 def test_a_continuation_packed_with_second_moments_only_goes_on_at_the_peak(tmp_path, data_root):

@@ -17,6 +17,7 @@ from helpers import ASSETS, write_train_config
 from imagetx import ModelConfig, build_model
 from imagetx.io.checkpoint import imagetx_metadata, model_config_of
 from imagetx.io.errors import CheckpointError
+from imagetx.io.older import current_names
 from imagetx.train import main as train_main
 from imagetx.training.continuation import CONTINUE, MANIFEST, pack, unpack
 from imagetx.training.grow import GROWN, PREFIX, grow, grow_checkpoint, main as grow_main
@@ -55,9 +56,11 @@ def trained_continuation(steps: int = 3) -> dict:
 
 
 def network(checkpoint: dict) -> torch.nn.Module:
-    """The model a checkpoint holds, built as training builds it."""
+    """The model a checkpoint holds, built as training builds it (a stored continuation's older names
+    and layouts read as today's)."""
     model = build_model(model_config_of(checkpoint))
-    model.load_state_dict({name[len(PREFIX):]: value for name, value in checkpoint["state_dict"].items()})
+    model.load_state_dict(current_names({name[len(PREFIX):]: value for name, value in checkpoint["state_dict"].items()},
+                                        model))
     return model.eval()
 
 
@@ -89,7 +92,7 @@ def test_a_grown_model_scores_real_images_as_its_source_then_trains(growth):
     assert losses[-1] < losses[0]
 
 
-@pytest.mark.parametrize("tensor", ["layers.1.ffn.2.weight", "layers.1.self_attn.to_out.weight"])
+@pytest.mark.parametrize("tensor", ["layers.1.ffn.2.weight", "layers.1.self_attn.proj.weight"])
 def test_negative_control_what_grows_at_zero_would_change_the_function_otherwise(tensor):
     source = trained_continuation()
     grown = grow_checkpoint(source, layers=2, seed=1)

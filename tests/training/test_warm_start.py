@@ -98,7 +98,7 @@ def test_a_deeper_model_starts_as_the_shallower_source_with_identity_layers_that
     added = list(model.layers)[1:]
     writers = [linear for layer in added for linear in layer.residual_writers()]
     assert all(not linear.weight.any() for linear in writers)
-    assert all(layer.self_attn.to_qkv.weight.abs().sum() > 0 for layer in added)  # the rest as initialised
+    assert all(layer.self_attn.qkv.weight.abs().sum() > 0 for layer in added)  # the rest as initialised
     bits_per_dim(model, images, low_res=low_res).mean().backward()
     # the new layers learn from the first step: every writer but a zero-started reading's has a gradient
     # (a cell add from a zero start gets one too: it reads the encoder, not the zero branch before it)
