@@ -64,7 +64,7 @@ def attend(q: Tensor, k: Tensor, v: Tensor, allowed: CausalPattern | Tensor | No
     see (a pattern; a (Tq, Tk) bool mask; None: every key), equal to the dense reference.
     FlexAttention runs in kernel blocks of ``flex_block_size``."""
     if allowed is None or isinstance(allowed, Tensor):
-        return sdpa(q, k, v, mask=allowed)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
     if uses_flex(kernel, q.device, q.shape[-1]):
         return flex_attend(q, k, v, allowed.block_mask(q.device, flex_block_size))
     return attend_in_blocks(q, k, v, allowed.blocks(q.device))
@@ -135,12 +135,6 @@ def pairs_computed(pattern: CausalPattern) -> int:
 
 
 # ----- the SDPA reference path --------------------------------------------------------------------
-
-def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
-    """(B, h, Tq, e) queries over the (B, h, Tk, e) keys ``mask`` (Tq, Tk) allows (None: every
-    key): one fused call."""
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
-
 
 def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex) -> Tensor:
     """Queries in blocks (``BlockIndex``), each block over its own gathered keys, the blocks the
