@@ -70,17 +70,45 @@ def older_projections(state: dict[str, Tensor], model: nn.Module,
     to be reordered, else None)} of the attention projections ``state`` stores under their older
     names. A tensor of another shape than ``model``'s is renamed only: the check of every tensor
     against the model then names it (``io.weights.check_tensors``)."""
-    attentions = {name: module for name, module in model.named_modules()
-                  if isinstance(module, (SelfAttention, CrossAttention))}
+    attentions = attention_modules(model)
     found = {}
     for name, value in state.items():
-        path, _, tensor = name.removeprefix(prefix).rpartition(".")
-        owner, _, projection = path.rpartition(".")
-        if name.startswith(prefix) and tensor == "weight" and projection in PROJECTIONS and owner in attentions:
+        owner, projection = projection_of(name.removeprefix(prefix)) if name.startswith(prefix) else ("", "")
+        if projection in PROJECTIONS and owner in attentions:
             today, parts = PROJECTIONS[projection]
             fused = parts > 1 and value.shape == getattr(attentions[owner], today).weight.shape
             found[name] = (f"{prefix}{owner}.{today}.weight", (attentions[owner].n_heads, parts) if fused else None)
     return found
+
+
+def older_state(model: nn.Module) -> dict[str, Tensor]:
+    """``model``'s state in the older form (``PROJECTIONS``), in the same order: the names and
+    layout the codec's model fingerprint has always hashed."""
+    older = {today: (name, parts) for name, (today, parts) in PROJECTIONS.items()}
+    attentions = attention_modules(model)
+    state = {}
+    for name, value in model.state_dict().items():
+        owner, projection = projection_of(name)
+        if projection in older and owner in attentions:
+            older_name, parts = older[projection]
+            name = f"{owner}.{older_name}.weight"
+            value = in_older_order(value, attentions[owner].n_heads, parts) if parts > 1 else value
+        state[name] = value
+    return state
+
+
+def attention_modules(model: nn.Module) -> dict[str, nn.Module]:
+    """{path: module} of ``model``'s attention layers, whose projections changed names and order."""
+    return {name: module for name, module in model.named_modules()
+            if isinstance(module, (SelfAttention, CrossAttention))}
+
+
+def projection_of(name: str) -> tuple[str, str]:
+    """(the owner's path, the module's name) of a weight's ``name`` ("layers.0.self_attn",
+    "to_qkv" of "layers.0.self_attn.to_qkv.weight"); ("", "") for another tensor."""
+    path, _, tensor = name.rpartition(".")
+    owner, _, module = path.rpartition(".")
+    return (owner, module) if tensor == "weight" else ("", "")
 
 
 def in_today_order(weight: Tensor, heads: int, parts: int) -> Tensor:
@@ -89,23 +117,9 @@ def in_today_order(weight: Tensor, heads: int, parts: int) -> Tensor:
     return rearrange(weight, "(h p e) d -> (p h e) d", h=heads, p=parts).contiguous()
 
 
-def older_state(model: nn.Module) -> dict[str, Tensor]:
-    """``model``'s state in the older form (``PROJECTIONS``), in the same order: the names and
-    layout the codec's model fingerprint has always hashed."""
-    older = {today: (name, parts) for name, (today, parts) in PROJECTIONS.items()}
-    heads = {name: module.n_heads for name, module in model.named_modules()
-             if isinstance(module, (SelfAttention, CrossAttention))}
-    state = {}
-    for name, value in model.state_dict().items():
-        path, _, tensor = name.rpartition(".")
-        owner, _, projection = path.rpartition(".")
-        if tensor == "weight" and projection in older and owner in heads:
-            older_name, parts = older[projection]
-            name = f"{owner}.{older_name}.weight"
-            if parts > 1:
-                value = rearrange(value, "(p h e) d -> (h p e) d", h=heads[owner], p=parts)
-        state[name] = value
-    return state
+def in_older_order(weight: Tensor, heads: int, parts: int) -> Tensor:
+    """``in_today_order``'s inverse: (part, head, e) order back to (head, part, e)."""
+    return rearrange(weight, "(p h e) d -> (h p e) d", h=heads, p=parts).contiguous()
 
 
 def reading_names(state: dict[str, Tensor], prefix: str = "") -> dict[str, Tensor]:

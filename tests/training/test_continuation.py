@@ -10,12 +10,11 @@ import math
 import pytest
 import torch
 import yaml
-from einops import rearrange
 
 from helpers import one_error_line, train_metrics, write_train_config
 from imagetx.io.checkpoint import LIGHTNING_PREFIX, model_config_of, model_state_dict
 from imagetx.io.errors import CheckpointError
-from imagetx.io.older import older_state
+from imagetx.io.older import in_older_order, older_state
 from imagetx.model.superres import build_model
 from imagetx.train import main
 from imagetx.training.budget import BudgetHorizon, Horizon, place_decay
@@ -122,7 +121,7 @@ def in_older_layout(checkpoint: dict) -> dict:
     for index, state in optimizer["state"].items():
         if order[index].endswith(".qkv.weight"):
             for key in ("exp_avg", "exp_avg_sq"):
-                state[key] = rearrange(state[key], "(p h e) d -> (h p e) d", p=3, h=heads)
+                state[key] = in_older_order(state[key], heads, 3)
     return {**checkpoint, "state_dict": older}
 
 
