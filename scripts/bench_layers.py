@@ -38,7 +38,6 @@ def worker(spec: dict) -> dict:
     import torch
     import yaml
 
-    from imagetx.model.attention import build_patterns
     from imagetx.model.config import ModelConfig
     from imagetx.model.scoring import batch_bits_per_dim
     from imagetx.training.module import compile_network, make_optimizer, optimizer_settings
@@ -51,7 +50,6 @@ def worker(spec: dict) -> dict:
     compile_mode, checkpointed = CELLS[spec["cell"]]
     torch.manual_seed(0)
     model = build_model(config, "sdpa", activation_checkpointing=checkpointed).train()
-    build_patterns(model, "cpu")
     if compile_mode:
         compile_network(model, compile_mode)
     optimizer = make_optimizer(model, **optimizer_settings(preset))

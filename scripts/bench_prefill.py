@@ -88,7 +88,7 @@ def worker(spec: dict) -> dict:
         prefill_seconds, prefill_rss = timed_rss(decode_start)
         full_pass_profiled = profiled_memory(lambda: full_pass(model, images))
         prefill_profiled = profiled_memory(decode_start)
-    length, ring = given.shape[1], model.pattern.ring()
+    length, ring = given.shape[1], model.layers[0].self_attn.forms.ring
     return {**spec, "pattern": model.pattern.describe(), "n_layers": config.n_layers, "d_model": config.d_model,
             "given_rows": given_rows, "prefill_steps": length, "full_pass_steps": model.order.length,
             "ring": ring,

@@ -68,7 +68,6 @@ def check(preset: str, overrides: dict, batch: int | None, device_name: str, war
     import torch
     from torch._dynamo.utils import counters
 
-    from imagetx.model.attention import build_patterns
     from imagetx.model.attention import FLEX_BLOCK_SIZE
     from imagetx.training.module import COMPILE_OPTIONS
     from imagetx.training.presets import preset_model_config
@@ -85,7 +84,6 @@ def check(preset: str, overrides: dict, batch: int | None, device_name: str, war
     attention.update({key: value for key, value in run_options.items() if value is not None})
     spec = {"preset": preset, "batch": batch, "precision": "bf16" if bf16 else "fp32", **attention}
     model, step, losses = training_step(spec, cfg, device)
-    build_patterns(model, device)  # as the training module does, before the first compiled pass
     if compile_model:
         model.compile(**COMPILE_OPTIONS)  # in place: ``step`` calls the compiled network
 

@@ -8,10 +8,10 @@ output projection (``merge_heads``).
 
 ``attend`` takes what the queries may see as one argument:
 
-* a pattern (``patterns.py``: geometry only): the full pass, through FlexAttention under the
-  pattern's block mask (the model's kernel flex, or auto on CUDA: ``uses_flex``), or
-  through the SDPA reference path, the pattern's gathered blocks in one fused call
-  (``attend_in_blocks``);
+* a pattern's forms (``patterns.PatternForms``, built with the model): the full pass, through
+  FlexAttention under the pattern's block mask (the model's kernel flex, or auto on CUDA:
+  ``uses_flex``), or through the SDPA reference path, the pattern's gathered blocks in one fused
+  call (``attend_in_blocks``);
 * a boolean (Tq, Tk) mask: decoding, where the keys are a cache's, their steps known;
 * nothing: every key (the encoder, cross-attention).
 
@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from ..compat import flex_tiles
 from ..errors import UserError
-from .patterns import BlockIndex, CausalPattern, MaskRule
+from .patterns import BlockIndex, MaskRule, PatternForms
 from .rotary import Rotary2D, rotate
 
 if TYPE_CHECKING:  # FlexAttention's module is imported where it runs: it brings sympy (~0.5 s) into a process
@@ -58,16 +58,15 @@ FLEX_MIN_HEAD_SIZE = 16
 
 # ----- the one entry ----------------------------------------------------------------------------
 
-def attend(q: Tensor, k: Tensor, v: Tensor, allowed: CausalPattern | Tensor | None = None,
-           kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> Tensor:
+def attend(q: Tensor, k: Tensor, v: Tensor, allowed: PatternForms | Tensor | None = None,
+           kernel: str = "auto") -> Tensor:
     """q (B, h, Tq, e) over k, v (B, h, Tk, e) -> (B, h, Tq, e): over the keys ``allowed`` lets each query
-    see (a pattern; a (Tq, Tk) bool mask; None: every key), equal to the dense reference.
-    FlexAttention runs in kernel blocks of ``flex_block_size``."""
+    see (a pattern's forms; a (Tq, Tk) bool mask; None: every key), equal to the dense reference."""
     if allowed is None or isinstance(allowed, Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
     if uses_flex(kernel, q.device, q.shape[-1]):
-        return flex_attend(q, k, v, allowed.block_mask(q.device, flex_block_size))
-    return attend_in_blocks(q, k, v, allowed.blocks(q.device))
+        return flex_attend(q, k, v, allowed.block_mask())
+    return attend_in_blocks(q, k, v, allowed.blocks)
 
 
 def check_kernel(kernel: str, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
@@ -92,42 +91,15 @@ def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
     return kernel == "flex" or (kernel == "auto" and device.type == "cuda" and not narrow)
 
 
-def prepare(pattern: CausalPattern | None, kernel: str, flex_block_size: int, device: torch.device,
-            head_size: int) -> None:
-    """Build what ``attend`` reads of ``pattern`` on ``device`` (its block mask, or its blocks),
-    where it is not built yet. The layers call this before their projections.
-
-    Traced by torch.compile, the build runs eagerly, outside the graph: it is set-up, done once,
-    not a step of every pass (and ``create_block_mask`` cannot be traced). That breaks the graph
-    here, in a frame that holds no tensors rather than ``attend``'s; a model whose patterns are
-    built before it is compiled (``build_patterns``) compiles without a break. Run eagerly, the
-    build is called as it is: ``torch.compiler.disable`` imports torch._dynamo (~115 MiB
-    resident, ~2 s), which eager scoring and sampling never need."""
-    if pattern is None:
-        return
-    flex = uses_flex(kernel, device, head_size)
-    if pattern.is_built(device, flex_block_size if flex else None):
-        return
-    build = (lambda: pattern.block_mask(device, flex_block_size)) if flex else (lambda: pattern.blocks(device))
-    (torch.compiler.disable(build) if torch.compiler.is_compiling() else build)()
+def may_use_flex(kernel: str, head_size: int) -> bool:
+    """Whether a model built now with ``kernel`` may run FlexAttention (``uses_flex``) on some
+    device of this machine, so that it keeps the pattern's block mask: flex, or auto where CUDA is."""
+    return kernel == "flex" or (kernel == "auto" and torch.cuda.is_available() and head_size >= FLEX_MIN_HEAD_SIZE)
 
 
-def build_patterns(model: nn.Module, device: torch.device | str) -> None:
-    """Build what every self-attention layer of ``model`` reads of its pattern on ``device`` now.
-    Under torch.compile the pass that first builds it breaks its graph there (``prepare``),
-    so the graphs a run traces would depend on what ran before its first compiled pass; built
-    first, every run traces the same graphs, with no break, and finds those an earlier run left in
-    Inductor's cache."""
-    device = torch.empty(0, device=device).device  # as a pass's tensors name it ("cuda" -> "cuda:0"): their key
-    for module in model.modules():
-        if isinstance(module, SelfAttention):
-            prepare(module.pattern, module.kernel, module.flex_block_size, device, module.head_size)
-
-
-def pairs_computed(pattern: CausalPattern) -> int:
-    """Query-key pairs the SDPA path computes per image and head under ``pattern`` (masked pairs
-    included: the kernel computes them; a causal block's upper half is skipped)."""
-    blocks = pattern.blocks("cpu")
+def pairs_computed(blocks: BlockIndex) -> int:
+    """Query-key pairs the SDPA path computes per image and head over a pattern's ``blocks``
+    (masked pairs included: the kernel computes them; a causal block's upper half is skipped)."""
     n_blocks, block_len, n_keys = blocks.can_attend.shape  # L queries × S keys per block
     if blocks.causal:
         return n_blocks * block_len * (block_len + 1) // 2
@@ -221,7 +193,7 @@ class SelfAttentionCache:
     steps: Tensor
     piece: int
     rule: MaskRule  # the pattern's
-    step_masks: Tensor  # (T, ring + 1): the pattern's mask of each single step (``CausalPattern.step_masks``)
+    step_masks: Tensor  # (T, ring + 1): the pattern's mask of each single step (``PatternForms.step_masks``)
     block_keys: Tensor  # (n, S): the steps each query block of ``block_length`` reads (T: none)
     block_length: int
 
@@ -253,17 +225,16 @@ class SelfAttentionCache:
 
 
 class SelfAttention(nn.Module):
-    """Self-attention under ``pattern`` (the decoder; causal), or over every position without one
-    (the encoder), with optional 2D rotary positions (decoder only): queries and keys turned by
-    their grid positions (``rotary``)."""
+    """Self-attention under a pattern, given as its ``forms`` (the decoder; causal), or over every
+    position without one (the encoder), with optional 2D rotary positions (decoder only): queries
+    and keys turned by their grid positions (``rotary``). ``forms`` and ``rotary`` are shared by
+    every layer of a decoder."""
 
-    def __init__(self, d_model: int, n_heads: int, pattern: CausalPattern | None = None, kernel: str = "auto",
-                 rotary: Rotary2D | None = None, flex_block_size: int = FLEX_BLOCK_SIZE,
-                 head_size: int | None = None) -> None:
+    def __init__(self, d_model: int, n_heads: int, forms: PatternForms | None = None, kernel: str = "auto",
+                 rotary: Rotary2D | None = None, head_size: int | None = None) -> None:
         super().__init__()
-        check_kernel(kernel, flex_block_size)
-        self.n_heads, self.pattern = n_heads, pattern
-        self.kernel, self.flex_block_size = kernel, flex_block_size  # how it runs (``attend``)
+        check_kernel(kernel)
+        self.n_heads, self.forms, self.kernel = n_heads, forms, kernel  # the kernel: how it runs (``attend``)
         self.head_size = head_size or d_model // n_heads
         self.rotary = rotary
         width = n_heads * self.head_size
@@ -273,28 +244,24 @@ class SelfAttention(nn.Module):
 
     def start_decoding(self, batch: int) -> SelfAttentionCache:
         """An empty ring for ``forward(..., cache=)``."""
-        if self.pattern is None:
+        forms = self.forms
+        if forms is None:
             raise ValueError("unmasked self-attention (no pattern) is not causal: it cannot decode step by step")
-        weight = self.qkv.weight
-        ring = self.pattern.ring()
-        keys = weight.new_zeros(batch, self.n_heads, ring, self.head_size)
-        steps = torch.full((ring,), -1, dtype=torch.long, device=weight.device)
-        return SelfAttentionCache(keys, torch.zeros_like(keys), steps, self.pattern.piece(), self.pattern.mask_rule(),
-                                  self.pattern.step_masks(weight.device), self.pattern.blocks(weight.device).key_steps,
-                                  self.pattern.block_length)
+        keys = self.qkv.weight.new_zeros(batch, self.n_heads, forms.ring, self.head_size)
+        steps = torch.full((forms.ring,), -1, dtype=torch.long, device=keys.device)
+        return SelfAttentionCache(keys, torch.zeros_like(keys), steps, forms.piece, forms.rule, forms.step_masks,
+                                  forms.key_steps, forms.block_length)
 
     def forward(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0) -> Tensor:
         """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or with
         ``cache`` the next t steps (one decoding step, or a prefill)."""
-        if cache is None:
-            prepare(self.pattern, self.kernel, self.flex_block_size, x.device, self.head_size)
         q, k, v = project_heads(self.qkv, x, self.n_heads, 3)  # each (B, h, t, e)
         steps = start + torch.arange(x.shape[1], device=x.device)
         if self.rotary is not None:  # cached keys are kept turned: each by its own step
             angles = self.rotary.angles(steps, q.dtype)
             q, k = rotate(q, *angles), rotate(k, *angles)
         if cache is None:
-            out = attend(q, k, v, self.pattern, self.kernel, self.flex_block_size)
+            out = attend(q, k, v, self.forms, self.kernel)
         else:
             out = cache.attend(q, k, v, steps)
         return merge_heads(self.proj, out)  # (B, t, d)

@@ -81,9 +81,12 @@ def tile_pairs(mask: BlockMask) -> int:
 def decoder_attention_pairs(model: ImageTransformer, device: torch.device | str = "cpu") -> int:
     """Query-key pairs one decoder self-attention layer computes per image and head on ``device``."""
     attention = model.layers[0].self_attn
+    forms = attention.forms
     if uses_flex(attention.kernel, torch.device(device), model.config.head_size):
-        return tile_pairs(model.pattern.block_mask(device, attention.flex_block_size))
-    return pairs_computed(model.pattern)
+        # the model's own block mask; one built for counting where it keeps none (built without CUDA)
+        kept = forms.flex_block_size is not None
+        return tile_pairs(forms.block_mask() if kept else model.pattern.block_mask(model.flex_block_size))
+    return pairs_computed(forms.blocks)
 
 
 def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> Flops:

@@ -12,17 +12,19 @@ One pattern type, ``CausalPattern`` (full, 1D and 2D local), over the steps of a
 * ``block_keys()``: where its queries look: queries in blocks of ``block_length`` steps, each
   block with the steps of the keys its queries may read (a superset of what the rule allows).
 
-Every form the kernels and decoding read derives from those two, here, and is built once per
-device (tests prove each equal to the dense matrix):
+Every form the kernels and decoding read derives from those two, here (tests prove each equal to
+the dense matrix):
 
 * ``can_attend()``: the rule on index grids, the dense boolean (Tq, Tk) matrix (True = the query,
   a row, may attend to the key, a column): the reference of every test (``dense_attention`` of
   tests/helpers.py with it defines the right answer);
-* ``blocks(device)``: the block keys, each with which of its queries the rule lets see it
+* ``blocks()``: the block keys, each with which of its queries the rule lets see it
   (``BlockIndex``): the SDPA path's gather, O(T·(keys per block)), never O(T²);
-* ``block_mask(device, block_size)``: the rule as FlexAttention's ``mask_mod``;
-* ``ring()``, ``piece()`` and ``step_masks(device)``: decoding's ring buffer, read from the
-  blocks, and each decoding step's mask over it.
+* ``block_mask(block_size)``: the rule as FlexAttention's ``mask_mod``;
+* ``ring()`` and ``step_masks(ring)``: decoding's ring buffer, read from the blocks, and each
+  decoding step's mask over it.
+
+A model builds those it reads once, with itself (``PatternForms``: buffers, on its device).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 from einops import rearrange
-from torch import Tensor
+from torch import Tensor, nn
 
 from .order import GenerationOrder
 
@@ -64,27 +66,18 @@ class BlockIndex:
         n_blocks, block_len, _ = self.can_attend.shape
         return torch.arange(n_blocks * block_len, device=self.key_steps.device).view(n_blocks, block_len)
 
-    def to(self, device: torch.device | str) -> "BlockIndex":
-        return BlockIndex(self.key_steps.to(device), self.can_attend.to(device), self.causal)
-
-
-def form_key(form: str, device: torch.device | str, *sizes: int) -> tuple:
-    """Where a pattern keeps a form it built: by name, device and, for a block mask, tile size."""
-    return (form, torch.device(device), *sizes)
-
 
 # ----- the pattern type --------------------------------------------------------------------------
 
 class CausalPattern:
     """Which earlier steps of ``order`` each step's query may see. Subclasses state the rule
     (``mask_rule``) and where each block of ``block_length`` queries looks (``block_keys``);
-    every other form derives from them here, built on first use and kept per device."""
+    every other form derives from them here (``PatternForms`` builds those a model reads, once)."""
 
     block_length: int  # queries per block of ``block_keys``
 
     def __init__(self, order: GenerationOrder) -> None:
         self.order = order
-        self.kept: dict[tuple, object] = {}
 
     @property
     def length(self) -> int:
@@ -106,12 +99,9 @@ class CausalPattern:
         steps = torch.arange(self.length)
         return self.mask_rule()(steps[:, None], steps[None, :])
 
-    def blocks(self, device: torch.device | str) -> BlockIndex:
+    def blocks(self) -> BlockIndex:
         """The block keys and which of them each query sees, by the rule (keys outside the
         sequence: step T, seen by none)."""
-        return self.on_device("blocks", device, self.build_blocks)
-
-    def build_blocks(self) -> BlockIndex:
         keys, length = self.block_keys(), self.length
         queries = torch.arange(keys.shape[0] * self.block_length).view(keys.shape[0], self.block_length)
         inside = (keys >= 0) & (keys < length)
@@ -121,15 +111,11 @@ class CausalPattern:
             torch.equal(can_attend, can_attend.new_ones(can_attend.shape[1:]).tril().expand_as(can_attend))
         return BlockIndex(keys.masked_fill(~inside, length), can_attend, causal)
 
-    def block_mask(self, device: torch.device | str, block_size: int) -> BlockMask:
+    def block_mask(self, block_size: int, device: torch.device | str = "cpu") -> BlockMask:
         """FlexAttention's ``BlockMask`` of the rule on ``device``, broadcast over batch and heads:
         which kernel blocks of ``block_size`` × ``block_size`` pairs to skip, which to run whole,
         which to mask. Kernel blocks the rule allows only in part keep it as their ``mask_mod``, so
-        a pattern finer than a kernel block (a one-row 1D block, a narrow 2D flange) stays exact.
-        Hundreds of µs to build: every layer reuses it."""
-        return self.keep(form_key("block_mask", device, block_size), lambda: self.build_block_mask(device, block_size))
-
-    def build_block_mask(self, device: torch.device | str, block_size: int) -> BlockMask:
+        a pattern finer than a kernel block (a one-row 1D block, a narrow 2D flange) stays exact."""
         from torch.nn.attention.flex_attention import create_block_mask
 
         rule = self.mask_rule()
@@ -139,17 +125,14 @@ class CausalPattern:
 
         return create_block_mask(mask_mod, None, None, self.length, self.length, device=device, BLOCK_SIZE=block_size)
 
-    def ring(self) -> int:
+    def ring(self, blocks: BlockIndex | None = None) -> int:
         """Slots of a decoding ring (``attention.SelfAttentionCache``): the fewest that still hold
         the oldest key any later query reads, the longest distance from a query back to a key it
         sees (a step attends over the ring before its own key overwrites a slot). Read from the
-        blocks one at a time: for each, from its last query back to its earliest key one of its
-        queries sees (the last query sees all of them, in every pattern here; elsewhere a ring a
-        little longer than needed)."""
-        return self.keep(("ring",), self.build_ring)
-
-    def build_ring(self) -> int:
-        blocks, ring = self.blocks("cpu"), 1
+        blocks (``blocks()``, or those given) one at a time: for each, from its last query back to
+        its earliest key one of its queries sees (the last query sees all of them, in every
+        pattern here; elsewhere a ring a little longer than needed)."""
+        blocks, ring = blocks or self.blocks(), 1
         for queries, keys, can_attend in zip(blocks.query_steps, blocks.key_steps, blocks.can_attend):
             real = can_attend[queries < self.length]  # end padding reads nothing
             if bool((real & (keys[None, :] > queries[: real.shape[0], None])).any()):
@@ -159,46 +142,26 @@ class CausalPattern:
                 ring = max(ring, int(queries[real.shape[0] - 1] - keys[seen].min()))
         return ring
 
-    def step_masks(self, device: torch.device | str) -> Tensor:
-        """(T, ring + 1) bool, on ``device``: which keys step s sees when the steps before it went
-        through a decoding ring in order: slot j holds the latest step before s that is j modulo
-        the ring (none yet: unseen), the last column is s itself. One decoding step's mask is a
-        row of it, read in one look-up instead of the rule's arithmetic."""
-        return self.on_device("step_masks", device, self.build_step_masks)
-
-    def build_step_masks(self) -> Tensor:
-        ring, rule, masks = self.ring(), self.mask_rule(), []
-        # a ring's worth of steps at a time: the step numbers (long) of the whole table would be
-        # eight times the table
-        for steps in torch.arange(self.length).split(ring):
-            steps = steps[:, None]
-            held = steps - 1 - (steps - 1 - torch.arange(ring)) % ring  # (t, ring); negative: no step yet
-            keys = torch.cat([held, steps], dim=1)
-            masks.append((keys >= 0) & rule(steps, keys.clamp(min=0)))
+    def step_masks(self, ring: int, blocks: BlockIndex | None = None) -> Tensor:
+        """(T, ring + 1) bool: which keys step s sees when the steps before it went through a
+        decoding ring of ``ring`` slots in order: slot j holds the latest step before s that is j
+        modulo the ring (none yet: unseen), the last column is s itself. One decoding step's mask
+        is a row of it, read in one look-up instead of the rule's arithmetic. Read from the blocks
+        (``blocks()``, or those given), a query block at a time: a step sees a key where its block
+        lists the key and lets the step see it (every key the rule allows is listed)."""
+        blocks, length = blocks or self.blocks(), self.length
+        n_keys = blocks.key_steps.shape[1]
+        masks = []
+        for queries, keys, can_attend in zip(blocks.query_steps, blocks.key_steps, blocks.can_attend):
+            steps = queries[queries < length][:, None]  # (l, 1): the block's real queries
+            held = steps - 1 - (steps - 1 - torch.arange(ring)) % ring  # (l, ring); negative: no step yet
+            wanted = torch.cat([held.masked_fill(held < 0, length), steps], dim=1)  # step T: no key
+            column = torch.full((length + 1,), n_keys, dtype=torch.long)  # each step's column in the
+            column[keys] = torch.arange(n_keys)  # block's keys; column S (all False): not listed
+            column[length] = n_keys
+            sees = F.pad(can_attend[: steps.shape[0]], (0, 1))  # (l, S + 1)
+            masks.append(sees.gather(1, column[wanted]))
         return torch.cat(masks)
-
-    def piece(self) -> int:
-        """The most steps a decoding ring attends at once (a prefill runs in pieces): a query
-        block, whose keys are the ring's and its own, and at most the ring, so that a piece writes
-        distinct slots."""
-        return min(self.ring(), self.block_length)
-
-    def keep(self, what: tuple, build: Callable[[], object]):
-        """``build()`` the first time ``what`` is asked for; after that, the same object."""
-        if what not in self.kept:
-            self.kept[what] = build()
-        return self.kept[what]
-
-    def on_device(self, form: str, device: torch.device | str, build_on_cpu: Callable[[], object]):
-        """A form built once on the CPU (``build_on_cpu``), kept, and copied once to each other device."""
-        cpu = self.keep(form_key(form, "cpu"), build_on_cpu)
-        return cpu if torch.device(device).type == "cpu" else self.keep(form_key(form, device), lambda: cpu.to(device))
-
-    def is_built(self, device: torch.device | str, block_size: int | None = None) -> bool:
-        """Whether the blocks (``block_size`` None) or the block mask of ``block_size`` are kept on
-        ``device``."""
-        key = form_key("blocks", device) if block_size is None else form_key("block_mask", device, block_size)
-        return key in self.kept
 
     def describe(self) -> str:
         return type(self).__name__
@@ -301,6 +264,66 @@ class Local2D(CausalPattern):
 
     def describe(self) -> str:
         return f"Local2D(query={self.block}, flange={self.flange})"
+
+
+# ----- what a model keeps of its pattern ---------------------------------------------------------
+
+# FlexAttention's ``BlockMask`` as its tensors (kept as buffers, so that they move with the model)
+# and the arguments of its public constructor that rebuild it from them, at no cost.
+BLOCK_MASK_TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
+                      "q_indices", "full_q_num_blocks", "full_q_indices")
+
+
+class PatternForms(nn.Module):
+    """What attention reads of ``pattern``, built here, once, when the model is: buffers, which move
+    with it (``model.to``), one set for every layer of a decoder (as the rotary angles are). Three
+    forms:
+
+    * the rule (``rule``): which keys a query may see, as arithmetic on steps (the tests' dense
+      reference is this rule on index grids, ``CausalPattern.can_attend``);
+    * the training form: the gathered blocks (``blocks``, the SDPA path) and, given
+      ``flex_block_size``, FlexAttention's block mask in kernel blocks of that size
+      (``block_mask``); the kernel that reads one or the other is chosen by the device a pass runs
+      on (``attention.uses_flex``), so a model that may run either keeps both;
+    * the decoding form: the ring's size (``ring``, ``piece``), each single step's mask over it
+      (``step_masks``), and the keys each query block reads (``key_steps``: a prefill piece's).
+    """
+
+    def __init__(self, pattern: CausalPattern, flex_block_size: int | None = None) -> None:
+        super().__init__()
+        self.length, self.block_length, self.rule = pattern.length, pattern.block_length, pattern.mask_rule()
+        blocks = pattern.blocks()
+        self.causal = blocks.causal
+        self.register_buffer("key_steps", blocks.key_steps, persistent=False)  # (n, S)
+        self.register_buffer("block_can_attend", blocks.can_attend, persistent=False)  # (n, L, S)
+        self.ring = pattern.ring(blocks)
+        # The most steps a ring attends at once (a prefill runs in pieces): within one query block,
+        # whose keys are the ring's and its own, and at most the ring, so that a piece writes
+        # distinct slots.
+        self.piece = min(self.ring, self.block_length)
+        self.register_buffer("step_masks", pattern.step_masks(self.ring, blocks), persistent=False)  # (T, ring + 1)
+        self.flex_block_size = flex_block_size
+        if flex_block_size is not None:
+            mask = pattern.block_mask(flex_block_size)
+            self.mask_mod = mask.mask_mod
+            for name in BLOCK_MASK_TENSORS:
+                self.register_buffer(f"flex_{name}", getattr(mask, name), persistent=False)
+
+    @property
+    def blocks(self) -> BlockIndex:
+        """The gathered blocks, on the model's device."""
+        return BlockIndex(self.key_steps, self.block_can_attend, self.causal)
+
+    def block_mask(self) -> BlockMask:
+        """FlexAttention's block mask of the rule, on the model's device (``CausalPattern.block_mask``)."""
+        if self.flex_block_size is None:
+            raise RuntimeError("this model keeps no FlexAttention block mask: it was built for the SDPA path "
+                               "(kernel 'sdpa', or 'auto' without CUDA); build it with kernel 'flex' to run FlexAttention")
+        from torch.nn.attention.flex_attention import BlockMask
+
+        tensors = {name: getattr(self, f"flex_{name}") for name in BLOCK_MASK_TENSORS}
+        return BlockMask(seq_lengths=(self.length, self.length), **tensors,
+                         BLOCK_SIZE=(self.flex_block_size, self.flex_block_size), mask_mod=self.mask_mod)
 
 
 def pattern_for(config) -> CausalPattern:

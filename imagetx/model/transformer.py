@@ -27,30 +27,29 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import UserError
-from .attention import FLEX_BLOCK_SIZE, SelfAttention, SelfAttentionCache
+from .attention import FLEX_BLOCK_SIZE, SelfAttention, SelfAttentionCache, check_kernel, may_use_flex
 from .config import CHANNELS, ModelConfig
 from .embedding import PositionEncoding
 from .heads import head_type
 from .inputs import check_image_tensor, check_labels
-from .patterns import CausalPattern, pattern_for
+from .patterns import PatternForms, pattern_for
 from .rotary import Rotary2D
 
 
 class TransformerLayer(nn.Module):
     """Self-attention, then (a super-resolution decoder's) a reading of the encoder, then a
     feed-forward, each with add-and-norm (docs/model.md §3, §6): the unit every stack calls,
-    ``x = layer(x, cache, start, condition)``. A decoder layer is causal under ``pattern`` (with
-    ``rotary`` positions, shared by every layer); without a pattern it sees every position (an
-    encoder's). ``reading`` (``superres.LowResReading``, set by the super-resolution model) reads
+    ``x = layer(x, cache, start, condition)``. A decoder layer is causal under a pattern, given as
+    its ``forms`` (with ``rotary`` positions; both shared by every layer); without one it sees every
+    position (an encoder's). ``reading`` (``superres.LowResReading``, set by the super-resolution model) reads
     what ``condition`` holds of the encoder's output; None: no conditioning sublayer."""
 
-    def __init__(self, config: ModelConfig, pattern: CausalPattern | None = None, rotary: Rotary2D | None = None,
-                 kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
+    def __init__(self, config: ModelConfig, forms: PatternForms | None = None, rotary: Rotary2D | None = None,
+                 kernel: str = "auto") -> None:
         super().__init__()
         d = config.d_model
         self.pre_norm = config.norm == "pre"
-        self.self_attn = SelfAttention(d, config.attention.n_heads, pattern, kernel, rotary, flex_block_size,
-                                       config.head_size)
+        self.self_attn = SelfAttention(d, config.attention.n_heads, forms, kernel, rotary, config.head_size)
         self.self_norm = nn.LayerNorm(d)
         self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
         self.ffn_norm = nn.LayerNorm(d)
@@ -123,7 +122,8 @@ class ImageTransformer(nn.Module):
     def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE,
                  activation_checkpointing: bool = False) -> None:
         super().__init__()
-        self.activation_checkpointing = activation_checkpointing
+        check_kernel(kernel, flex_block_size)
+        self.activation_checkpointing, self.flex_block_size = activation_checkpointing, flex_block_size
         if config.superres and type(self) is ImageTransformer:
             raise UserError("a config with a superres section is a super-resolution model: "
                             "SuperResolutionTransformer(config); build_model(config) builds either")
@@ -140,10 +140,11 @@ class ImageTransformer(nn.Module):
         self.positions = PositionEncoding(*config.grid_shape, d, config.position_encoding)
         self.class_embedding = nn.Embedding(config.num_classes, d) if config.num_classes else None
         self.input_dropout = nn.Dropout(config.dropout)
-        # No parameters, and T × e/2 angles: one for every layer.
+        # No parameters, and what every layer reads alike: one for every layer. The block mask is
+        # kept where FlexAttention may run.
+        forms = PatternForms(self.pattern, flex_block_size if may_use_flex(kernel, config.head_size) else None)
         rotary = Rotary2D(config.head_size, self.order) if config.rotary else None
-        self.layers = nn.ModuleList(TransformerLayer(config, self.pattern, rotary, kernel, flex_block_size)
-                                    for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(TransformerLayer(config, forms, rotary, kernel) for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
         self.head = head.from_config(config)
 

@@ -48,7 +48,6 @@ from ..io.checkpoint import load_weights_only, model_config_of
 from ..io.errors import CheckpointError
 from ..io.older import current_names
 from ..io.parts import mib_to_part_bytes
-from ..model.attention import build_patterns
 from ..model.config import ModelConfig
 from ..model.flops import count_flops
 from ..model.superres import build_model
@@ -83,11 +82,11 @@ def deepen(model: ImageTransformer, layers: int, seed: int) -> ImageTransformer:
     its device and in its dtype, each new tensor drawn under ``seed`` (the caller's random state
     untouched) and every residual writer at zero. Its ``config`` becomes the grown one."""
     config = grown_config(model.config, layers)
-    last = model.layers[-1].self_attn  # what every decoder layer shares: the pattern, the rotary angles
+    last = model.layers[-1].self_attn  # what every decoder layer shares: the pattern's forms, the rotary angles
     parameter = next(model.parameters())
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        added = [TransformerLayer(config, last.pattern, last.rotary, last.kernel, last.flex_block_size)
+        added = [TransformerLayer(config, last.forms, last.rotary, last.kernel)
                  for _ in range(layers - len(model.layers))]
     for layer in added:
         zero_start(layer.residual_writers())
@@ -182,7 +181,6 @@ class GrowDepth(Callback):
         for group, base in zip(optimizer.param_groups, scheduler.base_lrs):
             group["lr"] = base * pl_module.lr_multiplier(step)
         pl_module.flops = count_flops(pl_module.model, pl_module.device)
-        build_patterns(pl_module.model, pl_module.device)
         pl_module.print(f"grown at step {step}: {before['n_layers']} -> {self.layers} decoder layers, identity layers "
                         f"(the same function; {before['parameters']:,} -> {pl_module.grown[-1]['to']['parameters']:,} "
                         f"parameters); the learning rate warms up again over {pl_module.rewarmup_length} steps")

@@ -33,7 +33,6 @@ from .budget import Horizon, budget_timer, place_decay, run_budget
 from .continuation import TIMER_STATE, continued_moments
 from ..io.checkpoint import LIGHTNING_PREFIX, imagetx_metadata, model_config_of, read_checkpoint, refused
 from ..io.older import current_names, in_today_order, reordered_projections
-from ..model.attention import build_patterns
 from ..model.config import ModelConfig
 from ..data.datamodule import ImageDataModule
 from ..model.flops import Flops, count_flops
@@ -162,7 +161,6 @@ class ImageTransformerModule(L.LightningModule):
 
     def on_fit_start(self) -> None:
         self.flops = count_flops(self.model, self.device)
-        build_patterns(self.model, self.device)  # before any compiled pass: the same graphs in every run
 
     def on_train_start(self) -> None:
         """The next update's learning rate from this run's schedule. A resumed optimiser holds the

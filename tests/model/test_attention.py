@@ -1,6 +1,6 @@
 """Every fast attention path equals the dense reference (docs/model.md §4).
 
-attend(q, k, v, pattern, "sdpa") is computed block by block; dense_attention(q, k, v,
+attend(q, k, v, PatternForms(pattern), "sdpa") is computed block by block; dense_attention(q, k, v,
 pattern.can_attend()) masks an n×n matrix. Outputs and gradients must agree to
 float64 precision, and the float32 / bfloat16 paths must stay close to that.
 q, k, v are (B, h, T, e), as attention kernels take them. Decoding one step at a time
@@ -19,7 +19,7 @@ from helpers import dense_attention
 from imagetx.model import attention
 from imagetx.model.attention import CrossAttention, SelfAttention, attend, project_heads
 from imagetx.model.order import GenerationOrder
-from imagetx.model.patterns import FullCausal, Local1D, Local2D
+from imagetx.model.patterns import FullCausal, Local1D, Local2D, PatternForms
 
 
 def local_1d(length: int, block: int, memory: int = 1) -> Local1D:
@@ -36,7 +36,7 @@ def full_causal(length: int) -> FullCausal:
 
 def sdpa_attend(pattern):
     """(q, k, v) -> the pattern's attention through the SDPA reference path (``attention.attend``)."""
-    return lambda q, k, v: attend(q, k, v, pattern, "sdpa")
+    return lambda q, k, v: attend(q, k, v, PatternForms(pattern), "sdpa")
 
 CASES_1D = [
     (10, 4, 0), (10, 4, 1), (10, 4, 2), (10, 4, 3),  # length not divisible by the block
@@ -123,11 +123,11 @@ def test_the_comparison_detects_a_wrong_mask():
     pattern = local_1d(12, 4, 1)
     q, k, v = rand_qkv(12)
     wrong = local_1d(12, 4, 2).can_attend()
-    assert not torch.allclose(attend(q, k, v, pattern, "sdpa"), dense_attention(q, k, v, wrong), atol=1e-6)
+    assert not torch.allclose(attend(q, k, v, PatternForms(pattern), "sdpa"), dense_attention(q, k, v, wrong), atol=1e-6)
     pattern2d = local_2d(4, 6, (2, 3), (1, 2))
     wrong2d = local_2d(4, 6, (2, 3), (1, 1)).can_attend()
     q, k, v = rand_qkv(24)
-    assert not torch.allclose(attend(q, k, v, pattern2d, "sdpa"), dense_attention(q, k, v, wrong2d), atol=1e-6)
+    assert not torch.allclose(attend(q, k, v, PatternForms(pattern2d), "sdpa"), dense_attention(q, k, v, wrong2d), atol=1e-6)
 
 
 # ----- lower precision --------------------------------------------------------------
@@ -194,7 +194,7 @@ def test_local_2d_sequence_is_block_raster(rows, cols, block, flange):
     def to_grid(seq, order):  # (b, h, T, d) -> (b, h, rows, cols, d)
         return order.sequence_to_grid(rearrange(seq, "b h t d -> b t h d")).permute(0, 3, 1, 2, 4)
 
-    out_seq = attend(to_seq(qg), to_seq(kg), to_seq(vg), local_2d(rows, cols, block, flange), "sdpa")
+    out_seq = attend(to_seq(qg), to_seq(kg), to_seq(vg), PatternForms(local_2d(rows, cols, block, flange)), "sdpa")
     out_grid = to_grid(out_seq, order)
     expected = grid_reference_attention(qg, kg, vg, block, flange)
     torch.testing.assert_close(out_grid, expected, atol=1e-10, rtol=0)
@@ -204,7 +204,7 @@ def test_local_2d_sequence_is_block_raster(rows, cols, block, flange):
     def to_raster(t):
         return rearrange(raster.grid_to_sequence(t.permute(0, 2, 3, 1, 4)), "b t h d -> b h t d")
 
-    wrong = attend(to_raster(qg), to_raster(kg), to_raster(vg), local_2d(rows, cols, block, flange), "sdpa")
+    wrong = attend(to_raster(qg), to_raster(kg), to_raster(vg), PatternForms(local_2d(rows, cols, block, flange)), "sdpa")
     wrong_grid = to_grid(wrong, raster)
     assert not torch.allclose(wrong_grid, expected, atol=1e-6)
 
@@ -216,7 +216,7 @@ def test_self_attention_matches_dense_per_head():
     torch.manual_seed(0)
     d, h, n = 16, 4, 20
     pattern = local_1d(n, 6, 1)
-    attn = SelfAttention(d, h, pattern).double()
+    attn = SelfAttention(d, h, PatternForms(pattern)).double()
     x = torch.randn(2, n, d, dtype=torch.float64)
     # q, k, v written out from the fused weight, whose output rows are ordered (q|k|v, head, e)
     weight = attn.qkv.weight.view(3, h, d // h, d)
@@ -252,7 +252,7 @@ def decode_step_by_step(attn, x, context=None):
                                      full_causal(20)], ids=lambda p: p.describe())
 def test_cached_self_attention_equals_the_full_pass(pattern):
     torch.manual_seed(0)
-    attn = SelfAttention(16, 4, pattern).double()
+    attn = SelfAttention(16, 4, PatternForms(pattern)).double()
     x = torch.randn(3, pattern.length, 16, dtype=torch.float64)
     with torch.no_grad():
         full = attn(x)
@@ -270,7 +270,7 @@ def test_prefills_and_steps_mixed_equal_the_full_pass(pattern, chunks):
     """The same forward takes any number of steps with the cache: a prefill longer than the ring,
     then steps, then another prefill, leave the ring as single steps would."""
     torch.manual_seed(0)
-    attn = SelfAttention(16, 4, pattern).double()
+    attn = SelfAttention(16, 4, PatternForms(pattern)).double()
     x = torch.randn(2, pattern.length, 16, dtype=torch.float64)
     with torch.no_grad():
         rest = [pattern.length - sum(chunks)] if pattern.length > sum(chunks) else []
@@ -298,7 +298,7 @@ def test_a_prefill_costs_what_its_pattern_says_not_its_length_squared(pattern, m
     """A prefill of t steps attends O(t · ring) pairs, under masks no larger at 8 rings than at 4:
     never one (t, ring + t) mask over the ring and all its own keys (docs/model.md §7)."""
     torch.manual_seed(0)
-    attn = SelfAttention(16, 4, pattern)
+    attn = SelfAttention(16, 4, PatternForms(pattern))
     x = torch.randn(1, pattern.length, 16)
     ring = pattern.ring()
     lengths = (4 * ring, 8 * ring)
@@ -315,9 +315,9 @@ def test_a_cache_that_forgets_a_key_is_caught(monkeypatch):
     key a step still reads."""
     torch.manual_seed(0)
     pattern = local_1d(20, 6, 1)
-    attn = SelfAttention(16, 4, pattern).double()
+    monkeypatch.setattr(pattern, "ring", lambda blocks=None, ring=pattern.ring(): ring - 1)
+    attn = SelfAttention(16, 4, PatternForms(pattern)).double()
     x = torch.randn(2, 20, 16, dtype=torch.float64)
-    monkeypatch.setattr(pattern, "ring", lambda ring=pattern.ring(): ring - 1)
     with torch.no_grad():
         assert attn.start_decoding(2).keys.shape[2] == 10
         assert not torch.allclose(decode_step_by_step(attn, x), attn(x), atol=1e-6)

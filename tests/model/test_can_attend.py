@@ -168,7 +168,7 @@ def test_causal_and_sees_itself(pattern):
 
 def blocks_laid_out(pattern) -> torch.Tensor:
     """The pattern's blocks laid back onto a dense (T, T) matrix by hand."""
-    blocks = pattern.blocks("cpu")
+    blocks = pattern.blocks()
     n = pattern.length
     dense = torch.zeros(n, n + 1, dtype=torch.bool)  # column n: the zero key
     for b in range(blocks.key_steps.shape[0]):
@@ -210,6 +210,21 @@ def test_decoding_ring_is_as_long_as_the_widest_reach(pattern):
     mask = pattern.can_attend()
     reach = max(t - int(mask[t].nonzero().min()) for t in range(pattern.length))
     assert pattern.ring() == max(1, reach)
+
+
+@pytest.mark.parametrize("pattern", all_patterns(), ids=lambda p: f"{p.describe()}-{p.length}")
+def test_each_decoding_steps_mask_is_the_dense_matrix_at_the_steps_its_ring_holds(pattern):
+    # Step s's row: slot j holds the latest step before s that is j modulo the ring (none yet:
+    # unseen), the last column s itself; at the ring the pattern needs and at one slot fewer.
+    mask = pattern.can_attend()
+    for ring in {pattern.ring(), max(1, pattern.ring() - 1)}:
+        expected = torch.zeros(pattern.length, ring + 1, dtype=torch.bool)
+        for step in range(pattern.length):
+            for slot in range(ring):
+                held = [earlier for earlier in range(step) if earlier % ring == slot]
+                expected[step, slot] = bool(held) and bool(mask[step, held[-1]])
+            expected[step, ring] = mask[step, step]
+        assert torch.equal(pattern.step_masks(ring), expected), ring
 
 
 @pytest.mark.parametrize("rows,cols,block,flange", CASES_2D)  # tall flanges included
@@ -294,5 +309,13 @@ def test_model_pattern_matches_reference(head, attention):
         expected = [[j <= i for j in range(n)] for i in range(n)]
     assert as_lists(model.pattern.can_attend()) == expected
     assert as_lists(pattern_for(model.config).can_attend()) == expected
-    for layer in model.layers:
-        assert as_lists(layer.self_attn.pattern.can_attend()) == expected
+    for layer in model.layers:  # what each layer reads: its gathered blocks, laid out densely
+        forms = layer.self_attn.forms
+        blocks = forms.blocks
+        queries = blocks.query_steps[:, :, None].expand_as(blocks.can_attend)
+        keys = blocks.key_steps[:, None, :].expand_as(blocks.can_attend)
+        dense = torch.zeros(queries.numel(), n + 1, dtype=torch.long)  # column n: no key
+        dense.index_put_((queries.flatten(), keys.flatten()), blocks.can_attend.flatten().long(), accumulate=True)
+        assert as_lists(dense[:n, :n] > 0) == expected
+        steps = torch.arange(n)
+        assert as_lists(forms.rule(steps[:, None], steps[None, :])) == expected

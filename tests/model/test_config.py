@@ -384,5 +384,12 @@ def test_flex_block_size_must_be_a_kernel_tile(size):
 
 def test_flex_block_size_reaches_every_self_attention_layer():
     for size in (16, 128):
-        model = build_model(tiny_config(n_layers=2), flex_block_size=size)
-        assert [layer.self_attn.flex_block_size for layer in model.layers] == [size, size]
+        model = build_model(tiny_config(n_layers=2, d_model=32), "flex", flex_block_size=size)
+        assert [layer.self_attn.forms.block_mask().BLOCK_SIZE for layer in model.layers] == [(size, size)] * 2
+        assert model.layers[0].self_attn.forms is model.layers[1].self_attn.forms  # built once, for every layer
+    # the block mask is kept where FlexAttention may run: kernel flex, or auto where CUDA is
+    kept = {kernel: build_model(tiny_config(d_model=32), kernel).layers[0].self_attn.forms.flex_block_size
+            for kernel in ("auto", "sdpa")}
+    assert kept == {"auto": 128 if torch.cuda.is_available() else None, "sdpa": None}
+    with pytest.raises(RuntimeError, match="keeps no FlexAttention block mask"):
+        build_model(tiny_config(), "sdpa").layers[0].self_attn.forms.block_mask()

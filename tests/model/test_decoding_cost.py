@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 from imagetx.model.attention import SelfAttention, pairs_computed
 from imagetx.model.order import GenerationOrder
-from imagetx.model.patterns import Local2D
+from imagetx.model.patterns import Local2D, PatternForms
 
 SIZES = (32, 64, 128)  # image sizes, px: the ring grows with the width, the blocks' keys do not
 # (columns per image column, query block, flange): the issue's small DMOL pattern (rings of
@@ -57,14 +57,14 @@ CASES = [("dmol_8x8", size) for size in SIZES] + [("cifar10_2d", SIZES[0])]
 @pytest.mark.parametrize("name, size", CASES)
 def test_a_2d_prefill_costs_no_more_than_the_full_pass(name, size, monkeypatch):
     pattern = pattern_at(name, size)
-    attn = SelfAttention(D_MODEL, N_HEADS, pattern, kernel="sdpa")
+    attn = SelfAttention(D_MODEL, N_HEADS, PatternForms(pattern), kernel="sdpa")
     x = torch.randn(1, pattern.length, D_MODEL)
-    full = pairs_computed(pattern)
+    full = pairs_computed(pattern.blocks())
     # every step prefilled, the most a prefill does; and a completion's, every image row but the last
     last_row_start = pattern.length - size * PATTERNS[name][0]
     for length in (pattern.length, last_row_start):
         pairs = counted_pairs(monkeypatch, lambda: prefill(attn, x, length))
-        assert pairs <= full, f"{pattern.describe()} at {size} px, ring {pattern.ring()}: prefill of {length} " \
+        assert pairs <= full, f"{pattern.describe()} at {size} px, ring {attn.forms.ring}: prefill of {length} " \
                               f"steps {pairs / full:.2f}x the full pass"
 
 
@@ -72,9 +72,9 @@ def test_a_2d_prefill_costs_no_more_than_the_full_pass(name, size, monkeypatch):
 def test_the_full_pass_computes_what_pairs_computed_says(name, monkeypatch):
     # the yardstick above, tied to the SDPA path it describes
     pattern = pattern_at(name, SIZES[0])
-    attn = SelfAttention(D_MODEL, N_HEADS, pattern, kernel="sdpa")
+    attn = SelfAttention(D_MODEL, N_HEADS, PatternForms(pattern), kernel="sdpa")
     x = torch.randn(1, pattern.length, D_MODEL)
-    assert counted_pairs(monkeypatch, lambda: attn(x)) == pairs_computed(pattern)
+    assert counted_pairs(monkeypatch, lambda: attn(x)) == pairs_computed(pattern.blocks())
 
 
 @pytest.mark.parametrize("name", PATTERNS)
@@ -83,7 +83,7 @@ def test_a_2d_prefill_then_steps_equal_the_full_pass(name):
     # then single steps across the next block's start
     pattern = pattern_at(name, SIZES[0])
     torch.manual_seed(0)
-    attn = SelfAttention(D_MODEL, N_HEADS, pattern, kernel="sdpa").double()
+    attn = SelfAttention(D_MODEL, N_HEADS, PatternForms(pattern), kernel="sdpa").double()
     x = torch.randn(2, pattern.length, D_MODEL, dtype=torch.float64)
     given = 3 * pattern.block_length - 5
     with torch.no_grad():

@@ -24,7 +24,7 @@ from imagetx.model import attention
 from imagetx.model.inputs import downsample_area
 from imagetx.model.attention import attend, uses_flex
 from imagetx.model.order import GenerationOrder
-from imagetx.model.patterns import FullCausal, Local1D, Local2D
+from imagetx.model.patterns import FullCausal, Local1D, Local2D, PatternForms
 from imagetx.model.scoring import full_pass
 from imagetx.model.transformer import previous_values
 from test_sampler import cached_params
@@ -72,7 +72,7 @@ def dense_reference(pattern, q, k, v) -> torch.Tensor:
 def test_flex_equals_dense_reference(pattern):
     q, k, v = rand_qkv(pattern.length)
     with torch.no_grad():
-        got = attend(q.float(), k.float(), v.float(), pattern, "flex")
+        got = attend(q.float(), k.float(), v.float(), PatternForms(pattern, KERNEL_BLOCK), "flex")
     assert got.dtype == torch.float32 and got.shape == q.shape
     torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v), atol=2e-6, rtol=0)
 
@@ -82,7 +82,7 @@ def test_flex_in_bfloat16_is_close_to_float64(pattern):
     # bf16 errors include rounding the inputs themselves to 8 bits of mantissa (~4e-3 relative).
     q, k, v = rand_qkv(pattern.length)
     with torch.no_grad():
-        got = attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), pattern, "flex")
+        got = attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), PatternForms(pattern, KERNEL_BLOCK), "flex")
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v), atol=3e-2, rtol=0)
 
@@ -92,7 +92,7 @@ def test_a_wrong_mask_mod_is_caught():
     pattern, short = Local1D(GenerationOrder(10, 30), 30, 1), Local1D(GenerationOrder(10, 30), 30, 0)
     q, k, v = rand_qkv(pattern.length)
     with torch.no_grad():
-        wrong = attend(q.float(), k.float(), v.float(), short, "flex")
+        wrong = attend(q.float(), k.float(), v.float(), PatternForms(short, KERNEL_BLOCK), "flex")
     assert not torch.allclose(wrong.double(), dense_reference(pattern, q, k, v), atol=1e-3)
 
 
@@ -100,8 +100,7 @@ def assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, block: i
     """Kernel blocks (block × block pairs) with no allowed pair are skipped, those with some are
     run, and only those the rule allows whole are run without the mask_mod: read off can_attend,
     tile by tile, the end padding counted as not allowed."""
-    mask = pattern.block_mask("cpu", block)
-    assert mask is pattern.block_mask("cpu", block)  # built once
+    mask = PatternForms(pattern, block).block_mask()  # as a model keeps it, rebuilt from its buffers
     assert mask.BLOCK_SIZE == (block, block)
     tiles = -(-pattern.length // block) * block
     allowed = torch.zeros(tiles, tiles, dtype=torch.bool)
@@ -118,7 +117,7 @@ def assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, block: i
 def test_block_mask_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern):
     assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, KERNEL_BLOCK)
     if pattern.length == 1024:  # 1D blocks of one 32-wide row: 8 kernel blocks, each needs 2
-        assert int(pattern.block_mask("cpu", KERNEL_BLOCK).to_dense().sum()) == 8 + 7
+        assert int(pattern.block_mask(KERNEL_BLOCK).to_dense().sum()) == 8 + 7
 
 
 # Kernel blocks smaller than FlexAttention's default (build_model's flex_block_size): the one-row
@@ -137,19 +136,19 @@ FINE_BLOCKS = [in_blocks(Local1D(GenerationOrder(32, 32), 32, 1), size) for size
 def test_smaller_kernel_blocks_equal_the_dense_reference(pattern, block):
     q, k, v = rand_qkv(pattern.length)
     with torch.no_grad():
-        got = attend(q.float(), k.float(), v.float(), pattern, "flex", block)
+        got = attend(q.float(), k.float(), v.float(), PatternForms(pattern, block), "flex")
     torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v), atol=2e-6, rtol=0)
     assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, block)
     if isinstance(pattern, Local1D) and block == 32:
         # one block per row: the first row's diagonal block, then 2 for each later row; of the
         # 128-pair default's 8 x 2 - 1 blocks of 16,384 pairs, a quarter of the pairs
-        assert int(pattern.block_mask("cpu", block).to_dense().sum()) == 32 + 31
+        assert int(pattern.block_mask(block).to_dense().sum()) == 32 + 31
 
 
 def test_tile_options_pin_cuda_tiles_to_blocks_smaller_than_the_default():
     # The CUDA kernel's tiles must divide the mask's blocks (and N1 % M1 == M2 % N2 == 0).
     pattern = Local1D(GenerationOrder(32, 32), 32, 1)
-    fine, default = (pattern.block_mask("cpu", size) for size in (32, 128))
+    fine, default = (pattern.block_mask(size) for size in (32, 128))
     options = attention.tile_options(fine, torch.device("cuda"))
     assert options == {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 32}
     assert attention.tile_options(default, torch.device("cuda")) is None  # the kernel's own tiles
@@ -235,15 +234,16 @@ def test_bits_per_dim_through_flex_equals_sdpa(name, monkeypatch):
 
 
 def test_block_mask_is_built_once_for_every_layer(monkeypatch):
-    model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
     built = []
     original = flex_module.create_block_mask  # what patterns.py imports where it builds one
     monkeypatch.setattr(flex_module, "create_block_mask",
                         lambda *args, **kwargs: built.append(args) or original(*args, **kwargs))
+    model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
+    assert len(built) == 1  # with the model
     with torch.no_grad():
         bits_per_dim(model, images, labels, low_res)
         bits_per_dim(model, images, labels, low_res)
-    assert len(built) == 1  # one pattern, for two layers and two passes
+    assert len(built) == 1  # one pattern, for two layers and two passes: none built in a pass
     assert [args[3:5] for args in built] == [(64, 64)]
 
 
@@ -275,11 +275,14 @@ def test_flex_is_causal_by_perturbation(name):
         assert next_changed, f"step {step}: the next output ignores the perturbed input"
 
 
-def test_perturbation_catches_a_mask_mod_that_sees_the_next_step():
-    # Negative control: the same check on a model whose rule also lets each query see the next key.
+def test_perturbation_catches_a_mask_mod_that_sees_the_next_step(monkeypatch):
+    # Negative control: the same check on a model whose rule also lets each query see the next key
+    # (its block mask built from that rule; no ring, which would refuse a rule that sees ahead).
+    honest = Local1D.mask_rule
+    monkeypatch.setattr(Local1D, "mask_rule",
+                        lambda self: (lambda query, key: honest(self)(query, key) | (key == query + 1)))
+    monkeypatch.setattr(Local1D, "ring", lambda self, blocks=None: 1)
     model, images, labels, low_res = model_and_inputs("local_1d_classes", "flex")
-    honest = model.pattern.mask_rule()
-    model.pattern.mask_rule = lambda: (lambda query, key: honest(query, key) | (key == query + 1))
     emb = value_embeddings(model, model.targets(images)).detach()
     leaks = [future_changes(model, emb, None, labels, step)[0] for step in steps_to_perturb(emb.shape[1])]
     assert all(leaks)
@@ -296,12 +299,11 @@ def test_cached_sampler_equals_the_flex_full_pass(name):
 
 
 def test_compiled_model_through_flex_equals_eager():
-    # The block mask is built outside the model's graph (``attention.prepare``) and the kernel
-    # compiled as part of it.
+    # The block mask is rebuilt from the model's buffers inside its graph, the kernel compiled as
+    # part of it.
     model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
     with torch.no_grad():
         expected = full_pass(model, images, labels, low_res)
-        model.layers[0].self_attn.pattern.kept.clear()  # so that the compiled pass builds it
         got = torch.compile(model)(previous_values(model.targets(images)), labels=labels, low_res=low_res)
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
@@ -322,7 +324,7 @@ def test_flex_values_and_gradients_equal_dense_on_cuda(pattern, block):
     ref = dense_reference(pattern, q64, k64, v64)
     ref_grads = grads(ref, [q64, k64, v64])
     q, k, v = (t.detach().float().requires_grad_() for t in (q64, k64, v64))
-    got = attend(q, k, v, pattern, "flex", block)
+    got = attend(q, k, v, PatternForms(pattern, block).to(device), "flex")
     got_grads = grads(got, [q, k, v])
     torch.testing.assert_close(got.double(), ref, atol=1e-4, rtol=0)
     for name, g, r in zip(["q", "k", "v"], got_grads, ref_grads):

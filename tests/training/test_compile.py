@@ -8,7 +8,7 @@ import yaml
 
 from helpers import with_changes
 from imagetx import AttentionConfig, build_model, ModelConfig
-from imagetx.model.attention import build_patterns
+from imagetx.model import attention
 from imagetx.model.inputs import downsample_area
 from imagetx.model.transformer import previous_values
 from imagetx.training.module import COMPILE_OPTIONS, ImageTransformerModule
@@ -32,31 +32,38 @@ def test_compiled_module_matches_eager_and_keeps_parameter_names():
     assert all(p.grad is not None for p in compiled.parameters())
 
 
-@pytest.mark.parametrize("preset, built", [("cifar10_dmol_25min.yaml", True), ("superres.yaml", True),
-                                           ("cifar10_dmol_25min.yaml", False)],
-                         ids=["1D, built first", "2D, encoder, cross-attention, built first", "control: none built"])
-def test_a_model_with_its_patterns_built_compiles_as_one_graph(preset, built):
-    """Training builds every pattern before its first compiled pass (the module's on_fit_start), so
-    that a resumed run traces the graphs a fresh run's sanity validation left in Inductor's cache
-    (docs/experiments.md entry 29). fullgraph=True fails on any graph break; the eager backend
-    traces as torch.compile does, without generating code. Shrunk presets: self-attention 1D and
-    2D, the encoder, cross-attention."""
+@pytest.mark.parametrize("preset, kernel, broken", [("cifar10_dmol_25min.yaml", "sdpa", False),
+                                                    ("superres.yaml", "sdpa", False),
+                                                    ("cifar10_dmol_25min.yaml", "flex", False),
+                                                    ("cifar10_dmol_25min.yaml", "sdpa", True)],
+                         ids=["1D", "2D, encoder, cross-attention", "1D, FlexAttention",
+                              "control: attention outside the graph"])
+def test_a_model_compiles_as_one_graph(preset, kernel, broken, monkeypatch):
+    """Every form of a pattern is built with the model (patterns.PatternForms), so that its first
+    compiled pass traces the graphs any later run traces, and finds those an earlier run left in
+    Inductor's cache (docs/experiments.md entry 29). fullgraph=True fails on any graph break (the
+    control: attention run outside the graph); the eager backend traces as
+    torch.compile does, without generating code. Shrunk presets: self-attention 1D and 2D, the
+    encoder, cross-attention; FlexAttention's block mask rebuilt from the model's buffers."""
     settings = yaml.safe_load((REPO / "configs" / preset).read_text())["model"]["config"]
     settings = with_changes(settings, {"n_layers": 1, "d_model": 16, "d_filter": 32, "attention": {"n_heads": 2}})
     if settings.get("superres"):
         settings["superres"] = {**settings["superres"], "encoder_layers": 1}
-    model = build_model(ModelConfig.from_dict(settings)).eval()  # no dropout: two passes compared
+    model = build_model(ModelConfig.from_dict(settings), kernel).eval()  # no dropout: two passes compared
     images = torch.randint(0, 256, (2, 32, 32, 3), dtype=torch.uint8)
     low_res = downsample_area(images, 8) if model.config.superres else None
     previous, given = previous_values(model.targets(images)), {"low_res": low_res} if low_res is not None else {}
-    if built:
-        build_patterns(model, "cpu")
+    if broken:
+        gathered = attention.attend_in_blocks
+        monkeypatch.setattr(attention, "attend_in_blocks", torch.compiler.disable(gathered))
+    torch.compiler.reset()
     compiled = torch.compile(model, fullgraph=True, backend="eager")
-    if built:
-        torch.testing.assert_close(compiled(previous, **given), model(previous, **given))
-    else:  # the first pass builds them: a graph break, which fullgraph refuses
-        with pytest.raises(Exception, match="disable"):
-            compiled(previous, **given)
+    with torch.no_grad():
+        if broken:
+            with pytest.raises(Exception, match="disable"):
+                compiled(previous, **given)
+        else:
+            torch.testing.assert_close(compiled(previous, **given), model(previous, **given))
 
 
 def traced_batch_sizes(order: str, **options) -> list[tuple]:
@@ -67,7 +74,6 @@ def traced_batch_sizes(order: str, **options) -> list[tuple]:
     settings = with_changes(settings, {"image_size": 8, "n_layers": 1, "d_model": 16, "d_filter": 32,
                                        "attention": {"query_block_length": 8, "n_heads": 2}})
     model = build_model(ModelConfig.from_dict(settings))
-    build_patterns(model, "cpu")
     traced = []
 
     def recording_backend(graph, example_inputs):
