@@ -29,7 +29,7 @@ import sys
 import numpy as np
 import torch
 
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
 from imagetx.data.sources import DataError, load
 
 from experiments.json_result import emit
@@ -47,7 +47,7 @@ def shifted(a: np.ndarray, axis: int) -> np.ndarray:
 
 
 def low_res_of(images: np.ndarray) -> np.ndarray:
-    """The 8×8 inputs (float), made exactly as the model's (imagetx.model.inputs.downsample_area)."""
+    """The 8×8 inputs (float), made exactly as the model's (imagetx.model.transformer.downsample_area)."""
     return downsample_area(torch.from_numpy(images.astype(np.uint8)), SIDE // CELL).numpy().astype(np.float64)
 
 

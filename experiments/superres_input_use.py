@@ -30,7 +30,7 @@ from imagetx.model.config import CHANNELS
 from imagetx.model.heads import check_temperature
 from imagetx.io.errors import CheckpointError
 from imagetx.io.load import with_exact_box_means
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
 from imagetx.model.sampler import sample
 from imagetx.data.sources import DataError, load
 

@@ -45,7 +45,8 @@ from .data.images import GRID_SCALE, load_image_file, save_grid, upsample_neares
 from .io.load import load_model
 from .model.config import ModelConfig
 from .model.heads import check_temperature
-from .model.inputs import check_labels, downsample_area
+from .model.superres import downsample_area
+from .model.transformer import check_labels
 from .model.sampler import sample
 from .model.transformer import ImageTransformer
 

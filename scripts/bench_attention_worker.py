@@ -16,7 +16,7 @@ BLOCK_2D, FLANGE_2D = (16, 16), (16, 32)
 
 
 def build_pattern(variant: str, rows: int, cols: int):
-    from imagetx.model.order import GenerationOrder
+    from imagetx.model.patterns import GenerationOrder
     from imagetx.model.patterns import FullCausal, Local1D, Local2D
 
     if variant == "local_1d":

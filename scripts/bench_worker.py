@@ -134,7 +134,7 @@ def set_threads(spec: dict) -> None:
 def make_inputs(cfg, batch: int, device, seed: int = 0):
     import torch
 
-    from imagetx.model.inputs import downsample_area
+    from imagetx.model.superres import downsample_area
 
     gen = torch.Generator().manual_seed(seed)
     images = torch.randint(0, 256, (batch, cfg.image_size, cfg.image_size, 3), generator=gen,

@@ -13,7 +13,7 @@ import torch
 
 from experiments.tests.conftest import REPO_ROOT, tiny_model, write_cifar_npz
 from imagetx import load_model, save_pretrained
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
 from imagetx.model.sampler import sample
 from imagetx.data.sources import load
 

@@ -29,7 +29,7 @@ from torch import Tensor, nn
 
 from .config import CHANNELS, HALF_RANGE, LEVELS, ModelConfig
 from .heads import head_type
-from .precision import full_precision_linear, scoring_dtype
+from .embedding import full_precision_linear, scoring_dtype
 
 
 @dataclass
@@ -98,7 +98,7 @@ class CellRemainder(nn.Module):
 
     def embed(self, features: Tensor) -> Tensor:
         """(B, t, c + 1) features -> (B, t, d), added to the decoder's input; in float32 under
-        mixed precision, as it reads raw values (precision.py)."""
+        mixed precision, as it reads raw values (embedding.py, ``full_precision_linear``)."""
         return full_precision_linear(self.proj, features)
 
     def start_decoding(self, low_res: Tensor) -> RemainderCache:

@@ -56,7 +56,7 @@ class AttentionConfig:
     memory_flange: tuple[int, int] = ATTENTION_DEFAULTS["memory_flange"]
     # Where each key lies relative to its query (not in the paper, whose inputs carry absolute
     # positions only): "none", or "rotary", 2D rotary embeddings of queries and keys
-    # (imagetx/model/rotary.py: nothing added to the scores).
+    # (imagetx/model/attention.py: nothing added to the scores).
     relative_positions: RelativePositions = "none"
 
     def __post_init__(self) -> None:

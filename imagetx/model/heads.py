@@ -4,7 +4,7 @@ discretised mixture of logistics (DMOL) of PixelCNN++.
 Each head maps the decoder output (B, T, d) to distribution parameters and can
 score targets (log-likelihood in nats, per position) and sample with a
 temperature. The head's projection, its scores and its draws run in float32 at least, even
-under bf16 autocast, and in float64 for a float64 model (``precision.py`` says why).
+under bf16 autocast, and in float64 for a float64 model (``embedding.py`` says why, at ``full_precision_linear``).
 
 A bounded head's parameters end with each step's value bounds (``bounded``; what a
 super-resolution model with ``exact_box_means`` computes: ``with_bounds``), 2c numbers, its c
@@ -29,8 +29,7 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from .config import CHANNELS, HALF_RANGE, LEVELS, ModelConfig
-from .embedding import PixelEmbedding, SubPixelEmbedding
-from .precision import full_precision_linear, scoring_dtype
+from .embedding import PixelEmbedding, SubPixelEmbedding, full_precision_linear, scoring_dtype
 
 HALF_BIN = 1.0 / (LEVELS - 1)  # half-width of one value's bin on the [-1, 1] scale
 MIN_LOG_SCALE = -7.0  # PixelCNN++ clamp: keeps inv_s = exp(-s) below ~1100

@@ -10,10 +10,10 @@ import torch
 from tqdm.auto import tqdm
 
 from .config import ModelConfig
-from .inputs import downsample_area
+from .superres import downsample_area
+from .transformer import ImageTransformer, previous_values
 from .modes import eval_mode
 from .sampler import LOG_PROGRESS_SECONDS
-from .transformer import ImageTransformer, previous_values
 
 
 def conditioning(config: ModelConfig, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:

@@ -33,9 +33,20 @@ from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
 from .embedding import PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, head_type
-from .inputs import check_image_tensor, check_labels
-from .order import GenerationOrder
-from .transformer import DecodingCache, ImageTransformer, TransformerLayer, zero_start
+from .patterns import GenerationOrder
+from .transformer import DecodingCache, ImageTransformer, TransformerLayer, check_image_tensor, check_labels, zero_start
+
+
+def downsample_area(images: torch.Tensor, size: int) -> torch.Tensor:
+    """(B, H, W, 3) uint8 -> (B, size, size, 3): the box mean of each (H/size)² patch, rounded
+    half up (T2T "resize by area"; docs/model.md §6). Exact integer arithmetic, no float rounding doubt."""
+    batch, height, width, channels = images.shape
+    if height % size or width % size:
+        raise UserError(f"cannot box-downsample {height}x{width} to {size}x{size}: size must divide both")
+    fh, fw = height // size, width // size
+    patches = images.long().view(batch, size, fh, size, fw, channels).sum(dim=(2, 4))
+    area = fh * fw
+    return ((2 * patches + area) // (2 * area)).to(torch.uint8)  # floor(mean + ½)
 
 
 class Encoder(nn.Module):

@@ -26,7 +26,7 @@ from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint
 from lightning.pytorch.utilities import rank_zero_only
 
 from ..io.checkpoint import LAST
-from ..model.inputs import downsample_area
+from ..model.superres import downsample_area
 from ..data.images import save_grid
 from ..model.sampler import sample
 from .continuation import CONTINUE

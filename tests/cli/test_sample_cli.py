@@ -250,7 +250,7 @@ def test_superres_draws_every_temperature_in_one_batch(tmp_path, capsys, superre
         grid = np.asarray(image.convert("RGB"))
         assert image.size == grid_size(2, 5)  # upsampled input | 3 temperatures | original
     from imagetx import load_model
-    from imagetx.model.inputs import downsample_area
+    from imagetx.model.superres import downsample_area
     from imagetx.model.sampler import sample
 
     originals = torch.from_numpy(train_images[3:5])

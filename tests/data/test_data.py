@@ -11,7 +11,7 @@ import torch
 
 from helpers import CIFAR_CLASSES, cifar_arrays, write_cifar_npz, write_npz_shard
 from imagetx.data.datamodule import ImageDataModule
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
 from imagetx.data.sources import DataError, load
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download")

@@ -20,7 +20,7 @@ from imagetx.demo import tasks
 from imagetx.demo.__main__ import NEEDS_GRADIO, main
 from imagetx.demo.tasks import SCALE, SUPERRES_TEMPERATURES, Models, card_bits_per_dim
 from imagetx.io.load import load_model
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
 
 REPO = Path(__file__).resolve().parents[2]
 REFUSED = "**Cannot do that**"

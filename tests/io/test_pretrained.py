@@ -19,7 +19,7 @@ import yaml
 from PIL import Image
 
 from helpers import ASSETS
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
 from imagetx.model.scoring import evaluate
 from imagetx.sample import main as sample_main
 from imagetx.model.sampler import sample
@@ -96,7 +96,7 @@ def test_try_it_commands_run_on_your_own_image(tmp_path, capsys, task):
 
 def test_bf16_autocast_scores_the_completion_model_close_to_float32(monkeypatch):
     """Under bf16-mixed the head and the layers that read raw pixel values run in float32
-    (imagetx/model/precision.py). The shipped completion model's bits/dim under CPU bf16 autocast, on
+    (imagetx/model/embedding.py). The shipped completion model's bits/dim under CPU bf16 autocast, on
     the 32 fixed val images: 0.0026 above float32 for the model shipped 2026-11-26 (0.0028 and
     0.0023 for the two before it; the issue's target was 0.002: the rest is bfloat16 hidden states,
     which carry intensities linearly). Negative controls: the head's projection left to autocast

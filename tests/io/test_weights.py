@@ -18,7 +18,7 @@ from imagetx import (CheckpointError, ImageTransformer, ModelConfig, from_pretra
 from imagetx.io.checkpoint import imagetx_metadata
 from imagetx.io.older import current_names, older_state
 from imagetx.io.weights import FORMAT_VERSION, write_weights
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
 from imagetx.model.superres import build_model
 from imagetx.evaluate import main as evaluate_main
 from imagetx.export import main as export_main

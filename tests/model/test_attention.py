@@ -18,8 +18,7 @@ from einops import rearrange
 from helpers import dense_attention
 from imagetx.model import attention
 from imagetx.model.attention import CrossAttention, SelfAttention, attend, project_heads
-from imagetx.model.order import GenerationOrder
-from imagetx.model.patterns import FullCausal, Local1D, Local2D, PatternForms
+from imagetx.model.patterns import FullCausal, GenerationOrder, Local1D, Local2D, PatternForms
 
 
 def local_1d(length: int, block: int, memory: int = 1) -> Local1D:

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from helpers import random_images, tiny_model
-from imagetx.model.order import GenerationOrder
-from imagetx.model.patterns import FullCausal, Local1D, Local2D, pattern_for
+from imagetx.model.patterns import FullCausal, GenerationOrder, Local1D, Local2D, pattern_for
 
 # ----- independent references ------------------------------------------------------
 

@@ -17,8 +17,7 @@ import pytest
 import torch
 
 from helpers import decode_embeddings, random_images, random_labels, tiny_model, value_embeddings
-from imagetx.model.order import GenerationOrder
-from imagetx.model.patterns import FullCausal, PatternForms
+from imagetx.model.patterns import FullCausal, GenerationOrder, PatternForms
 
 # Block sizes chosen so that local attention is genuinely local: categorical 4×4 images
 # are 48 sub-pixel steps on a 4×12 grid, DMOL images 16 pixel steps on a 4×4 grid.

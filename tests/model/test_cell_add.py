@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from helpers import random_images, tiny_model
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
 from imagetx.model.scoring import full_pass
 
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from helpers import random_images, tiny_model
-from imagetx.model.inputs import downsample_area
-from imagetx.model.scoring import full_pass
+from imagetx.model.superres import downsample_area
 from imagetx.model.transformer import previous_values
+from imagetx.model.scoring import full_pass
 from test_sampler import SMALL_BLOCKS, block_shape, check_cached_equals_full
 
 HEADS_AND_ORDERS = [("categorical", "local_1d"), ("dmol", "local_1d"), ("categorical", "local_2d"),

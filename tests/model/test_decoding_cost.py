@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from imagetx.model.attention import SelfAttention, pairs_computed
-from imagetx.model.order import GenerationOrder
-from imagetx.model.patterns import Local2D, PatternForms
+from imagetx.model.patterns import GenerationOrder, Local2D, PatternForms
 
 SIZES = (32, 64, 128)  # image sizes, px: the ring grows with the width, the blocks' keys do not
 # (columns per image column, query block, flange): the issue's small DMOL pattern (rings of

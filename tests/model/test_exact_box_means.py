@@ -14,9 +14,9 @@ import torch
 
 from helpers import random_images, tiny_model
 from imagetx.model.heads import CategoricalHead, DMOLHead
-from imagetx.model.inputs import downsample_area
-from imagetx.model.sampler import sample
+from imagetx.model.superres import downsample_area
 from imagetx.model.transformer import previous_values
+from imagetx.model.sampler import sample
 from test_cell_remainder import HEADS_AND_ORDERS, remainder_model, sequence_images
 from test_heads import exact_table_sample, pack, total_variation
 

@@ -21,12 +21,11 @@ import torch.nn.attention.flex_attention as flex_module
 from helpers import (bits_per_dim, decode_embeddings, dense_attention, random_images, random_labels, tiny_model,
                      value_embeddings)
 from imagetx.model import attention
-from imagetx.model.inputs import downsample_area
-from imagetx.model.attention import attend, uses_flex
-from imagetx.model.order import GenerationOrder
-from imagetx.model.patterns import FullCausal, Local1D, Local2D, PatternForms
-from imagetx.model.scoring import full_pass
+from imagetx.model.superres import downsample_area
 from imagetx.model.transformer import previous_values
+from imagetx.model.attention import attend, uses_flex
+from imagetx.model.patterns import FullCausal, GenerationOrder, Local1D, Local2D, PatternForms
+from imagetx.model.scoring import full_pass
 from test_sampler import cached_params
 
 HEADS = 2

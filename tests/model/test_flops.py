@@ -23,7 +23,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from helpers import bits_per_dim, random_images, random_labels, tiny_config
 from imagetx import ImageTransformer, build_model, ModelConfig
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
 from imagetx.model.flops import FLOPS_PER_MAC, count_flops
 from imagetx.training.presets import preset_model_config
 

@@ -15,8 +15,8 @@ import torch
 from helpers import random_images, random_labels, tiny_config, tiny_model
 from imagetx import build_model
 from imagetx.io.older import LAST_COMMIT_WITH_THEM, REMOVED_RELATIVE_POSITIONS
-from imagetx.model.order import GenerationOrder
-from imagetx.model.rotary import Rotary2D
+from imagetx.model.patterns import GenerationOrder
+from imagetx.model.attention import Rotary2D
 from test_causality import build, causality_violations, steps_to_check
 from test_sampler import check_cached_equals_full
 

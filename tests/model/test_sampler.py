@@ -10,11 +10,11 @@ import pytest
 import torch
 
 from helpers import random_images, random_labels, tiny_model
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
+from imagetx.model.transformer import previous_values
 from imagetx import build_model
 from imagetx.model.sampler import (ISOLATED, LOG_PROGRESS_SECONDS, compile_decoding, first_input, progress_bar, sample,
                                    sample_progressively)
-from imagetx.model.transformer import previous_values
 from imagetx.model.scoring import full_pass
 from imagetx.training.presets import preset_model_config
 from scripts.common import sample_uncached
@@ -611,7 +611,7 @@ def test_every_decoder_layer_is_called_as_a_module_in_the_full_pass_and_in_decod
     model goes on with (a hook that replaces it changes the model's scores)."""
     from helpers import tiny_model
 
-    from imagetx.model.inputs import downsample_area
+    from imagetx.model.superres import downsample_area
 
     superres = {} if reading is None else dict(image_size=8, encoder_layers=1, low_res_size=4, low_res_reading=reading)
     model = tiny_model(**superres).eval()

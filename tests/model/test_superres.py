@@ -16,7 +16,7 @@ from helpers import (decode_embeddings, dense_attention, random_images, tiny_mod
                      write_cifar_npz)
 from imagetx import ImageTransformer, SuperResolutionTransformer, build_model, load_model, save_pretrained
 from imagetx.model.attention import merge_heads, project_heads
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
 from imagetx.model.scoring import full_pass
 from imagetx.data.images import GRID_SCALE
 from imagetx.evaluate import main as evaluate_main

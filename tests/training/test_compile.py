@@ -9,7 +9,7 @@ import yaml
 from helpers import with_changes
 from imagetx import AttentionConfig, build_model, ModelConfig
 from imagetx.model import attention
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
 from imagetx.model.transformer import previous_values
 from imagetx.training.module import COMPILE_OPTIONS, ImageTransformerModule
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from helpers import random_images, tiny_config
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
 from imagetx.model.superres import build_model
 from imagetx.training.module import compile_network
 

@@ -11,7 +11,7 @@ from helpers import (TINY_TRAIN_MODEL, bits_per_dim, one_error_line, random_imag
 from imagetx import ModelConfig, build_model
 from imagetx.io.errors import CheckpointError
 from imagetx.io.weights import write_weights
-from imagetx.model.inputs import downsample_area
+from imagetx.model.superres import downsample_area
 from imagetx.train import main
 from imagetx.training.continuation import pack
 from imagetx.training.warm_start import start_from
