@@ -45,10 +45,9 @@ from .data.images import GRID_SCALE, load_image_file, save_grid, upsample_neares
 from .io.load import load_model
 from .model.config import ModelConfig
 from .model.heads import check_temperature
-from .model.superres import downsample_area
-from .model.transformer import check_labels
 from .model.sampler import sample
-from .model.transformer import ImageTransformer
+from .model.superres import downsample_area
+from .model.transformer import ImageTransformer, check_labels
 
 IMAGES_PER_ROW = 8
 GREY = 128  # fills the part of a completion's input that the model is not shown

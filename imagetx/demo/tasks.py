@@ -21,9 +21,9 @@ from PIL import Image
 
 from ..data.images import enlarged, load_image_file, upsample_nearest
 from ..errors import UserError
+from ..model.sampler import Progress, sample_progressively
 from ..model.superres import downsample_area
 from ..model.transformer import ImageTransformer
-from ..model.sampler import Progress, sample_progressively
 from ..sample import given_part, labels_for
 
 # 8x: a 32-pixel image becomes 256 pixels, each model pixel an 8x8 square that can be told

@@ -126,6 +126,16 @@ class BlockIndex:
         return torch.arange(n_blocks * block_len, device=self.key_steps.device).view(n_blocks, block_len)
 
 
+def flex_mask_mod(rule: MaskRule) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
+    """``rule`` as FlexAttention's ``mask_mod``: (batch, head, query, key) -> bool, the same for
+    every image and head."""
+
+    def mask_mod(batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
+        return rule(query, key)
+
+    return mask_mod
+
+
 # ----- the pattern type --------------------------------------------------------------------------
 
 class CausalPattern:
@@ -177,12 +187,8 @@ class CausalPattern:
         a pattern finer than a kernel block (a one-row 1D block, a narrow 2D flange) stays exact."""
         from torch.nn.attention.flex_attention import create_block_mask
 
-        rule = self.mask_rule()
-
-        def mask_mod(batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
-            return rule(query, key)
-
-        return create_block_mask(mask_mod, None, None, self.length, self.length, device=device, BLOCK_SIZE=block_size)
+        return create_block_mask(flex_mask_mod(self.mask_rule()), None, None, self.length, self.length, device=device,
+                                 BLOCK_SIZE=block_size)
 
     def ring(self, blocks: BlockIndex | None = None) -> int:
         """Slots of a decoding ring (``attention.SelfAttentionCache``): the fewest that still hold
@@ -350,7 +356,8 @@ class PatternForms(nn.Module):
 
     def __init__(self, pattern: CausalPattern, flex_block_size: int | None = None) -> None:
         super().__init__()
-        self.length, self.block_length, self.rule = pattern.length, pattern.block_length, pattern.mask_rule()
+        self.pattern, self.length, self.block_length = pattern, pattern.length, pattern.block_length
+        self.rule = pattern.mask_rule()
         blocks = pattern.blocks()
         self.causal = blocks.causal
         self.register_buffer("key_steps", blocks.key_steps, persistent=False)  # (n, S)
@@ -367,6 +374,20 @@ class PatternForms(nn.Module):
             self.mask_mod = mask.mask_mod
             for name in BLOCK_MASK_TENSORS:
                 self.register_buffer(f"flex_{name}", getattr(mask, name), persistent=False)
+
+    # The rule and the mask_mod are closures, which pickle cannot write: a pickled model (torch.save
+    # of the module, a spawned process's copy) keeps the pattern and builds them again from it.
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state.pop("rule")
+        state.pop("mask_mod", None)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        super().__setstate__(state)
+        self.rule = self.pattern.mask_rule()
+        if self.flex_block_size is not None:
+            self.mask_mod = flex_mask_mod(self.rule)
 
     @property
     def blocks(self) -> BlockIndex:

@@ -18,8 +18,7 @@ from imagetx import (CheckpointError, ImageTransformer, ModelConfig, from_pretra
 from imagetx.io.checkpoint import imagetx_metadata
 from imagetx.io.older import current_names, older_state
 from imagetx.io.weights import FORMAT_VERSION, write_weights
-from imagetx.model.superres import downsample_area
-from imagetx.model.superres import build_model
+from imagetx.model.superres import build_model, downsample_area
 from imagetx.evaluate import main as evaluate_main
 from imagetx.export import main as export_main
 from imagetx.sample import main as sample_main

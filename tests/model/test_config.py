@@ -11,6 +11,7 @@ import dataclasses
 import inspect
 import json
 import math
+import pickle
 from pathlib import Path
 
 import pytest
@@ -393,3 +394,15 @@ def test_flex_block_size_reaches_every_self_attention_layer():
     assert kept == {"auto": 128 if torch.cuda.is_available() else None, "sdpa": None}
     with pytest.raises(RuntimeError, match="keeps no FlexAttention block mask"):
         build_model(tiny_config(), "sdpa").layers[0].self_attn.forms.block_mask()
+
+
+@pytest.mark.parametrize("kernel, attention", [("sdpa", "local_2d"), ("flex", "local_1d")])
+def test_a_pickled_model_computes_what_it_did_its_layers_sharing_one_set_of_forms(kernel, attention):
+    # The pattern's rule and FlexAttention's mask_mod are closures, which pickle cannot write: the
+    # copy (torch.save of the module, a spawned process's) builds them again from its pattern.
+    model = build_model(tiny_config(attention=attention, n_layers=2, d_model=32), kernel).eval()
+    copy = pickle.loads(pickle.dumps(model))
+    images = torch.randint(0, 256, (2, 4, 4, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        assert torch.equal(copy.bits_per_dim(images), model.bits_per_dim(images))
+    assert copy.layers[0].self_attn.forms is copy.layers[1].self_attn.forms
