@@ -296,6 +296,8 @@ class SelfAttention(nn.Module):
                  rotary: Rotary2D | None = None, head_size: int | None = None) -> None:
         super().__init__()
         check_kernel(kernel)
+        if kernel == "flex" and forms is not None and forms.flex_block_size is None:
+            raise UserError("kernel 'flex' reads the pattern's block mask: give PatternForms(pattern, flex_block_size)")
         self.n_heads, self.forms, self.kernel = n_heads, forms, kernel  # the kernel: how it runs (``attend``)
         self.head_size = head_size or d_model // n_heads
         self.rotary = rotary

@@ -22,7 +22,8 @@ from helpers import random_images, tiny_config, tiny_model
 from imagetx import AttentionConfig, build_model, ModelConfig, SuperResolutionConfig
 from imagetx.training.module import ImageTransformerModule
 from imagetx.io.older import LAST_COMMIT_WITH_RADIUS, model_config, one_level
-from imagetx.model.patterns import pattern_for
+from imagetx.model.attention import SelfAttention
+from imagetx.model.patterns import PatternForms, pattern_for
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -394,6 +395,8 @@ def test_flex_block_size_reaches_every_self_attention_layer():
     assert kept == {"auto": 128 if torch.cuda.is_available() else None, "sdpa": None}
     with pytest.raises(RuntimeError, match="keeps no FlexAttention block mask"):
         build_model(tiny_config(), "sdpa").layers[0].self_attn.forms.block_mask()
+    with pytest.raises(ValueError, match=r"kernel 'flex' reads the pattern's block mask: give PatternForms\(pattern"):
+        SelfAttention(16, 2, PatternForms(pattern_for(tiny_config())), kernel="flex")
 
 
 @pytest.mark.parametrize("kernel, attention", [("sdpa", "local_2d"), ("flex", "local_1d")])
