@@ -5,7 +5,8 @@ One layout throughout: q, k, v are (B, h, T, e), e the head size, the T steps in
 order.
 
 One pattern type, ``CausalPattern`` (full, 1D and 2D local), over the steps of a
-``GenerationOrder`` (raster or block-raster order over the grid, first below). Each pattern states two things:
+``GenerationOrder`` (raster or block-raster order over the grid, first below). Each pattern
+states two things:
 
 * ``mask_rule()``: which keys a query may see, as arithmetic on query and key steps
   (``MaskRule``), so that it runs on any device;
