@@ -96,7 +96,8 @@ def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
 def may_use_flex(kernel: str, head_size: int) -> bool:
     """Whether a model built now with ``kernel`` may run FlexAttention (``uses_flex``) on some
     device of this machine, so that it keeps the pattern's block mask: flex, or auto where CUDA is."""
-    return kernel == "flex" or (kernel == "auto" and torch.cuda.is_available() and head_size >= FLEX_MIN_HEAD_SIZE)
+    devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
+    return any(uses_flex(kernel, torch.device(device), head_size) for device in devices)
 
 
 def pairs_computed(blocks: BlockIndex) -> int:
@@ -314,7 +315,7 @@ class SelfAttention(nn.Module):
         keys = self.qkv.weight.new_zeros(batch, self.n_heads, forms.ring, self.head_size)
         steps = torch.full((forms.ring,), -1, dtype=torch.long, device=keys.device)
         return SelfAttentionCache(keys, torch.zeros_like(keys), steps, forms.piece, forms.rule, forms.step_masks,
-                                  forms.key_steps, forms.block_length)
+                                  forms.key_steps, forms.pattern.block_length)
 
     def forward(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0) -> Tensor:
         """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or with

@@ -357,8 +357,7 @@ class PatternForms(nn.Module):
 
     def __init__(self, pattern: CausalPattern, flex_block_size: int | None = None) -> None:
         super().__init__()
-        self.pattern, self.length, self.block_length = pattern, pattern.length, pattern.block_length
-        self.rule = pattern.mask_rule()
+        self.pattern, self.rule = pattern, pattern.mask_rule()
         blocks = pattern.blocks()
         self.causal = blocks.causal
         self.register_buffer("key_steps", blocks.key_steps, persistent=False)  # (n, S)
@@ -367,7 +366,7 @@ class PatternForms(nn.Module):
         # The most steps a ring attends at once (a prefill runs in pieces): within one query block,
         # whose keys are the ring's and its own, and at most the ring, so that a piece writes
         # distinct slots.
-        self.piece = min(self.ring, self.block_length)
+        self.piece = min(self.ring, pattern.block_length)
         self.register_buffer("step_masks", pattern.step_masks(self.ring, blocks), persistent=False)  # (T, ring + 1)
         self.flex_block_size = flex_block_size
         if flex_block_size is not None:
@@ -404,7 +403,8 @@ class PatternForms(nn.Module):
         from torch.nn.attention.flex_attention import BlockMask
 
         tensors = {name: getattr(self, f"flex_{name}") for name in BLOCK_MASK_TENSORS}
-        return BlockMask(seq_lengths=(self.length, self.length), **tensors,
+        length = self.pattern.length
+        return BlockMask(seq_lengths=(length, length), **tensors,
                          BLOCK_SIZE=(self.flex_block_size, self.flex_block_size), mask_mod=self.mask_mod)
 
 

@@ -165,9 +165,10 @@ def test_causal_and_sees_itself(pattern):
             assert not mask[i, j], f"query {i} sees the later step {j}"
 
 
-def blocks_laid_out(pattern) -> torch.Tensor:
-    """The pattern's blocks laid back onto a dense (T, T) matrix by hand."""
-    blocks = pattern.blocks()
+def blocks_laid_out(pattern, blocks=None) -> torch.Tensor:
+    """The pattern's blocks (``pattern.blocks()``, or those given: a model's) laid back onto a
+    dense (T, T) matrix by hand."""
+    blocks = pattern.blocks() if blocks is None else blocks
     n = pattern.length
     dense = torch.zeros(n, n + 1, dtype=torch.bool)  # column n: the zero key
     for b in range(blocks.key_steps.shape[0]):
@@ -308,13 +309,8 @@ def test_model_pattern_matches_reference(head, attention):
         expected = [[j <= i for j in range(n)] for i in range(n)]
     assert as_lists(model.pattern.can_attend()) == expected
     assert as_lists(pattern_for(model.config).can_attend()) == expected
-    for layer in model.layers:  # what each layer reads: its gathered blocks, laid out densely
+    for layer in model.layers:  # what each layer reads: its gathered blocks, and its rule
         forms = layer.self_attn.forms
-        blocks = forms.blocks
-        queries = blocks.query_steps[:, :, None].expand_as(blocks.can_attend)
-        keys = blocks.key_steps[:, None, :].expand_as(blocks.can_attend)
-        dense = torch.zeros(queries.numel(), n + 1, dtype=torch.long)  # column n: no key
-        dense.index_put_((queries.flatten(), keys.flatten()), blocks.can_attend.flatten().long(), accumulate=True)
-        assert as_lists(dense[:n, :n] > 0) == expected
+        assert as_lists(blocks_laid_out(model.pattern, forms.blocks)) == expected
         steps = torch.arange(n)
         assert as_lists(forms.rule(steps[:, None], steps[None, :])) == expected
