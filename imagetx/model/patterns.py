@@ -357,7 +357,8 @@ class PatternForms(nn.Module):
 
     def __init__(self, pattern: CausalPattern, flex_block_size: int | None = None) -> None:
         super().__init__()
-        self.pattern, self.rule = pattern, pattern.mask_rule()
+        self.pattern, self.flex_block_size = pattern, flex_block_size
+        self.derive_closures()
         blocks = pattern.blocks()
         self.causal = blocks.causal
         self.register_buffer("key_steps", blocks.key_steps, persistent=False)  # (n, S)
@@ -368,26 +369,26 @@ class PatternForms(nn.Module):
         # distinct slots.
         self.piece = min(self.ring, pattern.block_length)
         self.register_buffer("step_masks", pattern.step_masks(self.ring, blocks), persistent=False)  # (T, ring + 1)
-        self.flex_block_size = flex_block_size
         if flex_block_size is not None:
             mask = pattern.block_mask(flex_block_size)
-            self.mask_mod = mask.mask_mod
             for name in BLOCK_MASK_TENSORS:
                 self.register_buffer(f"flex_{name}", getattr(mask, name), persistent=False)
 
-    # The rule and the mask_mod are closures, which pickle cannot write: a pickled model (torch.save
-    # of the module, a spawned process's copy) keeps the pattern and builds them again from it.
+    def derive_closures(self) -> None:
+        """The rule and, where the block mask is kept, its ``mask_mod``, from the pattern: closures,
+        which pickle cannot write, so a pickled model (torch.save of the module, a spawned process's
+        copy) keeps the pattern and derives them again here, as its constructor did."""
+        self.rule = self.pattern.mask_rule()
+        self.mask_mod = None if self.flex_block_size is None else flex_mask_mod(self.rule)
+
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state.pop("rule")
-        state.pop("mask_mod", None)
+        del state["rule"], state["mask_mod"]
         return state
 
     def __setstate__(self, state: dict) -> None:
         super().__setstate__(state)
-        self.rule = self.pattern.mask_rule()
-        if self.flex_block_size is not None:
-            self.mask_mod = flex_mask_mod(self.rule)
+        self.derive_closures()
 
     @property
     def blocks(self) -> BlockIndex:
