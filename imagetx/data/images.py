@@ -1,17 +1,19 @@
 """Pictures in and out: image files prepared for a model, and PNG grids of samples.
 
-In: every image file a model reads, a training image of a folder (``sources/folder.py``)
-or a photo given to ``imagetx.sample --images``, is prepared by ``prepare_image``: turned
-upright (EXIF), made RGB, cropped to a square (``center``: the largest centred square;
-``celeba``: the centred 138×138 face crop of CelebA's aligned 178×218 images) and resized
+In: every image file a model reads, a training image of a folder (``sources/folder.py``),
+a photo given to ``imagetx.sample --images`` or uploaded to ``imagetx.demo``, is prepared by
+``prepare_image``: decoded and made RGB by ``read_picture`` (below: turned upright by its
+EXIF orientation, 16-bit values scaled, transparency laid on white), cropped to a square
+(``center``: the largest centred square; ``celeba``: the centred 138×138 face crop of
+CelebA's aligned 178×218 images) and resized
 to the model's side with the ``resize`` filter, rounded half up (``area`` by default: each
 output pixel the mean of the area it covers, as T2T's resize by area, computed exactly and in
 one pass over the picture, ``resize_area``; the others in floating point). So a photo is
 sampled from exactly as the folder a model was trained on would have stored it.
 
-A file from a user (``imagetx.sample --images``, an upload to ``imagetx.demo``) is read by
-``read_picture`` first: refused before its pixels are decoded when the file is larger than
-``MAX_FILE_BYTES`` or claims more than ``MAX_PIXELS`` pixels (a decompression bomb: a small file
+``read_picture`` refuses a file before its pixels are decoded when it is larger than
+``MAX_FILE_BYTES`` (an upload's limit: a folder's own files have none) or claims more than
+``MAX_PIXELS`` pixels (a decompression bomb: a small file
 that would decode to gigabytes), refused with the reason when it is not an image PIL can read
 or is truncated, and made RGB by stated rules (``to_rgb``): an animated image's first frame,
 CMYK converted, 16-bit values scaled to 8 bits, palette colours looked up, transparency laid on
@@ -64,16 +66,21 @@ GRID_SCALE = 4
 
 # ----- in: image files ---------------------------------------------------------------------
 
-def prepare_image(path: str | Path, image_size: int, crop: str = "center", resize: str = "area") -> np.ndarray:
-    """(image_size, image_size, 3) uint8 of one image file; raises whatever PIL raises for a
-    file it cannot read, and a ValueError for one smaller than the crop."""
-    with Image.open(path) as opened:
-        return square(upright(opened), image_size, crop, resize)
-
-
-def upright(image: Image.Image) -> Image.Image:
-    """The picture turned as its EXIF orientation says, in RGB."""
-    return ImageOps.exif_transpose(image).convert("RGB")
+def prepare_image(path: str | Path, image_size: int, crop: str = "center", resize: str = "area",
+                  name: str | None = None, max_bytes: int | None = MAX_FILE_BYTES
+                  ) -> tuple[np.ndarray, Image.Image, list[str]]:
+    """One image file as a model reads it, the same on every path (a folder's training images,
+    sample's ``--images``, the demo's uploads): (the (image_size, image_size, 3) uint8 pixels, the
+    decoded RGB picture they were cut from, ``read_picture``'s notes). A ``PictureError`` naming
+    the file (as ``name``) for one ``read_picture`` refuses or one smaller than the crop;
+    ``max_bytes`` None: no limit on the file's bytes (a folder's own files)."""
+    name = name or Path(path).name
+    picture, notes = read_picture(path, name, max_bytes)
+    try:
+        pixels = square(picture, image_size, crop, resize)
+    except ValueError as error:  # smaller than the celeba crop
+        raise PictureError(f"{name}: {error}; give a larger image or --data.crop center") from None
+    return pixels, picture, notes
 
 
 def crop_side(width: int, height: int, crop: str) -> int:
@@ -143,7 +150,7 @@ def megabytes(size: int) -> str:
     return f"{size / MEGABYTE:.1f} MB"
 
 
-def read_picture(path: str | Path, name: str | None = None, max_bytes: int = MAX_FILE_BYTES,
+def read_picture(path: str | Path, name: str | None = None, max_bytes: int | None = MAX_FILE_BYTES,
                  max_pixels: int = MAX_PIXELS) -> tuple[Image.Image, list[str]]:
     """A user's image file -> (the picture, upright and RGB, decoded; notes of what was done to
     make it so). A ``PictureError`` naming the file (as ``name``, by default the file's name)
@@ -156,7 +163,7 @@ def read_picture(path: str | Path, name: str | None = None, max_bytes: int = MAX
     size = path.stat().st_size
     if size == 0:
         raise PictureError(f"{name} is empty (0 bytes): give a picture (PNG, JPEG, ...)")
-    if size > max_bytes:
+    if max_bytes is not None and size > max_bytes:
         raise PictureError(f"{name} is {megabytes(size)}: files over {megabytes(max_bytes)} are refused; "
                            "give a smaller picture")
     with warnings.catch_warnings():
@@ -231,17 +238,11 @@ def to_rgb(image: Image.Image, notes: list[str]) -> Image.Image:
 
 def load_image_file(path: str | Path, image_size: int, crop: str = "center", resize: str = "area",
                     name: str | None = None) -> tuple[torch.Tensor, str]:
-    """A user's image file -> ((image_size, image_size, 3) uint8 prepared as ``prepare_image``
-    prepares it, a note of what was done to it); one clear error for a file that is missing,
-    too large or not an image (``read_picture``). ``name``: the file as the note calls it (by
-    default its file name)."""
-    path = Path(path)
-    name = name or path.name
-    image, conversions = read_picture(path, name)
-    try:
-        pixels = square(image, image_size, crop, resize)
-    except ValueError as error:  # smaller than the celeba crop
-        raise PictureError(f"{name}: {error}; give a larger image or --data.crop center") from None
+    """A user's image file -> ((image_size, image_size, 3) uint8 prepared by ``prepare_image``, a
+    note of what was done to it); one clear error for a file that is missing, too large or not
+    an image (``read_picture``). ``name``: the file as the note calls it (by default its file name)."""
+    name = name or Path(path).name
+    pixels, image, conversions = prepare_image(path, image_size, crop, resize, name)
     width, height = image.size
     side = crop_side(width, height, crop)
     steps = [f"{width}x{height}"]

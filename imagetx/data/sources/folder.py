@@ -5,8 +5,9 @@ recursively, e.g. CelebA's ``img_align_celeba/`` or your own pictures.
   sub-folder (classes numbered in name order); otherwise the folder is unlabelled.
   Names starting with ``.`` (hidden files and folders, the cache below) are skipped.
 * **Pictures**: each image is prepared by ``images.prepare_image`` (turned upright, made
-  RGB, cropped to a square by ``crop``, resized to ``image_size`` by ``resize``), as
-  ``imagetx.sample --images`` prepares a photo.
+  RGB by ``read_picture``'s rules: 16-bit values scaled, transparency laid on white; cropped to
+  a square by ``crop``, resized to ``image_size`` by ``resize``), the function that prepares a
+  photo for ``imagetx.sample --images`` and the demo, so the same file gives the same pixels.
 * **Conversion**: done once, into npz shards of ``SHARD_SIZE`` images in
   ``<cache>/<size>px-<crop>-<resize>/`` (``cache``: ``--data.cache``, default
   ``<root>/.imagetx-cache``), so that training does not decode images every epoch.
@@ -42,7 +43,9 @@ from .common import Allocate, DataError, Pool, as_given, in_memory, write_npz
 SUFFIXES = {".png", ".jpg", ".jpeg"}
 SHARD_SIZE = 1000  # images per shard (fewer when some were skipped)
 CACHE_NAME = ".imagetx-cache"
-FORMAT = 1
+# The shards' layout and how their images were prepared; a conversion of another is made again.
+# 2: images made RGB by read_picture's rules (1 clipped 16-bit values and dropped transparency).
+FORMAT = 2
 HELD_OUT = None  # no official held-out set: no test split
 SHOWN = 5  # unreadable files named in the warning
 
@@ -90,6 +93,10 @@ def convert(root: Path, image_size: int = 32, crop: str = "center", resize: str 
                 "shard_size": SHARD_SIZE, "classes": classes, "files": files}
     text = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
     existing = out / "manifest.json"
+    if existing.is_file() and not rebuild and converted_format(existing) != FORMAT:
+        print(f"note: {out} was converted by another version of imagetx (images prepared otherwise): "
+              "converting again", file=sys.stderr)
+        rebuild = True
     if rebuild and existing.is_file():
         shutil.rmtree(out)
     if existing.is_file():
@@ -142,13 +149,23 @@ def write_shard(root: Path, out: Path, k: int, files: list[list], image_size: in
     images, labels, skipped = [], [], []
     for rel, _, _, label in files:
         try:
-            images.append(prepare_image(root / rel, image_size, crop, resize))
+            # no limit on the bytes of the user's own files: MAX_PIXELS bounds what one decodes to
+            images.append(prepare_image(root / rel, image_size, crop, resize, max_bytes=None)[0])
             labels.append(label)
         except Exception as error:  # a damaged file fails in many ways (PIL, zlib, struct...): skip it
             skipped.append(f"{rel} ({type(error).__name__}: {' '.join(str(error).split())[:80]})")
     write_npz(shard_path(out, k), {
         "images": np.stack(images) if images else np.zeros((0, image_size, image_size, 3), np.uint8),
         "labels": np.asarray(labels, dtype=np.int64), "skipped": np.asarray(skipped, dtype=str)})
+
+
+def converted_format(manifest: Path) -> object:
+    """The ``format`` a conversion's manifest names; this ``FORMAT`` where it cannot be parsed,
+    so that the manifest is refused below as a changed folder's rather than converted over."""
+    try:
+        return json.loads(manifest.read_text()).get("format")
+    except (ValueError, AttributeError):
+        return FORMAT
 
 
 def write_text(path: Path, text: str) -> None:
