@@ -13,7 +13,9 @@ Pools: ``train`` (the training batches, in file order) and ``val`` (the official
 validation set: the held-out set, which serves as the test split too; ImageNet's test
 labels were never released). Everything is read into memory: about 3.9 GB for the 32×32
 training set and 15.7 GB for the 64×64 one, plus one batch file while it is read.
-Pickles can run code when loaded: read only files from the official release.
+A pickle can name any function for its loader to call: the batch files are read by an unpickler
+that admits only what the official files hold (numpy arrays, lists, ints, strings) and refuses
+any other file in one line, so that data never runs code.
 """
 
 from __future__ import annotations
@@ -32,6 +34,29 @@ NUM_CLASSES = 1000
 HELD_OUT = "val"  # the official validation set
 FILE_NAMES = {"train": re.compile(r"train_data_batch_(\d+)(\.npz)?"), "val": re.compile(r"val_data()(\.npz)?")}
 FIX = "replace it with the file from the official release (image-net.org, Downsampled ImageNet)"
+# Every global the official pickles name: numpy's reconstruction of arrays and of numpy scalars
+# (numpy.core before numpy 2, numpy._core since; _frombuffer: pickle protocol 5) and, in pickles that
+# Python 3 wrote at protocol 2, bytes as _codecs.encode(text, "latin1"). Each only builds a value.
+ADMITTED_GLOBALS = {
+    ("numpy", "ndarray"), ("numpy", "dtype"),
+    *((f"numpy.{core}.multiarray", name) for core in ("core", "_core") for name in ("_reconstruct", "scalar")),
+    *((f"numpy.{core}.numeric", "_frombuffer") for core in ("core", "_core")),
+    ("_codecs", "encode"),
+}
+
+
+class ForeignGlobal(pickle.UnpicklingError):
+    """A pickle names a global that no downsampled ImageNet file holds."""
+
+
+class BatchUnpickler(pickle.Unpickler):
+    """An unpickler that looks up only ``ADMITTED_GLOBALS``: a pickle that would call anything else
+    (``os.system``, ``builtins.eval``, ...) is refused before that global is even imported."""
+
+    def find_class(self, module: str, name: str):
+        if (module, name) not in ADMITTED_GLOBALS:
+            raise ForeignGlobal(ascii(f"{module}.{name}"))  # a stranger's text: escapes shown
+        return super().find_class(module, name)
 
 
 def default_val_size(train_images: int) -> int:
@@ -66,9 +91,13 @@ def read_file(path: Path) -> tuple[np.ndarray, np.ndarray]:
         else:
             with path.open("rb") as handle:
                 # latin1: also reads pickles written by Python 2 (numpy arrays inside)
-                entry = pickle.load(handle, encoding="latin1")
+                entry = BatchUnpickler(handle, encoding="latin1").load()
             keys = sorted(entry) if isinstance(entry, dict) else type(entry).__name__
             data, labels = (entry.get(key) if isinstance(entry, dict) else None for key in ("data", "labels"))
+    except ForeignGlobal as error:
+        raise DataError(f"{path} is a pickle that calls {error}, which no downsampled ImageNet file does: refused "
+                        "unread, since loading it could run code. Use the official file, or its npz form "
+                        f"({path.name}.npz: 'data' and 'labels' arrays, as image-net.org also ships them)") from error
     except OSError as error:
         raise DataError(f"{path} cannot be read ({error.strerror or error}); {FIX}") from error
     except Exception as error:  # unpickling and unzipping fail in many ways; all mean a damaged file
