@@ -15,8 +15,8 @@ when it is read, whatever its writer checked. A stem is safe where
 * it does not start with ``.`` (no hidden file, no ``.`` or ``..``), ``-`` (not read as an
   option by a shell command) or a space, and does not end with ``.`` or a space (Windows drops
   them);
-* it is not one of Windows' device names (``CON``, ``NUL``, ``COM1``, ..., in any case, before
-  any dot);
+* it is not one of Windows' device names (``CON``, ``NUL``, ``CONIN$``, ``COM0`` to ``COM9``,
+  ``COM¹``, ..., in any case, before any dot and the spaces before it);
 * it looks like an index name (five ASCII digits) only where it is its own image's index name
   (``00003`` for the fourth image), so that it can never take another image's fallback name;
 * its ``.png`` name is the first of its kind: a later image whose name is the same, compared as
@@ -39,7 +39,12 @@ INDEX_STEM = re.compile(r"[0-9]{5}")
 # APFS, NTFS (255 UTF-16 units) and most others.
 MAX_NAME_BYTES = 200
 FORBIDDEN = frozenset('/\\:*?"<>|')
-RESERVED = frozenset({"CON", "PRN", "AUX", "NUL", *(f"{kind}{digit}" for kind in ("COM", "LPT") for digit in "123456789")})
+# Windows' device names: a file of one of these names, whatever its suffix, opens the device. The
+# serial and parallel ports take a digit, 0 to 9, or a superscript one, two or three (Windows reads
+# ¹ ² ³ as digits there); the console's input and output are CONIN$ and CONOUT$.
+PORT_DIGITS = "0123456789\u00b9\u00b2\u00b3"
+RESERVED = frozenset({"CON", "PRN", "AUX", "NUL", "CONIN$", "CONOUT$",
+                      *(f"{kind}{digit}" for kind in ("COM", "LPT") for digit in PORT_DIGITS)})
 # The k-th image of an npz file: the file's stem and k.
 NPZ_IMAGE_NAME = "{}_{:05d}"
 
@@ -56,7 +61,7 @@ def unsafe_reason(stem: str) -> str | None:
         return "a path separator or a character file systems refuse"
     if stem[0] in ".- " or stem[-1] in ". ":
         return "a leading dot, dash or space, or a trailing dot or space"
-    if stem.split(".")[0].upper() in RESERVED:
+    if stem.split(".")[0].rstrip(" ").upper() in RESERVED:  # Windows ignores spaces before the suffix too
         return "a device name"
     return None
 

@@ -109,7 +109,9 @@ def test_the_names_are_under_the_crc(named, tmp_path, capsys):
 
 @pytest.mark.parametrize("unsafe", ["../escaped", "/tmp/absolute", "sub/dir", "back\\slash", ".hidden", "..",
                                     "line\nbreak", "tab\there", "bidi\u202eGNP.exe", "-rf", " lead", "trail.",
-                                    "CON", "nul.tar", "x" * (MAX_NAME_BYTES + 1), "a:b", "00000", ""])
+                                    "CON", "nul.tar", "x" * (MAX_NAME_BYTES + 1), "a:b", "00000", "",
+                                    # issue 124: every Windows device name, the ports' 0 and superscripts too
+                                    "COM0", "lpt0", "COM\u00b9", "lpt\u00b3.x", "conin$", "CONOUT$.txt", "nul .txt"])
 def test_an_unsafe_name_never_comes_back(unsafe):
     """The rule (codec/names.py): the unsafe stem, second in the list, falls back to its index
     name; a safe one beside it is kept."""
