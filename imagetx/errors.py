@@ -13,3 +13,11 @@ refused without the cost of importing torch.
 class UserError(ValueError):
     """Input a user can fix (a setting, a file, a request the model cannot serve): the message is
     one line naming the problem and the fix."""
+
+
+def shown(text: str) -> str:
+    """``text`` (a file's name, from a folder or from a file a stranger made) as a message shows it:
+    each character that does not print (a newline, a terminal escape, a bidi override) written out as
+    Python writes it in a string (\\n, \\x1b, \\u202e), so that a name can neither break a message's
+    line nor rewrite the terminal; the rest as it is."""
+    return "".join(char if char.isprintable() else char.encode("unicode_escape").decode("ascii") for char in text)

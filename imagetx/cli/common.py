@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, TypeVar
 from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse.typing import register_type
 
-from ..errors import UserError
+from ..errors import UserError, shown
 from .errors import describe_parse_error
 
 if TYPE_CHECKING:
@@ -68,7 +68,8 @@ def run_or_exit(command: Callable[[], T]) -> T:
     except BAD_INPUT as error:
         if os.environ.get("IMAGETX_DEBUG"):
             raise
-        print("error: " + " ".join(str(error).split()), file=sys.stderr)
+        # one line, whatever a file's name in it holds (a terminal escape, a bidi override: shown)
+        print("error: " + shown(" ".join(str(error).split())), file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt as interrupt:
         if os.environ.get("IMAGETX_DEBUG"):

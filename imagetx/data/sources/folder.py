@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
+from ...errors import shown
 from ...io.atomic import atomic_write, remove_stale_temporaries
 from ..images import CROPS, FILTERS, prepare_image
 from .common import Allocate, DataError, Pool, as_given, in_memory, write_npz
@@ -135,8 +136,8 @@ def convert(root: Path, image_size: int = 32, crop: str = "center", resize: str 
     write_text(out / "complete.json", json.dumps({"images": len(files) - len(skipped), "skipped": skipped}, indent=1))
     remove_stale_temporaries(out, written_before=started)  # a killed conversion's, not one running beside this
     if skipped:
-        shown = "; ".join(skipped[:SHOWN]) + ("; ..." if len(skipped) > SHOWN else "")
-        print(f"warning: skipped {len(skipped)} of {len(files)} image files that could not be read: {shown} "
+        listed = "; ".join(shown(reason) for reason in skipped[:SHOWN]) + ("; ..." if len(skipped) > SHOWN else "")
+        print(f"warning: skipped {len(skipped)} of {len(files)} image files that could not be read: {listed} "
               f"(all listed in {out / 'complete.json'})", file=sys.stderr)
     return out
 
@@ -182,7 +183,7 @@ def differences(manifest: Path, files: list[list]) -> str:
     now = {rel: (size, mtime, label) for rel, size, mtime, label in files}
     added, removed = sorted(now.keys() - before.keys()), sorted(before.keys() - now.keys())
     changed = sorted(rel for rel in now.keys() & before.keys() if now[rel] != before[rel])
-    parts = [f"{len(names)} file(s) {what}, e.g. {names[0]}" for names, what in
+    parts = [f"{len(names)} file(s) {what}, e.g. {shown(names[0])}" for names, what in
              ((added, "added"), (removed, "removed"), (changed, "changed")) if names]
     return "; ".join(parts) or "converted with other settings"
 

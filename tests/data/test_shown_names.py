@@ -1,0 +1,46 @@
+"""A file's name is a stranger's text: a message that names it shows a newline or a terminal escape
+written out (issue 124), so that a folder's file cannot break the warning's line into lines of its
+own or rewrite the terminal, and a printable name is shown as it is."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import one_error_line
+from imagetx.data.sources import DataError, load
+from imagetx.data.sources.folder import convert
+from imagetx.evaluate import main as evaluate_main
+from test_data_sources import SIDE, write_folder
+
+# a newline and a line of its own, then the terminal's "clear the screen" escape
+CRAFTED = "a\nerror: fake line \x1b[2J.png"
+SHOWN = r"a\nerror: fake line \x1b[2J.png"
+
+
+def test_the_skipped_files_warning_shows_escapes_in_one_line(tmp_path, capsys):
+    root = tmp_path / "photos"
+    write_folder(root, count=3, classes=())
+    (root / CRAFTED).write_text("not a PNG")
+    (root / "plain é.png").write_text("not a PNG either")
+    load("folder", root, "train", val_size=1, image_size=SIDE)
+    err = capsys.readouterr().err
+    (warning,) = [line for line in err.splitlines() if line.startswith("warning:")]
+    assert "skipped 2 of 5 image files" in warning and SHOWN in warning, warning
+    assert "plain é.png" in warning  # printable names as they are
+    assert "\x1b" not in err and "fake line" not in err.replace(warning, "")
+
+
+def test_a_changed_folder_names_an_added_file_with_escapes_shown(tmp_path):
+    root = tmp_path / "photos"
+    write_folder(root, count=3, classes=())
+    convert(root, SIDE)
+    (root / CRAFTED).write_text("not a PNG")
+    with pytest.raises(DataError) as info:
+        convert(root, SIDE)
+    message = str(info.value)
+    assert "1 file(s) added" in message and SHOWN in message and "\n" not in message, message
+
+
+def test_an_error_line_shows_a_given_name_with_escapes_written_out(tmp_path, capsys):
+    line = one_error_line(capsys, evaluate_main, ["--ckpt", str(tmp_path / CRAFTED)])
+    assert "does not exist" in line and r"\x1b[2J.png" in line and "\x1b" not in line, line
