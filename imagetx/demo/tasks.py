@@ -34,6 +34,7 @@ SUPERRES_TEMPERATURES = (0.8, 0.9, 1.0)
 # four CIFAR-10 val images (training images 45,000+, never trained on), named by their index
 EXAMPLES = Path(__file__).with_name("examples")
 NOT_MEASURED = "not measured"
+SEEDS = range(2**64)  # what torch.Generator.manual_seed takes: an unsigned 64-bit number
 
 
 def card_bits_per_dim(path: str | Path) -> str:
@@ -187,8 +188,14 @@ class Models:
         return paths
 
 
-def seeded(seed: int | None) -> torch.Generator:
-    return torch.Generator().manual_seed(int(seed or 0))  # an emptied seed box: seed 0
+def seeded(seed: float | None) -> torch.Generator:
+    """A generator seeded with the page's seed (an emptied seed box: seed 0), or a UserError naming
+    the range for a seed that is not a whole number of ``SEEDS``."""
+    seed = seed or 0
+    whole = isinstance(seed, int) or (isinstance(seed, float) and seed.is_integer())  # not nan, not inf
+    if not whole or int(seed) not in SEEDS:
+        raise UserError(f"seed {seed} cannot seed the sampler: give a whole number from 0 to {SEEDS[-1]}")
+    return torch.Generator().manual_seed(int(seed))
 
 
 def steps_per_row(model: ImageTransformer) -> int:

@@ -108,6 +108,23 @@ def test_no_upload_and_bad_requests_say_what_to_do(tiny, pictures):
     assert outputs[-1].startswith(REFUSED) and "temperature -1.0 is invalid" in outputs[-1], outputs[-1]
 
 
+@pytest.mark.parametrize("seed", [2**64 + 5, 2**64, -1, 0.5, float("nan"), float("inf")])
+def test_a_seed_torch_cannot_take_is_refused_in_every_task(tiny, pictures, seed):
+    # issue 124: 2**64 + 5 raised torch's "Overflow when unpacking long long" out of the page
+    photo = str(pictures["photo.jpg"][0])
+    for handler in (lambda: tiny.complete(photo, 31, 1, 1.0, seed), lambda: tiny.upsample(photo, seed),
+                    lambda: tiny.generate(1, 1.0, seed)):
+        [outputs] = list(handler())
+        assert outputs[-1].startswith(REFUSED) and f"seed {seed} cannot" in outputs[-1], outputs[-1]
+        assert "from 0 to 18446744073709551615" in outputs[-1], outputs[-1]
+
+
+def test_the_largest_seed_and_an_emptied_seed_box_sample(tiny):
+    for seed in (2**64 - 1, float(2**63), None):
+        status = list(tiny.generate(1, 1.0, seed))[-1][-1]
+        assert not status.startswith(REFUSED) and "1 sample(s)" in status, status
+
+
 def test_a_bug_inside_a_task_is_raised_not_shown_as_a_refusal(tiny, monkeypatch):
     # A plain ValueError is a bug in imagetx (imagetx/errors.py): Gradio shows an error and logs
     # its traceback, rather than the page answering as if the request were at fault.
