@@ -10,8 +10,9 @@ them: ``photo.jpg`` gives ``photo.png``, the k-th image of ``more.npz`` ``more_0
 where the file keeps none (images compressed from Python, files of formats 1 to 4), or its name
 is not a safe file name (codec/names.py), under its index: 00000.png, 00001.png, ... in the order
 the images were compressed; one line on stderr says how many fell back. ``--force`` (or
-``--force true``) replaces an existing --out: a file, or a folder holding only PNGs a decode
-writes (index names, or the names this file's images take), as a whole. A file that is not one,
+``--force true``) replaces an existing --out: a file, or a folder holding nothing but PNGs of
+the names this decode writes, as a whole; judged before the decode and again when it writes, so
+that a file saved there meanwhile is never deleted. A file that is not one,
 is truncated or damaged, or was compressed with another model is refused with one ``error:``
 line (exit code 2) before anything is written;
 so is a decoding whose pixels do not match the file's checksum. The command runs the model with
@@ -71,7 +72,7 @@ def run(args: Namespace) -> dict:
     started = time.perf_counter()
     images = naming_the_file(args.file, lambda: decompress(model, data, args.progress))
     seconds = time.perf_counter() - started
-    written = write_images(images, out, header.names)
+    written = write_images(images, out, header.names, args.force)  # judged again: the decode may take hours
     if folder and fell_back:
         print(f"names: {fell_back} of {header.count} images written under their index names (00000.png, ...): the "
               "file gives them no name, or one that is not a safe, unique file name", file=sys.stderr)

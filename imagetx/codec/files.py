@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import io
 import os
-import re
 import shutil
 import tempfile
 import zipfile
@@ -57,8 +56,6 @@ GREY_MODES = ("1", "L", "LA", "La")
 # A compressed file larger than this is not one the codec writes: 100,000 images (MAX_IMAGES) of
 # 32×32 at the worst 24 bits a sub-pixel are 0.92 GB. Checked before the file is read.
 MAX_COMPRESSED_BYTES = 1_000_000_000
-# A decoded folder's PNGs without names (names.PNG_NAME), in file order: what --force may replace.
-DECODED_PNG = re.compile(r"\d{5}\.png")
 
 
 def read_npz(path: Path, size: int) -> np.ndarray:
@@ -193,6 +190,8 @@ def read_images(names: list[str], size: int) -> list[Input]:
 
 def read_compressed(name: str) -> bytes:
     path = Path(name)
+    if path.is_dir():
+        raise CodecError(f"{name} is a folder, not a compressed file: give the file imagetx.compress wrote")
     if not path.is_file():
         raise CodecError(f"compressed file {name} does not exist")
     if path.stat().st_size > MAX_COMPRESSED_BYTES:
@@ -218,39 +217,38 @@ def output_kind(out: Path, count: int) -> str:
     return "folder"
 
 
-def foreign_entry(path: Path, writes: Collection[str] = ()) -> str | None:
-    """The name of an entry of folder ``path`` that is not a PNG file a decode writes (an index
-    name, 00000.png, ..., or one of ``writes``, the names this decode will write), or None where
-    there is none. A file of another name, another file's decoded PNG included, is not this
-    decode's to delete: a folder can say which files a decode wrote only by their names."""
+def foreign_entry(path: Path, writes: Collection[str]) -> str | None:
+    """The name of an entry of folder ``path`` that is not a PNG file this decode writes (one of
+    ``writes``, its exact file names), or None where there is none. Any other file, an index-named
+    PNG of another decode or of the user included, is not this decode's to delete."""
     for entry in sorted(path.iterdir()):
-        if entry.is_symlink() or not entry.is_file() or not (DECODED_PNG.fullmatch(entry.name)
-                                                             or entry.name in writes):
+        if entry.is_symlink() or not entry.is_file() or entry.name not in writes:
             return entry.name
     return None
 
 
-def is_decoded_folder(path: Path, writes: Collection[str] = ()) -> bool:
-    """A folder holding nothing but PNG files that a decode writes (``foreign_entry``): one --force may replace."""
-    return path.is_dir() and foreign_entry(path, writes) is None
+def check_replaceable(path: Path, name: str, force: bool, folder: bool, writes: Collection[str]) -> None:
+    """A CodecError unless ``path``, found at --out ``name``, is for ``force`` to replace: a file by a
+    file, or by a folder of PNGs a folder holding nothing but the PNGs this decode writes
+    (``writes``), so that --force never deletes anything it does not write again."""
+    if not force:
+        raise CodecError(f"{name} exists: choose another --out, or give --force to replace it")
+    if folder and not (path.is_dir() and foreign_entry(path, writes) is None):
+        other = f" (it holds {foreign_entry(path, writes)!r})" if path.is_dir() else ""
+        raise CodecError(f"{name} is not a folder of decoded PNGs only{other}: --force replaces a folder whole "
+                         "where it holds nothing but PNGs this decode writes (the names this file's images take), "
+                         "not other files; choose another --out")
+    if not folder and path.is_dir():
+        raise CodecError(f"{name} is a folder: --force replaces a file, not a folder; choose another --out")
 
 
 def check_output(name: str, force: bool, folder: bool = False, writes: Collection[str] = ()) -> Path:
-    """The output path, checked before any work: refused where something is there already (unless
-    ``force``, and then only a file for a file, or for a folder of PNGs an earlier decode's folder
-    holding only the PNGs this one writes (``writes``) or index-named ones, so that --force never
-    deletes other files), or where its folder does not exist or cannot be written in."""
+    """The output path, checked before any work (``write_images`` checks it again when it writes):
+    refused where something is there already that ``force`` may not replace (``check_replaceable``),
+    or where its folder does not exist or cannot be written in."""
     path = Path(name)
     if path.exists() or path.is_symlink():
-        if not force:
-            raise CodecError(f"{name} exists: choose another --out, or give --force to replace it")
-        if folder and not is_decoded_folder(path, writes):
-            other = f" (it holds {foreign_entry(path, writes)!r})" if path.is_dir() else ""
-            raise CodecError(f"{name} is not a folder of decoded PNGs only{other}: --force replaces a folder whole "
-                             "where it holds nothing but PNGs this decode writes (00000.png, ..., or the names "
-                             "this file's images take), not other files; choose another --out")
-        if not folder and path.is_dir():
-            raise CodecError(f"{name} is a folder: --force replaces a file, not a folder; choose another --out")
+        check_replaceable(path, name, force, folder, writes)
     parent = path.absolute().parent
     if not parent.exists():  # a mistyped path is not made into folders
         raise CodecError(f"cannot write {name}: the folder {parent} does not exist; create it first")
@@ -291,18 +289,29 @@ def png_bytes(image: np.ndarray) -> bytes:
     return buffer.getvalue()
 
 
-def write_images(images: np.ndarray, out: Path, names: Sequence[str] = ()) -> list[Path]:
+def write_images(images: np.ndarray, out: Path, names: Sequence[str] = (), force: bool = False) -> list[Path]:
     """(N, H, W, 3) uint8 -> ``out`` as ``output_kind`` says: an npz (array ``images``), one PNG,
     or a folder of PNGs, each named as ``names`` (a stem an image, as a file keeps them) says
     where that name is safe (names.py), else 00000.png, 00001.png, ... by its place in the file.
-    A folder is written whole beside ``out``, then takes its place (``replace_folder``): an
-    earlier decode there is replaced, never mixed with. A failed or interrupted write leaves
-    ``out`` as it was and nothing beside it."""
+    What is at ``out`` is judged again as it is replaced (``check_replaceable``: a decode may take
+    hours, and the user may save a file there meanwhile): only with ``force``, and a folder only
+    where it holds nothing but the PNGs written now. A folder is written whole beside ``out``,
+    then takes its place (``replace_folder``): an earlier decode there is replaced, never mixed
+    with. A failed, refused or interrupted write leaves ``out`` as it was and nothing beside it."""
     kind = output_kind(out, len(images))
+    written = folder_names(names, len(images))[0] if kind == "folder" else []
+
+    def judge(found: Path) -> None:
+        try:
+            check_replaceable(found, str(out), force, kind == "folder", written)
+        except CodecError as error:
+            raise CodecError(f"{error} (as found once decoded; nothing was written)") from None
+
     if kind != "folder":
+        if out.exists() or out.is_symlink():
+            judge(out)
         write_file(out, npz_bytes(images) if kind == "npz" else png_bytes(images[0]))
         return [out]
-    written = folder_names(names, len(images))[0]
     with writing(out):
         staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.", suffix=TEMPORARY_SUFFIX, dir=out.parent))
         try:
@@ -312,7 +321,7 @@ def write_images(images: np.ndarray, out: Path, names: Sequence[str] = ()) -> li
                     raise CodecError(f"{name!r} is not a plain file name")
                 data = png_bytes(image)
                 atomic_write(staging / name, lambda handle, data=data: handle.write(data))
-            replace_folder(staging, out)
+            replace_folder(staging, out, judge)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise

@@ -116,22 +116,30 @@ def fsync_directory(directory: Path) -> None:
         os.close(fd)
 
 
-def replace_folder(staging: Path, out: Path) -> None:
-    """The complete folder ``staging`` renamed to ``out``; a folder already there is moved aside
-    first and removed after (moved back if the rename fails). Ctrl-C waits until it is done, so
-    that it never leaves ``out`` missing or the old folder's remains beside it."""
+def replace_folder(staging: Path, out: Path, judge: Callable[[Path], object] | None = None) -> None:
+    """The complete folder ``staging`` renamed to ``out``; whatever is already there is moved
+    aside first and removed after (moved back if the rename fails). ``judge``, given, sees what
+    was there once it is aside, where nothing more can be saved into it by its path: it raises to
+    refuse the replacement, and it is moved back as it was. A link at ``out`` is replaced, not
+    the folder it points to. Ctrl-C waits until it is done, so that it never leaves ``out``
+    missing or the old folder's remains beside it."""
     with interrupts_deferred():
-        if not out.exists():
+        if not out.exists() and not out.is_symlink():
             os.rename(staging, out)
             return
         aside = staging.with_name(staging.name + ".old")
         os.rename(out, aside)
         try:
+            if judge is not None:
+                judge(aside)
             os.rename(staging, out)
         except BaseException:
             os.rename(aside, out)
             raise
-        shutil.rmtree(aside, ignore_errors=True)  # the new folder is in place whatever is left of the old
+        if aside.is_symlink():  # rmtree refuses a link: it would be left beside ``out``
+            aside.unlink()
+        else:
+            shutil.rmtree(aside, ignore_errors=True)  # the new folder is in place whatever is left of the old
 
 
 @contextmanager

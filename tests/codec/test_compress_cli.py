@@ -197,22 +197,28 @@ def test_force_is_a_bare_flag_and_still_takes_true_or_false(folders, tmp_path, c
 
 def test_force_replaces_an_earlier_decode_whole(folders, tmp_path, capsys):
     """Issue 74: decoding a file of one image over a folder holding a decode of four left the old
-    00001-00003.png beside the new 00000.png. The folder is now replaced as a whole, and a folder
-    holding anything else is not deleted even with --force. (Here the four are a file without names,
-    decoded to 00000.png, ...: a folder of another file's named PNGs is not replaced, test_names.py.)"""
+    00001-00003.png beside the new 00000.png. The folder is replaced as a whole, and only where it
+    holds nothing but what this decode writes (issue 124: the other three were deleted, though a
+    decode of one image does not write them, and may be the user's own): a folder holding anything
+    else is not deleted even with --force. (Here the files have no names, decoded to 00000.png,
+    ...: a folder of another file's named PNGs is not replaced either, test_names.py.)"""
     four = tmp_path / "four.itx"
     compress_cli.main([*NATIVE, str(folders / "four.npz"), "--ckpt", str(folders / "model"), "--out", str(four),
                        "--progress", "false"])
     header, payload = unpack(four.read_bytes())
     four.write_bytes(pack(dataclasses.replace(header, names=()), payload))  # as from Python: no names
     one = compress_one(folders, tmp_path)
+    header, payload = unpack(one.read_bytes())
+    one.write_bytes(pack(dataclasses.replace(header, names=()), payload))  # decoded to 00000.png
     out = tmp_path / "decoded"
     decompress_cli.main(decompress_args(folders, four, out))
-    assert len(list(out.iterdir())) == 4
-    decompress_cli.main(decompress_args(folders, one, out, "--force", "true"))  # as the issue ran it
-    assert [path.name for path in out.iterdir()] == ["one.png"]  # its name, format 5
-    assert np.array_equal(np.asarray(Image.open(out / "one.png")), np.asarray(Image.open(folders / "one.png")))
+    (out / "00000.png").write_bytes(b"replaced")
+    decompress_cli.main(decompress_args(folders, four, out, "--force", "true"))  # as the issue ran it
+    assert sorted(path.name for path in out.iterdir()) == [f"{index:05d}.png" for index in range(4)]
+    assert np.array_equal(np.asarray(Image.open(out / "00000.png")), np.load(folders / "four.npz")["images"][0])
     assert sorted(path.name for path in tmp_path.iterdir()) == ["decoded", "four.itx", "one.png.itx"]  # nothing beside
+    line = one_error_line(capsys, decompress_cli.main, decompress_args(folders, one, out, "--force"))
+    assert "not a folder of decoded PNGs only (it holds '00001.png')" in line and len(list(out.iterdir())) == 4
     (out / "notes.txt").write_text("mine")
     line = one_error_line(capsys, decompress_cli.main, decompress_args(folders, four, out, "--force"))
     assert "not a folder of decoded PNGs only" in line and (out / "notes.txt").exists()

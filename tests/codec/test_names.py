@@ -205,9 +205,9 @@ def test_a_names_list_that_is_not_one_is_one_error_line(named, tmp_path, capsys)
 
 
 def test_force_replaces_a_folder_of_what_the_decode_writes_and_nothing_else(named, tmp_path, capsys):
-    """--force replaces a folder holding only PNGs this decode writes (its names, or index names of
-    an earlier decode of an older file): never a folder with another file, nor another decode's
-    named PNGs, which it would delete."""
+    """--force replaces a folder holding only PNGs this decode writes (its names): never a folder
+    with another file, nor another decode's named PNGs or index-named ones (issue 124: they were
+    taken for this decode's), which it would delete."""
     root, folder, names, pixels = named
     data = tmp_path / "named.itx"
     compress_folder(root, folder, data, capsys)
@@ -215,13 +215,15 @@ def test_force_replaces_a_folder_of_what_the_decode_writes_and_nothing_else(name
     decompress_to(root, data, out, capsys)
     decompress_to(root, data, out, capsys, "--force")  # the same names again: replaced
     assert sorted(path.name for path in out.iterdir()) == sorted(names)
-    numbered = tmp_path / "numbered"  # an earlier decode of a file without names
+    assert np.array_equal(folder_pixels(out, names), pixels)
+    numbered = tmp_path / "numbered"  # an earlier decode of a file without names, or the user's own
     numbered.mkdir()
     for index in range(3):
         (numbered / f"{index:05d}.png").write_bytes(b"old")
-    decompress_to(root, data, numbered, capsys, "--force")
-    assert sorted(path.name for path in numbered.iterdir()) == sorted(names)
-    assert np.array_equal(folder_pixels(numbered, names), pixels)
+    line = one_error_line(capsys, decompress_cli.main, [str(data), "--ckpt", str(root / "model"), "--out",
+                                                        str(numbered), "--progress", "false", "--force"])
+    assert "not a folder of decoded PNGs only (it holds '00000.png')" in line, line
+    assert all(path.read_bytes() == b"old" for path in numbered.iterdir()) and len(list(numbered.iterdir())) == 3
     other = tmp_path / "other"  # another folder's PNGs, not this decode's to delete
     other.mkdir()
     (other / "holiday.png").write_bytes(b"mine")
