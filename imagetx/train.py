@@ -45,7 +45,7 @@ from pathlib import Path
 
 import yaml
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ModelSummary, Timer
+from lightning.pytorch.callbacks import LearningRateMonitor, ModelSummary, Timer
 from lightning.pytorch.cli import LightningCLI
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
@@ -53,15 +53,15 @@ from lightning.pytorch.utilities.model_summary.model_summary import get_human_re
 from .cli.common import ConfigError, HelpFormatter, Stopped, program, run_or_exit
 from .cli.errors import describe_parse_error
 from .cli.shipped import resolve_config_args
-from .data.datamodule import ImageDataModule
+from .data.datamodule import ImageDataModule, check_processes
 from .data.options import DataOptions
 from .errors import UserError
 from .io.atomic import check_writable, exclusive, remove_stale_temporaries
-from .io.checkpoint import CHECKPOINT_DIR, LAST
+from .io.checkpoint import CHECKPOINT_DIR, LAST, read_checkpoint
 from .model.config import ModelConfig
 from .model.flops import count_flops
 from .training.budget import BudgetHorizon, run_budget
-from .training.callbacks import ContinuationCheckpoint, LastCheckpoint, count_images
+from .training.callbacks import ContinuationCheckpoint, LastCheckpoint, RunBestCheckpoint, count_images
 from .training.interrupt import StopRequested, StopSignals, requeue, stop_signals_end_the_step
 from .training.checkpoint_io import AtomicCheckpointIO
 from .training.module import ImageTransformerModule
@@ -69,6 +69,7 @@ from .training.nonfinite import NonFiniteLossError
 from .training.distributed import CollectiveTimeout, DEFAULT_COLLECTIVE_TIMEOUT, ddp_with_timeout, timed_out
 from .training.resume import (AUTO, FinishedRun, checkpoint_to_resume, last_good_checkpoint, refuse_finished,
                               stopped_at)
+from .training.run_folder import refuse_another_run
 from .training.threads import choose_training_threads
 from .training.throughput import ThroughputWithPeak
 from .training.tracking import WANDB_MODES, KeepWandbRun, continue_wandb_run, make_loggers
@@ -82,15 +83,6 @@ LINKED = {f"data.{key}": f"--model.config.{key}" for key in ImageDataModule.FROM
 
 class NothingToDo(Exception):
     """``--resume auto`` in a folder whose run has finished: the same command, rerun, succeeds."""
-
-
-def refuse_to_overwrite(root: Path, resume: str | None) -> None:
-    """A new run (no ``--resume``) in a folder that holds one would overwrite its ``last.ckpt`` and mix
-    its best checkpoints and logs with the new run's: refused, before anything is written, with
-    the two ways on. (One folder per run keeps ``--resume last`` and the paths in the docs simple.)"""
-    if resume is None and (root / CHECKPOINT_DIR / LAST).exists():
-        raise ConfigError(f"{root} already holds a run ({root / CHECKPOINT_DIR / LAST}): continue it with --resume last, "
-                          f"or start a new run in a new folder with --trainer.default_root_dir NEW")
 
 
 def clean_up_checkpoints(folder: Path) -> None:
@@ -234,7 +226,7 @@ def quiet_known_warnings() -> None:
     warnings.filterwarnings("ignore", message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
                             category=FutureWarning)
     # ModelCheckpoint on a resumed run's folder, or on a continued run's that holds the joined
-    # continuation: imagetx refuses a new run in a folder that holds one (refuse_to_overwrite), so
+    # continuation: imagetx refuses a new run in a folder that holds one (refuse_another_run), so
     # what is there is this run's own.
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty")
 
@@ -302,7 +294,7 @@ class ImagetxCLI(LightningCLI):
         self.val_size_for_source()
         self.made_folders = missing_folders(Path(self.config.trainer.default_root_dir))
         root = check_writable(self.config.trainer.default_root_dir, "--trainer.default_root_dir")
-        refuse_to_overwrite(root, self.config.resume)
+        refuse_another_run(root, self.config.resume)  # one folder per run: its checkpoints are its own
         if self.config.resume is not None:
             max_time = self.config.trainer.max_time
             try:
@@ -350,8 +342,8 @@ class ImagetxCLI(LightningCLI):
         callbacks = configured.callbacks or []
         callbacks = [*callbacks] if isinstance(callbacks, list) else [callbacks]
         callbacks += [
-            ModelCheckpoint(dirpath=root / CHECKPOINT_DIR, filename="best-{step}", monitor="val/bpd", save_top_k=1,
-                            auto_insert_metric_name=False, enable_version_counter=False),
+            RunBestCheckpoint(dirpath=root / CHECKPOINT_DIR, filename="best-{step}", monitor="val/bpd", save_top_k=1,
+                              auto_insert_metric_name=False, enable_version_counter=False),
             LastCheckpoint(root / CHECKPOINT_DIR, self.config.checkpoint_every_n_steps,
                            self.config.checkpoint_every_minutes),
             ContinuationCheckpoint(root / CHECKPOINT_DIR),
@@ -410,6 +402,8 @@ def run_training(cli: ImagetxCLI, choose_threads: bool) -> None:
     root = Path(cli.trainer.default_root_dir)
     ckpt_path = checkpoint_to_resume(cli.config.resume, root, cli.model.config, run_budget(cli.trainer),
                                      cli.datamodule.hparams)
+    if ckpt_path is not None:
+        check_processes(read_checkpoint(ckpt_path, mmap=True), cli.trainer.world_size)
     if cli.config.init_from is not None:
         print(start_from(cli.model.model, cli.config.init_from))
     check_data_first(cli)

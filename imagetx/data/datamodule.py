@@ -60,21 +60,30 @@ class TrainOrder(DistributedSampler):
         self.resume: tuple[int, int] | None = None  # (epoch, samples to skip)
         self.next_epoch_loaded = False  # the loaded state was that of a finished epoch
 
+    STATE_KEYS = {"epoch", "samples", "replicas", "finished"}  # state_dict's (older checkpoints: no "finished")
+
     def state_dict(self) -> dict[str, int]:
-        return {"epoch": self.epoch, "samples": self.taken, "replicas": self.num_replicas}
+        return {"epoch": self.epoch, "samples": self.taken, "replicas": self.num_replicas,
+                "finished": self.taken >= len(self)}
+
+    @staticmethod
+    def refuse_another_share(state: dict[str, int], replicas: int, finished: bool) -> None:
+        """A place (``state_dict``) in the middle of an epoch is a count of each process's share, which
+        another number of processes does not continue (images would be repeated or skipped): refused
+        in one line. At an epoch's end any number goes on exactly: the next epoch is shared out afresh."""
+        written_by = state.get("replicas", replicas)  # older checkpoints: taken as this run's
+        if written_by != replicas and state["samples"] and not finished:
+            raise DataError(f"the checkpoint was written by a run of {written_by} processes in the middle of an "
+                            f"epoch, this run has {replicas}: resume with {written_by} (devices x nodes), "
+                            "or from a checkpoint at an epoch's end")
 
     def load_state_dict(self, state: dict[str, int]) -> None:
-        """The place of a checkpoint (``state_dict``), refused mid-epoch when the checkpoint's run had
-        another number of processes: its place is a count of each process's share, which another
-        share-out does not continue (images would be repeated or skipped). At an epoch's end any
-        number goes on exactly: the next epoch is shared out afresh."""
+        """The place of a checkpoint (``state_dict``): the epoch resumed where it stopped, or the next
+        one started where it had finished; refused mid-epoch for another number of processes."""
         epoch, taken = state["epoch"], state["samples"]
-        replicas = state.get("replicas", self.num_replicas)  # older checkpoints: taken as this run's
+        replicas = state.get("replicas", self.num_replicas)
         finished = taken >= -(-len(self.dataset) // replicas)  # each process's share of an epoch, rounded up
-        if replicas != self.num_replicas and taken and not finished:
-            raise DataError(f"the checkpoint was written by a run of {replicas} processes in the middle of an "
-                            f"epoch, this run has {self.num_replicas}: resume with {replicas} (devices x nodes), "
-                            "or from a checkpoint at an epoch's end")
+        self.refuse_another_share(state, self.num_replicas, finished)
         self.next_epoch_loaded = taken >= len(self) or finished
         if self.next_epoch_loaded:
             epoch, taken = epoch + 1, 0
@@ -94,6 +103,21 @@ class TrainOrder(DistributedSampler):
         for index in mine[skip:]:
             self.taken += 1
             yield (index, self.random_flip and flips[index])
+
+
+def check_processes(checkpoint: dict, replicas: int) -> None:
+    """``checkpoint``'s place in the training order resumable by ``replicas`` processes, or its DataError
+    before any process starts: raised inside the fit, the refusal was buried in Lightning's teardown's
+    traceback (a requeue on another number of GPUs). The place is TrainOrder's state, found by its keys
+    wherever the loader's state (Lightning's, torchdata's) holds it; an older one, without "finished",
+    is checked when the order loads it."""
+    pending = [checkpoint.get("loops")]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, dict) and item.keys() == TrainOrder.STATE_KEYS:
+            TrainOrder.refuse_another_share(item, replicas, bool(item["finished"]))
+        elif isinstance(item, dict | list | tuple):
+            pending.extend(item.values() if isinstance(item, dict) else item)
 
 
 class TrainLoader(StatefulDataLoader):

@@ -167,7 +167,7 @@ def test_two_leases_in_a_row_add_to_one_model(dry_env, tmp_path):
     last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     # the data order went on: 32 of the 10 training images' epochs = epoch 3, 2 images in
     assert last["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["_sampler_iter_state"]["sampler_state"] \
-        == {"epoch": 3, "samples": 2, "replicas": 1}
+        == {"epoch": 3, "samples": 2, "replicas": 1, "finished": False}
     card = (model / "README.md").read_text()
     assert "| 2 |" in card and f"value: {second['val_bpd']:.3f}" in card
     assert minutes_sentence(lineage) in card

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 
@@ -19,7 +21,7 @@ import pytest
 import torch
 
 from helpers import train_metrics, write_train_config
-from imagetx.data.datamodule import ImageDataset, TrainOrder
+from imagetx.data.datamodule import ImageDataset, TrainOrder, check_processes
 from imagetx.data.sources import DataError
 from imagetx.train import clean_up_checkpoints, main
 from imagetx.training.continuation import pack, unpack
@@ -187,6 +189,31 @@ def test_a_resume_mid_epoch_with_another_process_count_is_refused_at_an_epoch_en
         pass
     one.load_state_dict(two.state_dict())
     assert one.epoch == 1 and len(list(one)) == 10  # the next epoch, whole, for the one process
+
+
+def test_a_requeue_on_another_process_count_mid_epoch_is_refused_in_one_line_before_any_process_starts(
+        tmp_path, data_root, capsys):
+    """Issue 126: a 1-process checkpoint resumed with 2 processes printed the refusal inside a 413-line
+    traceback (Lightning's teardown of the loader that refused it), exit 1. Now: one line, exit 2, and
+    no process of the two was started."""
+    run_dir = tmp_path / "run"
+    config = write_train_config(tmp_path / "c.yaml", run_dir, data_root, max_steps=3, val_check_interval=100)
+    main(["--config", str(config), "--wandb", "disabled"])  # 3 of an epoch's 5 steps
+    capsys.readouterr()
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    env.pop("MASTER_PORT", None)
+    proc = subprocess.run([sys.executable, "-m", "imagetx.train", "--config", str(config), "--wandb", "disabled",
+                           "--trainer.max_steps", "6", "--trainer.devices", "2", "--trainer.strategy", "ddp",
+                           "--resume", "last"], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "Initializing distributed" not in proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert errors == [proc.stderr.strip().splitlines()[-1]], proc.stderr[-3000:]
+    assert "a run of 1 processes in the middle of an epoch, this run has 2: resume with 1" in errors[0]
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    check_processes(checkpoint, 1)  # the same count goes on
+    with pytest.raises(DataError, match="this run has 2"):
+        check_processes(checkpoint, 2)
 
 
 @pytest.mark.slow

@@ -186,7 +186,7 @@ def test_training_order_is_a_function_of_seed_and_epoch_and_resumes_mid_epoch():
         order.set_epoch(epoch)
         epochs.append(indices(order))
     assert all(sorted(e) == dataset for e in epochs) and len({tuple(e) for e in epochs}) == 3
-    assert order.state_dict() == {"epoch": 2, "samples": 10, "replicas": 1}
+    assert order.state_dict() == {"epoch": 2, "samples": 10, "replicas": 1, "finished": True}
     again = TrainOrder(dataset, seed=0)
     again.set_epoch(1)
     assert indices(again) == epochs[1]
