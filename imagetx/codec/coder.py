@@ -35,7 +35,7 @@ from ..model.sampler import first_input
 from ..model.transformer import ImageTransformer
 from .container import CodecError
 from .distributions import (MIN_FREQUENCY, PRECISION, TOTAL, PixelDistributions, TorchPixelDistributions,
-                            categorical_probs, quantise, torch_categorical_probs)
+                            TorchTanhPixelDistributions, categorical_probs, quantise, torch_categorical_probs)
 
 # (frequencies (N, 256) int64, the step, the channel or None) -> the N values coded (long).
 CodeSymbols = Callable[[Tensor, int, int | None], Tensor]
@@ -54,6 +54,9 @@ REQUANTISED_VERSION = 1
 # From format 4 the distributions are computed without libm (distributions.py, float64.py); files
 # of formats 1 to 3 are decoded with torch's float64 functions, as they were coded (issue 111).
 LIBM_FREE_VERSION = 4
+# Formats 4 and 5 still took the DMOL head's coupling coefficients' tanh from torch (glibc's); from
+# format 6 it is float64.py's too, and the float64 step calls no libm at all.
+OWN_TANH_VERSION = 6
 
 
 @contextmanager
@@ -93,8 +96,10 @@ def code_pass(model: ImageTransformer, count: int, code: CodeSymbols, version: i
     computes them, to ``code``, its values back into the model. -> the values, (count, T)
     sub-pixels or (count, T, 3) pixels."""
     categorical = isinstance(model.head, CategoricalHead)
-    if version >= LIBM_FREE_VERSION:
+    if version >= OWN_TANH_VERSION:
         probs_of, Pixels = categorical_probs, PixelDistributions
+    elif version >= LIBM_FREE_VERSION:
+        probs_of, Pixels = categorical_probs, TorchTanhPixelDistributions
     else:
         probs_of, Pixels = torch_categorical_probs, TorchPixelDistributions
     values, value = [], first_input(model, count)

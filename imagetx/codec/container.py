@@ -19,7 +19,8 @@ coder's words, and a checksum (docs/compress.md, "The file").
     63      16     ATen's CPU kernels, ASCII, zero-padded (DEFAULT, AVX2, AVX512)
     79      32     the torch version, ASCII, zero-padded (2.14.1+cu130)
     111     4      names' length L in bytes (format 5 on; names.py)
-    115     L      the images' names: UTF-8, one an image, separated by NUL bytes; L = 0: none
+    115     L      the images' names: UTF-8, one an image, separated by NUL bytes (format 5), or
+                   packed (format 6 on: names_list.py); L = 0: none
     ...     ...    payload: the range coder's 32-bit words (from offset 46 in formats 1 and 2,
                    111 in formats 3 and 4)
     end-4   4      CRC-32 of everything before it
@@ -34,17 +35,24 @@ images) is refused too; a name that is not a safe file name is the decompressor'
 
 from __future__ import annotations
 
+import functools
 import hashlib
+import io
 import json
+import math
+import os
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
-
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, BinaryIO
 
 import numpy as np
 
 from ..errors import UserError
+from ..model.config import CHANNELS, LEVELS
+from . import names_list
 from .names import MAX_NAME_BYTES
 
 if TYPE_CHECKING:  # torch's modules, imported where used: the commands read limits and CodecError before torch
@@ -52,15 +60,18 @@ if TYPE_CHECKING:  # torch's modules, imported where used: the commands read lim
     from .arithmetic import Arithmetic
 
 MAGIC = b"ITXC"
+# Version 6 packs the names list (names_list.py: an npz's names in a few bytes, not 11 an image) and
+# computes the DMOL head's coupling coefficients' tanh with float64.py too (coder.py, OWN_TANH_VERSION).
 # Version 5 has 4's coding and adds the images' names (NAMES_VERSION). Version 4 has 3's layout; its distributions are computed without libm (float64.py), where 3 and
 # earlier computed them with torch's float64 functions (coder.py, LIBM_FREE_VERSION). Version 3
 # records the arithmetic the file was coded with. Version 2 coded with exactly the quantised
 # frequencies, as 3 does; version 1 had constriction re-quantise them (coder.py,
 # REQUANTISED_VERSION). Files of 1 to 4 are still decoded, as they were coded (without names).
-FORMAT_VERSION = 5
-READ_VERSIONS = (1, 2, 3, 4, 5)
+FORMAT_VERSION = 6
+READ_VERSIONS = (1, 2, 3, 4, 5, 6)
 ARITHMETIC_VERSION = 3  # the first format that records the arithmetic
 NAMES_VERSION = 5  # the first format that keeps the images' names
+PACKED_NAMES_VERSION = 6  # the first format that packs them (names_list.py)
 HEADER = struct.Struct("<4sBBBBIHHH16s8sI")
 ARITHMETIC = struct.Struct("<B16s16s32s")
 NAMES_LENGTH = struct.Struct("<I")
@@ -77,6 +88,14 @@ DIGEST_BYTES = 8
 MAX_IMAGES = 100_000
 MAX_BATCH = 1024
 MAX_THREADS = 64
+# The payload's words (constriction's range coder: 32-bit words, a 64-bit state).
+WORD_BYTES = 4
+WORD_BITS = 8 * WORD_BYTES
+# ``payload_bits``'s slack, in words: honest files stay two words under it; float sums of -log2 over
+# 300 million values (100,000 images) are off by far less than a bit.
+PAST_END_SLACK = 2
+# A file's CRC is computed over this many bytes at a time: memory for a piece, not for the file.
+CRC_PIECE = 1 << 20
 
 
 class CodecError(UserError):
@@ -134,7 +153,7 @@ def pack(header: Header, payload: bytes) -> bytes:
         head += ARITHMETIC.pack(arithmetic.portable, arithmetic.machine.encode(), arithmetic.kernels.encode(),
                                 arithmetic.torch.encode())
     if header.version >= NAMES_VERSION:
-        names = NAME_SEPARATOR.join(name.encode() for name in header.names) if any(header.names) else b""
+        names = names_block(header.names, header.version) if any(header.names) else b""
         head += NAMES_LENGTH.pack(len(names)) + names
     body = head + payload
     return body + TRAILER.pack(zlib.crc32(body))
@@ -148,41 +167,119 @@ def header_size(version: int, names_bytes: int = 0) -> int:
 
 def unpack(data: bytes) -> tuple[Header, bytes]:
     """A file's bytes -> (its header, its payload), or a ``CodecError`` saying what is wrong."""
-    if len(data) < len(MAGIC) or data[:len(MAGIC)] != MAGIC:
+    handle = io.BytesIO(data)
+    header, start, length = parse(functools.partial(read_at, handle), len(handle.getbuffer()))
+    return header, read_at(handle, start, length)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """A compressed file, its header and CRC checked, its payload read when asked: from a file on
+    disk (``read_file``) only then, so that a refusal before the decoding costs its header, never
+    its size in memory."""
+
+    header: Header
+    payload: Callable[[], bytes]
+
+
+def checked(data: bytes | Checked) -> Checked:
+    """A file's bytes (``unpack``), or a file already checked, as ``Checked``."""
+    if isinstance(data, Checked):
+        return data
+    header, payload = unpack(data)
+    return Checked(header, lambda: payload)
+
+
+def read_file(path: str | os.PathLike) -> Checked:
+    """A compressed file on disk, checked as ``unpack`` checks its bytes, its CRC computed piece by
+    piece; a ``CodecError`` saying what is wrong."""
+    path = Path(path)
+    with path.open("rb") as handle:
+        header, start, length = parse(functools.partial(read_at, handle), os.fstat(handle.fileno()).st_size)
+
+    def payload() -> bytes:
+        with path.open("rb") as handle:
+            words = read_at(handle, start, length)
+        if len(words) != length:
+            raise CodecError("the file changed while it was read (it is shorter now)")
+        return words
+
+    return Checked(header, payload)
+
+
+def read_at(handle: BinaryIO, at: int, count: int) -> bytes:
+    handle.seek(at)
+    return handle.read(count)
+
+
+def parse(read: Callable[[int, int], bytes], size: int) -> tuple[Header, int, int]:
+    """A file of ``size`` bytes, whose bytes ``read(offset, count)`` gives -> (its header, where
+    its payload starts, the payload's length), or a ``CodecError`` saying what is wrong. Read in
+    pieces: the fixed fields, the CRC over CRC_PIECE at a time, then the names."""
+    fixed = read(0, min(size, header_size(READ_VERSIONS[-1])))
+    if len(fixed) < len(MAGIC) or fixed[:len(MAGIC)] != MAGIC:
         raise CodecError("not an imagetx compressed file (it does not start with ITXC)")
-    if len(data) < HEADER.size + TRAILER.size:
-        raise CodecError(f"the file is truncated: {len(data)} bytes, shorter than the "
+    if size < HEADER.size + TRAILER.size:
+        raise CodecError(f"the file is truncated: {size} bytes, shorter than the "
                          f"{HEADER.size + TRAILER.size}-byte header and checksum")
     (_, version, precision, threads, head, count, height, width, batch, fingerprint, digest,
-     length) = HEADER.unpack_from(data)
+     length) = HEADER.unpack_from(fixed)
     if version not in READ_VERSIONS:
         raise CodecError(f"the file is in format version {version}; this imagetx reads versions "
                          f"{', '.join(map(str, READ_VERSIONS))}")
     names_bytes = 0
     if version >= NAMES_VERSION:
         at = header_size(version) - NAMES_LENGTH.size
-        if len(data) < at + NAMES_LENGTH.size + TRAILER.size:
-            raise CodecError(f"the file is truncated: {len(data)} bytes, shorter than its header and checksum")
-        (names_bytes,) = NAMES_LENGTH.unpack_from(data, at)
+        if size < at + NAMES_LENGTH.size + TRAILER.size:
+            raise CodecError(f"the file is truncated: {size} bytes, shorter than its header and checksum")
+        (names_bytes,) = NAMES_LENGTH.unpack_from(fixed, at)
     start = header_size(version, names_bytes)
     expected = start + length + TRAILER.size
-    if len(data) != expected:
-        state = "truncated" if len(data) < expected else "longer than its header says"
-        raise CodecError(f"the file is {state}: {len(data)} bytes, its header says {expected}")
-    body = data[:-TRAILER.size]
-    (crc,) = TRAILER.unpack_from(data, len(body))
-    if zlib.crc32(body) != crc:
+    if size != expected:
+        state = "truncated" if size < expected else "longer than its header says"
+        raise CodecError(f"the file is {state}: {size} bytes, its header says {expected}")
+    crc = 0
+    for at in range(0, size - TRAILER.size, CRC_PIECE):
+        crc = zlib.crc32(read(at, min(CRC_PIECE, size - TRAILER.size - at)), crc)
+    if TRAILER.unpack(read(size - TRAILER.size, TRAILER.size))[0] != crc:
         raise CodecError("the file is damaged: its CRC-32 does not match its contents")
     # The CRC holds, so these are what the writer wrote; still checked, against a crafted file.
     if head >= len(HEADS) or not 1 <= count <= MAX_IMAGES or not 1 <= batch <= MAX_BATCH \
             or not 1 <= threads <= MAX_THREADS or not height or not width or length % 4:
         raise CodecError("the file's header is invalid (head, image count, batch, threads or payload length "
                          "out of range)")
-    arithmetic = read_arithmetic(data) if version >= ARITHMETIC_VERSION else None
-    names = read_names(body[start - names_bytes:start], count) if names_bytes else ()
+    symbols = count * height * width * CHANNELS
+    if least_bits(symbols, precision) > payload_bits(length // WORD_BYTES):
+        raise CodecError(f"the file's header is invalid ({count:,} images of {width}x{height} cannot be coded in "
+                         f"{length:,} payload bytes)")
+    arithmetic = read_arithmetic(fixed) if version >= ARITHMETIC_VERSION else None
+    names = read_names(read(start - names_bytes, names_bytes), count, version) if names_bytes else ()
     header = Header(version, precision, threads, HEADS[head], count, height, width, batch, fingerprint, digest,
                     arithmetic, names)
-    return header, body[start:]
+    return header, start, length
+
+
+def least_bits(symbols: int, precision: int) -> float:
+    """The fewest bits ``symbols`` sub-pixels can be coded in with ``precision``-bit frequencies:
+    every one of the LEVELS values keeps a frequency of at least 1 (distributions.MIN_FREQUENCY;
+    format 1's re-quantisation too), so the likeliest has at most 2**precision - (LEVELS - 1) and
+    costs at least -log2(1 - (LEVELS - 1) / 2**precision) bits (2.2e-5 at 24 bits: 0.07 bits a
+    32x32 image; 844 bytes for 100,000 of them). 0 for a precision too small to say (refused
+    later: the codec's is 24)."""
+    if 2 ** precision <= LEVELS:
+        return 0.0
+    return -symbols * math.log2(1 - (LEVELS - 1) / 2 ** precision)
+
+
+def payload_bits(words: int) -> float:
+    """The most information (the sum of -log2(frequency / 2**precision) over the values decoded)
+    a payload of ``words`` 32-bit words can hold, by the range coder's arithmetic: decoding that
+    much reads at least 1 + bits / 32 words (its 64-bit state narrows by the values' probabilities,
+    or more where it rounds, and holds at least 2**32 after each refill), and the decoder of an
+    honest payload reads at most one word past its end (the encoder leaves out a last word of zeros;
+    constriction 0.5). What claims more (a header's image count, a decoding under way) would
+    read past the payload's end; PAST_END_SLACK words more cover the rounding of float sums."""
+    return WORD_BITS * (words + PAST_END_SLACK)
 
 
 def read_arithmetic(data: bytes) -> Arithmetic:
@@ -195,8 +292,21 @@ def read_arithmetic(data: bytes) -> Arithmetic:
     return Arithmetic(bool(portable), *texts)
 
 
-def read_names(block: bytes, count: int) -> tuple[str, ...]:
-    """A file's names list (``count`` names, NUL-separated UTF-8) -> the names, or a CodecError."""
+def names_block(names: tuple[str, ...], version: int) -> bytes:
+    """The names list as a file of format ``version`` stores it: packed, or NUL-separated UTF-8 (5)."""
+    if version >= PACKED_NAMES_VERSION:
+        return names_list.pack(names)
+    return NAME_SEPARATOR.join(name.encode() for name in names)
+
+
+def read_names(block: bytes, count: int, version: int) -> tuple[str, ...]:
+    """A file's names list (``count`` names: packed, or NUL-separated UTF-8 in format 5) -> the
+    names, or a CodecError."""
+    if version >= PACKED_NAMES_VERSION:
+        try:
+            return names_list.unpack(block, count)
+        except names_list.NamesListError as error:
+            raise CodecError(f"the file's names list is invalid ({error})") from None
     if len(block) > count * (MAX_NAME_BYTES + len(NAME_SEPARATOR)):
         raise CodecError(f"the file's names list is invalid ({len(block):,} bytes for {count:,} images: "
                          f"more than {MAX_NAME_BYTES} bytes a name)")

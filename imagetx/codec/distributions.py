@@ -15,12 +15,13 @@ Everything is computed in float64 on the CPU from the step's float parameters, t
 into integers by one rounding (``quantise``); the rest is integer arithmetic. The same
 parameters give the same integers, so encoder and decoder agree exactly as long as they run
 the same decoding computation (``coder.py`` sees to that). The float64 step uses no libm and
-no BLAS: its exp, log, sigmoid, softmax and sums are ``float64``'s, IEEE basic operations in a
+no BLAS: its exp, log, tanh, sigmoid, softmax and sums are ``float64``'s, IEEE basic operations in a
 fixed order, so it gives the same bits on every CPU, under any of ATen's kernels and either
 of glibc's variants (FMA or not); only the float32 network before it depends on the
-arithmetic settings (arithmetic.py). That is format 4's way (coder.py, LIBM_FREE_VERSION); files
-of formats 1 to 3 were coded with torch's float64 functions and decode with them
-(``TorchPixelDistributions``, ``torch_categorical_probs``, at the end).
+arithmetic settings (arithmetic.py). That is format 6's way; formats 4 and 5 (coder.py,
+LIBM_FREE_VERSION) took the DMOL head's coupling coefficients' tanh from torch, and decode so
+(``TorchTanhPixelDistributions``); files of formats 1 to 3 were coded with torch's float64
+functions and decode with them (``TorchPixelDistributions``, ``torch_categorical_probs``, at the end).
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ class PixelDistributions:
     the levels just decoded; both the same). Computed on numpy float64 arrays (float64.py)."""
 
     def __init__(self, head: DMOLHead, params: Tensor) -> None:
-        logits, means, log_scales, coeffs = (part.numpy() for part in head.split(params.double()))
+        logits, means, log_scales, coeffs = self.split(head, params)
         self.means, self.coeffs = means, coeffs  # (N, 3, K) each
         # (each exp or log of this step's arrays that can, in one call: float64.at_once)
         shifted = logits - logits.max(axis=-1, keepdims=True)
@@ -100,6 +101,13 @@ class PixelDistributions:
         self.posterior_of = 0  # the channels taken into the posterior so far (``observe`` leaves it to ``channel``)
         block = np.arange(EDGE_BLOCK, dtype=np.float64)
         self.steps = (block * EDGE_BLOCK, block)  # j = 16p + q: the multiples of d in p's and q's factor
+
+    @staticmethod
+    def split(head: DMOLHead, params: Tensor) -> tuple[np.ndarray, ...]:
+        """The head's parameters as float64 arrays: logits, means, log-scales and the coupling
+        coefficients, whose tanh is float64's (format 6 on)."""
+        logits, means, log_scales, coupling = (part.numpy() for part in head.split_raw(params.double()))
+        return logits, means, log_scales, float64.tanh(coupling)
 
     def coupled_mean(self, channel: int) -> np.ndarray:
         """(N, K) for the channel: m_R = μ_R, m_G = μ_G + α x_R, m_B = μ_B + β x_R + γ x_G (docs/model.md §5)."""
@@ -164,6 +172,16 @@ class PixelDistributions:
         if channel != len(self.levels):
             raise ValueError(f"observe channel {channel} after channels 0..{channel - 1}")
         self.levels.append(levels.numpy())
+
+
+class TorchTanhPixelDistributions(PixelDistributions):
+    """``PixelDistributions`` as files of formats 4 and 5 were coded (coder.py, OWN_TANH_VERSION):
+    the coupling coefficients' tanh is torch's (the head's ``split``: glibc's under ATen's baseline
+    kernels, which glibc picks by CPU), the rest float64's."""
+
+    @staticmethod
+    def split(head: DMOLHead, params: Tensor) -> tuple[np.ndarray, ...]:
+        return tuple(part.numpy() for part in head.split(params.double()))
 
 
 # Formats 1 to 3 (coder.py, LIBM_FREE_VERSION): torch's functions, as those files were coded.

@@ -1,7 +1,7 @@
 """float64 exp, log and the functions the codec builds on them, from IEEE basic operations
 alone (docs/compress.md, "Files that travel").
 
-torch's float64 ``exp``, ``log``, ``log1p``, ``expm1``, ``sigmoid`` and ``logsigmoid`` are not
+torch's float64 ``exp``, ``log``, ``log1p``, ``expm1``, ``tanh``, ``sigmoid`` and ``logsigmoid`` are not
 the same function on every machine: with ATen's baseline kernels they call the C library's
 libm, and glibc picks an FMA or a non-FMA variant of each by the CPU it finds (they differ in
 the last bit for a few inputs in ten thousand); ATen's AVX2 and AVX-512 kernels use SLEEF's
@@ -21,8 +21,8 @@ min, max, floor, a power of two built from its bits, ``np.where``):
 So the same float64 inputs give the same bits on any CPU, under any libm. (numpy, not torch:
 one numpy call on the codec's small arrays costs about a microsecond, a torch call several,
 and these functions are dozens of calls.) The algorithms are fdlibm's (Sun Microsystems, 1993:
-e_exp.c, e_log.c), accurate to an ulp, and the classic log1p and expm1 formulas on top of
-them, to a few ulps: tests/codec/test_codec_glibc.py holds them to 4 ulps of glibc's. They are
+e_exp.c, e_log.c), accurate to an ulp, and the classic log1p, expm1 and tanh formulas on top
+of them, to a few ulps: tests/codec/test_codec_glibc.py holds them to 4 ulps of glibc's. They are
 not correctly rounded; what matters is that they are one function everywhere.
 """
 
@@ -159,6 +159,13 @@ def expm1_from(x: np.ndarray, u: np.ndarray, log_u: np.ndarray) -> np.ndarray:
     same = u == 1.0
     value = d * (x / np.where(same, 1.0, log_u))
     return np.where(same, x, np.where(d == -1.0, d, value))
+
+
+def tanh(x: np.ndarray) -> np.ndarray:
+    """tanh x, float64: with m = expm1(−2|x|) (no cancellation near 0, exactly −1 where e^−2|x|
+    underflows), −m / (2 + m), given x's sign (``copysign``: exact, and tanh(−0) = −0)."""
+    m = expm1(-2.0 * np.abs(x))
+    return np.copysign(-m / (2.0 + m), x)
 
 
 def sigmoid(x: np.ndarray) -> np.ndarray:

@@ -261,11 +261,17 @@ class DMOLHead(Head):
 
     def split(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """-> logits (..., K), means, log_scales, coeffs each (..., 3, K)."""
+        logits, means, log_scales, coupling = self.split_raw(params)
+        return logits, means, log_scales, torch.tanh(coupling)
+
+    def split_raw(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """``split`` with the coupling coefficients before their tanh (the codec computes that
+        tanh its own way: codec/distributions.py)."""
         params = params.to(scoring_dtype(params))
         k = self.components
         rest = rearrange(params[..., k:], "... (c p k) -> ... c p k", c=CHANNELS, p=3, k=k)
         log_scales = rest[..., 1, :].clamp(min=MIN_LOG_SCALE)
-        return params[..., :k], rest[..., 0, :], log_scales, torch.tanh(rest[..., 2, :])
+        return params[..., :k], rest[..., 0, :], log_scales, rest[..., 2, :]
 
     @staticmethod
     def coupled_means(means: Tensor, coeffs: Tensor, x: Tensor) -> Tensor:

@@ -12,7 +12,7 @@ All kept: ``LastCheckpoint`` for an exact ``--resume last`` (its class says what
 ``ContinuationCheckpoint`` as ModelCheckpoint saves on step counts, epochs, times or a monitored metric,
 never at a step fixed during the run (the decay's start); ``SampleGrid`` as Lightning has no callback
 that samples from a model. The best checkpoint by ``val/bpd`` is Lightning's ModelCheckpoint
-(imagetx/train.py).
+(imagetx/train.py), as ``RunBestCheckpoint``: pruning only the run's own best checkpoints.
 """
 
 from __future__ import annotations
@@ -92,6 +92,26 @@ class LastCheckpoint(Checkpoint):
                 state = states.get(callback.state_key)
                 if state is not None and state.get("dirpath") != callback.dirpath:
                     del states[callback.state_key]
+
+
+class RunBestCheckpoint(ModelCheckpoint):
+    """Lightning's ModelCheckpoint, pruning only what its run owns: a best checkpoint (a name of its
+    ``filename``'s, e.g. ``best-{step}``: ``best-*.ckpt``) directly in its own folder. Lightning's
+    removes any path its state names in its folder, ``..`` left in: a resumed run restores that state
+    from the checkpoint, so an edited or crafted one (naming ``../x``, ``last.ckpt``, ``continue.ckpt``)
+    had training delete a file it never wrote. The folder's best checkpoints are its run's own:
+    run_folder.refuse_another_run keeps any other run out of the folder."""
+
+    @property
+    def state_key(self) -> str:
+        # ModelCheckpoint's own: every checkpoint written before keeps this callback's state under it
+        return ModelCheckpoint.__qualname__ + super().state_key.removeprefix(type(self).__qualname__)
+
+    def _should_remove_checkpoint(self, trainer, previous: str, current: str) -> bool:
+        path = Path(previous)
+        own = (path.resolve().parent == Path(self.dirpath).resolve() and path.suffix == self.FILE_EXTENSION
+               and path.name.startswith((self.filename or "").split("{")[0]))
+        return own and super()._should_remove_checkpoint(trainer, previous, current)
 
 
 def count_images(batch: dict[str, torch.Tensor]) -> int:

@@ -14,8 +14,9 @@ with the budget it has already spent, which Lightning would end at once, is refu
 loggers start, naming the way on (``refuse_finished``).
 
 ``--resume auto`` is the form a requeued job, a restarted pod or a retry loop reruns unchanged: it
-resumes ``last.ckpt`` where the run folder holds one, and starts the run where it holds none; a
-folder whose run has another model or other data is refused (``check_same_data``), and a run that
+resumes ``last.ckpt`` where the run folder holds one, else the newest whole checkpoint of the run the
+folder holds (run_folder.py: never a new run over another's files), and starts the run where it holds
+none; a folder whose run has another model or other data is refused (``check_same_data``), and a run that
 has finished says so and ends with exit status 0 (``FinishedRun``).
 
 A checkpoint of another model than the run's preset (a grown continuation, grow.py) resumes with the
@@ -37,15 +38,16 @@ import signal
 from pathlib import Path
 
 import yaml
+from lightning.pytorch.utilities import rank_zero_info
 
 from ..io.checkpoint import CHECKPOINT_DIR, LAST, model_config_of, read_checkpoint
 from ..io.errors import CheckpointError
 from ..model.config import ModelConfig
 from .continuation import CONTINUE, MANIFEST, TIMER_STATE, is_packed, unpack
 from .presets import dotted_fields, preset_model_config
+from .run_folder import JOINED, auto_checkpoint
 
-JOINED = "continued-from.ckpt"  # a packed continuation, joined, under the new run's checkpoints/
-AUTO = "auto"  # --resume auto: last.ckpt where there is one, else a new run
+AUTO = "auto"  # --resume auto: last.ckpt where there is one, else the run's newest checkpoint, else a new run
 # The data options that make a run's images what they are: a folder resumed with ``--resume auto``
 # must have been trained on the same (``check_same_data``).
 SAME_DATA = ("source", "root", "val_size", "random_flip", "crop", "resize", "batch_size")
@@ -61,11 +63,13 @@ class FinishedRun(CheckpointError):
 
 
 def resolve_auto(resume: str | None, root: Path) -> str | None:
-    """``--resume auto`` as what it means in ``root``: 'last' where ``root`` holds a ``last.ckpt``,
-    else None (a new run); any other value as given."""
+    """``--resume auto`` as what it means in ``root`` (run_folder.auto_checkpoint): 'last' where
+    ``root`` holds a ``last.ckpt``, else the path of its run's newest whole checkpoint, else None (a
+    new run); any other value as given."""
     if resume != AUTO:
         return resume
-    return "last" if (root / CHECKPOINT_DIR / LAST).is_file() else None
+    path = auto_checkpoint(root)
+    return None if path is None else "last" if path.name == LAST else str(path)
 
 
 def check_same_data(path: Path, checkpoint: dict, data: dict) -> None:
@@ -124,6 +128,9 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
                               f"({settings}), or start a new run elsewhere")
     if given == AUTO and data is not None:
         check_same_data(path, checkpoint, data)
+    if given == AUTO and path.name != LAST:
+        rank_zero_info(f"--resume auto: {root / CHECKPOINT_DIR / LAST} is gone; going on from the run's newest "
+                       f"whole checkpoint, {path} (step {checkpoint['global_step']})")
     check_budget(path, checkpoint, budget)
     return str(path)
 

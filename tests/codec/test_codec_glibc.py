@@ -1,7 +1,7 @@
 """Portable files under glibc's two libm variants (docs/compress.md, "Files that travel").
 
 glibc picks an FMA or a non-FMA variant of exp, log, ... by the CPU it finds; with ATen's
-baseline kernels (portable arithmetic) torch's float64 exp, log, log1p, expm1, sigmoid and
+baseline kernels (portable arithmetic) torch's float64 exp, log, log1p, expm1, tanh, sigmoid and
 logsigmoid call them. A CPU without FMA (older Intel and Atom, default virtual CPUs) is played
 by a process with glibc's FMA variants masked (``GLIBC_TUNABLES``), beside one with them. The
 control shows that torch's float64 functions differ between the two here (so the test would fail
@@ -58,9 +58,9 @@ coder.encode_values(model, model.targets(images), coder.constriction.stream.queu
 g = torch.Generator().manual_seed(0)
 x = torch.rand(int(sys.argv[4]), generator=g, dtype=torch.float64)
 inputs = {"exp": 80 * x - 40, "log": x + 1e-3, "log1p": x, "expm1": -8 * x, "sigmoid": 80 * x - 40,
-          "logsigmoid": 80 * x - 40}
+          "logsigmoid": 80 * x - 40, "tanh": 8 * x - 4}
 libm = {"exp": torch.exp, "log": torch.log, "log1p": torch.log1p, "expm1": torch.expm1,
-        "sigmoid": torch.sigmoid, "logsigmoid": torch.nn.functional.logsigmoid}
+        "sigmoid": torch.sigmoid, "logsigmoid": torch.nn.functional.logsigmoid, "tanh": torch.tanh}
 out = {"probs": torch.cat(probs).numpy()}
 for name, value in inputs.items():
     out["torch_" + name] = libm[name](value).numpy()
@@ -122,7 +122,7 @@ def test_our_functions_are_as_accurate_as_libms(dumps):
     """Within 4 ulps of glibc's (fdlibm's algorithms: an ulp or two; sigmoid composes three
     roundings), so the codec's probabilities are the model's to float64's precision."""
     fma = dumps["fma"]
-    for name in ("exp", "log", "log1p", "expm1", "sigmoid", "logsigmoid"):
+    for name in ("exp", "log", "log1p", "expm1", "sigmoid", "logsigmoid", "tanh"):
         ours, libm = fma["ours_" + name], fma["torch_" + name]
         ulps = np.abs(ours.view(np.int64) - libm.view(np.int64))
         assert ulps.max() <= 4, (name, int(ulps.max()))
@@ -153,7 +153,8 @@ def test_a_portable_file_decodes_under_the_other_variant(tmp_path, coder, decode
 def test_format_3_files_decode_as_they_were_coded(monkeypatch):
     """Files of format 3 were coded with torch's float64 functions (before issue 111): they are
     decoded with them, not with codec/float64.py's, whose probabilities differ in the last bits
-    (a frequency in about 1,200 images: docs/compress.md). Formats 4 and 5 code with float64.py's."""
+    (a frequency in about 1,200 images: docs/compress.md). Formats 4 and 5 code with float64.py's
+    but torch's tanh (test_float64.py), format 6 with float64.py's alone."""
     import imagetx.codec.api as codec_api
     from imagetx.codec import compress, decompress
     from imagetx.codec import coder
@@ -176,4 +177,4 @@ def test_format_3_files_decode_as_they_were_coded(monkeypatch):
     assert np.array_equal(decompress(model, old), images) and set(used) == {"TorchPixelDistributions"}
     used.clear()
     new = compress(model, images, portable=False)
-    assert new[4] == 5 and set(used) == {"PixelDistributions"}  # format 5 codes as 4 does
+    assert new[4] == 6 and set(used) == {"PixelDistributions"}

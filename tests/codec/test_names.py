@@ -1,4 +1,5 @@
-"""Format 5 keeps the images' names (issue 111 §3 item 6; docs/compress.md "Outputs"): a folder
+"""Format 5 keeps the images' names (issue 111 §3 item 6; docs/compress.md "Outputs"; format 6
+packs them, codec/names_list.py and test_names_list.py): a folder
 compressed and decompressed comes back under the same names, under the file's CRC; a name that
 is not a safe file name (codec/names.py) falls back to the image's index name, said in one line,
 and never writes outside the output folder; a names list that is not one is refused in one
@@ -26,14 +27,15 @@ from imagetx import compress as compress_cli
 from imagetx import decompress as decompress_cli
 from imagetx.codec import CodecError, compress, decompress, read_header
 from imagetx.codec.arithmetic import PORTABLE_ENVIRONMENT, RESTARTED
-from imagetx.codec.container import ARITHMETIC, HEADER, NAMES_LENGTH, TRAILER, pack, unpack
+from imagetx.codec.container import ARITHMETIC, FORMAT_VERSION, HEADER, NAMES_LENGTH, TRAILER, pack, unpack
 from imagetx.codec.names import MAX_NAME_BYTES, output_names
+from imagetx.codec.names_list import LITERAL, RUN, RUN_FIELDS, WBITS
 from imagetx.io.hub import save_pretrained
 
 NATIVE = ("--portable", "false")  # this process codes with its own kernels (as test_compress_cli.py)
 REPO = Path(__file__).resolve().parents[2]
 SHIPPED = REPO / "pretrained" / "completion"
-NAMES_AT = HEADER.size + ARITHMETIC.size  # format 5: the names' length, then the names
+NAMES_AT = HEADER.size + ARITHMETIC.size  # format 5 on: the names' length, then the names
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +80,7 @@ def test_a_folder_round_trips_to_the_same_names_and_pixels(named, tmp_path, caps
     said = compress_folder(root, folder, data, capsys)
     assert "names:" not in said  # every name is kept
     header = read_header(data.read_bytes())
-    assert header.version == 5
+    assert header.version == FORMAT_VERSION
     assert header.names == ("cat", "dog", "more_00000", "more_00001", "photo 1 (é)", "zebra")
     out = tmp_path / "back"
     said = decompress_to(root, data, out, capsys)
@@ -91,14 +93,14 @@ def test_a_folder_round_trips_to_the_same_names_and_pixels(named, tmp_path, caps
 
 
 def test_the_names_are_under_the_crc(named, tmp_path, capsys):
-    """A changed byte of a name is a damaged file, refused before anything is written."""
+    """A changed byte of the names list is a damaged file, refused before anything is written."""
     root, folder, _, _ = named
     data = tmp_path / "named.itx"
     compress_folder(root, folder, data, capsys)
     content = bytearray(data.read_bytes())
-    at = NAMES_AT + NAMES_LENGTH.size  # the first name's first byte: "c" of cat
-    assert content[at:at + 3] == b"cat"
-    content[at] = ord("b")
+    assert NAMES_LENGTH.unpack_from(content, NAMES_AT)[0] > 0
+    at = NAMES_AT + NAMES_LENGTH.size  # the names list's first byte
+    content[at] ^= 1
     damaged = tmp_path / "damaged.itx"
     damaged.write_bytes(bytes(content))
     out = tmp_path / "out"
@@ -176,22 +178,41 @@ def fix_crc(data: bytes) -> bytes:
 
 
 def with_names_block(data: bytes, block: bytes) -> bytes:
-    """A format-5 file's bytes with its names list replaced by ``block`` (length and CRC fixed)."""
+    """A file's bytes (format 5 on) with its names list replaced by ``block`` (length and CRC fixed)."""
     (length,) = NAMES_LENGTH.unpack_from(data, NAMES_AT)
     start = NAMES_AT + NAMES_LENGTH.size
     return fix_crc(data[:NAMES_AT] + NAMES_LENGTH.pack(len(block)) + block + data[start + length:])
 
 
-def test_a_names_list_that_is_not_one_is_one_error_line(named, tmp_path, capsys):
+def deflated(*records: bytes) -> bytes:
+    """Format 6's names list of these records (codec/names_list.py)."""
+    deflate = zlib.compressobj(9, zlib.DEFLATED, WBITS)
+    return deflate.compress(b"".join(records)) + deflate.flush()
+
+
+# A names list that is not one, as each format stores its list: (what the error line says, the list).
+NOT_NAMES_LISTS = {
+    5: {"not UTF-8": b"cat\0\xff\xfe\0a\0b\0c\0d", "5 names for 6 images": b"a\0b\0c\0d\0e",
+        "7 names for 6 images": b"a\0b\0c\0d\0e\0f\0g", "more than 200 bytes a name": b"x" * (6 * 201 + 1)},
+    6: {"not UTF-8": deflated(bytes([LITERAL]) + b"\xff\xfe\0"),
+        "5 names for 6 images": deflated(bytes([RUN]) + b"a\0" + RUN_FIELDS.pack(5, 0, 5)),
+        "7 names for 6 images": deflated(bytes([RUN]) + b"a\0" + RUN_FIELDS.pack(5, 0, 6), bytes([LITERAL]) + b"b\0"),
+        "a run of 4,294,967,295 names": deflated(bytes([RUN]) + b"a\0" + RUN_FIELDS.pack(5, 0, 2**32 - 1)),
+        "bytes a name": deflated(bytes([LITERAL]) * 10_000_000),
+        "not DEFLATE data": b"\xff" * 8},
+}
+
+
+@pytest.mark.parametrize("version", sorted(NOT_NAMES_LISTS))
+def test_a_names_list_that_is_not_one_is_one_error_line(named, tmp_path, capsys, monkeypatch, version):
     root, folder, _, _ = named
     data = tmp_path / "named.itx"
+    monkeypatch.setattr(codec_api, "FORMAT_VERSION", version)
     compress_folder(root, folder, data, capsys)
     good = data.read_bytes()
-    bad = {"not UTF-8": with_names_block(good, b"cat\0\xff\xfe\0a\0b\0c\0d"),
-           "5 names for 6 images": with_names_block(good, b"a\0b\0c\0d\0e"),
-           "7 names for 6 images": with_names_block(good, b"a\0b\0c\0d\0e\0f\0g"),
-           "more than 200 bytes a name": with_names_block(good, b"x" * (6 * 201 + 1)),
-           "its header says": good[:NAMES_AT] + struct.pack("<I", 2**32 - 1) + good[NAMES_AT + 4:]}
+    assert good[len(b"ITXC")] == version
+    bad = {said: with_names_block(good, block) for said, block in NOT_NAMES_LISTS[version].items()}
+    bad["its header says"] = good[:NAMES_AT] + struct.pack("<I", 2**32 - 1) + good[NAMES_AT + 4:]
     for said, content in bad.items():
         crafted = tmp_path / "crafted.itx"
         crafted.write_bytes(content)
@@ -242,7 +263,7 @@ def test_images_from_python_keep_no_names_and_decode_to_index_names(named, tmp_p
     model = load_model(root / "model")
     data = compress(model, pixels, portable=False)
     header, payload = unpack(data)
-    assert (header.version, header.names) == (5, ())
+    assert (header.version, header.names) == (FORMAT_VERSION, ())
     assert len(data) == NAMES_AT + NAMES_LENGTH.size + len(payload) + TRAILER.size
     assert np.array_equal(decompress(model, data), pixels)
     itx = tmp_path / "api.itx"
@@ -299,3 +320,20 @@ def test_the_committed_files_keep_no_names_and_decode_to_index_names(tmp_path):
     assert sorted(path.name for path in out.iterdir()) == ["00000.png", "00001.png"]
     expected = np.load(ASSETS / "cifar10_val_first32.npz")["images"][:2]
     assert np.array_equal(folder_pixels(out, ["00000.png", "00001.png"]), expected)
+
+
+def test_the_committed_format_5_file_decodes_to_its_names(tmp_path):
+    """tests/assets/completion_val_first2_format5.itx: the first two val images as one npz
+    (``val.npz``), compressed by ``imagetx-compress`` of format 5 (portable arithmetic, torch
+    2.14.1): its names stored in full, its coupling coefficients' tanh torch's (format 6 packs the
+    names and computes the tanh itself). It decodes as it was coded, under its names."""
+    data = ASSETS / "completion_val_first2_format5.itx"
+    header = read_header(data.read_bytes())
+    assert (header.version, header.names) == (5, ("val_00000", "val_00001"))
+    out = tmp_path / "out"
+    decoded = program(str(data), "--ckpt", str(SHIPPED), "--out", str(out))
+    if header.arithmetic.torch != torch.__version__ and decoded.returncode != 0:
+        pytest.skip(f"the file was coded with torch {header.arithmetic.torch}: {decoded.stderr.strip()}")
+    assert decoded.returncode == 0, decoded.stderr
+    expected = np.load(ASSETS / "cifar10_val_first32.npz")["images"][:2]
+    assert np.array_equal(folder_pixels(out, ["val_00000.png", "val_00001.png"]), expected)
