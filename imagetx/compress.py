@@ -17,7 +17,9 @@ the command runs the model with portable arithmetic (it restarts itself with
 ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE; docs/compress.md); ``--portable false`` codes
 with this machine's own kernels instead (faster; the file then decodes on machines like this
 one). ``--force`` (or ``--force true``) replaces an existing --out file. The last line printed is
-one JSON object: the images, the file's bytes and bits/dim, and (``--compare``, on by default) the
+one JSON object: the images, the file's bytes and bits/dim, the model's bits/dim of the images and
+the file's overhead over it (also said in a line before: the header and names, the coding), and
+(``--compare``, on by default) the
 bytes and bits/dim of the same images as separate PNG and WebP files; before it a line per picture
 gives its bits/dim under the model beside its PNG's and WebP's, a line per folder or npz their means. Ctrl-C stops it with one line and
 exit status 130.
@@ -44,6 +46,7 @@ from .codec.names import PNG_NAME, kept_names
 from .io.names import check_model_path
 
 if TYPE_CHECKING:  # torch and the model are imported once the arguments are checked (run)
+    from .codec.api import CompressionStats
     from .model.transformer import ImageTransformer
 
 # The lossless formats a picture is kept in beside imagetx's file (the demo shows JPEG XL too, where
@@ -105,9 +108,25 @@ def run(args: Namespace) -> dict:
     result = {"out": str(out), "images": stats.images, "bytes": stats.file_bytes,
               "bits_per_dim": round(stats.bits_per_dim, 4), "seconds": round(seconds, 2),
               "images_per_second": round(stats.images / seconds, 3), "ckpt": str(args.ckpt)}
+    scores = [model_bits_per_dim(model, given.images) for given in inputs]
+    result.update(overhead(stats, float(np.concatenate(scores).mean())))
     if args.compare:
-        result.update(compared(model, inputs))
+        result.update(compared(model, inputs, scores))
     return result
+
+
+def overhead(stats: CompressionStats, model_bits: float) -> dict:
+    """One line on stderr: the file's bits/dim against the model's (its images' -log2 p over their
+    dims; every image has as many), and what the difference is spent on: the header, names list
+    and CRC, and the coding (the quantised distributions, the range coder's rounding and last
+    words). -> the JSON's fields."""
+    extra = stats.bits_per_dim - model_bits
+    framing_bytes = stats.file_bytes - stats.payload_bytes
+    framing = 8 * framing_bytes / stats.dims
+    print(f"overhead: {stats.bits_per_dim:.4f} bits/dim in the file against the model's {model_bits:.4f}: "
+          f"{extra:+.4f}, of which the header and names ({framing_bytes:,} bytes) {framing:+.4f}, the coding "
+          f"{extra - framing:+.4f}", file=sys.stderr)
+    return {"model_bits_per_dim": round(model_bits, 4), "overhead_bits_per_dim": round(extra, 4)}
 
 
 def say_unkept_names(names: list[str]) -> None:
@@ -122,17 +141,16 @@ def say_unkept_names(names: list[str]) -> None:
               "(docs/compress.md, Outputs)", file=sys.stderr)
 
 
-def compared(model: ImageTransformer, inputs: list[Input]) -> dict:
-    """Each image's bits/dim under the model beside its own PNG's and WebP's, as the demo's compress
-    tab shows them: a line on stderr for each picture named by itself, one for each folder or npz
-    (their means); the totals, for the JSON summary."""
+def compared(model: ImageTransformer, inputs: list[Input], scores: list[np.ndarray]) -> dict:
+    """Each image's bits/dim under the model (``scores``, an array an input) beside its own PNG's
+    and WebP's, as the demo's compress tab shows them: a line on stderr for each picture named by
+    itself, one for each folder or npz (their means); the totals, for the JSON summary."""
     from .codec.classical import available, sizes
 
     codecs = [name for name in COMPARED if name in available()]
     dims = model.config.dims_per_image
     totals = dict.fromkeys(codecs, 0)
-    for given in inputs:
-        own = model_bits_per_dim(model, given.images)
+    for given, own in zip(inputs, scores):
         files = [sizes(image, codecs) for image in given.images]
         for name in codecs:
             totals[name] += sum(sized[name] for sized in files)

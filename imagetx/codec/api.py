@@ -47,6 +47,7 @@ class CompressionStats:
     file_bytes: int
     ideal_bits: float
     dims: int
+    payload_bytes: int  # the range coder's words: the rest of the file is its header, names list and CRC
 
     @property
     def bits_per_dim(self) -> float:
@@ -112,7 +113,7 @@ def compress_with_stats(model: ImageTransformer, images: np.ndarray | torch.Tens
                     model_fingerprint(model), pixel_digest(pixels), arithmetic,
                     kept_names(names) if names is not None else ())
     data = pack(header, payload)
-    return data, CompressionStats(count, len(data), ideal, count * model.config.dims_per_image)
+    return data, CompressionStats(count, len(data), ideal, count * model.config.dims_per_image, len(payload))
 
 
 def compress(model: ImageTransformer, images: np.ndarray | torch.Tensor, batch: int | None = None,
@@ -139,11 +140,9 @@ def decompress(model: ImageTransformer, data: bytes, progress: bool = False) -> 
     was made from."""
     header, payload = unpack(bytes(data))
     here = current()
-    if header.arithmetic is not None and header.arithmetic.portable != here.portable:
-        fix = (f"start Python with {PORTABLE_COMMAND} in the environment" if header.arithmetic.portable
-               else "decode it without those settings on a machine like the one that coded it")
-        raise CodecError(f"the file was coded with {header.arithmetic} and this process computes with {here}: "
-                         f"{fix} (imagetx-decompress does)")
+    refusal = other_arithmetic(header.arithmetic, here)
+    if refusal is not None:
+        raise CodecError(refusal)
     size = model.config.image_size
     if header.fingerprint != model_fingerprint(model):
         raise CodecError("the file was compressed with another model (its model fingerprint "
@@ -167,6 +166,25 @@ def decompress(model: ImageTransformer, data: bytes, progress: bool = False) -> 
     if pixel_digest(pixels) != header.digest:
         raise CodecError(not_decoded("the decoded pixels do not match its checksum", header, here))
     return pixels
+
+
+def other_arithmetic(recorded: Arithmetic | None, here: Arithmetic) -> str | None:
+    """Why a file coded with ``recorded`` arithmetic cannot decode in this process, said before any
+    decoding (which would otherwise run to its end to fail), or None: the other kind (portable or
+    native), or native kernels of another kind (another architecture or ATen capability, whose
+    floating point differs; MKL's native path, which the file does not record, follows the CPU)."""
+    if recorded is None:  # formats 1 and 2: native kernels, not recorded
+        return None
+    if recorded.portable != here.portable:
+        fix = (f"start Python with {PORTABLE_COMMAND} in the environment" if recorded.portable
+               else "decode it without those settings on a machine like the one that coded it")
+        fix += " (imagetx-decompress does)"
+    elif not recorded.portable and (recorded.machine, recorded.kernels) != (here.machine, here.kernels):
+        fix = ("a file of native kernels decodes only where they are the same: decompress it on a machine like "
+               "the one that coded it")
+    else:
+        return None
+    return f"the file was coded with {recorded} and this process computes with {here}: {fix}"
 
 
 def not_decoded(symptom: str, header: Header, here: Arithmetic) -> str:

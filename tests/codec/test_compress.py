@@ -179,21 +179,35 @@ def recorded(data: bytes, arithmetic: Arithmetic) -> bytes:
     return pack(dataclasses.replace(header, arithmetic=arithmetic), payload)
 
 
+def refuse_decoding(*args, **kwargs):
+    raise AssertionError("decoded, where the file should have been refused before decoding")
+
+
 def test_a_file_of_the_other_kind_of_arithmetic_is_refused_before_decoding(coded, monkeypatch):
     """A portable file in a process with native kernels (and the reverse) is refused at once, in
-    one line that says how to decode it; a file whose recorded arithmetic differs from this
-    process's in another way (kernels, torch) is decoded, and would be explained if it failed."""
+    one line that says how to decode it; so is a native file of other kernels than this process's
+    (issue 124: it was refused only after a whole decode). A file whose recorded arithmetic differs
+    in another way (a portable file's torch) is decoded, and would be explained if it failed."""
     model, images, data = coded
-    here = current()
+    here = dataclasses.replace(current(), portable=False, kernels="AVX512")
+    native_file = recorded(data, dataclasses.replace(here, kernels="AVX2"))
     portable_file = recorded(data, dataclasses.replace(here, portable=True, kernels="DEFAULT"))
-    native_file = recorded(data, dataclasses.replace(here, portable=False, kernels="AVX2"))
-    monkeypatch.setattr(codec_api, "current", lambda: dataclasses.replace(here, portable=False))
+    monkeypatch.setattr(codec_api, "current", lambda: here)
+    monkeypatch.setattr(codec_api, "decode_values", refuse_decoding)
     with pytest.raises(CodecError, match=f"coded with portable arithmetic .*start Python with {PORTABLE_COMMAND}"):
         decompress(model, portable_file)
-    assert np.array_equal(decompress(model, native_file), images)  # recorded kernels differ: tried, and it decodes
+    with pytest.raises(CodecError, match="coded with native AVX2 kernels .*computes with native AVX512 kernels .*"
+                                         "decodes only where they are the same") as refused:
+        decompress(model, native_file)
+    assert "\n" not in str(refused.value)
+    with pytest.raises(CodecError, match="native AVX2 kernels \\(aarch64.*decodes only where"):
+        decompress(model, recorded(data, dataclasses.replace(here, machine="aarch64", kernels="AVX2")))
     monkeypatch.setattr(codec_api, "current", lambda: dataclasses.replace(here, portable=True, kernels="DEFAULT"))
     with pytest.raises(CodecError, match="coded with native AVX2 kernels .*without those settings"):
         decompress(model, native_file)
+    monkeypatch.undo()
+    other_torch = dataclasses.replace(current(), torch="0.0.0+other")
+    assert np.array_equal(decompress(model, recorded(data, other_torch)), images)  # tried, and it decodes
 
 
 def test_a_file_that_does_not_decode_names_both_arithmetics(coded, monkeypatch):
@@ -203,8 +217,8 @@ def test_a_file_that_does_not_decode_names_both_arithmetics(coded, monkeypatch):
     header, payload = unpack(data)
     crafted = bytearray(payload)
     crafted[0] ^= 0xFF
-    other = dataclasses.replace(header.arithmetic, kernels="AVX2" if header.arithmetic.kernels != "AVX2" else "AVX512")
-    with pytest.raises(CodecError, match="does not decode here .*coded with other arithmetic, native AVX"):
+    other = dataclasses.replace(header.arithmetic, torch="0.0.0+other")  # (other kernels: refused before decoding)
+    with pytest.raises(CodecError, match="does not decode here .*coded with other arithmetic, native .*torch 0.0.0"):
         decompress(model, pack(dataclasses.replace(header, arithmetic=other), bytes(crafted)))
     with pytest.raises(CodecError, match="does not decode here .*records this process's arithmetic .*crafted"):
         decompress(model, pack(header, bytes(crafted)))
