@@ -65,6 +65,7 @@ from .training.callbacks import ContinuationCheckpoint, LastCheckpoint, RunBestC
 from .training.interrupt import StopRequested, StopSignals, requeue, stop_signals_end_the_step
 from .training.checkpoint_io import AtomicCheckpointIO
 from .training.module import ImageTransformerModule
+from .training.no_gpu import check_gpu_settings
 from .training.nonfinite import NonFiniteLossError
 from .training.distributed import CollectiveTimeout, DEFAULT_COLLECTIVE_TIMEOUT, ddp_with_timeout, timed_out
 from .training.resume import (AUTO, FinishedRun, checkpoint_to_resume, last_good_checkpoint, refuse_finished,
@@ -291,6 +292,9 @@ class ImagetxCLI(LightningCLI):
                               "--init_from starts a new one from another model's weights. Give one")
         check_max_time(self.config.trainer.max_time)
         check_data_settings(self.config.data)
+        said = check_gpu_settings(self.config.trainer, bool(self.config.model.get("compile")))
+        if said is not None:
+            rank_zero_info(said)
         self.val_size_for_source()
         self.made_folders = missing_folders(Path(self.config.trainer.default_root_dir))
         root = check_writable(self.config.trainer.default_root_dir, "--trainer.default_root_dir")
