@@ -5,7 +5,7 @@ AVX-512 and an AVX2 machine (or an AVX2 machine and one without FMA or AVX2) dif
 kernels and glibc's libm variant (FMA or not) everywhere, and on Intel CPUs MKL's instruction
 set too (MKL_ENABLE_INSTRUCTIONS; on AMD CPUs MKL ignores it, which a control checks). The
 commands run as programs, restarting themselves with the arithmetic they need. The control,
-native kernels, fails there with one line saying why. And a process whose MKL started without
+native kernels, is refused there before decoding, with one line saying why. And a process whose MKL started without
 MKL_CBWR=COMPATIBLE never writes a file labelled portable, whatever its environment says later."""
 
 from __future__ import annotations
@@ -100,9 +100,10 @@ def test_control_a_native_file_does_not_and_says_why_in_one_line(tmp_path, direc
     first, second = machines()
     coder, decoder = (first, second) if direction == "first_to_second" else (second, first)
     _, error = round_trip(tmp_path, coder, decoder, portable=False)
-    coded_with = coder["ATEN_CPU_CAPABILITY"].upper()
-    assert error.startswith("error: ") and "does not decode here" in error, error
-    assert f"coded with other arithmetic, native {coded_with} kernels" in error, error
+    coded_with, decoding_with = (machine["ATEN_CPU_CAPABILITY"].upper() for machine in (coder, decoder))
+    assert error.startswith("error: "), error
+    assert f"coded with native {coded_with} kernels" in error and f"computes with native {decoding_with} kernels" \
+        in error and "decodes only where they are the same" in error, error  # (issue 124: after a whole decode)
 
 
 def test_the_committed_portable_file_decodes_on_every_machine(tmp_path):
