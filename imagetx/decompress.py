@@ -58,13 +58,13 @@ def build_parser() -> ArgumentParser:
 
 
 def run(args: Namespace) -> dict:
-    data = read_compressed(args.file)
+    data = read_compressed(args.file)  # its header and CRC: refused before the model is loaded
+    header = data.header
     check_model_path(resolve(args.ckpt))
     # here, not above: a bad argument is refused before torch and the model are imported
-    from .codec.api import decompress, read_header
+    from .codec.api import decompress
     from .io.load import load_model
 
-    header = naming_the_file(args.file, lambda: read_header(data))  # refused before the model is loaded
     folder = output_kind(Path(args.out), header.count) == "folder"
     names, fell_back = folder_names(header.names, header.count)
     out = check_output(args.out, args.force, folder, names if folder else ())
@@ -98,20 +98,14 @@ def command() -> None:
     the file records, restarted with it where it does not (files of formats 1 and 2: native)."""
     try:
         args = build_parser().parse_args(sys.argv[1:])
-        data = read_compressed(args.file)
+        header = read_compressed(args.file).header
         check_model_path(resolve(args.ckpt))
-    except (ArgumentError, CodecError, CheckpointError):
+    except (ArgumentError, CodecError, CheckpointError, OSError):
         main()  # it says what is wrong, before torch is imported
         return
-    from .codec.api import read_header  # torch, as the restart does
-    from .codec.arithmetic import restart_with
+    from .codec.arithmetic import restart_with  # torch, as the restart does
 
-    try:
-        header = read_header(data)
-    except CodecError:
-        header = None  # main says what is wrong
-    if header is not None:
-        restart_with(header.arithmetic is not None and header.arithmetic.portable, "imagetx.decompress")
+    restart_with(header.arithmetic is not None and header.arithmetic.portable, "imagetx.decompress")
     main()
 
 

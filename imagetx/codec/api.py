@@ -25,9 +25,9 @@ import torch
 
 from ..model.transformer import ImageTransformer
 from .arithmetic import PORTABLE_COMMAND, Arithmetic, current, not_portable_reason
-from .coder import decode_values, encode_values, progress_bar, torch_threads
-from .container import (FORMAT_VERSION, MAX_BATCH, MAX_IMAGES, MAX_THREADS, CodecError, Header,
-                        model_fingerprint, pack, pixel_digest, unpack)
+from .coder import PayloadDecoder, decode_values, encode_values, progress_bar, torch_threads
+from .container import (FORMAT_VERSION, MAX_BATCH, MAX_IMAGES, MAX_THREADS, Checked, CodecError, Header, checked,
+                        model_fingerprint, pack, pixel_digest)
 from .distributions import PRECISION
 from .names import kept_names
 
@@ -128,17 +128,18 @@ def compress(model: ImageTransformer, images: np.ndarray | torch.Tensor, batch: 
     return compress_with_stats(model, images, batch, threads, progress, portable, names)[0]
 
 
-def read_header(data: bytes) -> Header:
+def read_header(data: bytes | Checked) -> Header:
     """The header of a compressed file, checked (``container.unpack``)."""
-    return unpack(data)[0]
+    return checked(data).header
 
 
-def decompress(model: ImageTransformer, data: bytes, progress: bool = False) -> np.ndarray:
+def decompress(model: ImageTransformer, data: bytes | Checked, progress: bool = False) -> np.ndarray:
     """A compressed file's bytes -> its (N, S, S, 3) uint8 images, exactly; a CodecError (one
     line) for a file that is not one, is truncated or damaged, was written with another model or
     with other arithmetic than this process's, or whose decoding does not reproduce the pixels it
     was made from."""
-    header, payload = unpack(bytes(data))
+    file = checked(data)  # a file read by container.read_file: its payload is read below, once it is needed
+    header = file.header
     here = current()
     refusal = other_arithmetic(header.arithmetic, here)
     if refusal is not None:
@@ -151,7 +152,7 @@ def decompress(model: ImageTransformer, data: bytes, progress: bool = False) -> 
     if header.head != model.config.head or (header.height, header.width) != (size, size) \
             or header.precision != PRECISION:
         raise CodecError("the file's header does not fit this model (head, image size or precision)")
-    decoder = constriction.stream.queue.RangeDecoder(np.frombuffer(payload, dtype="<u4").astype(np.uint32))
+    decoder = PayloadDecoder(np.frombuffer(file.payload(), dtype="<u4").astype(np.uint32, copy=False))
     images = []
     parts = groups(header.count, header.batch)
     with torch_threads(header.threads), progress_bar(len(parts) * model.order.length, "decompressing",

@@ -33,7 +33,7 @@ from ..model.heads import CategoricalHead
 from ..model.modes import eval_mode
 from ..model.sampler import first_input
 from ..model.transformer import ImageTransformer
-from .container import CodecError
+from .container import WORD_BYTES, CodecError, payload_bits
 from .distributions import (MIN_FREQUENCY, PRECISION, TOTAL, PixelDistributions, TorchPixelDistributions,
                             TorchTanhPixelDistributions, categorical_probs, quantise, torch_categorical_probs)
 
@@ -142,16 +142,41 @@ def encode_values(model: ImageTransformer, targets: Tensor, encoder: constrictio
     return cost[0]
 
 
-def decode_values(model: ImageTransformer, count: int, decoder: constriction.stream.queue.RangeDecoder,
-                  version: int, bar: tqdm | None = None) -> Tensor:
-    """``count`` images' values, (N, T) or (N, T, 3) long, decoded from ``decoder`` as format
-    ``version`` coded them."""
+class PayloadDecoder:
+    """constriction's range decoder over a file's payload (its 32-bit words), which refuses a
+    decoding that reads past the payload's end: every value decoded spends the information its
+    frequency carries, and more than the payload holds (container.payload_bits) cannot have come
+    from it. So a header that claims more images than its payload codes is refused as soon as the
+    payload runs out, not after decoding every image from the zeros the decoder reads beyond it."""
 
-    def code(freq: Tensor, step: int, channel: int | None) -> Tensor:
+    def __init__(self, words: np.ndarray):
+        self.decoder = constriction.stream.queue.RangeDecoder(words)
+        self.payload_bytes = WORD_BYTES * len(words)
+        self.bits_left = payload_bits(len(words))
+
+    def decode(self, freq: Tensor, version: int) -> Tensor:
+        """The values of one distribution per row of ``freq``, as format ``version`` coded them."""
         try:
-            symbols = decoder.decode(FAMILY, coder_masses(freq, version))
+            symbols = np.asarray(self.decoder.decode(FAMILY, coder_masses(freq, version)), dtype=np.int64)
         except (ValueError, RuntimeError, AssertionError) as error:  # constriction's refusal of its data
             raise CodecError(f"the range coder refused the payload: {error}") from None
-        return torch.from_numpy(np.asarray(symbols, dtype=np.int64))
+        self.bits_left -= coded_bits(freq, symbols, version)
+        if self.bits_left < 0:
+            raise CodecError(f"the range decoder read past the end of the {self.payload_bytes:,}-byte payload")
+        return torch.from_numpy(symbols)
 
-    return code_pass(model, count, code, version, bar)
+
+def coded_bits(freq: Tensor, symbols: np.ndarray, version: int) -> float:
+    """The least information the range coder took for ``symbols``, one a row of ``freq``: the sum of
+    -log2(f / TOTAL) over the frequencies it coded them with, exactly ``freq``'s from format 2
+    (``coder_masses``); format 1's re-quantisation gives a value at most LEAK more (compat.py's
+    rule: the floor of its share, below its frequency, plus LEAK)."""
+    coded = freq.numpy()[np.arange(len(symbols)), symbols] + (LEAK if version == REQUANTISED_VERSION else 0)
+    return float(-np.log2(coded / TOTAL).sum())
+
+
+def decode_values(model: ImageTransformer, count: int, decoder: PayloadDecoder, version: int,
+                  bar: tqdm | None = None) -> Tensor:
+    """``count`` images' values, (N, T) or (N, T, 3) long, decoded from ``decoder`` as format
+    ``version`` coded them."""
+    return code_pass(model, count, lambda freq, step, channel: decoder.decode(freq, version), version, bar)

@@ -30,7 +30,7 @@ import numpy as np
 from PIL import Image
 
 from ..io.atomic import TEMPORARY_SUFFIX, atomic_write, current_umask, replace_folder
-from .container import MAX_IMAGES, CodecError
+from .container import MAX_IMAGES, Checked, CodecError, read_file
 from .names import NPZ_IMAGE_NAME, PNG_NAME, folder_names
 
 NPZ_KEY = "images"  # the array an npz holds its images in (as the CIFAR-10 shards do)
@@ -188,7 +188,9 @@ def read_images(names: list[str], size: int) -> list[Input]:
     return inputs
 
 
-def read_compressed(name: str) -> bytes:
+def read_compressed(name: str) -> Checked:
+    """The compressed file ``name``, its header and CRC checked, read in pieces (its payload when it
+    is decoded: ``container.read_file``), or a CodecError naming it."""
     path = Path(name)
     if path.is_dir():
         raise CodecError(f"{name} is a folder, not a compressed file: give the file imagetx.compress wrote")
@@ -196,7 +198,10 @@ def read_compressed(name: str) -> bytes:
         raise CodecError(f"compressed file {name} does not exist")
     if path.stat().st_size > MAX_COMPRESSED_BYTES:
         raise CodecError(f"{name} is over {MAX_COMPRESSED_BYTES:,} bytes: not a file imagetx.compress writes")
-    return path.read_bytes()
+    try:
+        return read_file(path)
+    except CodecError as error:
+        raise CodecError(f"{name}: {error}") from None
 
 
 def output_kind(out: Path, count: int) -> str:
