@@ -54,6 +54,7 @@ DAMAGE = {
     "pool.json not JSON": lambda copy: (copy / mapped.META).write_text('{"format": 2, "shape": [12'),
     "images truncated": lambda copy: os.truncate(copy / mapped.IMAGES, 5 * 32 * 32 * 3 + 7),
     "images missing": lambda copy: (copy / mapped.IMAGES).unlink(),
+    "pool.json missing": lambda copy: (copy / mapped.META).unlink(),  # as a killed removal can leave it
     "labels changed": other_labels,
 }
 
@@ -90,8 +91,11 @@ def test_a_source_changed_in_place_with_its_size_and_time_put_back_gets_a_new_co
     os.utime(shard, ns=(before.st_atime_ns, before.st_mtime_ns))
     after = shard.stat()
     assert (after.st_ino, after.st_size, after.st_mtime_ns) == (before.st_ino, before.st_size, before.st_mtime_ns)
+    remains = root / ".imagetx-cache" / "mapped" / "cifar10-train-0123456789abcdef"
+    remains.mkdir()  # an older copy's removal, killed after pool.json went
+    (remains / mapped.IMAGES).write_bytes(bytes(MIB))
     np.testing.assert_array_equal(np.asarray(read_train(root).images[:6]), changed)
-    assert len(copies(root)) == 1  # the stale copy removed
+    assert len(copies(root)) == 1  # the stale copy removed, and the remains of the older one
 
 
 def test_a_full_disk_is_said_in_one_line_before_any_image_is_written_and_leaves_no_copy(tmp_path, capsys,

@@ -81,16 +81,16 @@ def mapped_pool(cache: Path, name: str, files: list[Path], read: Callable[[Alloc
             # Copies are written only under this lock: any temporary folder now is a killed write's.
             for stale in cache.glob(f".{name}-*{TEMPORARY_SUFFIX}"):
                 shutil.rmtree(stale, ignore_errors=True)
-            if (folder / META).is_file():
+            if folder.exists():
                 try:
                     return open_pool(folder)
-                except Damaged as damage:
+                except Damaged as damage:  # a file of it changed, or lost (as a killed removal leaves it)
                     print(f"data: the mapped copy {folder} is damaged ({damage}): writing it again from the source",
                           file=sys.stderr)
-                    shutil.rmtree(folder)
+                shutil.rmtree(folder, ignore_errors=True)
             write(folder, read)
             for older in cache.glob(f"{name}-*"):  # the copies of an earlier version of the source
-                if older != folder and (older / META).is_file():
+                if older != folder:
                     shutil.rmtree(older, ignore_errors=True)
             try:
                 return open_pool(folder)
