@@ -25,9 +25,12 @@ coder's words, and a checksum (docs/compress.md, "The file").
                    111 in formats 3 and 4)
     end-4   4      CRC-32 of everything before it
 
-A truncated, extended or damaged file fails the length or the CRC before anything is decoded;
-a file for another model fails the fingerprint; a decoding that went wrong anyway (a file
-coded with other arithmetic) fails the coder or the pixel digest. Each is a ``CodecError`` with
+A truncated, extended or damaged file fails the length or the CRC before anything is decoded,
+and so does a header claiming more images than its payload can code (``least_bits``,
+``payload_bits``); a file for another model fails the fingerprint; a decoding that went wrong
+anyway (a file coded with other arithmetic, or crafted) fails the coder, reads past the payload's
+end (coder.PayloadDecoder: refused there) or fails the pixel digest. A file on disk is read in
+pieces (``read_file``): a refusal before the decoding never holds the whole file in memory. Each is a ``CodecError`` with
 one line saying which. A names list that is not one (not UTF-8, another count of names than of
 images) is refused too; a name that is not a safe file name is the decompressor's to refuse
 (names.py).
@@ -51,7 +54,6 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 
 from ..errors import UserError
-from ..model.config import CHANNELS, LEVELS
 from . import names_list
 from .names import MAX_NAME_BYTES
 
@@ -88,6 +90,11 @@ DIGEST_BYTES = 8
 MAX_IMAGES = 100_000
 MAX_BATCH = 1024
 MAX_THREADS = 64
+# A file's images are (N, H, W, RGB) uint8 (as pixel_digest hashes them): every sub-pixel is coded over
+# 256 values, the likeliest and OTHER_VALUES others. (model.config's CHANNELS and LEVELS: not imported,
+# since importing imagetx.model imports torch, and the commands read a file before torch.)
+RGB = 3
+OTHER_VALUES = np.iinfo(np.uint8).max
 # The payload's words (constriction's range coder: 32-bit words, a 64-bit state).
 WORD_BYTES = 4
 WORD_BITS = 8 * WORD_BYTES
@@ -248,7 +255,7 @@ def parse(read: Callable[[int, int], bytes], size: int) -> tuple[Header, int, in
             or not 1 <= threads <= MAX_THREADS or not height or not width or length % 4:
         raise CodecError("the file's header is invalid (head, image count, batch, threads or payload length "
                          "out of range)")
-    symbols = count * height * width * CHANNELS
+    symbols = count * height * width * RGB
     if least_bits(symbols, precision) > payload_bits(length // WORD_BYTES):
         raise CodecError(f"the file's header is invalid ({count:,} images of {width}x{height} cannot be coded in "
                          f"{length:,} payload bytes)")
@@ -261,14 +268,14 @@ def parse(read: Callable[[int, int], bytes], size: int) -> tuple[Header, int, in
 
 def least_bits(symbols: int, precision: int) -> float:
     """The fewest bits ``symbols`` sub-pixels can be coded in with ``precision``-bit frequencies:
-    every one of the LEVELS values keeps a frequency of at least 1 (distributions.MIN_FREQUENCY;
-    format 1's re-quantisation too), so the likeliest has at most 2**precision - (LEVELS - 1) and
-    costs at least -log2(1 - (LEVELS - 1) / 2**precision) bits (2.2e-5 at 24 bits: 0.07 bits a
+    every one of a sub-pixel's 256 values keeps a frequency of at least 1 (distributions.MIN_FREQUENCY;
+    format 1's re-quantisation too), so the likeliest has at most 2**precision - OTHER_VALUES and
+    costs at least -log2(1 - OTHER_VALUES / 2**precision) bits (2.2e-5 at 24 bits: 0.07 bits a
     32x32 image; 844 bytes for 100,000 of them). 0 for a precision too small to say (refused
     later: the codec's is 24)."""
-    if 2 ** precision <= LEVELS:
+    if 2 ** precision <= OTHER_VALUES + 1:
         return 0.0
-    return -symbols * math.log2(1 - (LEVELS - 1) / 2 ** precision)
+    return -symbols * math.log2(1 - OTHER_VALUES / 2 ** precision)
 
 
 def payload_bits(words: int) -> float:
