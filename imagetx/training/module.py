@@ -41,6 +41,7 @@ from ..model.scoring import batch_bits_per_dim
 from ..model.superres import build_model
 from ..model.transformer import ImageTransformer, TransformerLayer
 from .grow import GROWN, deepen
+from .resume_state import check_restored
 from .nonfinite import NonFiniteLossError, NonFiniteSteps, gradients_not_finite, non_finite_tensors, step_kind
 from .schedule import noam, warmup_then_decay
 from ..data.seeding import mix_seed, run_seed
@@ -335,7 +336,8 @@ class ImageTransformerModule(L.LightningModule):
         before the decay, resumed with another budget (resume.py refuses one taken later), gets a
         horizon fitted to the new budget. A checkpoint of this model grown deeper (grow.py; resume.py
         has checked that only the depth differs) deepens this one first, its tensors then loaded.
-        Older names and layouts are read as today's (``current_layout``)."""
+        Older names and layouts are read as today's (``current_layout``), and a resumed checkpoint's
+        tensors that would not fit are refused in one line (``resume_state.check_restored``)."""
         stored = checkpoint.get("imagetx", {})
         self.grown = list(stored.get(GROWN, []))
         layers = model_config_of(checkpoint).n_layers
@@ -345,6 +347,9 @@ class ImageTransformerModule(L.LightningModule):
             self.compile_added(self.model.layers[kept:])
             self.hparams["config"] = self.config.to_dict()
         self.current_layout(checkpoint)
+        if "optimizer_states" in checkpoint and self._trainer is not None:  # a resume (not load_from_checkpoint)
+            check_restored(self._trainer.ckpt_path, checkpoint, self,
+                           [group["params"] for group in parameter_groups(self.model, 1.0, 1.0)])
         self.nonfinite.skipped = int(stored.get("nonfinite_skips", 0))
         self.images_seen = int(stored.get("images_seen", 0))
         self.first_step = int(stored.get("first_step", 0))

@@ -45,6 +45,7 @@ from ..io.errors import CheckpointError
 from ..model.config import ModelConfig
 from .continuation import CONTINUE, MANIFEST, TIMER_STATE, is_packed, unpack
 from .presets import dotted_fields, preset_model_config
+from .resume_state import check_training_state
 from .run_folder import JOINED, auto_checkpoint
 
 AUTO = "auto"  # --resume auto: last.ckpt where there is one, else the run's newest checkpoint, else a new run
@@ -114,6 +115,7 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
     if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
         raise CheckpointError(f"--resume {path}: this checkpoint holds weights only (no optimiser or loop state); "
                               "resume from a checkpoint written by imagetx.train, e.g. checkpoints/last.ckpt")
+    check_training_state(path, checkpoint)
     stored_config = model_config_of(checkpoint)  # a field added since it was written: its default
     if checkpoint["imagetx"].get("grown") and stored_config.n_layers > config.n_layers:
         # grown deeper in its run (grow.GrowDepth) or between runs: this run's model deepened as it was
@@ -189,9 +191,10 @@ def refuse_finished(resume: str, root: Path, max_steps: int, max_time: float | N
         return
     try:
         checkpoint = read_checkpoint(path, mmap=True)
+        check_training_state(path, checkpoint)
     except CheckpointError:
         return
-    step = checkpoint.get("global_step", 0)
+    step = checkpoint["global_step"]
     trained = checkpoint.get("callbacks", {}).get(TIMER_STATE, {}).get("time_elapsed", {}).get("train")
     if 0 < max_steps <= step:
         spent = f"it has taken its max_steps {max_steps}"
@@ -232,10 +235,12 @@ def last_good_checkpoint(root: Path) -> str:
             "last, perhaps with a lower --model.peak_lr or --trainer.gradient_clip_val")
 
 
-def stopped_at(root: Path, step: int, signum: int, resume: str | None) -> str:
+def stopped_at(root: Path, step: int, signum: int, resume: str | None, during: str | None = None) -> str:
     """What a run stopped by the signal ``signum`` after ``step`` steps kept, and how to go on, in
-    words; ``resume``: the run's ``--resume``, which says whether the same command goes on."""
+    words; ``resume``: the run's ``--resume``, which says whether the same command goes on; ``during``:
+    where it stopped at once, in words (``interrupt.StopSignals``), if not at a step's end."""
     what = "interrupted (Ctrl-C)" if signum == signal.SIGINT else f"preempted ({signal.Signals(signum).name})"
+    what = what if during is None else f"{what} {during}"
     saved = saved_step(root)
     if saved is None:
         return f"training {what} after step {step}, before any checkpoint was written: start it again"

@@ -18,6 +18,7 @@ from ..io.checkpoint import CHECKPOINT_DIR, LAST, read_checkpoint
 from ..io.errors import CheckpointError
 from ..io.weights import listed
 from .continuation import CONTINUE
+from .resume_state import check_training_state
 
 SUFFIX = ".ckpt"  # every checkpoint a run writes (atomic.py's temporaries end in .tmp)
 JOINED = "continued-from.ckpt"  # a packed continuation, joined, under the new run's checkpoints/
@@ -36,16 +37,15 @@ def run_checkpoints(folder: Path) -> list[Path]:
 
 def whole_step(path: Path) -> int | None:
     """The step of the checkpoint at ``path`` where it is whole (readable, imagetx's, with the
-    optimiser and loop state a resume restores); None where it is not."""
+    training state a resume restores, resume_state.check_training_state); None where it is not."""
     if not path.is_file():
         return None
     try:
         checkpoint = read_checkpoint(path, mmap=True)
+        check_training_state(path, checkpoint)
     except CheckpointError:
         return None
-    step = checkpoint.get("global_step")
-    whole = "optimizer_states" in checkpoint and "loops" in checkpoint
-    return step if whole and type(step) is int else None
+    return checkpoint["global_step"]
 
 
 def newest_whole(folder: Path) -> Path | None:
