@@ -343,4 +343,10 @@ class BudgetHorizon(Callback):
         pl_module.print(f"learning-rate horizon fixed at step {trainer.global_step}: "
                         f"{described(horizon, pl_module.hparams.warmup_steps, steered)} ({seconds_per_step:.3f} s "
                         f"per step + {overhead:.3f} s of validations and the rest per step, {remaining:.0f} s of the "
-                        "budget left)")
+                        f"budget left: this machine reaches about step {horizon.end:,})")
+        from .grow import GrowDepth  # here: grow.py imports this module
+
+        for callback in trainer.callbacks:
+            said = callback.planned(trainer, pl_module, horizon.end) if isinstance(callback, GrowDepth) else None
+            if said is not None:
+                pl_module.print(said)

@@ -153,6 +153,21 @@ class GrowDepth(Callback):
         elapsed = timer.time_elapsed()
         return trainer.strategy.broadcast(elapsed >= self.at_fraction * (elapsed + timer.time_remaining()), src=0)
 
+    def planned(self, trainer: L.Trainer, pl_module, end: int) -> str | None:
+        """Where the growth falls against ``end``, the step the run's budget reaches, in words (None:
+        grown already): a recipe whose budget ends before its growth trains the model it started with."""
+        if pl_module.config.n_layers >= self.layers:
+            return None
+        if self.at_images is None:
+            step, point = round(self.at_fraction * end), f"{self.at_fraction:.0%} of the budget"
+        else:
+            per_step = pl_module.batch_images * trainer.world_size * trainer.accumulate_grad_batches
+            step = trainer.global_step + max(-(-(self.at_images - pl_module.images_seen) // per_step), 0)
+            point = f"{self.at_images:,} training images"
+        verdict = "inside the budget" if step <= end else "past the budget's end: this run will not grow"
+        return (f"the model grows to {self.layers} layers at about step {step:,} ({point}): {verdict} "
+                f"(about step {end:,} on this machine)")
+
     def on_train_batch_end(self, trainer: L.Trainer, pl_module, outputs, batch, batch_idx: int) -> None:
         if pl_module.config.n_layers < self.layers and self.due(trainer, pl_module):
             self.grow(trainer, pl_module)

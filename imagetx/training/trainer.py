@@ -20,6 +20,7 @@ from lightning.pytorch.callbacks import ProgressBar, TQDMProgressBar
 from lightning.pytorch.callbacks.progress.tqdm_progress import convert_inf
 
 from ..compat import redraw_rule, restarted_mid_epoch
+from .budget import budget_timer
 
 # Where the output is not a terminal (a log file, CI), each redraw of a bar is a line of its own:
 # there a bar redraws at most every this many seconds (and at its first and last batch), whatever
@@ -67,9 +68,28 @@ class TrainingBar(TQDMProgressBar):
         bar.initial = bar.n = bar.last_print_n = done
         bar.refresh()
 
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx: int) -> None:
+        self.end_at_budget(trainer, pl_module, batch_idx)
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def end_at_budget(self, trainer, pl_module, batch_idx: int) -> None:
+        """In a run with a time budget, the bar ends where the budget does once that is known (the
+        learning-rate horizon's end, budget.py): the epoch's batches said ``84/5625 [01:19<1:27:33]``
+        for a 14-minute run. Lightning ends it at ``max_steps`` the same way."""
+        horizon = getattr(pl_module, "horizon", None)
+        if budget_timer(trainer) is None or horizon is None or self.train_progress_bar.total is None:
+            return
+        batches_left = max(horizon.end - trainer.global_step, 0) * trainer.accumulate_grad_batches
+        self.train_progress_bar.total = min(self.train_progress_bar.total, batch_idx + 1 + batches_left)
+
     def get_metrics(self, trainer, pl_module) -> dict:
-        return {key: f"{value:.{BAR_DECIMALS}f}" if isinstance(value, float) else value
-                for key, value in super().get_metrics(trainer, pl_module).items()}
+        metrics = {key: f"{value:.{BAR_DECIMALS}f}" if isinstance(value, float) else value
+                   for key, value in super().get_metrics(trainer, pl_module).items()}
+        timer = budget_timer(trainer)
+        if timer is not None and trainer.training:  # the budget's time left, not the epoch's
+            seconds = int(max(timer.time_remaining(), 0.0))
+            metrics["budget left"] = f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        return metrics
 
 
 @redraw_rule

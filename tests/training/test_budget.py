@@ -8,6 +8,7 @@ on a shared CI machine vary): docs/experiments.md has the 14-minute runs at 1 an
 from __future__ import annotations
 
 import math
+import re
 import shutil
 import time
 from types import SimpleNamespace
@@ -390,3 +391,47 @@ def test_no_horizon_is_fixed_once_the_budget_has_run_out():
     budget_timer_.time_remaining = lambda: -20.0
     callback.on_validation_end(trainer, module)
     assert module.horizon is None
+
+
+# ----- issue 126, item 4: the run's budget, not the epoch, in what a run shows ----------------------------------
+
+def test_the_bar_ends_where_the_budget_does_and_shows_the_budget_left():
+    """``84/5625 [01:19<1:27:33]`` for a 14-minute run: the bar counted the epoch. Once the horizon is
+    known the bar's total is the step the budget reaches (900 here), and its postfix the time left."""
+    from tqdm import tqdm
+
+    from imagetx.training.trainer import TrainingBar
+
+    trainer, _ = fake_run(max_steps=-1)
+    trainer.global_step, trainer.accumulate_grad_batches = 85, 1
+    bar = TrainingBar()
+    bar.train_progress_bar = tqdm(total=5625, disable=True)
+    bar.end_at_budget(trainer, SimpleNamespace(horizon=None), batch_idx=84)
+    assert bar.train_progress_bar.total == 5625  # the budget's end not yet known
+    bar.end_at_budget(trainer, SimpleNamespace(horizon=Horizon(720, 900)), batch_idx=84)
+    assert bar.train_progress_bar.total == 900
+
+
+def test_a_run_with_a_time_budget_shows_the_time_left_in_its_bar(tmp_path, data_root, capsys):
+    config = budget_config(tmp_path, tmp_path / "run", data_root, max_steps=4, max_time="00:00:10:00",
+                           enable_progress_bar=True)
+    run(config)
+    shown = capsys.readouterr().out  # Lightning's bars write to stdout
+    assert re.search(r"budget left=0:0\d:\d\d", shown), shown[-2000:]
+
+
+@pytest.mark.parametrize("end, verdict", [(900, "past the budget's end: this run will not grow"),
+                                          (20_000, "inside the budget")])
+def test_the_horizon_says_at_which_step_the_model_grows_and_whether_the_budget_reaches_it(end, verdict):
+    """The recipe grows at 1,800,000 images, step 15,000 at 120 images a step: a budget that ends at
+    step 900 trains the 14-layer model only, which nothing said."""
+    from imagetx.training.grow import GrowDepth
+
+    grow = GrowDepth(layers=28, at_images=1_800_000)
+    trainer = SimpleNamespace(global_step=0, world_size=1, accumulate_grad_batches=1)
+    module = SimpleNamespace(config=SimpleNamespace(n_layers=14), batch_images=120, images_seen=0)
+    said = grow.planned(trainer, module, end)
+    assert said == f"the model grows to 28 layers at about step 15,000 (1,800,000 training images): {verdict} " \
+                   f"(about step {end:,} on this machine)"
+    module.config.n_layers = 28  # grown already: nothing to say
+    assert grow.planned(trainer, module, end) is None
