@@ -12,11 +12,11 @@ from pathlib import Path
 
 import gradio as gr
 import numpy as np
-from PIL import Image
+import torch
 
 from ..codec import compress, decompress
 from ..codec.arithmetic import current
-from ..codec.bits_map import SCALE_BITS, bits_per_pixel, map_picture
+from ..codec.bits_map import SCALE_BITS, bits_per_pixel, colour
 from ..codec.classical import available, sizes
 from ..errors import UserError
 from .tasks import Models, refused, seconds, shown
@@ -55,7 +55,9 @@ def compress_picture(models: Models, upload: str | None) -> Iterator[tuple]:
         folder = Path(tempfile.mkdtemp(dir=models.downloads.name))
         path = folder / f"{Path(upload).stem}.itx"
         path.write_bytes(data)
-        bits_map = Image.fromarray(map_picture(pixels, bits))
+        # the map alone, the shape of the pixels shown beside it: the image and its map side by side
+        # (map_picture, twice as wide) was cut off on the right in the half-width box
+        bits_map = shown(torch.from_numpy(colour(bits)))
         decoded = "decompressed back: **the same pixels**" if exact else "decompressed back: **DIFFERENT PIXELS**"
         travels = ("it decodes on any x86-64 machine with this torch" if arithmetic.portable else
                    f"coded with this machine's {arithmetic.kernels} kernels, it decodes on machines like this one")

@@ -21,11 +21,15 @@ GALLERY_COLUMNS = 4  # four 256-pixel samples in a row fit a laptop screen
 IMAGE_HEIGHT = 300  # pixels: a 256-pixel picture (tasks.SCALE) with the box's label and border
 GALLERY_HEIGHT = 400  # pixels: two rows of four samples (MAX_SAMPLES) at a laptop's width, no empty space
 
-INTRO = """# imagetx: the Image Transformer on 32×32 pictures
-Small models trained on a 2-core CPU (`pretrained/`): they carry colours and layout into
-plausible-looking regions, but do not draw objects. An upload is centre-cropped and
-area-resized to 32×32 first; the page says what was done. One sampling job runs at a time:
-others wait in the queue, their place shown."""
+def intro(models: Models) -> str:
+    """The page's first words: which models answer (the GPU-trained ones by default, the small
+    CPU-trained ones with ``--ckpt``), what to expect of them, and what happens to an upload."""
+    return f"""# imagetx: the Image Transformer on 32×32 pictures
+Serving `{models.completion_path}` (val bits/dim {models.completion_bpd}) to complete and generate, and
+`{models.superres_path}` ({models.superres_bpd} given the 8×8 input) to upsample. Trained for minutes to
+hours, not the paper's days: they carry colours, textures and layout into plausible regions, and few
+samples show an object you could name. An upload is centre-cropped and area-resized to 32×32 first;
+the page says what was done. One sampling job runs at a time: others wait in the queue, their place shown."""
 
 
 def class_choice(model) -> gr.Dropdown:
@@ -69,7 +73,7 @@ def downloads(elem_id: str) -> gr.File:
 def build(models: Models) -> gr.Blocks:
     size = models.completion.config.image_size
     with gr.Blocks(title="imagetx demo", analytics_enabled=False) as page:
-        gr.Markdown(INTRO)
+        gr.Markdown(intro(models))
         with gr.Tab("complete", id="complete"):
             with gr.Row():
                 with gr.Column(scale=1):

@@ -239,3 +239,15 @@ def test_the_page_opens_on_the_readmes_headline_models_where_they_are_shipped(mo
     (tmp_path / "completion").mkdir()
     monkeypatch.setattr(demo, "PRETRAINED", tmp_path)
     assert demo.first_shipped("cifar10_gpu", "completion") == str(tmp_path / "completion")
+
+
+def test_the_page_names_the_models_it_serves_and_their_figures(tiny):
+    """Issue 126: it said "Small models trained on a 2-core CPU ... do not draw objects" while it
+    served the GPU-trained models."""
+    from imagetx.demo.page import intro
+
+    served = Models(tiny.completion, tiny.superres, "pretrained/cifar10_gpu", "pretrained/superres_gpu", "3.066", "2.988")
+    said = intro(served)
+    assert "`pretrained/cifar10_gpu` (val bits/dim 3.066)" in said
+    assert "`pretrained/superres_gpu` (2.988 given the 8×8 input)" in said
+    assert "2-core CPU" not in said
