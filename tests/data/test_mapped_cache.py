@@ -77,10 +77,11 @@ def test_a_damaged_copy_is_said_in_one_line_and_written_again(tmp_path, capsys, 
     assert capsys.readouterr().err == ""
 
 
-def test_a_source_changed_in_place_with_its_size_and_time_put_back_gets_a_new_copy(tmp_path):
+def test_a_source_changed_in_place_with_its_size_and_time_put_back_gets_a_new_copy(tmp_path, monkeypatch):
     root = tmp_path / "data"
     write_cifar_npz(root, train_sizes=(6, 6))
     read_train(root)
+    (stale,) = copies(root)
     shard = root / "train-0.npz"
     before = shard.stat()
     # The change time is kept at the kernel's clock tick (1-10 ms): let one pass, so that the
@@ -94,8 +95,16 @@ def test_a_source_changed_in_place_with_its_size_and_time_put_back_gets_a_new_co
     remains = root / ".imagetx-cache" / "mapped" / "cifar10-train-0123456789abcdef"
     remains.mkdir()  # an older copy's removal, killed after pool.json went
     (remains / mapped.IMAGES).write_bytes(bytes(MIB))
+    reserve, left_when_reserving = os.posix_fallocate, []
+
+    def recording(fd, offset, length):  # the new copy reserves its room once the stale ones are gone
+        left_when_reserving.extend(path for path in (stale, remains) if path.exists())
+        reserve(fd, offset, length)
+
+    monkeypatch.setattr(os, "posix_fallocate", recording)
     np.testing.assert_array_equal(np.asarray(read_train(root).images[:6]), changed)
-    assert len(copies(root)) == 1  # the stale copy removed, and the remains of the older one
+    (copy,) = copies(root)
+    assert copy != stale and left_when_reserving == []
 
 
 def test_a_full_disk_is_said_in_one_line_before_any_image_is_written_and_leaves_no_copy(tmp_path, capsys,

@@ -78,9 +78,12 @@ def mapped_pool(cache: Path, name: str, files: list[Path], read: Callable[[Alloc
     try:
         cache.mkdir(parents=True, exist_ok=True)
         with exclusive(cache / f".{name}.lock"):
-            # Copies are written only under this lock: any temporary folder now is a killed write's.
-            for stale in cache.glob(f".{name}-*{TEMPORARY_SUFFIX}"):
-                shutil.rmtree(stale, ignore_errors=True)
+            # Copies are written only under this lock: a temporary folder now is a killed write's, and
+            # another copy of this pool one of an earlier version of the source, removed before the
+            # new copy needs its room (a disk with room for one copy would otherwise never get one).
+            for stale in [*cache.glob(f".{name}-*{TEMPORARY_SUFFIX}"), *cache.glob(f"{name}-*")]:
+                if stale != folder:
+                    shutil.rmtree(stale, ignore_errors=True)
             if folder.exists():
                 try:
                     return open_pool(folder)
@@ -89,9 +92,6 @@ def mapped_pool(cache: Path, name: str, files: list[Path], read: Callable[[Alloc
                           file=sys.stderr)
                 shutil.rmtree(folder, ignore_errors=True)
             write(folder, read)
-            for older in cache.glob(f"{name}-*"):  # the copies of an earlier version of the source
-                if older != folder:
-                    shutil.rmtree(older, ignore_errors=True)
             try:
                 return open_pool(folder)
             except Damaged as damage:  # not as written a moment ago: the disk, or another program
