@@ -22,7 +22,8 @@ continues it exactly where the checkpoint was taken (data/datamodule.py: the tra
 training/module.py: the dropout of each step), and ``--resume auto`` does where there is a
 ``last.ckpt`` and starts the run where there is none: the one command a requeued job reruns.
 Ctrl-C, SIGTERM and SIGUSR1 end the step under way on every process, write ``last.ckpt`` there, say
-so in one line and exit 128 + the signal (130, 143, 138; training/interrupt.py). A process that
+so in one line and exit 128 + the signal (130, 143, 138; training/interrupt.py); outside a training
+step (validation, the sanity check, a step that compiles) they end the run at once. A process that
 waits ``--collective_timeout`` seconds for the others (one hung or dead) ends the run in one line.
 
 From the command line, training on the CPU takes one torch thread per core that other jobs leave
@@ -392,7 +393,7 @@ def train(args: list[str] | None = None, choose_threads: bool = False) -> None:
     try:
         cli = make_cli(args)
     except NothingToDo as finished:
-        print(f"finished: {finished}; nothing is left to train (--resume auto)")
+        print(f"finished: {finished}")
         return
     try:
         run_training(cli, choose_threads)
@@ -422,7 +423,7 @@ def run_training(cli: ImagetxCLI, choose_threads: bool) -> None:
     except NonFiniteLossError as error:
         raise NonFiniteLossError(f"{error}; {last_good_checkpoint(root)}") from error
     except StopRequested:
-        pass  # the validation Lightning runs at a stop, skipped: said below
+        pass  # the validation Lightning runs at a stop skipped, or a stop at once: said below
     except SystemExit:
         if stop.step is None:
             raise

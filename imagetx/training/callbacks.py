@@ -35,7 +35,7 @@ from .continuation import CONTINUE
 class LastCheckpoint(Checkpoint):
     """Writes ``<dirpath>/last.ckpt`` every ``every_n_steps`` optimiser steps (0: never on a
     count), at the first step end ``every_minutes`` after it was last written (0: never on the
-    clock), after every validation, at the training step where the run stops (max_steps,
+    clock), before and after every validation, at the training step where the run stops (max_steps,
     max_time, a stop signal, a callback's ``should_stop``), and at the end of the last epoch.
     The clock is ModelCheckpoint's ``train_time_interval`` for this file: a killed run (SIGKILL, a
     lost machine) loses at most that many minutes, however long its steps.
@@ -52,9 +52,11 @@ class LastCheckpoint(Checkpoint):
         self.saved_step = -1
         self.saved_at = time.monotonic()  # the clock starts with the run
 
-    def save(self, trainer) -> None:
+    def save(self, trainer, again: bool = False) -> None:
+        """``last.ckpt`` at this step, unless it holds it already (``again``: rewritten all the same)."""
         # The same decision on every rank: save_checkpoint waits for all of them.
-        if trainer.global_step > 0 and trainer.global_step != self.saved_step and not trainer.sanity_checking:
+        if trainer.global_step > 0 and (again or trainer.global_step != self.saved_step) \
+                and not trainer.sanity_checking:
             # weights_only here is Lightning's save option (False: the optimiser and loop state
             # too, for --resume), not torch.load's; every load in imagetx is weights-only.
             trainer.save_checkpoint(self.path, weights_only=False)
@@ -73,9 +75,15 @@ class LastCheckpoint(Checkpoint):
                 or 0 < trainer.max_steps <= step or self.time_is_up(trainer):
             self.save(trainer)
 
-    def on_validation_end(self, trainer, pl_module) -> None:
+    def on_validation_start(self, trainer, pl_module) -> None:
+        # The step before a validation, kept: a stop signal during the validation ends the run at
+        # once (training/interrupt.py), which would otherwise lose every step since the last write.
         if trainer.state.fn == "fit":
             self.save(trainer)
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.state.fn == "fit":
+            self.save(trainer, again=True)  # with what the validation decided (the best checkpoint's state)
 
     def on_train_end(self, trainer, pl_module) -> None:
         self.save(trainer)  # the epochs ran out (max_epochs): the checkpoint marks the last one finished

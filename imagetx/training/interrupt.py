@@ -10,6 +10,15 @@ success. Rerunning the same command with ``--resume auto`` goes on exactly. Unde
 Lightning's ``SLURMEnvironment(auto_requeue=True)`` (its default there), a stop by the
 environment's requeue signal requeues the job once the checkpoint is written (``requeue``).
 
+Where no step is under way whose result could be kept, a stop signal ends the run at once (its
+handler raises ``StopRequested``, as Python's own raises KeyboardInterrupt): before the first step,
+during the sanity check, during a validation (``LastCheckpoint`` has written the step before it) and
+during a step that compiles the network (a compiled run's first step, the first after a growth): a
+signal there waited minutes (the recipe's final validation on a CPU: an hour). Checkpoints are
+written only outside those windows, so a write is never cut: a signal during one is answered at the
+next step's end or validation. Under several processes each process ends on its own there (a
+scheduler signals every process); one that then finds a peer gone ends with the same ``stopped:`` line.
+
 A second Ctrl-C stops at once, inside the step, with ``last.ckpt`` as last written: a checkpoint
 taken inside a step would hold a batch drawn from the training order but not trained on. A second
 SIGTERM changes nothing (torchrun passes on to its workers the SIGTERM they may have had already).
@@ -39,9 +48,11 @@ from lightning.pytorch.utilities import rank_zero_info
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
-class StopRequested(Exception):
+class StopRequested(BaseException):
     """Raised at the start of the validation Lightning runs at a stop, to skip it: a preempted
-    process has seconds left (SLURM's warning, Kubernetes' grace period), not a validation's worth."""
+    process has seconds left (SLURM's warning, Kubernetes' grace period), not a validation's worth;
+    and by the signal handler where the run stops at once. A BaseException, as KeyboardInterrupt is:
+    torch.compile, the data loader and Lightning's hooks catch Exception and would go on."""
 
 
 class StopSignals(Callback):
@@ -49,17 +60,26 @@ class StopSignals(Callback):
 
     ``signum``: the first stop signal this process received; ``agreed``: the one every process
     stops for (the highest number any received), once agreed; ``step``: the step at which a second
-    Ctrl-C stopped the run inside a step (Lightning's KeyboardInterrupt)."""
+    Ctrl-C stopped the run inside a step (Lightning's KeyboardInterrupt); ``at_once``: where the run
+    is, in words, while a signal ends it at once (None: inside the training, where it ends the step);
+    ``during``: those words where a signal ended it so."""
+
+    STARTING = "while starting"
 
     def __init__(self) -> None:
         self.signum: int | None = None
         self.agreed: int | None = None
         self.step: int | None = None
+        self.at_once: str | None = self.STARTING  # nothing trained yet: nothing to keep
+        self.during: str | None = None
+        self.layers: int | None = None  # the network's layers at the last step's end (a growth changes them)
         self.previous: dict[int, object] = {}  # the handlers found before ``install``
 
     def request(self, signum: int, frame) -> None:
         if self.signum is None:
             self.signum = signum
+        if self.at_once is not None:
+            self.stop_now()
         if signum == signal.SIGINT:  # a second Ctrl-C: Python's handler, a KeyboardInterrupt in the step
             previous = self.previous.get(signal.SIGINT)
             signal.signal(signal.SIGINT, previous if callable(previous) else signal.default_int_handler)
@@ -89,7 +109,35 @@ class StopSignals(Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self.install()
 
+    def stop_now(self) -> None:
+        """End the run here, once: a signal during the teardown that follows only records itself."""
+        self.during, self.at_once = self.at_once, None
+        raise StopRequested
+
+    def on_sanity_check_end(self, trainer, pl_module) -> None:
+        self.at_once = self.STARTING
+
+    def on_validation_batch_start(self, trainer, pl_module, batch, batch_idx, dataloader_idx=0) -> None:
+        # From the first batch on, not from on_validation_start: LastCheckpoint writes the step before
+        # the validation there (a Checkpoint: after this callback).
+        if trainer.sanity_checking:
+            self.at_once = "in the sanity check"
+        else:
+            final = trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
+            self.at_once = "in the final validation" if final else "in validation"
+        if self.signum is not None and self.agreed is None:
+            self.stop_now()  # received since the step ended, while last.ckpt was being written
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking:
+            self.at_once = None  # the validation's results and checkpoints are kept: a stop waits for them
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if compiles(pl_module, self.layers):
+            self.at_once = "in a step that compiles the network"
+
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.at_once, self.layers = None, count_layers(pl_module)  # a finished step: kept, at its end
         if (batch_idx + 1) % trainer.accumulate_grad_batches:
             return  # inside an accumulation: a stop waits for the optimiser step
         received = self.signum or 0
@@ -108,6 +156,20 @@ class StopSignals(Callback):
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         if isinstance(exception, KeyboardInterrupt):
             self.step = trainer.global_step
+
+
+def count_layers(pl_module) -> int | None:
+    layers = getattr(getattr(pl_module, "model", None), "layers", None)
+    return None if layers is None else len(layers)
+
+
+def compiles(pl_module, layers_before: int | None) -> bool:
+    """Whether the step about to run compiles the network: a compiled network's first step in this
+    process (``layers_before`` None), or its first after a growth changed its layers (traced anew)."""
+    hparams = getattr(pl_module, "hparams", {})
+    if not hparams.get("compile"):
+        return False
+    return layers_before is None or layers_before != count_layers(pl_module)
 
 
 @contextmanager
