@@ -32,6 +32,7 @@ from ..errors import UserError
 from .budget import Horizon, budget_timer, place_decay, run_budget
 from .continuation import TIMER_STATE, continued_moments
 from ..io.checkpoint import LIGHTNING_PREFIX, imagetx_metadata, model_config_of, read_checkpoint, refused
+from ..io.size import check_fits_memory
 from ..io.older import current_names, in_today_order, reordered_projections
 from ..model.config import ModelConfig
 from ..data.datamodule import ImageDataModule
@@ -95,6 +96,7 @@ class ImageTransformerModule(L.LightningModule):
         # plain dict: readable in W&B and YAML (a checkpoint stores it once, on_save_checkpoint).
         config = model_config.to_dict()
         self.save_hyperparameters()
+        check_fits_memory(model_config.validate(), "model.config")  # before any of it is built
         self.model = build_model(model_config, attention_kernel, flex_block_size, activation_checkpointing)
         self.val_bpd = MeanMetric()
         self.nonfinite = NonFiniteSteps(max_nonfinite_skips)
