@@ -12,10 +12,11 @@ is not a safe file name (codec/names.py), under its index: 00000.png, 00001.png,
 the images were compressed; one line on stderr says how many fell back. ``--force`` (or
 ``--force true``) replaces an existing --out: a file, or a folder holding nothing but PNGs of
 the names this decode writes, as a whole; judged before the decode and again when it writes, so
-that a file saved there meanwhile is never deleted. A file that is not one,
-is truncated or damaged, or was compressed with another model is refused with one ``error:``
-line (exit code 2) before anything is written;
-so is a decoding whose pixels do not match the file's checksum. The command runs the model with
+that a file saved there meanwhile is never deleted. A file that is not one (a folder is said to
+be one), is truncated or damaged, claims more images than its payload can code, or was
+compressed with another model is refused with one ``error:`` line (exit code 2) before anything
+is written, read in pieces (its payload only to decode it); so is a decoding that reads past the
+payload's end, as soon as it does, or whose pixels do not match the file's checksum. The command runs the model with
 the arithmetic the file was coded with (restarting itself with or without
 ATEN_CPU_CAPABILITY=default MKL_CBWR=COMPATIBLE: docs/compress.md); a file coded with another
 machine's native kernels is refused where they differ. The last line printed is one JSON object.
