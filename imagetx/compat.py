@@ -103,6 +103,24 @@ PARSE_ERROR_NOISE = ("Does not validate against", "Subtypes:", "Errors:", "Given
                      "Problem with given class_path")
 REQUIRED = re.compile(r"the following arguments are required: (.*)")
 
+# jsonargparse 4.52+ refuses an import path its policy denies (set_parsing_settings'
+# import_path_denylist) with its private ImportDenied, "Importing 'PATH' is not allowed, ...", and
+# nests that text in the errors of each type it then tried: the ArgumentError it raises holds it
+# only along its chain of causes (jsonargparse 4.53.0).
+IMPORT_DENIED = re.compile(r"Importing '([\w.]+)' is not allowed")
+
+
+def denied_import_path(error: BaseException) -> str | None:
+    """The import path that jsonargparse's policy refused where that caused ``error``, else None."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        found = IMPORT_DENIED.search(str(error))
+        if found:
+            return found.group(1)
+        error = error.__cause__ or error.__context__
+    return None
+
 
 def parse_error_key_path(message: str) -> list[str]:
     """The key path of jsonargparse's error ``message``, outermost first ('model', 'config',

@@ -52,6 +52,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.model_summary.model_summary import get_human_readable_count
 
 from .cli.common import ConfigError, HelpFormatter, Stopped, program, run_or_exit
+from .cli.config_guard import guard_configs
 from .cli.errors import describe_parse_error
 from .cli.shipped import resolve_config_args
 from .data.datamodule import ImageDataModule, check_processes
@@ -269,6 +270,7 @@ class ImagetxCLI(LightningCLI):
 
     def parse_arguments(self, parser, args) -> None:
         self.given_args = list(sys.argv[1:] if args is None else args)
+        guard_configs()  # what the configs may import and expand (cli/config_guard.py)
         try:
             super().parse_arguments(parser, args)
         except ArgumentError as error:

@@ -98,7 +98,8 @@ def free_port() -> int:
 
 def environment(folder: Path) -> dict[str, str]:
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(folder), os.environ.get("PYTHONPATH")])),
+           "IMAGETX_CONFIG_IMPORTS": "slow_steps"}  # the run's own callback module (imagetx/cli/config_guard.py)
     env.pop("MASTER_PORT", None)
     return env
 

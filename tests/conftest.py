@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import lightning  # noqa: F401  (first imported here: see below)
 import pytest
 import torch
@@ -12,6 +15,14 @@ from helpers import write_cifar_npz
 # Imported here, at collection, that is pytest's session-long capture; imported first inside a
 # test that captures its output (capsys), it would be that test's stream, closed after the test,
 # and every later log line ("Seed set to 0") would raise "I/O operation on closed file".
+
+# The tests' own callbacks, which the configs they train with name: in the test modules and in the
+# probe modules some tests write. A config may name modules outside imagetx, lightning and torch only
+# where IMAGETX_CONFIG_IMPORTS lists them (imagetx/cli/config_guard.py), as a user lists theirs; set in
+# the environment, so that the training processes a test starts inherit it.
+PROBE_MODULES = ("ddp_probe", "grow_probe", "stop_callbacks")
+os.environ["IMAGETX_CONFIG_IMPORTS"] = ",".join([*sorted(path.stem for path in Path(__file__).parent.rglob("test_*.py")),
+                                     *PROBE_MODULES])
 
 # Tiny tensors on two shared cores: intra-op threads only add synchronisation cost
 # (one backward pass of a tiny model ran far slower with 2 threads under load).

@@ -11,6 +11,7 @@ import inspect
 import subprocess
 import sys
 from argparse import ArgumentError
+from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version
 from pathlib import Path
@@ -191,6 +192,20 @@ def test_jsonargparses_message_for_a_nested_value_of_the_wrong_type():
     problem = [compat.parse_error_line(line) for line in message.splitlines()][-1]
     assert compat.EXPECTED_CLASS.fullmatch(problem.split(". Got value")[0]) and "Got value: zz" in problem, \
         changed("jsonargparse", "EXPECTED_CLASS", f"a value of the wrong type now reads {message!r}")
+
+
+def test_jsonargparses_refusal_of_an_import_path_its_policy_denies():
+    from jsonargparse import ArgumentParser
+
+    from imagetx.cli.config_guard import guard_configs
+
+    guard_configs()
+    parser = ArgumentParser(exit_on_error=False)
+    parser.add_argument("--hook", type=Callable)
+    with pytest.raises(ArgumentError) as info:
+        parser.parse_args(["--hook", "os.system"])
+    assert compat.denied_import_path(info.value) == "os.system", \
+        changed("jsonargparse", "denied_import_path", f"a denied import path now reads {info.value!r}")
 
 
 def test_argparses_message_for_a_missing_required_option():

@@ -23,6 +23,7 @@ from jsonargparse import ArgumentParser, DefaultHelpFormatter, Namespace
 from jsonargparse.typing import register_type
 
 from ..errors import UserError, shown
+from .config_guard import guard_configs
 from .errors import describe_parse_error
 
 if TYPE_CHECKING:
@@ -139,7 +140,9 @@ def program() -> str:
 
 
 def parser_for(description: str) -> ArgumentParser:
-    """A jsonargparse parser with ``--config FILE``; errors raise instead of printing usage."""
+    """A jsonargparse parser with ``--config FILE``; errors raise instead of printing usage. What its
+    configs may import and expand is kept to what a command needs (config_guard.py)."""
+    guard_configs()
     parser = ArgumentParser(prog=program(), description=description, exit_on_error=False,
                             formatter_class=HelpFormatter)
     parser.add_argument("--config", action="config", help="a YAML file of these settings")

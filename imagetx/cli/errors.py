@@ -15,8 +15,9 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentParser
 
-from ..compat import (EXPECTED_CLASS, PARSE_ERROR_NOISE, option_names, parse_error_choice, parse_error_key_path,
-                      parse_error_line, parse_error_required)
+from ..compat import (EXPECTED_CLASS, PARSE_ERROR_NOISE, denied_import_path, option_names, parse_error_choice,
+                      parse_error_key_path, parse_error_line, parse_error_required)
+from .config_guard import ExpansionRefused, refusal, safe_load
 
 
 def describe_parse_error(error: ArgumentError, parser: ArgumentParser, args: list[str] | None, command: str,
@@ -30,7 +31,7 @@ def describe_parse_error(error: ArgumentError, parser: ArgumentParser, args: lis
     linked = linked or {}
     known = set(parser.get_defaults().keys()) | set(more_keys)
     given = given_keys(args, known | set(linked))
-    problem = config_file_problem(args)
+    problem = config_file_problem(args) or refused_import(error)
     problem = problem or next((f"{key} is set from {linked[key]}: set that instead" for key in given if key in linked),
                               None)
     problem = problem or unknown_key(given, known) or missing(str(error), parser) or condensed(str(error))
@@ -67,11 +68,13 @@ def config_file_problem(args: list[str]) -> str | None:
     for file in config_files(args):
         try:
             with open(file, encoding="utf-8") as handle:
-                tree = yaml.safe_load(handle)
+                tree = safe_load(handle.read())
         except FileNotFoundError:
             return f"--config {file} does not exist: give the path of a YAML file of settings"
         except (OSError, UnicodeDecodeError) as error:
             return f"--config {file} cannot be read as text ({error}); give a YAML file of settings"
+        except ExpansionRefused as error:
+            return f"--config {file}: {error}"
         except yaml.YAMLError as error:
             mark = getattr(error, "problem_mark", None)
             where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
@@ -82,6 +85,13 @@ def config_file_problem(args: list[str]) -> str | None:
             return (f"--config {file} holds a YAML {type(tree).__name__}, not settings: write 'key: value' lines, "
                     "e.g. 'trainer:' with its settings indented below")
     return None
+
+
+def refused_import(error: ArgumentError) -> str | None:
+    """The one line refusing what a config named to import (config_guard.py), where the import
+    policy is what failed the parse, else None."""
+    path = denied_import_path(error)
+    return None if path is None else refusal(path, ".".join(parse_error_key_path(str(error))))
 
 
 def given_keys(args: list[str], known: set[str]) -> list[str]:
@@ -95,8 +105,8 @@ def given_keys(args: list[str], known: set[str]) -> list[str]:
     for file in files:
         try:
             with open(file) as handle:
-                keys += flat_keys(yaml.safe_load(handle), "", groups_of(known))
-        except (OSError, yaml.YAMLError):
+                keys += flat_keys(safe_load(handle.read()), "", groups_of(known))
+        except (OSError, UnicodeDecodeError, yaml.YAMLError):
             pass  # the parser's own error says what is wrong with the file
     return keys
 
