@@ -1,8 +1,8 @@
-"""A model file whose configuration asks for more parameters than the machine has memory for is
-refused in one line before any of it is built (imagetx/io/size.py, issue 124 item 8): a 364-byte
-``config.json`` or a 1.7 KB checkpoint asking for 10¹² parameters ran ``sample`` and ``evaluate``
-out of memory (a 38-line RuntimeError, or the process killed with no message); so did a training
-configuration."""
+"""A model file whose configuration asks for more parameters than the file holds, or than the
+machine has memory for, is refused in one line before any of it is built (imagetx/io/size.py, issue
+124 item 8): a 364-byte ``config.json`` or a 1.7 KB checkpoint asking for 10¹² parameters ran
+``sample`` and ``evaluate`` out of memory (a 38-line RuntimeError, or the process killed with no
+message); so did a training configuration."""
 
 from __future__ import annotations
 
@@ -15,7 +15,9 @@ import torch
 
 from helpers import one_error_line, tiny_config, tiny_model, weights_checkpoint, write_train_config
 from imagetx.evaluate import main as evaluate_main
-from imagetx.io.size import FLOAT32_BYTES, least_parameters, machine_memory
+from imagetx.io import weights
+from imagetx.io.errors import CheckpointError
+from imagetx.io.size import FLOAT32_BYTES, check_fits_memory, least_parameters, machine_memory
 from imagetx.io.weights import read_config, write_weights
 from imagetx.model.superres import build_model
 from imagetx.sample import main as sample_main
@@ -25,6 +27,8 @@ from imagetx.training.presets import preset_model_config
 REPO = Path(__file__).resolve().parents[2]
 # Far beyond any machine's memory (10¹⁶ parameters: 40 PB in float32), in a few bytes of JSON.
 HUGE = {"n_layers": 1000, "d_model": 2 ** 20, "d_filter": 2 ** 22}
+# Within any test machine's memory (2·10⁸ parameters: 0.8 GiB), but nothing a tiny file holds.
+LARGE = {"n_layers": 4, "d_model": 2048, "d_filter": 8192}
 
 
 def shipped_and_preset_configs():
@@ -52,34 +56,50 @@ def own_head_size(config, size):
     return dataclasses.replace(config, attention=dataclasses.replace(config.attention, head_size=size))
 
 
-def huge_folder(tmp_path):
-    folder = write_weights(tmp_path / "huge", tiny_model().state_dict(), tiny_config())
+def model_folder(tmp_path, asks):
+    """A tiny model's weights folder whose config.json ``asks`` for another model."""
+    folder = write_weights(tmp_path / "model", tiny_model().state_dict(), tiny_config())
     values = json.loads((folder / "config.json").read_text())
-    values.update(HUGE)
+    values.update(asks)
     (folder / "config.json").write_text(json.dumps(values))
     return folder
 
 
-def huge_checkpoint(tmp_path):
-    path = tmp_path / "huge.ckpt"
+def model_checkpoint(tmp_path, asks):
+    """A tiny model's checkpoint whose configuration ``asks`` for another model."""
+    path = tmp_path / "model.ckpt"
     checkpoint = weights_checkpoint(tiny_model())
-    checkpoint["imagetx"]["model_config"].update(HUGE)
+    checkpoint["imagetx"]["model_config"].update(asks)
     torch.save(checkpoint, path)
     return path
 
 
-@pytest.mark.parametrize("make", [huge_folder, huge_checkpoint], ids=["config.json", "checkpoint"])
-def test_a_model_too_large_for_this_machine_is_refused_before_it_is_built(tmp_path, capsys, data_root, make):
-    assert least_parameters(tiny_config(**HUGE)) * FLOAT32_BYTES > machine_memory()
-    model = make(tmp_path)
+@pytest.mark.parametrize("asks", [HUGE, LARGE], ids=["beyond memory", "within memory"])
+@pytest.mark.parametrize("make", [model_folder, model_checkpoint], ids=["config.json", "checkpoint"])
+def test_a_model_file_asking_for_more_than_it_holds_is_refused_before_it_is_built(tmp_path, capsys, data_root,
+                                                                                   monkeypatch, make, asks):
+    def build_model(*args, **kwargs):
+        raise AssertionError("the model was built")
+
+    monkeypatch.setattr(weights, "build_model", build_model)
+    model = make(tmp_path, asks)
     named = model / "config.json" if model.is_dir() else model
     before = {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()}
     for command, args in ((sample_main, ["--ckpt", str(model), "--out", str(tmp_path / "out.png")]),
                           (evaluate_main, ["--ckpt", str(model), "--data.root", str(data_root)])):
         line = one_error_line(capsys, command, args)
-        assert line.startswith(f"error: {named}: the model configuration asks for at least ") and \
-            "parameters" in line and "GiB of memory" in line, line
+        held = sum(value.numel() for value in tiny_model().state_dict().values())
+        assert line.startswith(f"error: {named}: the file holds {held:,} weight values where its model configuration "
+                               f"asks for at least {least_parameters(tiny_config(**asks)):,} parameters"), line
     assert {path: path.read_bytes() for path in tmp_path.rglob("*") if path.is_file()} == before
+
+
+def test_a_configuration_larger_than_this_machines_memory_is_refused():
+    assert least_parameters(tiny_config(**HUGE)) * FLOAT32_BYTES > machine_memory()
+    with pytest.raises(CheckpointError, match=r"^weights: the model configuration asks for at least .* parameters "
+                                              r"\(.* GiB in float32\), more than this machine's .* GiB of memory"):
+        check_fits_memory(tiny_config(**HUGE), "weights")
+    check_fits_memory(tiny_config(**LARGE), "weights")  # 200 M parameters: 0.8 GiB
 
 
 @pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
