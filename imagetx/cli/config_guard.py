@@ -82,14 +82,14 @@ def check_expansion(document: str) -> None:
             values[id(node)] = 1 + sum(values[id(each)] for each in children(node))
             if values[id(node)] > MAX_VALUES:
                 raise ExpansionRefused(f"its aliases expand to more than {MAX_VALUES:,} values (from line "
-                                       f"{node.start_mark.line + 1}): refused unread; write the values out")
+                                       f"{node.start_mark.line + 1}): refused before expanding them; write them out")
         elif id(child) in path:
             raise ExpansionRefused(f"an alias at line {child.start_mark.line + 1} refers to a value that holds it: "
-                                   "refused unread")
+                                   "refused before expanding it")
         elif id(child) not in values:
             if len(stack) >= MAX_DEPTH:
                 raise ExpansionRefused(f"it nests deeper than {MAX_DEPTH} levels (line {child.start_mark.line + 1}): "
-                                       "refused unread")
+                                       "refused before expanding it")
             path.add(id(child))
             stack.append((child, iter(children(child))))
 
