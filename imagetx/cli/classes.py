@@ -9,7 +9,7 @@ from __future__ import annotations
 import difflib
 from pathlib import Path
 
-from ..errors import UserError
+from ..errors import UserError, shown
 
 # CIFAR-10's label_names (batches.meta), in the order of its labels 0..9.
 CIFAR10_CLASSES = ("airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck")
@@ -52,6 +52,7 @@ def class_number(label: str, names: list[str] | None, num_classes: int) -> int:
 
 
 def described(labels: list[int], names: list[str] | None) -> str:
-    """'3 cat, 5 dog' (numbers and, where known, names) for the distinct ``labels`` in order."""
+    """'3 cat, 5 dog' (numbers and, where known, names) for the distinct ``labels`` in order; a
+    folder's names (its sub-folders') with their escapes shown."""
     distinct = list(dict.fromkeys(labels))
-    return ", ".join(f"{label} {names[label]}" if names else str(label) for label in distinct)
+    return ", ".join(f"{label} {shown(names[label])}" if names else str(label) for label in distinct)

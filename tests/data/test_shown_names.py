@@ -5,8 +5,10 @@ own or rewrite the terminal, and a printable name is shown as it is."""
 from __future__ import annotations
 
 import pytest
+from PIL import Image
 
 from helpers import one_error_line
+from imagetx.cli.classes import class_names, described
 from imagetx.data.sources import DataError, load
 from imagetx.data.sources.folder import convert
 from imagetx.evaluate import main as evaluate_main
@@ -44,3 +46,12 @@ def test_a_changed_folder_names_an_added_file_with_escapes_shown(tmp_path):
 def test_an_error_line_shows_a_given_name_with_escapes_written_out(tmp_path, capsys):
     line = one_error_line(capsys, evaluate_main, ["--ckpt", str(tmp_path / CRAFTED)])
     assert "does not exist" in line and r"\x1b[2J.png" in line and "\x1b" not in line, line
+
+
+def test_a_folders_class_names_are_said_with_escapes_shown(tmp_path):
+    for name in ("cats", CRAFTED.removesuffix(".png")):
+        (tmp_path / name).mkdir()
+        Image.new("RGB", (SIDE, SIDE)).save(tmp_path / name / "a.png")
+    names = class_names("folder", str(tmp_path), 2)
+    said = described([0, 1], names)
+    assert "cats" in said and SHOWN.removesuffix(".png") in said and "\x1b" not in said and "\n" not in said, said
