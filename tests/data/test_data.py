@@ -134,12 +134,19 @@ def test_incomplete_torchvision_folder_is_a_data_error(tmp_path):
 @pytest.mark.parametrize("download", [True, False])
 def test_missing_data_names_directory_and_remedy(tmp_path, download):
     root = tmp_path / "nothing-here"
+    root.mkdir()
     with pytest.raises(DataError) as info:  # download=True fails: no_cifar_download
         load("cifar10", root, "train", download=download)
     message = str(info.value)
     assert str(root.resolve()) in message
     assert "train-*.npz" in message and "cifar-10-batches-py" in message
     assert "--data.root" in message and "IMAGETX_DATA" in message
+    root.rmdir()  # a root that does not exist: a mistyped path, never downloaded into (issue 126)
+    with pytest.raises(DataError) as info:
+        load("cifar10", root, "train", download=download)
+    message = str(info.value)
+    assert f"--data.root {root} does not exist: check the path, or set IMAGETX_DATA=DIR" in message, message
+    assert not root.exists()
 
 
 @pytest.mark.parametrize("source", ["cifar10", "imagenet", "folder"])

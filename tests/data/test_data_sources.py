@@ -562,7 +562,10 @@ def test_a_failed_download_creates_no_folder_in_train_evaluate_or_sample(tmp_pat
                       *root])]
     for command, args in commands:
         line = one_error_line(capsys, command, args)
-        assert "no CIFAR-10" in line and "could not download" in line, line
+        if given:  # issue 126: never downloaded into (with a network it was)
+            assert f"--data.root {mistyped} does not exist: check the path" in line, line
+        else:
+            assert "no CIFAR-10" in line and "could not download" in line, line
     made = set(tmp_path.rglob("*")) - set(before) - {ckpt, *ckpt.iterdir(), tmp_path / "c.yaml"}
     assert not made, sorted(made)  # not the root, ./data, a download's temporary folder nor the run
 
@@ -582,7 +585,8 @@ def fake_cifar_download(url, download_root, filename=None, md5=None, **_):
 
 def test_a_download_creates_the_root_only_when_complete(tmp_path, monkeypatch):
     """The download goes to a temporary folder in the nearest existing folder above the root, then
-    moves in: the root and its parents appear holding the batches, and nothing else is left."""
+    moves in: the default root and its parents appear holding the batches, and nothing else is left.
+    A given root that does not exist is refused, never downloaded into (issue 126: a mistyped one was)."""
     import torchvision.datasets.cifar as cifar
 
     monkeypatch.setattr(cifar, "download_and_extract_archive", fake_cifar_download)
@@ -591,6 +595,10 @@ def test_a_download_creates_the_root_only_when_complete(tmp_path, monkeypatch):
     above = tmp_path / "above"
     above.mkdir()
     root = above / "new" / "cifar"
+    with pytest.raises(DataError, match="does not exist: check the path"):
+        load("cifar10", above / "mistyped", "test")
+    assert list(above.iterdir()) == []
+    monkeypatch.setenv("IMAGETX_DATA", str(root))  # the default root takes a download
     images, labels = load("cifar10", root, "test")
     assert images.shape == (4, 32, 32, 3) and labels.tolist() == [5] * 4
     assert np.array_equal(images.numpy(), rgb_images(4, 32, seed=5))

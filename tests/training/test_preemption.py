@@ -115,8 +115,10 @@ def test_resume_auto_starts_a_run_resumes_it_and_says_when_it_is_finished(tmp_pa
     capsys.readouterr()
     main(["--config", str(config), "--wandb", "disabled", "--resume", "auto"])  # finished: exit 0, one line
     out = capsys.readouterr().out.strip().splitlines()
-    assert out[-1] == (f"finished: {run_dir / 'checkpoints' / 'last.ckpt'} is a finished run (it has taken its max_steps 8); "
-                       "nothing is left to train (--resume auto)"), out
+    last = run_dir / "checkpoints" / "last.ckpt"
+    assert out[-1] == (f"finished: {last} is a finished run (it has taken its max_steps 8); "
+                       "nothing is left to train (--resume auto); evaluate it with: python -m imagetx.evaluate "
+                       f"--ckpt {last} --data.root {data_root} --val_size 2 --split val"), out  # issue 126: and how to score it
     versions = list(run_dir.glob("csv/version_*"))
     assert len(versions) == 1  # nothing started for the finished run
     # another data set in the same folder is another run: refused in one line, exit 2

@@ -311,6 +311,7 @@ def test_a_new_run_in_a_folder_that_holds_one_is_refused(tmp_path, data_root, ca
 def test_a_run_whose_data_fails_leaves_nothing_behind(tmp_path, capsys):
     """Missing data stops the run before its loggers start: no csv/version_N, no W&B run."""
     run_dir = tmp_path / "run"
+    (tmp_path / "no-data").mkdir()  # a folder without the data (one that does not exist is refused as a path)
     config = str(write_config(tmp_path, run_dir, tmp_path / "no-data"))
     line = one_error_line(capsys, main, ["--config", config, "--wandb", "offline"])
     assert "no CIFAR-10 train images" in line, line

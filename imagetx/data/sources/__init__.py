@@ -22,7 +22,8 @@ import torch
 
 from ..options import FOLDER_ONLY, DataOptions
 from . import cifar10, folder, imagenet
-from .common import DataError, Pool, check_fits, in_memory
+from ...errors import shown
+from .common import DataError, Pool, as_given, check_fits, in_memory
 from .mapped import mapped_pool
 
 SOURCES = {"cifar10": cifar10, "imagenet": imagenet, "folder": folder}
@@ -81,6 +82,7 @@ class Reader:
         """The pool ``part``, from its memory-mapped copy (mapped.py), shared by every process."""
         if part not in self.pools:
             if self.source == "cifar10":
+                self.refuse_a_missing_root()
                 files, cache = cifar10.pool_files(self.root, part), mapped_cache(self.root)
                 read = lambda allocate: cifar10.read(self.root, part, self.download, allocate)  # noqa: E731
             elif self.source == "imagenet":
@@ -95,6 +97,15 @@ class Reader:
             self.pools[part] = mapped_pool(cache, f"{self.source}-{part}", files, read) if files else \
                 read(in_memory)
         return self.pools[part]
+
+    def refuse_a_missing_root(self) -> None:
+        """A ``--data.root`` that does not exist is a mistyped path more often than a wish to download
+        CIFAR-10 there: on a machine with a network it received the download. Only the default root
+        (``./data``, ``IMAGETX_DATA``) or a folder that exists takes one."""
+        if not self.root.exists() and self.root != default_root():
+            raise DataError(f"--data.root {shown(as_given(self.root))} does not exist: check the path, or set "
+                            "IMAGETX_DATA=DIR (CIFAR-10 is downloaded only into a folder that exists, or into the "
+                            f"default {default_root()}: to download it there, make the folder first)")
 
     def split(self, split: str) -> Pool:
         """One split, as views into its pool."""

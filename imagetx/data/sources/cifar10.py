@@ -106,8 +106,8 @@ def read_torchvision(root: Path, train: bool, download: bool) -> tuple[np.ndarra
 
 def _download(root: Path) -> bool:
     """Download torchvision's folder to ``root``, True when it is there after. torchvision creates its
-    root before it tries the network, so a mistyped ``--data.root`` (or the default ``./data``) on a
-    machine without one was left as an empty folder: it downloads into a temporary folder in the
+    root before it tries the network, so the default ``./data`` (a given root that does not exist is
+    refused before: ``Reader.refuse_a_missing_root``) on a machine without one was left as an empty folder: it downloads into a temporary folder in the
     nearest existing folder above ``root`` instead (the same file system, so the move is a rename),
     and only a complete download creates ``root``. Nothing is left when it fails."""
     from torchvision.datasets import CIFAR10
