@@ -17,7 +17,7 @@ from pathlib import Path
 from ..io.checkpoint import CHECKPOINT_DIR, LAST, read_checkpoint
 from ..io.errors import CheckpointError
 from ..io.weights import listed
-from .continuation import CONTINUE
+from .continuation import CONTINUE, is_packed
 from .resume_state import check_training_state
 
 SUFFIX = ".ckpt"  # every checkpoint a run writes (atomic.py's temporaries end in .tmp)
@@ -80,11 +80,15 @@ def auto_checkpoint(root: Path) -> Path | None:
 
 def refuse_another_run(root: Path, resume: str | None) -> None:
     """Refuse, before anything is written, to start a new run in ``root`` where it holds one: no
-    ``--resume`` (a new run), or ``--resume`` of a checkpoint from elsewhere (another run's, or a
-    continuation: a new run from it). ``--resume last`` or ``auto``, or a checkpoint of this folder's
-    own run, go on with the run it holds."""
+    ``--resume`` (a new run), ``--resume`` of a checkpoint from elsewhere (another run's), or of a
+    continuation (``STARTS``: a new run from it, whose ``last.ckpt`` would replace the decayed model's
+    in its own folder). ``--resume last`` or ``auto``, or another checkpoint of this folder's run, go
+    on with the run it holds."""
     folder = root / CHECKPOINT_DIR
-    held = run_checkpoints(folder)
+    # A packed continuation's joined file is this run's own start: every process of the run joins
+    # it (continuation.unpack), the first before the others have looked.
+    joining = resume is not None and is_packed(Path(resume))
+    held = [path for path in run_checkpoints(folder) if not (joining and path.name == JOINED)]
     own = resume in ("last", "auto") or (resume is not None and Path(resume).name not in STARTS
                                           and Path(resume).resolve().parent == folder.resolve())
     if not held or own:

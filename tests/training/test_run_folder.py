@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from helpers import one_error_line, write_train_config
+from imagetx.io.errors import CheckpointError
 from imagetx.train import main
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
@@ -96,25 +97,54 @@ def test_a_new_run_in_a_folder_holding_only_a_best_checkpoint_is_refused(tmp_pat
     assert files(run_dir) == before
 
 
-@pytest.mark.parametrize("named", ["../precious.ckpt", "continue.ckpt"])
+@pytest.mark.parametrize("named", ["../precious.ckpt", "continue.ckpt", "best-1.ckpt"])
 def test_a_resumed_run_prunes_only_its_own_best_checkpoints(tmp_path, data_root, named):
     """The ModelCheckpoint state a resume restores names the best checkpoint to replace: one naming
-    another file (outside the folder through ``..``, or another kind of checkpoint in it) leaves it."""
+    another file (outside the folder through ``..``, or another kind of checkpoint in it) leaves it;
+    one naming a best checkpoint of the folder, the run's own, prunes it as Lightning does."""
     run_dir = tmp_path / "run"
     config = train(tmp_path, run_dir, data_root, 2)
     folder = run_dir / "checkpoints"
-    precious = folder / named
-    precious.write_bytes(b"not this run's best checkpoint")
+    named_file = folder / named
+    named_file.write_bytes(b"named by the restored state")
     last = folder / "last.ckpt"
     checkpoint = torch.load(last, weights_only=True)
     (key,) = [key for key in checkpoint["callbacks"] if key.startswith("ModelCheckpoint")]
     state = checkpoint["callbacks"][key]
     worst = torch.tensor(float("inf"))  # any validation beats it: the named file is the one to replace
-    state.update(best_k_models={str(precious): worst}, kth_best_model_path=str(precious), kth_value=worst,
-                 best_model_path=str(precious), best_model_score=worst)
+    state.update(best_k_models={str(named_file): worst}, kth_best_model_path=str(named_file), kth_value=worst,
+                 best_model_path=str(named_file), best_model_score=worst)
     torch.save(checkpoint, last)
 
     main(["--config", str(config), "--wandb", "disabled", "--resume", "last", "--trainer.max_steps", "4"])
 
-    assert precious.read_bytes() == b"not this run's best checkpoint"
+    own = named.startswith("best-")
+    assert named_file.exists() != own
     assert [path.name for path in best_checkpoints(run_dir)] == ["best-2.ckpt", "best-4.ckpt"]
+
+
+def test_which_resumes_go_on_with_the_run_a_folder_holds(tmp_path):
+    """refuse_another_run's rules, file by file: the folder's own checkpoints go on with its run; a
+    continuation (its own or another's) starts a new run; a packed continuation's joined file is the
+    start of the run that joins it (every process of a run joins it, the first before the others look)."""
+    from imagetx.training.continuation import MANIFEST
+    from imagetx.training.run_folder import JOINED, refuse_another_run
+
+    root = tmp_path / "run"
+    folder = root / "checkpoints"
+    folder.mkdir(parents=True)
+    packed = tmp_path / "packed"
+    packed.mkdir()
+    (packed / MANIFEST).write_text("{}")
+    (folder / JOINED).write_bytes(b"joined")
+    for resume in (str(packed), "last", "auto"):
+        refuse_another_run(root, resume)
+    for resume in (None, str(tmp_path / "other" / "last.ckpt")):
+        with pytest.raises(CheckpointError, match=f"already holds a run .*{JOINED}"):
+            refuse_another_run(root, resume)
+    (folder / "best-4.ckpt").write_bytes(b"best")
+    (folder / "continue.ckpt").write_bytes(b"continuation")
+    refuse_another_run(root, str(folder / "best-4.ckpt"))  # back to an earlier point of the same run
+    for resume in (str(packed), str(folder / "continue.ckpt"), None):
+        with pytest.raises(CheckpointError, match="best-4.ckpt"):
+            refuse_another_run(root, resume)
