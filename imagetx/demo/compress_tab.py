@@ -18,6 +18,8 @@ from ..codec import compress, decompress
 from ..codec.arithmetic import current
 from ..codec.bits_map import SCALE_BITS, bits_per_pixel, colour
 from ..codec.classical import available, sizes
+from ..codec.container import CodecError
+from ..codec.files import read_picture_exactly
 from ..errors import UserError
 from .tasks import Models, refused, seconds, shown
 
@@ -32,6 +34,16 @@ def size_table(coded: int, dims: int, others: dict[str, int]) -> str:
     lines = ["| codec | bytes | bits/dim |", "|---|---|---|"]
     lines += [f"| {name} | {size:,} | {8 * size / dims:.2f} |" for name, size in rows]
     return "\n".join(lines)
+
+
+def own_pixels(upload: str, pixels: np.ndarray) -> bool:
+    """Whether ``pixels`` (the page's 32×32) are the uploaded file's own, as ``imagetx.compress`` would
+    read it: a lossless codec codes what it is given, and a resized photo is no longer the user's file."""
+    try:
+        exact, _ = read_picture_exactly(Path(upload), pixels.shape[0])
+    except CodecError:  # another size, or pixels an 8-bit reading would change
+        return False
+    return bool(np.array_equal(exact[0], pixels))
 
 
 def compress_picture(models: Models, upload: str | None) -> Iterator[tuple]:
@@ -61,10 +73,13 @@ def compress_picture(models: Models, upload: str | None) -> Iterator[tuple]:
         decoded = "decompressed back: **the same pixels**" if exact else "decompressed back: **DIFFERENT PIXELS**"
         travels = ("it decodes on any x86-64 machine with this torch" if arithmetic.portable else
                    f"coded with this machine's {arithmetic.kernels} kernels, it decodes on machines like this one")
+        coded = "" if own_pixels(upload, pixels) else (
+            "**Not your file's own pixels**: it was made 32×32 first, and these are what every codec here coded; "
+            "`python -m imagetx.compress` codes a file only as it is (crop or resize it first). ")
         yield (shown(picture), bits_map, str(path), table,
                f"**{len(data):,} bytes**, {8 * len(data) / pixels.size:.2f} bits/dim, in "
                f"{seconds(preparing + coding)} ({seconds(preparing)} preparing the picture, {seconds(coding)} "
-               f"compressing), then {seconds(decoding)} decompressing; {decoded}; {travels}. {note}. "
+               f"compressing), then {seconds(decoding)} decompressing; {decoded}; {travels}. {coded}{note}. "
                f"{models.card('completion')}")
     except (UserError, OSError, FloatingPointError) as error:  # CodecError among them
         yield None, None, None, "", refused(error)

@@ -48,3 +48,15 @@ def test_a_bad_upload_is_refused(models, tmp_path):
     assert outputs[:3] == [None, None, None]
     *_, status = list(compress_picture(models, None))[-1]
     assert "no picture" in status
+
+
+def test_the_tab_says_when_what_it_coded_is_not_the_uploaded_files_own_pixels(models, tmp_path):
+    """Issue 126: the tab resized a photo and compared codecs on the result without a word, where
+    imagetx.compress refuses a file of another size (a lossless codec codes what it is given)."""
+    photo, _ = write_pictures(tmp_path)["photo.jpg"]  # not 8x8: made 8x8 first
+    *_, status = list(compress_picture(models, str(photo)))[-1]
+    assert "**Not your file's own pixels**" in status and "imagetx.compress` codes a file only as it is" in status
+    exact = tmp_path / "exact.png"
+    Image.fromarray(np.random.default_rng(0).integers(0, 256, (8, 8, 3), dtype=np.uint8)).save(exact)
+    *_, status = list(compress_picture(models, str(exact)))[-1]
+    assert "the same pixels" in status and "Not your file's own pixels" not in status, status
