@@ -9,6 +9,7 @@ import ast
 import difflib
 import sys
 from argparse import ArgumentError
+from pathlib import Path
 from collections.abc import Iterable
 from typing import Any
 
@@ -17,6 +18,7 @@ from jsonargparse import ArgumentParser
 
 from ..compat import (EXPECTED_CLASS, PARSE_ERROR_NOISE, denied_import_path, option_names, parse_error_choice,
                       parse_error_key_path, parse_error_line, parse_error_required)
+from ..io.shipped import resolve
 from .config_guard import ExpansionRefused, refusal, safe_load
 
 
@@ -70,6 +72,9 @@ def config_file_problem(args: list[str]) -> str | None:
             with open(file, encoding="utf-8") as handle:
                 tree = safe_load(handle.read())
         except FileNotFoundError:
+            with_suffix = resolve(f"{file}.yaml")  # configs/quick for configs/quick.yaml (a preset's name)
+            if Path(with_suffix).is_file():
+                return f"--config {file} does not exist: did you mean --config {file}.yaml?"
             return f"--config {file} does not exist: give the path of a YAML file of settings"
         except (OSError, UnicodeDecodeError) as error:
             return f"--config {file} cannot be read as text ({error}); give a YAML file of settings"

@@ -82,9 +82,11 @@ def test_train_with_an_empty_data_directory(tmp_path, capsys):
      ["ModelConfig.attention.memory_flange=(-1, 1)", "must be 0 or more"]),
     ({}, ["--checkpoint_every_n_steps", "-1"], ["--checkpoint_every_n_steps -1"]),
     ({}, ["--config", "/nonexistent/x.yaml"], ["/nonexistent/x.yaml", "does not exist"]),
+    ({}, ["--config", "configs/quick"], ["--config configs/quick does not exist: did you mean --config "
+                                         "configs/quick.yaml?"]),  # a preset named without its suffix (issue 126)
 ], ids=["typo-model-key", "typo-flag", "typo-top-key", "wrong-type", "wrong-type-flag", "bad-choice",
         "heads-do-not-divide-d", "block-does-not-fit-grid", "flange-negative", "negative-interval",
-        "missing-config-file"])
+        "missing-config-file", "preset-without-suffix"])
 def test_train_with_a_bad_configuration(tmp_path, capsys, data_root, settings, extra, needles):
     line = train_error(tmp_path, capsys, data_root, *extra, **settings)
     for needle in needles:
