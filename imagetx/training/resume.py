@@ -38,7 +38,6 @@ import signal
 from pathlib import Path
 
 import yaml
-from lightning.pytorch.utilities import rank_zero_info
 
 from ..io.checkpoint import CHECKPOINT_DIR, LAST, model_config_of, read_checkpoint
 from ..io.errors import CheckpointError
@@ -131,6 +130,10 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
     if given == AUTO and data is not None:
         check_same_data(path, checkpoint, data)
     if given == AUTO and path.name != LAST:
+        # imported here: `python -m imagetx.training.resume settings` never comes here, and goes without
+        # Lightning's import (2 s); training has imported it
+        from lightning.pytorch.utilities import rank_zero_info
+
         rank_zero_info(f"--resume auto: {root / CHECKPOINT_DIR / LAST} is gone; going on from the run's newest "
                        f"whole checkpoint, {path} (step {checkpoint['global_step']})")
     check_budget(path, checkpoint, budget)

@@ -20,10 +20,12 @@ import torch
 
 from ..io.errors import CheckpointError
 from ..io.weights import check_tensors, listed
-from .budget import Horizon
 
 # Where a checkpoint that does not fit leads: its run's other checkpoints, or its weights alone.
 FIX = "resume from another checkpoint of the run, or start a new run from its weights with --init_from"
+# budget.Horizon's fields, as a checkpoint stores them (budget.py imports Lightning, which reading a
+# checkpoint does without: `python -m imagetx.training.resume settings`)
+HORIZON_FIELDS = ("decay_start", "end", "steered_at")
 STEP = "step"  # Adam's count of updates in a parameter's state: a scalar; the rest are moments, shaped as it
 
 
@@ -72,11 +74,9 @@ def check_training_state(path: Path | str, checkpoint: dict) -> None:
                                                    for state in schedulers):
         raise refused(path, "its learning-rate scheduler state is not one a scheduler wrote")
     horizon = checkpoint.get("imagetx", {}).get("lr_horizon")
-    try:
-        if horizon is not None:
-            Horizon(**horizon)
-    except (TypeError, ValueError, IndexError):
-        raise refused(path, f"its learning-rate horizon {horizon!r} is not one training wrote") from None
+    if horizon is not None and not (isinstance(horizon, dict) and set(horizon) <= set(HORIZON_FIELDS)
+                                    and is_count(horizon.get("decay_start")) and is_count(horizon.get("end"))):
+        raise refused(path, f"its learning-rate horizon {horizon!r} is not one training wrote")
 
 
 def check_restored(path: Path | str, checkpoint: dict, module: torch.nn.Module,

@@ -4,6 +4,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -46,8 +48,13 @@ def junk_scheduler_state(checkpoint):
     return "scheduler state"
 
 
+def junk_horizon(checkpoint):
+    checkpoint["imagetx"]["lr_horizon"] = {"decay_start": "soon", "end": 9}
+    return "learning-rate horizon"
+
+
 @pytest.mark.parametrize("damage", [wrong_weight_shape, junk_optimizer_state, moment_of_another_shape,
-                                    another_group_size, string_global_step, junk_scheduler_state],
+                                    another_group_size, string_global_step, junk_scheduler_state, junk_horizon],
                          ids=lambda damage: damage.__name__)
 @pytest.mark.parametrize("resume", ["auto", "last"])
 def test_a_checkpoint_whose_training_state_does_not_fit_is_refused_in_one_line(tmp_path, data_root, capsys,
@@ -66,3 +73,10 @@ def test_a_checkpoint_whose_training_state_does_not_fit_is_refused_in_one_line(t
     assert str(last) in line and said in line and "--init_from" in line, line
     assert last.read_bytes() == damaged
     assert sorted(path.name for path in last.parent.iterdir()) == ["best-2.ckpt", "last.ckpt"]
+
+
+def test_the_horizon_fields_checked_are_the_horizons_own():
+    from imagetx.training.budget import Horizon
+    from imagetx.training.resume_state import HORIZON_FIELDS
+
+    assert HORIZON_FIELDS == tuple(field.name for field in dataclasses.fields(Horizon))
