@@ -1,9 +1,9 @@
 """How large a model a configuration asks for, known before any of it is built: a file's
 ``config.json`` or checkpoint configuration of a few hundred bytes can ask for 10¹² parameters,
 and building that model ran the machine out of memory (a 38-line RuntimeError, or the process
-killed by the kernel with no message; issue 124). ``check_holds`` refuses, in one line, a file that
-holds fewer weights than its configuration asks for (a small file asking for a large model, whatever
-the machine), ``check_fits_memory`` a configuration larger than this machine's memory.
+killed by the kernel with no message; issue 124). ``check_fits_memory`` refuses it in one line.
+A model that fits is built, and its file's tensors are then checked against it one by one
+(weights.check_tensors: the refusal names each missing or misshapen tensor).
 
 The count is a lower bound, read from the configuration alone: the model cannot be built on
 torch's ``meta`` device to count it (its attention patterns are computed from index tensors as it
@@ -14,10 +14,6 @@ is built), and a bound that never exceeds the model's count refuses no model tha
 from __future__ import annotations
 
 import os
-
-from collections.abc import Mapping
-
-import torch
 
 from ..model.config import ModelConfig
 from .errors import CheckpointError
@@ -56,12 +52,3 @@ def check_fits_memory(config: ModelConfig, source: object) -> None:
                               f"{memory / GIB:,.0f} GiB of memory: a model for a larger machine, or a damaged or "
                               "edited file")
 
-
-def check_holds(config: ModelConfig, state: Mapping[str, torch.Tensor], source: object, fix: str) -> None:
-    """Refuse, in one line naming ``source`` and the ``fix``, weights ``state`` read from a file that
-    holds fewer values than the model of its ``config`` has parameters: the file does not hold that
-    model, and building it first would cost its whole size in memory and time."""
-    held, least = sum(value.numel() for value in state.values()), least_parameters(config)
-    if held < least:
-        raise CheckpointError(f"{source}: the file holds {held:,} weight values where its model configuration asks "
-                              f"for at least {least:,} parameters: the file is damaged or edited; {fix}")

@@ -25,7 +25,7 @@ from .older import current_names, model_config
 from ..model.transformer import ImageTransformer
 from .atomic import atomic_write
 from .errors import CheckpointError
-from .size import check_fits_memory, check_holds
+from .size import check_fits_memory
 
 FORMAT_KEY = "format_version"
 # 3: the config as ModelConfig.to_dict writes it (what the model computes); 2: in sections, with the
@@ -71,10 +71,8 @@ def checked_model(config: ModelConfig, state: dict[str, torch.Tensor], source: P
                   map_location: str | torch.device) -> ImageTransformer:
     """The model of ``config`` holding the tensors ``state`` read from ``source``, in eval mode; a
     CheckpointError naming any tensor that does not fit, and the ``fix``; one for a configuration
-    larger than the file's weights or this machine's memory, before any of it is built (size.py)."""
-    named = source.with_name(CONFIG_FILE) if source.name == WEIGHTS_FILE else source
-    check_holds(config, state, named, fix)
-    check_fits_memory(config, named)
+    too large for this machine's memory, before any of it is built (size.py)."""
+    check_fits_memory(config, source.with_name(CONFIG_FILE) if source.name == WEIGHTS_FILE else source)
     model = build_model(config)
     state = current_names(state, model)
     check_tensors(source, state, model.state_dict(), fix)
