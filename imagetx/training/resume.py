@@ -45,12 +45,13 @@ from ..model.config import ModelConfig
 from .continuation import CONTINUE, MANIFEST, TIMER_STATE, is_packed, unpack
 from .presets import dotted_fields, preset_model_config
 from .resume_state import check_training_state
-from .run_folder import JOINED, auto_checkpoint
+from .run_folder import JOINED, auto_checkpoint, run_checkpoints
 
 AUTO = "auto"  # --resume auto: last.ckpt where there is one, else the run's newest checkpoint, else a new run
 # The data options that make a run's images what they are: a folder resumed with ``--resume auto``
 # must have been trained on the same (``check_same_data``).
-SAME_DATA = ("source", "root", "val_size", "random_flip", "crop", "resize", "batch_size")
+SAME_DATA = ("source", "root", "val_size", "random_flip", "transforms", "identity_probability", "crop", "resize",
+             "batch_size")
 
 
 class FinishedRun(CheckpointError):
@@ -108,8 +109,9 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
         raise CheckpointError(f"--resume {resume}: {path} is a folder (weights to share hold no optimiser or loop "
                               "state); resume from a checkpoint written by imagetx.train, e.g. checkpoints/last.ckpt")
     if not path.is_file():
-        raise CheckpointError(f"--resume {resume}: no checkpoint at {path}; start without --resume "
-                              "or pass the path of an existing .ckpt")
+        way = ("--resume auto goes on from the newest whole checkpoint of the run it holds" if run_checkpoints(
+            root / CHECKPOINT_DIR) else "start without --resume or pass the path of an existing .ckpt")
+        raise CheckpointError(f"--resume {resume}: no checkpoint at {path}; {way}")
     checkpoint = read_checkpoint(path, mmap=True)
     if "optimizer_states" not in checkpoint or "loops" not in checkpoint:
         raise CheckpointError(f"--resume {path}: this checkpoint holds weights only (no optimiser or loop state); "

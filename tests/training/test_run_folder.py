@@ -36,9 +36,11 @@ def best_checkpoints(run_dir):
 
 
 @pytest.mark.parametrize("gone", ["deleted", "dangling link"])
-def test_resume_auto_without_last_ckpt_goes_on_from_the_runs_newest_checkpoint(tmp_path, data_root, caplog, gone):
+def test_resume_auto_without_last_ckpt_goes_on_from_the_runs_newest_checkpoint(tmp_path, data_root, capsys, caplog,
+                                                                              gone):
+    """(--resume last, which names last.ckpt, says that --resume auto goes on.)"""
     run_dir = tmp_path / "run"
-    train(tmp_path, run_dir, data_root, 4)
+    config = train(tmp_path, run_dir, data_root, 4)
     last = run_dir / "checkpoints" / "last.ckpt"
     last.unlink()
     if gone == "dangling link":
@@ -47,6 +49,8 @@ def test_resume_auto_without_last_ckpt_goes_on_from_the_runs_newest_checkpoint(t
     best_step = torch.load(best, weights_only=True)["global_step"]
     kept = best.read_bytes()
 
+    line = one_error_line(capsys, main, ["--config", str(config), "--wandb", "disabled", "--resume", "last"])
+    assert f"no checkpoint at {last}; --resume auto goes on from the newest whole checkpoint" in line, line
     train(tmp_path, run_dir, data_root, 6, "--resume", "auto")
 
     assert torch.load(last, weights_only=True)["global_step"] == 6
