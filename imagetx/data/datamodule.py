@@ -20,14 +20,16 @@ from .images import CROPS, FILTERS
 from .options import DataOptions
 from .seeding import mix_seed, run_seed
 from .sources import DataError, Reader, check_fits, default_root, tensors
+from .transforms import COUNT, TransformDraw, apply
 
 
 class ImageDataset(Dataset):
     """In-memory images and labels; items are dicts so every consumer names what it takes
     (no ``labels`` for unlabelled images).
 
-    A key is an index, or ``(index, flip)`` from ``TrainOrder``: the flips come with the
-    training order, so they draw nothing from the RNG while batches are fetched."""
+    A key is an index, or ``(index, flip)`` or ``(index, flip, transform)`` from ``TrainOrder``: the
+    flips and transforms come with the training order, so they draw nothing from the RNG while batches
+    are fetched. An item with a transform holds its id (``transforms``, data/transforms.py), flipped first."""
 
     def __init__(self, images: torch.Tensor, labels: torch.Tensor | None) -> None:
         self.images, self.labels = images, labels
@@ -35,27 +37,32 @@ class ImageDataset(Dataset):
     def __len__(self) -> int:
         return len(self.images)
 
-    def __getitem__(self, key: int | tuple[int, bool]) -> dict[str, torch.Tensor]:
-        index, flip = key if isinstance(key, tuple) else (key, False)
+    def __getitem__(self, key: int | tuple[int, bool] | tuple[int, bool, int]) -> dict[str, torch.Tensor]:
+        index, flip, *transform = key if isinstance(key, tuple) else (key, False)
         image = self.images[index]
         item = {"images": image.flip(1) if flip else image}
+        if transform:
+            item["images"] = apply(item["images"], transform[0])
+            item["transforms"] = torch.tensor(transform[0])
         if self.labels is not None:
             item["labels"] = self.labels[index]
         return item
 
 
 class TrainOrder(DistributedSampler):
-    """Every epoch a permutation of the training set, and which images of it are flipped,
-    drawn from (seed, epoch) alone and shared out among processes.
+    """Every epoch a permutation of the training set, which images of it are flipped and (with
+    ``transforms``, a ``TransformDraw``) each image's transform, drawn from (seed, epoch) alone and shared
+    out among processes. The transforms are drawn after the flips, which stay as without them.
 
     Its state (epoch, samples of this process taken) travels in every checkpoint through
     torchdata's StatefulDataLoader; a loaded state sets the epoch and resumes it where it
     stopped, or, when the epoch was finished, starts the next one (as Lightning does).
     A DistributedSampler, so that Lightning keeps it under DDP."""
 
-    def __init__(self, dataset, seed: int, random_flip: bool = False, num_replicas: int = 1, rank: int = 0) -> None:
+    def __init__(self, dataset, seed: int, random_flip: bool = False, num_replicas: int = 1, rank: int = 0,
+                 transforms: TransformDraw | None = None) -> None:
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=False)
-        self.random_flip = random_flip
+        self.random_flip, self.transforms = random_flip, transforms
         self.taken = 0
         self.resume: tuple[int, int] | None = None  # (epoch, samples to skip)
         self.next_epoch_loaded = False  # the loaded state was that of a finished epoch
@@ -96,13 +103,15 @@ class TrainOrder(DistributedSampler):
         generator = torch.Generator().manual_seed(mix_seed(self.seed, self.epoch))
         order = torch.randperm(len(self.dataset), generator=generator).tolist()
         flips = (torch.rand(len(order), generator=generator) < 0.5).tolist()
+        transforms = self.transforms(len(order), generator) if self.transforms else None
         order += order[: self.total_size - len(order)]  # pad so every process gets as many
         mine = order[self.rank : self.total_size : self.num_replicas]
         skip = self.resume[1] if self.resume and self.resume[0] == self.epoch else 0
         self.resume, self.taken = None, skip
         for index in mine[skip:]:
             self.taken += 1
-            yield (index, self.random_flip and flips[index])
+            flip = self.random_flip and flips[index]
+            yield (index, flip) if transforms is None else (index, flip, transforms[index])
 
 
 def check_processes(checkpoint: dict, replicas: int) -> None:
@@ -169,9 +178,12 @@ class ImageDataModule(L.LightningDataModule):
         val_size: int | None = None,
         num_workers: int = 0,  # data sits in memory; workers only add start-up cost on small machines
         random_flip: bool = False,  # the paper trains without augmentation
+        transforms: str | None = None,
+        identity_probability: float | None = None,
         download: bool = True,
         image_size: int | None = None,
         num_classes: int | None = None,
+        num_transforms: int | None = None,
         crop: Literal[CROPS] = DataOptions.crop,
         resize: Literal[tuple(FILTERS)] = DataOptions.resize,
         cache: str | None = DataOptions.cache,
@@ -190,12 +202,19 @@ class ImageDataModule(L.LightningDataModule):
                 imagenet, which validates on the official validation set; for a folder a tenth, at most 5000)
             num_workers: DataLoader worker processes
             random_flip: flip training images left-right at random (the paper does not)
+            transforms: distribution augmentation (data/transforms.py): transform each training image by one of
+                a set, given to the model as a conditioning input: factors of rotations, transposition, channels
+                joined by + (e.g. rotations+channels); None: none (validation and test never transform)
+            identity_probability: with transforms: the identity's probability, the set's others sharing the rest
+                equally (None: every transform of the set equally likely, the identity too)
             download: cifar10: download through torchvision when the data is missing
             image_size: the model's image side (imagetx.train sets it from --model.config.image_size): a folder
                 is converted to it, other data must hold images of that side; None: a folder is converted to
                 32 and other data is not checked
             num_classes: the model's classes (imagetx.train sets it from --model.config.num_classes; 0: an
                 unconditional model); the data must have as many; None: not checked
+            num_transforms: the model's transform ids (imagetx.train sets it from --model.config.num_transforms;
+                0: it takes none), which transforms needs; None: not checked
             crop: folder: center (the largest centred square) or celeba (CelebA's centred 138x138 face box)
             resize: folder: the filter that resizes the crop: area (each pixel the mean of the area it covers) or
                 bilinear, bicubic, lanczos (for enlarging)
@@ -211,6 +230,12 @@ class ImageDataModule(L.LightningDataModule):
         self.batch_size, self.eval_batch_size = batch_size, eval_batch_size or batch_size
         self.val_size, self.num_workers, self.random_flip, self.download = val_size, num_workers, random_flip, download
         self.image_size, self.num_classes = image_size, num_classes
+        if transforms is None and identity_probability is not None:
+            raise DataError("--data.identity_probability: give --data.transforms too (it is the identity's share of them)")
+        self.transforms = None if transforms is None else TransformDraw(transforms, identity_probability)
+        if self.transforms and num_transforms is not None and num_transforms < COUNT:
+            raise DataError(f"--data.transforms {transforms} gives the model a transform id per image, but it has "
+                            f"num_transforms={num_transforms}: set --model.config.num_transforms {COUNT}")
         self.crop, self.resize, self.cache, self.rebuild = crop, resize, cache, rebuild
         self.reader: Reader | None = None
         self.datasets: dict[str, ImageDataset] = {}
@@ -253,6 +278,8 @@ class ImageDataModule(L.LightningDataModule):
         """A split in LitData's format (data/streaming.py), checked against the model from its first item."""
         from .streaming import StreamedImages, first_item
 
+        if self.transforms:
+            raise DataError("--data.transforms: not with --data.source litdata (a stream draws its own order)")
         if split not in self.datasets:
             url = f"{str(self.root).rstrip('/')}/{split}"
             try:
@@ -285,7 +312,7 @@ class ImageDataModule(L.LightningDataModule):
             return loader(self.dataset("train"), self.batch_size, self.num_workers)
         trainer = self.trainer  # None outside a Trainer
         replicas, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
-        order = TrainOrder(self.dataset("train"), run_seed(), self.random_flip, replicas, rank)
+        order = TrainOrder(self.dataset("train"), run_seed(), self.random_flip, replicas, rank, self.transforms)
         return TrainLoader(self.dataset("train"), batch_size=self.batch_size, sampler=order,
                            num_workers=self.num_workers, persistent_workers=self.num_workers > 0)
 
