@@ -160,6 +160,7 @@ def test_unknown_config_key_exits_nonzero(tmp_path, data_root, capsys):
 
 
 def test_missing_data_exits_2_with_a_clear_message(tmp_path, capsys):
+    (tmp_path / "none").mkdir()  # a folder without the data (one that does not exist is refused as a path)
     with pytest.raises(SystemExit) as info:
         main(["--config", str(write_config(tmp_path, tmp_path / "run", tmp_path / "none")),
               "--data.root", str(tmp_path / "none"), "--wandb", "disabled"])
