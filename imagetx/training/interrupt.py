@@ -105,6 +105,7 @@ class StopSignals(Callback):
     # and the training loop: this one goes back in its place.
     def on_sanity_check_start(self, trainer, pl_module) -> None:
         self.install()
+        self.at_once = "in the sanity check"
 
     def on_train_start(self, trainer, pl_module) -> None:
         self.install()
@@ -121,10 +122,9 @@ class StopSignals(Callback):
         # From the first batch on, not from on_validation_start: LastCheckpoint writes the step before
         # the validation there (a Checkpoint: after this callback).
         if trainer.sanity_checking:
-            self.at_once = "in the sanity check"
-        else:
-            final = trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
-            self.at_once = "in the final validation" if final else "in validation"
+            return
+        final = trainer.should_stop or 0 < trainer.max_steps <= trainer.global_step
+        self.at_once = "in the final validation" if final else "in validation"
         if self.signum is not None and self.agreed is None:
             self.stop_now()  # received since the step ended, while last.ckpt was being written
 
@@ -133,8 +133,8 @@ class StopSignals(Callback):
             self.at_once = None  # the validation's results and checkpoints are kept: a stop waits for them
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if compiles(pl_module, self.layers):
-            self.at_once = "in a step that compiles the network"
+        # a step ends and is kept (even the first, where nothing is compiled), unless it compiles
+        self.at_once = "in a step that compiles the network" if compiles(pl_module, self.layers) else None
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.at_once, self.layers = None, count_layers(pl_module)  # a finished step: kept, at its end

@@ -73,6 +73,17 @@ class CountValidation(L.Callback):
             CountValidation.steps.append(trainer.global_step)
 
 
+class SignalInStep(L.Callback):
+    """Sends this process SIGTERM inside training step ``step`` + 1, after its backward pass."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_after_backward(self, trainer, pl_module) -> None:
+        if trainer.global_step == self.step:
+            signal.raise_signal(signal.SIGTERM)
+
+
 class SignalWhileWriting(AtomicCheckpointIO):
     """Lightning's checkpoint writer (imagetx's, atomic) that sends this process SIGTERM in the middle
     of writing ``last.ckpt`` at step ``step``: the file's bytes written, not yet renamed into place."""
@@ -179,6 +190,15 @@ def test_sigterm_while_last_ckpt_is_written_leaves_it_whole_and_is_answered_afte
     assert held_step(run_dir) == 8
     assert CountValidation.steps == [4] * VAL_BATCHES  # the validation at step 4, none after the write at 8
     assert not list((run_dir / "checkpoints").glob(".*.tmp"))  # nothing of the write left beside it
+
+
+def test_sigterm_in_the_first_step_of_a_run_not_compiled_ends_the_step_and_keeps_it(tmp_path, data_root, capsys):
+    """Only a step that compiles ends at once: the first step of an eager run is a step like any other."""
+    run_dir = tmp_path / "run"
+    config = config_with(tmp_path, run_dir, data_root, [("SignalInStep", {"step": 0})])
+    line = stopped(capsys, config)
+    assert line.startswith("stopped: training preempted (SIGTERM) after step 1; "), line
+    assert held_step(run_dir) == 1
 
 
 CALLBACKS = '''
