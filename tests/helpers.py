@@ -184,6 +184,21 @@ def train_metrics(run_dir, column="train/bpd"):
     return values
 
 
+def assert_goes_on_as_the_whole_run(tmp_path, run_dir, config, steps: int) -> None:
+    """``config`` rerun with ``--resume auto`` in the stopped ``run_dir`` ends as ``config`` run whole
+    (in ``tmp_path/whole``): the same training metrics, ``steps`` steps and the same weights."""
+    from imagetx.train import main
+
+    main(["--config", str(config), "--wandb", "disabled", "--resume", "auto"])
+    main(["--config", str(config), "--wandb", "disabled", "--trainer.default_root_dir", str(tmp_path / "whole")])
+    assert train_metrics(run_dir) == train_metrics(tmp_path / "whole")
+    resumed = torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)
+    whole = torch.load(tmp_path / "whole" / "checkpoints" / "last.ckpt", weights_only=False)
+    assert resumed["global_step"] == whole["global_step"] == steps
+    for key, value in whole["state_dict"].items():
+        assert torch.equal(resumed["state_dict"][key], value), key
+
+
 def one_error_line(capsys, command, args) -> str:
     """Run a CLI expecting failure: exit 2, stderr ends in the only 'error:' line, no traceback."""
     with pytest.raises(SystemExit) as info:
@@ -229,7 +244,7 @@ def decode_embeddings(model, emb: Tensor, labels: Tensor | None = None, low_res:
     hook = model.value_embedding.register_forward_hook(lambda module, args, output: inputs)
     previous = torch.zeros(emb.shape[:2] + ((3,) if model.config.head == "dmol" else ()), dtype=torch.long)
     try:  # the values embedded are replaced by the hook: only their shape counts
-        return model(previous, labels=labels, low_res=low_res)
+        return model(previous, **model.conditioning(len(previous), labels, low_res))
     finally:
         hook.remove()
 

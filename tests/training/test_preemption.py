@@ -20,7 +20,7 @@ import lightning as L
 import pytest
 import torch
 
-from helpers import train_metrics, write_train_config
+from helpers import assert_goes_on_as_the_whole_run, write_train_config
 from imagetx.data.datamodule import ImageDataset, TrainOrder, check_processes
 from imagetx.data.sources import DataError
 from imagetx.train import clean_up_checkpoints, main
@@ -75,14 +75,7 @@ def test_sigterm_keeps_the_step_exits_143_and_the_same_command_goes_on(tmp_path,
                          "same command to go on"), lines
     assert torch.load(last, weights_only=False)["global_step"] == 3
     plain = config_with(tmp_path, run_dir, data_root, name="plain.yaml")
-    main(["--config", str(plain), "--wandb", "disabled", "--resume", "auto"])
-    main(["--config", str(plain), "--wandb", "disabled", "--trainer.default_root_dir", str(tmp_path / "whole")])
-    assert train_metrics(run_dir) == train_metrics(tmp_path / "whole")
-    resumed = torch.load(last, weights_only=False)
-    whole = torch.load(tmp_path / "whole" / "checkpoints" / "last.ckpt", weights_only=False)
-    assert resumed["global_step"] == whole["global_step"] == 8
-    for key, value in whole["state_dict"].items():
-        assert torch.equal(resumed["state_dict"][key], value), key
+    assert_goes_on_as_the_whole_run(tmp_path, run_dir, plain, steps=8)
 
 
 def test_sigusr1_under_slurm_keeps_the_step_and_requeues_the_job(tmp_path, data_root, capsys, monkeypatch):

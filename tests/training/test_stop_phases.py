@@ -21,7 +21,7 @@ import pytest
 import torch
 import yaml
 
-from helpers import train_metrics, write_train_config
+from helpers import assert_goes_on_as_the_whole_run, write_train_config
 from imagetx.io.atomic import atomic_write
 from imagetx.train import main
 from imagetx.training.checkpoint_io import AtomicCheckpointIO
@@ -144,14 +144,7 @@ def test_sigterm_in_a_mid_run_validation_ends_it_at_once_and_keeps_the_step_befo
     assert SignalInValidation.begun_after == []
     assert held_step(run_dir) == 4
     plain = config_with(tmp_path, run_dir, data_root, name="plain.yaml")
-    main(["--config", str(plain), "--wandb", "disabled", "--resume", "auto"])
-    main(["--config", str(plain), "--wandb", "disabled", "--trainer.default_root_dir", str(tmp_path / "whole")])
-    assert train_metrics(run_dir) == train_metrics(tmp_path / "whole")
-    resumed = torch.load(last, weights_only=False)
-    whole = torch.load(tmp_path / "whole" / "checkpoints" / "last.ckpt", weights_only=False)
-    assert resumed["global_step"] == whole["global_step"] == 8
-    for key, value in whole["state_dict"].items():
-        assert torch.equal(resumed["state_dict"][key], value), key
+    assert_goes_on_as_the_whole_run(tmp_path, run_dir, plain, steps=8)
 
 
 def test_sigterm_in_the_final_validation_ends_it_at_once(tmp_path, data_root, capsys):
