@@ -1,7 +1,8 @@
 """Whether a change to the model's code left what models compute as it was, to the bit: the
 shipped models' bits/dim of the first 32 val images (every digit), and seeded samples (SHA-256
 of the images) of the shipped completion model (a prefill and decoding steps) and of tiny fresh
-models under each attention pattern, with and without rotary positions. One line each, then one
+models under each attention pattern, with and without rotary positions, with their bits/dim of
+seeded random images. One line each, then one
 JSON object.
 
 Run it on each tree as a file (the imagetx first on ``PYTHONPATH`` is the one read; a worktree of
@@ -63,8 +64,15 @@ def main(argv: list[str] | None = None) -> dict:
     drawn = sample(completion, 2, prefix=images[:2], given_rows=28, generator=torch.Generator().manual_seed(0))
     result["samples"]["completion"] = images_hash(drawn)
     for name, fields in TINY.items():
-        drawn = sample(tiny_model(seed=1, **fields), 2, generator=torch.Generator().manual_seed(0))
+        model = tiny_model(seed=1, **fields)
+        drawn = sample(model, 2, generator=torch.Generator().manual_seed(0))
         result["samples"][f"tiny_{name}"] = images_hash(drawn)
+        # the samples of a fresh tiny model are near-uniform draws that a small change of its logits
+        # rarely flips (with and without rotary positions they hash alike): its bits/dim, every digit, too
+        with torch.no_grad():
+            scored = model.bits_per_dim(torch.randint(0, 256, (4, *drawn.shape[1:]), dtype=torch.uint8,
+                                                      generator=torch.Generator().manual_seed(0)))
+        result["bits_per_dim"][f"tiny_{name}"] = repr(scored.double().mean().item())
     for kind in ("bits_per_dim", "samples"):
         for name, value in result[kind].items():
             print(f"{kind:12s} {name:24s} {value}")
