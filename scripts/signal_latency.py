@@ -2,8 +2,9 @@
 
     python -m scripts.signal_latency [--signal TERM|INT|USR1] [--json signal_latency.json] [--repo DIR]
 
-Each phase is a real run of ``python -m imagetx.train`` (one CPU process, the tiny model of
-``scripts/cluster_check.py``), signalled from outside at a moment a callback marks with a file:
+Each phase is a real run of ``python -m imagetx.train`` (one process, or ``--devices N`` gloo processes on
+the CPU, the tiny model of ``scripts/cluster_check.py``), signalled from outside (every process) at a
+moment a callback marks with a file:
 
 * ``sanity check``: the validation before the first step (each batch slowed to ``VAL_SECONDS``);
 * ``validation``: a mid-run validation (the same);
@@ -33,7 +34,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from scripts.cluster_check import VAL_IMAGES, environment, write_run
+from scripts.cluster_check import VAL_IMAGES, environment, signal_run, write_run
 
 VAL_BATCHES = VAL_IMAGES  # the run's val images, one a batch
 VAL_SECONDS = 3.0  # each validation batch slowed to this: a validation lasts VAL_BATCHES times as long
@@ -120,7 +121,8 @@ def phases(folder: Path) -> dict[str, tuple[str, dict, dict]]:
     }
 
 
-def measure(folder: Path, name: str, at: str, trainer: dict, other: dict, signum: int, env: dict) -> dict:
+def measure(folder: Path, name: str, at: str, trainer: dict, other: dict, signum: int, env: dict,
+            devices: int = 1) -> dict:
     """One run of ``folder``'s config with ``trainer`` and ``other`` settings, signalled at the mark ``at``."""
     base = yaml.safe_load((folder / "run.yaml").read_text())
     base["trainer"] = {**base["trainer"], "val_check_interval": 1000, **trainer}
@@ -134,8 +136,9 @@ def measure(folder: Path, name: str, at: str, trainer: dict, other: dict, signum
     shutil.rmtree(marks, ignore_errors=True)  # the last phase's
     marks.mkdir()
     process = subprocess.Popen([sys.executable, "-m", "imagetx.train", "--config", str(config), "--wandb", "disabled",
-                                "--trainer.default_root_dir", str(run_dir), "--trainer.devices", "1",
-                                "--trainer.strategy", "auto"],
+                                "--trainer.default_root_dir", str(run_dir), "--trainer.devices", str(devices),
+                                "--trainer.strategy", "ddp" if devices > 1 else "auto",
+                                *(("--trainer.accelerator", "cpu") if devices > 1 else ())],
                                env={**env, "TORCHINDUCTOR_CACHE_DIR": str(run_dir / "inductor")},
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=folder)
     while not (marks / at).exists() and process.poll() is None:
@@ -143,7 +146,10 @@ def measure(folder: Path, name: str, at: str, trainer: dict, other: dict, signum
     if process.poll() is not None:
         return {"phase": name, "error": f"the run ended before its mark {at!r}: {process.stderr.read()[-2000:]}"}
     time.sleep(SETTLE_SECONDS)
-    process.send_signal(signum)
+    if devices > 1:
+        signal_run(process.pid, signum)  # every process of the run, as a scheduler signals every task
+    else:
+        process.send_signal(signum)
     sent = time.monotonic()
     try:
         out, err = process.communicate(timeout=DEADLINE)
@@ -153,11 +159,12 @@ def measure(folder: Path, name: str, at: str, trainer: dict, other: dict, signum
         out, err = process.communicate()
         ended = False
     seconds = time.monotonic() - sent
-    lines = [line for line in err.splitlines() if line.startswith(("stopped:", "error:"))]
+    # (several processes may write their lines at once, into one line)
+    lines = [line for line in err.replace("stopped:", "\nstopped:").splitlines() if line.startswith(("stopped:", "error:"))]
     last = run_dir / "checkpoints" / "last.ckpt"
     held = torch.load(last, map_location="cpu", weights_only=False)["global_step"] if last.exists() else None
     return {"phase": name, "seconds": round(seconds, 2), "ended": ended, "exit": process.returncode,
-            "line": lines[-1] if lines else None, "last_ckpt_step": held,
+            "line": lines[-1] if lines else None, "traceback": "Traceback" in err, "last_ckpt_step": held,
             "temporaries_left": len(list(last.parent.glob(".*.tmp"))) if last.parent.exists() else 0}
 
 
@@ -167,6 +174,8 @@ def main(args: list[str] | None = None) -> list[dict]:
     parser.add_argument("--json", type=Path, help="write the figures here")
     parser.add_argument("--repo", type=Path, help="the checkout whose imagetx runs (default: this one)")
     parser.add_argument("--phase", action="append", help="only these phases (repeatable)")
+    parser.add_argument("--devices", type=int, default=1,
+                        help="processes (gloo on the CPU, Lightning's launcher); the signal goes to every one")
     options = parser.parse_args(args)
     signum = signal.Signals[f"SIG{options.signal}"]
     folder = Path(tempfile.mkdtemp(prefix="signal_latency_"))
@@ -181,7 +190,7 @@ def main(args: list[str] | None = None) -> list[dict]:
         for name, (at, trainer, other) in phases(folder).items():
             if options.phase and name not in options.phase:
                 continue
-            result = measure(folder, name, at, trainer, other, signum, env)
+            result = measure(folder, name, at, trainer, other, signum, env, options.devices)
             results.append(result)
             print(json.dumps(result), flush=True)
         print(f"\n{'phase':<24}{'seconds':>9}{'exit':>6}  last.ckpt  line")
@@ -191,6 +200,7 @@ def main(args: list[str] | None = None) -> list[dict]:
                   f"{r.get('line') or r.get('error')}")
         if options.json:
             options.json.write_text(json.dumps({"signal": signum.name, "repo": str(options.repo or "."),
+                                                "devices": options.devices,
                                                 "torch": torch.__version__, "results": results}, indent=1))
         return results
     finally:

@@ -9,6 +9,7 @@ ran after it is counted, not timed; ``scripts/signal_latency.py`` times each pha
 
 from __future__ import annotations
 
+import copy
 import os
 import signal
 import subprocess
@@ -21,10 +22,12 @@ import pytest
 import torch
 import yaml
 
-from helpers import assert_goes_on_as_the_whole_run, write_train_config
+from helpers import assert_goes_on_as_the_whole_run, tiny_config, write_train_config
 from imagetx.io.atomic import atomic_write
 from imagetx.train import main
 from imagetx.training.checkpoint_io import AtomicCheckpointIO
+from imagetx.training.interrupt import compiles
+from imagetx.training.module import ImageTransformerModule
 
 pytestmark = pytest.mark.usefixtures("no_cifar_download", "clean_wandb_env")
 
@@ -192,6 +195,18 @@ def test_sigterm_in_the_first_step_of_a_run_not_compiled_ends_the_step_and_keeps
     line = stopped(capsys, config)
     assert line.startswith("stopped: training preempted (SIGTERM) after step 1; "), line
     assert held_step(run_dir) == 1
+
+
+@pytest.mark.parametrize("compile", [True, "layers"])
+def test_a_step_compiles_first_in_a_process_and_after_a_growth_and_only_under_compile(compile):
+    """Where a signal ends a step at once (``interrupt.compiles``): the network's first step in the
+    process, and its first after a growth added layers (traced anew); no step of an eager network."""
+    model = ImageTransformerModule(tiny_config(n_layers=1), compile=compile)
+    eager = ImageTransformerModule(tiny_config(n_layers=1))
+    assert compiles(model, None) and not compiles(model, 1)
+    assert not compiles(eager, None) and not compiles(eager, 1)
+    model.model.layers.append(copy.deepcopy(model.model.layers[0]))  # what GrowDepth does, in shape
+    assert compiles(model, 1) and not compiles(model, 2)
 
 
 CALLBACKS = '''
