@@ -437,11 +437,16 @@ def run_training(cli: ImagetxCLI, choose_threads: bool) -> None:
     except BaseException as error:
         if timed_out(error):
             raise CollectiveTimeout(cli.trainer, cli.config.collective_timeout) from error
-        raise
-    if stop.agreed is not None:  # stopped by a signal, last.ckpt written at the stop
-        said = stopped_at(root, cli.trainer.global_step, stop.agreed, cli.config.resume)
-        requeued = requeue(cli.trainer, stop.agreed)
-        raise Stopped(said if requeued is None else f"{said}; {requeued}", stop.agreed)
+        if not (stop.signum is not None and cli.trainer.world_size > 1 and isinstance(error, RuntimeError)):
+            raise
+        # stopped too: a peer that stopped at once (interrupt.py) was gone from a collective
+    # stopped by a signal: at a step's end (agreed, last.ckpt written there), at once, or after the
+    # last step (the signal came while the run's end was being written: the run is whole)
+    signum = stop.agreed or stop.signum
+    if signum is not None:
+        said = stopped_at(root, cli.trainer.global_step, signum, cli.config.resume, stop.during)
+        requeued = requeue(cli.trainer, signum)
+        raise Stopped(said if requeued is None else f"{said}; {requeued}", signum)
     if cli.trainer.is_global_zero:
         last = root / CHECKPOINT_DIR / LAST
         print(f"checkpoints in {last.parent}; evaluate with: {evaluate_command(last, cli.config.data)}")
