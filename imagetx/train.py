@@ -433,7 +433,7 @@ def run_training(cli: ImagetxCLI, choose_threads: bool) -> None:
         if stop.step is None:
             raise
         # a second Ctrl-C, inside a step (Lightning exits 1): one line, 130
-        raise Stopped(stopped_at(root, stop.step, signal.SIGINT, cli.config.resume)) from None
+        raise Stopped(stopped_line(cli, stop.step, signal.SIGINT)) from None
     except BaseException as error:
         if timed_out(error):
             raise CollectiveTimeout(cli.trainer, cli.config.collective_timeout) from error
@@ -444,12 +444,21 @@ def run_training(cli: ImagetxCLI, choose_threads: bool) -> None:
     # last step (the signal came while the run's end was being written: the run is whole)
     signum = stop.agreed or stop.signum
     if signum is not None:
-        said = stopped_at(root, cli.trainer.global_step, signum, cli.config.resume, stop.during)
+        said = stopped_line(cli, cli.trainer.global_step, signum, stop.during)
         requeued = requeue(cli.trainer, signum)
         raise Stopped(said if requeued is None else f"{said}; {requeued}", signum)
     if cli.trainer.is_global_zero:
         last = root / CHECKPOINT_DIR / LAST
         print(f"checkpoints in {last.parent}; evaluate with: {evaluate_command(last, cli.config.data)}")
+
+
+def stopped_line(cli: ImagetxCLI, step: int, signum: int, during: str | None = None) -> str:
+    """What a run stopped by ``signum`` after ``step`` kept, how to go on (resume.stopped_at) and how to
+    score what it kept: a user stopping a try wants its figure as much as its continuation."""
+    root = Path(cli.trainer.default_root_dir)
+    said = stopped_at(root, step, signum, cli.config.resume, during)
+    last = root / CHECKPOINT_DIR / LAST
+    return f"{said}; evaluate it with: {evaluate_command(last, cli.config.data)}" if last.is_file() else said
 
 
 def evaluate_command(ckpt: Path, data) -> str:

@@ -72,7 +72,8 @@ def test_sigterm_keeps_the_step_exits_143_and_the_same_command_goes_on(tmp_path,
     lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
     last = run_dir / "checkpoints" / "last.ckpt"
     assert lines[-1] == (f"stopped: training preempted (SIGTERM) after step 3; {last} holds step 3: rerun the "
-                         "same command to go on"), lines
+                         "same command to go on; evaluate it with: python -m imagetx.evaluate --ckpt "
+                         f"{last} --data.root {data_root} --val_size 2 --split val"), lines  # issue 126: how to score it
     assert torch.load(last, weights_only=False)["global_step"] == 3
     plain = config_with(tmp_path, run_dir, data_root, name="plain.yaml")
     assert_goes_on_as_the_whole_run(tmp_path, run_dir, plain, steps=8)

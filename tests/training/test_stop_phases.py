@@ -143,7 +143,8 @@ def test_sigterm_in_a_mid_run_validation_ends_it_at_once_and_keeps_the_step_befo
     config = config_with(tmp_path, run_dir, data_root, [("SignalInValidation", {"step": 4})])
     last = run_dir / "checkpoints" / "last.ckpt"
     assert stopped(capsys, config) == (f"stopped: training preempted (SIGTERM) in validation after step 4; {last} "
-                                       "holds step 4: rerun the same command to go on")
+                                       "holds step 4: rerun the same command to go on; evaluate it with: python -m "
+                                       f"imagetx.evaluate --ckpt {last} --data.root {data_root} --val_size 3 --split val")
     assert SignalInValidation.begun_after == []
     assert held_step(run_dir) == 4
     plain = config_with(tmp_path, run_dir, data_root, name="plain.yaml")

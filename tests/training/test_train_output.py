@@ -61,7 +61,8 @@ def test_a_training_stopped_by_ctrl_c_says_so_in_one_line_and_exits_130(tmp_path
     lines = [line for line in err.splitlines() if line.strip()]
     last = run_dir / "checkpoints" / "last.ckpt"
     assert lines[-1] == (f"stopped: training interrupted (Ctrl-C) after step 3; {last} holds step {saved}: go on "
-                         "with the same command and --resume auto (or --resume last)"), lines
+                         "with the same command and --resume auto (or --resume last); evaluate it with: python -m "
+                         f"imagetx.evaluate --ckpt {last} --data.root {data_root} --val_size 2 --split val"), lines
     assert "Traceback" not in err and not any(line.startswith("error:") for line in lines)
     assert "Detected KeyboardInterrupt" not in caplog.text  # Lightning's line: ours says more
     # The way on that the line names works: the run ends as asked, as the uninterrupted run did.
