@@ -2,12 +2,13 @@
 imagetx's lineage store (``model_config``), and weights under older parameter names and layouts
 (``current_names``).
 
-A super-resolution model's weights have had three forms of names. Today the model is the decoder
-with an encoder, and each decoder layer's reading of the encoder is its conditioning sublayer
-(``layers.3.reading.cross_attn.q.weight``). First they were named as today's but with the
-reading's parts in the layer itself (``layers.3.cross_attn.q.weight``); then the model held the
-decoder (``decoder.layers.3.self_attn...``) and its readings beside it
-(``readings.3.cross_attn.q.weight``).
+A super-resolution model's weights have had four forms of names. Today each decoder layer holds
+its cross-attention (``layers.3.cross_attn.q.weight``, ``layers.3.cross_norm``) and, post-norm,
+the norm after its cell add (``layers.3.c_norm``), and the model the cell adds
+(``cell_adds.3.proj.weight``). First the model held the decoder (``decoder.layers.3.self_attn...``)
+and its readings of the encoder beside it (``readings.3.cross_attn.q.weight``); then each layer
+held its reading's parts itself (``layers.3.cell_add.proj.weight``), then under ``reading``
+(``layers.3.reading.cell_add.proj.weight``: the names the codec's fingerprint hashes).
 
 Every model's attention projections had other names and, fused, another order (``PROJECTIONS``):
 ``to_qkv`` with its output features in (head, part, e) order, where today's ``qkv`` has them in
@@ -17,8 +18,8 @@ Shipped folders, checkpoints and continuations written then are read through ``c
 a continuation's Adam moments of the reordered projections through ``reordered_projections``.
 The optimiser lists the parameters in the order it always has
 (``training.module.parameter_groups``), so its state (matched by order) goes on. The codec's
-model fingerprint hashes the weights in the older form (``older_state``), as it always has, so
-that every compressed file names its model as it did.
+model fingerprint hashes the weights in an older form (``older_state``: the projections' and the
+readings'), as it always has, so that every compressed file names its model as it did.
 """
 
 from __future__ import annotations
@@ -34,11 +35,15 @@ from ..errors import UserError
 from ..model.attention import CrossAttention, SelfAttention
 from ..model.config import GEOMETRY, AttentionConfig, ModelConfig, SuperResolutionConfig
 
-# The parts of a super-resolution model's decoder layers that read the encoder (first in the
-# layer itself, then under ``readings.<i>.``, today under ``layers.<i>.reading.``).
-READING_PARTS = ("cross_attn", "cross_norm", "cell_add", "cell_norm")
-IN_LAYER = re.compile(rf"layers\.(\d+)\.((?:{'|'.join(READING_PARTS)})\..*)")  # the first form
-BESIDE = re.compile(r"readings\.(\d+)\.(.*)")  # the second
+# The parts of a super-resolution model's decoder layers that read the encoder, each with its
+# name today ({i}: the layer's index), and the older forms of their names: first under
+# ``readings.<i>.`` (the decoder under ``decoder.``), then in the layer itself, then under
+# ``layers.<i>.reading.``.
+READING_PARTS = {"cross_attn": "layers.{i}.cross_attn.", "cross_norm": "layers.{i}.cross_norm.",
+                 "cell_add": "cell_adds.{i}.", "cell_norm": "layers.{i}.c_norm."}
+PARTS = "|".join(READING_PARTS)
+OLDER_READING = re.compile(rf"(?:readings|layers)\.(\d+)\.(?:reading\.)?((?:{PARTS})\..*)")
+TODAY_READING = re.compile(r"(?:layers|cell_adds)\.(\d+)\.(.*)")
 
 
 # An attention projection's older name -> (today's, the parts its output features fuse: q, k and v).
@@ -82,8 +87,8 @@ def older_projections(state: dict[str, Tensor], model: nn.Module,
 
 
 def older_state(model: nn.Module) -> dict[str, Tensor]:
-    """``model``'s state in the older form (``PROJECTIONS``), in the same order: the names and
-    layout the codec's model fingerprint has always hashed."""
+    """``model``'s state in the older form (``PROJECTIONS``, ``as_reading``), in the same order: the
+    names and layout the codec's model fingerprint has always hashed."""
     older = {today: (name, parts) for name, (today, parts) in PROJECTIONS.items()}
     attentions = attention_modules(model)
     state = {}
@@ -93,7 +98,7 @@ def older_state(model: nn.Module) -> dict[str, Tensor]:
             older_name, parts = older[projection]
             name = f"{owner}.{older_name}.weight"
             value = in_older_order(value, attentions[owner].n_heads, parts) if parts > 1 else value
-        state[name] = value
+        state[as_reading(name)] = value
     return state
 
 
@@ -127,23 +132,33 @@ def reading_names(state: dict[str, Tensor], prefix: str = "") -> dict[str, Tenso
     names = [name.removeprefix(prefix) for name in state if name.startswith(prefix)]
     if not any(name.startswith("encoder.") for name in names):
         return state
-    if any(name.startswith("decoder.") for name in names):
-        return {rename(name, prefix, BESIDE, "decoder."): value for name, value in state.items()}
-    if any(IN_LAYER.fullmatch(name) for name in names):
-        return {rename(name, prefix, IN_LAYER): value for name, value in state.items()}
-    return state
+    decoder = "decoder." if any(name.startswith("decoder.") for name in names) else ""
+    return {rename(name, prefix, decoder): value for name, value in state.items()}
 
 
-def rename(name: str, prefix: str, reading: re.Pattern, decoder: str = "") -> str:
-    """One parameter's name today: a reading's (``reading`` matches it) under its layer, the
-    decoder's without ``decoder``'s prefix."""
+def rename(name: str, prefix: str, decoder: str = "") -> str:
+    """One parameter's name today: a reading's (in any older form) as ``READING_PARTS`` names it,
+    the decoder's without ``decoder``'s prefix."""
     if not name.startswith(prefix):
         return name
-    own = name.removeprefix(prefix)
-    found = reading.fullmatch(own)
+    own = name.removeprefix(prefix).removeprefix(decoder)
+    found = OLDER_READING.fullmatch(own)
     if found:
-        return f"{prefix}layers.{found.group(1)}.reading.{found.group(2)}"
-    return prefix + own.removeprefix(decoder)
+        index, (part, rest) = found.group(1), found.group(2).split(".", 1)
+        own = READING_PARTS[part].format(i=index) + rest
+    return prefix + own
+
+
+def as_reading(name: str) -> str:
+    """Today's name of a reading's parameter -> its name under ``layers.<i>.reading.``, the form the
+    codec's fingerprint hashes; any other name as it is."""
+    found = TODAY_READING.fullmatch(name)
+    if found:
+        index = found.group(1)
+        for part, today in READING_PARTS.items():
+            if name.startswith(today.format(i=index)):
+                return f"layers.{index}.reading.{part}.{name.removeprefix(today.format(i=index))}"
+    return name
 
 
 # ----- the model configuration -------------------------------------------------------------------

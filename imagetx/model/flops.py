@@ -104,10 +104,10 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
         context = model.encoder.order.length  # low-resolution sub-pixels
         encoder_layers = len(model.encoder.layers)
         per_context = set(model.encoder.modules())
-        per_context |= {reading.cross_attn.kv for reading in model.readings if reading.cross_attn is not None}
-        per_low_res_pixel = {reading.cell_add.proj for reading in model.readings if reading.cell_add is not None}
+        per_context |= {layer.cross_attn.kv for layer in model.layers if layer.cross_attn is not None}
+        per_low_res_pixel = {cell_add.proj for cell_add in model.cell_adds or []}
         raw |= {model.cell_remainder.proj} if model.cell_remainder is not None else set()
-        crossing = sum(reading.cross_attn is not None for reading in model.readings)
+        crossing = sum(layer.cross_attn is not None for layer in model.layers)
     projections = inputs = 0
     for module in model.modules():
         if isinstance(module, nn.Linear):

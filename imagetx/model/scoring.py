@@ -30,7 +30,8 @@ def full_pass(model: ImageTransformer, images: torch.Tensor,
               labels: torch.Tensor | None = None, low_res: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T, P) the head's parameters at every step of uint8 ``images`` (B, H, W, 3), teacher-forced
     (inputs unchecked: ``log_prob`` checks them)."""
-    return model(previous_values(model.targets(images)), labels=labels, low_res=low_res)
+    given = {"labels": labels} if low_res is None else {"labels": labels, "low_res": low_res}  # a plain decoder takes none
+    return model(previous_values(model.targets(images)), **given)
 
 
 def batch_bits_per_dim(model: ImageTransformer, batch: dict[str, torch.Tensor],

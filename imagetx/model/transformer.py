@@ -12,22 +12,26 @@ feed-forward, each with add-and-norm) and the head turn it into step t's distrib
 
 One ``forward`` serves training, scoring, a prefill (a completion's given rows) and decoding:
 without a cache it runs every step teacher-forced; with one, the t steps from the cache's
-counter on, each self-attention layer over its ring of earlier keys. Super-resolution
-(``superres.py``) is this decoder with an encoder, which each layer reads after its
-self-attention (``TransformerLayer.reading``).
+counter on, each self-attention layer over its ring of earlier keys. Conditioning is composed, as
+DiT's ``block(x, c)``: the class vector is added to every step's input, and a model built around
+this decoder passes what else conditions the steps to ``forward`` as arguments (a per-step
+input, each layer's ``c`` and cross-attention ``context``).
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import UserError
-from .attention import FLEX_BLOCK_SIZE, Rotary2D, SelfAttention, SelfAttentionCache, check_kernel, may_use_flex
+from .attention import (FLEX_BLOCK_SIZE, CrossAttention, CrossAttentionCache, Rotary2D, SelfAttention,
+                        SelfAttentionCache, check_kernel, may_use_flex)
 from .config import CHANNELS, LEVELS, ModelConfig
 from .embedding import PositionEncoding
 from .heads import head_type
@@ -84,15 +88,15 @@ def check_labels(labels: Tensor | None, count: int, num_classes: int, name: str 
 
 
 class TransformerLayer(nn.Module):
-    """Self-attention, then (a super-resolution decoder's) a reading of the encoder, then a
-    feed-forward, each with add-and-norm (docs/model.md §3, §6): the unit every stack calls,
-    ``x = layer(x, cache, start, condition)``. A decoder layer is causal under a pattern, given as
-    its ``forms`` (with ``rotary`` positions; both shared by every layer); without one it sees every
-    position (an encoder's). ``reading`` (``superres.LowResReading``, set by the super-resolution model) reads
-    what ``condition`` holds of the encoder's output; None: no conditioning sublayer."""
+    """Self-attention, then the optional conditioning sublayers, then a feed-forward, each with
+    add-and-norm (docs/model.md §3, §6): ``x = layer(x, cache, start, c, context)``. A decoder
+    layer is causal under a pattern, given as its ``forms`` (with ``rotary`` positions; both shared
+    by every layer); without one it sees every position. Conditioning, as built:
+    ``conditioned``, a per-step vector ``c`` (B, t, d) added after self-attention (DiT's ``c``,
+    added); ``cross_attention``, attention to a ``context`` (the paper's encoder–decoder)."""
 
     def __init__(self, config: ModelConfig, forms: PatternForms | None = None, rotary: Rotary2D | None = None,
-                 kernel: str = "auto") -> None:
+                 kernel: str = "auto", cross_attention: bool = False, conditioned: bool = False) -> None:
         super().__init__()
         d = config.d_model
         self.pre_norm = config.norm == "pre"
@@ -101,7 +105,11 @@ class TransformerLayer(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
         self.ffn_norm = nn.LayerNorm(d)
         self.dropout = nn.Dropout(config.dropout)
-        self.reading: nn.Module | None = None
+        # Registered last, so that the parameters of every layer without them keep their order.
+        # Post-norm normalises after every add: ``c`` too, which pre-norm adds as it is.
+        self.c_norm = nn.LayerNorm(d) if conditioned and not self.pre_norm else None
+        self.cross_attn = CrossAttention(d, config.attention.n_heads, config.head_size) if cross_attention else None
+        self.cross_norm = nn.LayerNorm(d) if cross_attention else None
 
     def branch_input(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
         """What a branch reads of the residual stream: ``norm(x)`` when pre-norm, x itself when post-norm."""
@@ -113,18 +121,20 @@ class TransformerLayer(nn.Module):
         return x if self.pre_norm else norm(x)
 
     def forward(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0,
-                condition: object | None = None) -> Tensor:
+                c: Tensor | None = None, context: CrossAttentionCache | None = None) -> Tensor:
         """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or with
-        ``cache`` the next t steps over its ring; ``condition``, what ``reading`` reads (prepared
-        once a pass by ``reading.prepare``)."""
+        ``cache`` the next t steps over its ring; ``c`` (B, t, d) those steps' conditioning and
+        ``context`` what cross-attention reads (its keys and values, ``CrossAttention.prepare``)."""
         x = self.add(x, self.self_attn(self.branch_input(x, self.self_norm), cache, start), self.self_norm)
-        if self.reading is not None:
-            x = self.reading(x, self, condition, start)  # (B, t, d): the encoder read, added
+        if c is not None:
+            x = self.add(x, c, self.c_norm)
+        if self.cross_attn is not None:
+            x = self.add(x, self.cross_attn(self.branch_input(x, self.cross_norm), context), self.cross_norm)
         return self.add(x, self.ffn(self.branch_input(x, self.ffn_norm)), self.ffn_norm)
 
     def residual_writers(self) -> list[nn.Linear]:
-        """The last map of each branch of its own that adds into the residual stream: with both at
-        zero a pre-norm layer without a reading is the identity."""
+        """The last map of self-attention and of the feed-forward, which add into the residual
+        stream: with both at zero a pre-norm layer without conditioning is the identity."""
         return [self.self_attn.proj, self.ffn[-1]]
 
 
@@ -142,38 +152,38 @@ def previous_values(targets: Tensor) -> Tensor:
     return torch.cat([torch.zeros_like(targets[:, :1]), targets[:, :-1]], dim=1)
 
 
+# What a model built around the decoder prepares once for a whole decoding and reads at every step
+# (``DecodingCache.context``); None for the decoder alone.
+Context = TypeVar("Context")
+
+
 @dataclass
-class DecodingCache:
-    """What ``ImageTransformer.forward`` keeps between decoding steps, written in place: ``step``
-    (0-d long, on the model's device), the step decoded next, the one step counter; the class
-    vector (B, 1, d) or None; each layer's self-attention ring; and, for a super-resolution model
-    (superres.py), what each layer reads of the encoder (``readings``) and the cell sums
-    (``remainder``), else None."""
+class DecodingCache(Generic[Context]):
+    """What ``forward`` keeps between decoding steps, written in place: ``step`` (0-d long, on the
+    model's device), the step decoded next, the one step counter; the class vector (B, 1, d) or
+    None; each layer's self-attention ring; and ``context``, what a model built around the decoder
+    prepared for the decoding, else None."""
 
     step: Tensor
     condition: Tensor | None
     layers: list[SelfAttentionCache]
-    readings: list | None = None
-    remainder: object | None = None
+    context: Context
 
 
 class ImageTransformer(nn.Module):
     """The decoder-only autoregressive model over sub-pixels or pixels. ``kernel`` and
     ``flex_block_size``: how its self-attention runs (attention.py), the same numbers every way;
     ``activation_checkpointing``: each layer's activations recomputed in the backward pass instead
-    of kept (memory for compute; the same numbers too). A super-resolution model is this decoder
-    with an encoder (superres.py: ``SuperResolutionTransformer``); the methods it fills in return
-    nothing here (``low_res_modules``, ``read_low_res``, ``low_res_inputs``). Saving, loading and
-    sharing it: ``imagetx.io``."""
+    of kept (memory for compute; the same numbers too); ``cross_attention``, ``conditioned``: its
+    layers' conditioning sublayers (``TransformerLayer``), for a model that conditions them.
+    Saving, loading and sharing it: ``imagetx.io``."""
 
     def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE,
-                 activation_checkpointing: bool = False) -> None:
+                 activation_checkpointing: bool = False, cross_attention: bool = False,
+                 conditioned: bool = False) -> None:
         super().__init__()
         check_kernel(kernel, flex_block_size)
         self.activation_checkpointing, self.flex_block_size = activation_checkpointing, flex_block_size
-        if config.superres and type(self) is ImageTransformer:
-            raise UserError("a config with a superres section is a super-resolution model: "
-                            "SuperResolutionTransformer(config); build_model(config) builds either")
         self.config = config.validate()
         d = config.d_model
         self.pattern = pattern_for(config)
@@ -191,7 +201,8 @@ class ImageTransformer(nn.Module):
         # kept where FlexAttention may run.
         forms = PatternForms(self.pattern, flex_block_size if may_use_flex(kernel, config.head_size) else None)
         rotary = Rotary2D(config.head_size, self.order) if config.rotary else None
-        self.layers = nn.ModuleList(TransformerLayer(config, forms, rotary, kernel) for _ in range(config.n_layers))
+        self.layers = nn.ModuleList(TransformerLayer(config, forms, rotary, kernel, cross_attention, conditioned)
+                                    for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
         self.head = head.from_config(config)
 
@@ -208,58 +219,42 @@ class ImageTransformer(nn.Module):
             x = x + extra
         return self.input_dropout(x)
 
-    def forward(self, previous: Tensor, cache: DecodingCache | None = None, labels: Tensor | None = None,
-                low_res: Tensor | None = None) -> Tensor:
+    def forward(self, previous: Tensor, cache: DecodingCache | None = None, labels: Tensor | None = None, *,
+                extra: Tensor | None = None, c: Iterable[Tensor] | None = None,
+                context: Iterable[CrossAttentionCache] | None = None) -> Tensor:
         """(B, t[, 3]) the value before each step -> (B, t, P) the head's parameters: every step
         teacher-forced (no cache: ``previous_values(targets)``, ``labels`` the class of each
-        image, ``low_res`` a super-resolution model's input), or with ``cache`` the t steps from
-        its counter on (its class and input its own)."""
-        if cache is None:
-            start, condition = 0, self.class_vector(labels)
-            readings, remainder = self.read_low_res(low_res), None
-        else:
-            start, condition, readings, remainder = cache.step, cache.condition, cache.readings, cache.remainder
+        image), or with ``cache`` the t steps from its counter on (its class its own). What else
+        conditions these steps, from a model built around the decoder: ``extra`` (B, t, d) added
+        to their inputs; per layer, in layer order, ``c`` (B, t, d) and cross-attention's
+        ``context`` (``TransformerLayer``)."""
+        start, condition = (0, self.condition(labels)) if cache is None else (cache.step, cache.condition)
         steps = start + torch.arange(previous.shape[1], device=previous.device)  # (t,)
-        extra, bounds = self.low_res_inputs(previous, steps, low_res, remainder)
         x = self.inputs(previous, steps, condition, extra)  # (B, t, d)
-        rings = [None] * len(self.layers) if cache is None else cache.layers
-        readings = [None] * len(self.layers) if readings is None else readings
+        nothing = [None] * len(self.layers)
+        rings = nothing if cache is None else cache.layers
         recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
-        for layer, ring, reading in zip(self.layers, rings, readings):
+        for layer, ring, layer_c, layer_context in zip(self.layers, rings, c or nothing, context or nothing):
             if recompute:  # the layer run again in the backward pass, its random state (dropout) kept
-                x = checkpoint(layer, x, ring, start, reading, use_reentrant=False)
+                x = checkpoint(layer, x, ring, start, layer_c, layer_context, use_reentrant=False)
             else:
-                x = layer(x, ring, start, reading)  # (B, t, d): the layer's own call, which hooks and wrappers see
+                x = layer(x, ring, start, layer_c, layer_context)  # (B, t, d): the layer's own call, which hooks and wrappers see
         if cache is not None:
             cache.step += previous.shape[1]  # after the pass, whose layers read the counter as their start
-        params = self.head(self.final_norm(x))  # (B, t, P)
-        return params if bounds is None else self.head.with_bounds(params, bounds)  # (B, t, P + 2c)
+        return self.head(self.final_norm(x))  # (B, t, P)
 
-    def class_vector(self, labels: Tensor | None) -> Tensor | None:
-        """(B,) labels -> (B, 1, d) what every step's input adds of its image's class (None: none)."""
+    def condition(self, labels: Tensor | None) -> Tensor | None:
+        """(B,) labels -> (B, 1, d) what every step's input adds of its image's class (None: none).
+        Another conditioning vector would be one more argument and term here, as DiT sums its own."""
         return None if labels is None else self.class_embedding(labels)[:, None]
-
-    def low_res_modules(self) -> list[nn.Module]:
-        """The parts that read a low-resolution input (trained at their own rate): none here."""
-        return []
-
-    def read_low_res(self, low_res: Tensor | None) -> list | None:
-        """What each layer reads of a low-resolution input, for one pass: none here (superres.py)."""
-        return None
-
-    def low_res_inputs(self, previous: Tensor, steps: Tensor, low_res: Tensor | None,
-                       remainder: object | None) -> tuple[Tensor | None, Tensor | None]:
-        """What a low-resolution input adds to the steps' inputs and the steps' value bounds: none
-        here (superres.py)."""
-        return None, None
 
     # ----- decoding, one step at a time ---------------------------------------
     def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None) -> DecodingCache:
         """An empty cache for decoding ``batch`` images with ``forward``, at step 0."""
-        self.check_conditioning(batch, labels, low_res)
+        self.conditioning(batch, labels, low_res)
         step = torch.zeros((), dtype=torch.long, device=self.step_rows.device)
         rings = [layer.self_attn.start_decoding(batch) for layer in self.layers]
-        return DecodingCache(step, self.class_vector(labels), rings)
+        return DecodingCache(step, self.condition(labels), rings, None)
 
     def decode_step(self, previous: Tensor, cache: DecodingCache) -> Tensor:
         """The value generated at step t − 1, (B,) or (B, 3) -> (B, P): step t's parameters, equal to
@@ -293,13 +288,13 @@ class ImageTransformer(nn.Module):
     def log_prob(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
                  check: bool = True) -> Tensor:
         """uint8 images (B, H, W, 3) -> (B, T) log-likelihood of every generation step, in nats
-        (given ``low_res``, a super-resolution model's input). Inputs it cannot take are refused in
+        (given ``low_res``, the input of a model that takes one). Inputs it cannot take are refused in
         one line; ``check`` False reads no value back (shapes and dtypes only), for data whose
         values were checked as it was read (the training step)."""
         check_image_tensor("images", images, self.config.image_size, check)
-        self.check_conditioning(images.shape[0], labels, low_res, check)
+        given = self.conditioning(images.shape[0], labels, low_res, check)
         targets = self.targets(images)
-        return self.head.log_prob(self(previous_values(targets), labels=labels, low_res=low_res), targets)
+        return self.head.log_prob(self(previous_values(targets), **given), targets)
 
     def nll(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None, given_rows: int = 0,
             check: bool = True) -> Tensor:
@@ -315,13 +310,15 @@ class ImageTransformer(nn.Module):
         nats = self.nll(images, labels, low_res, given_rows, check)
         return nats / (scored_dims(self.config, given_rows) * math.log(2))
 
-    def check_conditioning(self, count: int, labels: Tensor | None, low_res: Tensor | None,
-                           values: bool = True) -> None:
-        """Labels (and a low-resolution input) as this model needs them, for ``count`` images
-        (``values``: their values checked too)."""
+    def conditioning(self, count: int, labels: Tensor | None, low_res: Tensor | None = None,
+                     values: bool = True) -> dict[str, Tensor | None]:
+        """Labels as this model needs them, for ``count`` images (``values``: their values checked
+        too), as ``forward``'s keyword arguments; a ``low_res`` input, which this model takes none of,
+        refused."""
         check_labels(labels, count, self.config.num_classes, values=values)
         if low_res is not None:
-            raise UserError("this model has no encoder (no superres section): pass low_res=None")
+            raise UserError("this model has no encoder of a low_res input: pass low_res=None")
+        return {"labels": labels}
 
     def given_steps(self, rows: int) -> Tensor:
         """(T,) bool: the steps in the first ``rows`` image rows, which image completion gives

@@ -39,7 +39,7 @@ from ..data.datamodule import ImageDataModule
 from ..model.flops import Flops, count_flops
 from ..model.attention import FLEX_BLOCK_SIZE
 from ..model.scoring import batch_bits_per_dim
-from ..model.superres import build_model
+from ..model.superres import SuperResolutionTransformer, build_model
 from ..model.transformer import ImageTransformer, TransformerLayer
 from .grow import GROWN, deepen
 from .resume_state import check_restored
@@ -395,7 +395,8 @@ def compile_network(model: torch.nn.Module, mode: bool | str) -> None:
 def parameter_groups(model: ImageTransformer, peak_lr: float, low_res_lr_scale: float) -> list[dict]:
     """The optimiser's parameter groups: the parts that read the low-resolution input at
     ``low_res_lr_scale`` times the peak learning rate, the rest at the peak."""
-    low_res = [p for module in model.low_res_modules() for p in module.parameters()]  # in the modules' order
+    parts = model.low_res_modules() if isinstance(model, SuperResolutionTransformer) else []
+    low_res = [p for module in parts for p in module.parameters()]  # in the modules' order
     reads_low_res = {id(p) for p in low_res}
     groups = [{"params": [p for p in model.parameters() if id(p) not in reads_low_res], "lr": peak_lr},
               {"params": low_res, "lr": peak_lr * low_res_lr_scale}]

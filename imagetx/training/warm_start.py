@@ -4,7 +4,7 @@ What it is for: a super-resolution model started from an unconditional model of 
 and a deeper model started from a shallower one.
 Every tensor of the source is copied into the new model, which must have it, with the same shape;
 the tensors the new model has beyond the source's may only be those that read the low-resolution
-input (``ImageTransformer.low_res_modules``), which keep their own start, and those of decoder
+input (``SuperResolutionTransformer.low_res_modules``), which keep their own start, and those of decoder
 layers after the source's last (a pre-norm model only), which start as identity layers: their
 residual writers at zero (``TransformerLayer.residual_writers``), the rest as initialised, so
 that gradients reach the writers from the first step. With ``low_res_zero_start`` the new model
@@ -31,6 +31,7 @@ import torch
 from ..io.errors import CheckpointError
 from ..io.load import load_model
 from ..io.weights import listed
+from ..model.superres import SuperResolutionTransformer
 from ..model.transformer import ImageTransformer, zero_start
 from .continuation import is_packed, unpack
 
@@ -59,13 +60,15 @@ def start_from(model: ImageTransformer, source: str | Path) -> str:
     own = model.state_dict()
     # A plain decoder's weights start a super-resolution model's decoder (the decoder's names are
     # the same in both); a super-resolution model's start one of its kind whole.
-    low_res = {id(module) for module in model.low_res_modules()}
-    fresh = {f"{name}.{key}" for name, module in model.named_modules() if id(module) in low_res
-             for key in module.state_dict()}
+    parts = model.low_res_modules() if isinstance(model, SuperResolutionTransformer) else []
+    low_res = {id(module) for module in parts}
+    reading = {f"{name}.{key}" for name, module in model.named_modules() if id(module) in low_res
+               for key in module.state_dict()}
     kept_layers = source_layers(stored)
     added = list(model.layers)[kept_layers:]
-    fresh |= {f"layers.{index}.{key}" for index, layer in enumerate(added, start=kept_layers)
-              for key in layer.state_dict()}
+    in_added = {f"layers.{index}.{key}" for index, layer in enumerate(added, start=kept_layers)
+                for key in layer.state_dict()}
+    fresh = reading | in_added
     extra = [name for name in stored if name not in own]
     misfits = [f"{name} {tuple(stored[name].shape)} there, {tuple(own[name].shape)} here"
                for name in stored if name in own and stored[name].shape != own[name].shape]
@@ -83,8 +86,7 @@ def start_from(model: ImageTransformer, source: str | Path) -> str:
         for name, value in stored.items():
             own[name].copy_(value)
         zero_start(writer for layer in added for writer in layer.residual_writers())
-    added_own = sum(len(layer.state_dict()) - (len(layer.reading.state_dict()) if layer.reading else 0)
-                    for layer in added)  # their readings are counted with the low-res parts
+    added_own = len(in_added - reading)  # their readings are counted with the low-res parts
     kept = len(model.state_dict()) - len(stored) - added_own
     return (f"started from {source}: {len(stored)} tensors copied"
             + (f", {kept} that read the low-resolution input left as initialised" if kept else "")

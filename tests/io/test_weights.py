@@ -16,7 +16,7 @@ from helpers import (TINY, TINY_TRAIN_MODEL, one_error_line, random_images, rand
 from imagetx import (CheckpointError, ImageTransformer, ModelConfig, from_pretrained, load_model, push_to_hub,
                      save_pretrained)
 from imagetx.io.checkpoint import imagetx_metadata
-from imagetx.io.older import current_names, older_state
+from imagetx.io.older import as_reading, current_names, older_state
 from imagetx.io.weights import FORMAT_VERSION, write_weights
 from imagetx.model.superres import build_model, downsample_area
 from imagetx.evaluate import main as evaluate_main
@@ -375,27 +375,31 @@ def test_a_run_driven_from_python_with_path_arguments_writes_a_checkpoint_load_m
         assert torch.equal(loaded.nll(images), module.model.eval().nll(images))
 
 
-@pytest.mark.parametrize("form", ["first", "second"])
-def test_super_resolution_weights_under_their_older_names_load_as_today_s(tmp_path, form):
-    """A super-resolution model's weights were first named as the decoder's own, each layer's
-    reading of the encoder inside the layer (layers.0.cell_add...), then the decoder's under
-    ``decoder.`` and the readings beside it (readings.0.cell_add...); today each reading is its
-    layer's (layers.0.reading.cell_add...). Folders of either older form (the shipped
-    super-resolution models') load, and score as the model they were written from."""
-    model = tiny_model(seed=3, image_size=8, head="dmol", encoder_layers=1, low_res_size=4, low_res_reading="cell_add",
-                       cell_remainder_input=True, n_layers=2)
-    assert "layers.1.reading.cell_add.proj.weight" in model.state_dict()
+@pytest.mark.parametrize("reading", ["cell_add", "cross_attention"])
+@pytest.mark.parametrize("form", ["decoder beside", "in the layer", "the layer's reading"])
+def test_super_resolution_weights_under_their_older_names_load_as_today_s(tmp_path, form, reading):
+    """A super-resolution model's weights were first named as the decoder's under ``decoder.`` and
+    its readings of the encoder beside it (readings.0.cell_add...), then as the decoder's own, each
+    layer's reading inside the layer (layers.0.cell_add...), then under the layer's reading
+    (layers.0.reading.cell_add...); today the cell adds are the model's (cell_adds.0...) and
+    cross-attention the layer's (layers.0.cross_attn...). Folders of each older form (the shipped
+    super-resolution models' among them) load, and score as the model they were written from."""
+    model = tiny_model(seed=3, image_size=8, head="dmol", encoder_layers=1, low_res_size=4, low_res_reading=reading,
+                       cell_remainder_input=True, n_layers=2, norm="post")
     older = {}
     for name, value in model.state_dict().items():
-        if form == "first":
+        name = as_reading(name)  # the layer's reading
+        if form == "in the layer":
             name = name.replace(".reading.", ".")
-        elif ".reading." in name:
+        elif form == "decoder beside" and ".reading." in name:
             index, rest = name.removeprefix("layers.").split(".reading.")
             name = f"readings.{index}.{rest}"
-        elif not name.startswith(("encoder.", "cell_remainder.")):
+        elif form == "decoder beside" and not name.startswith(("encoder.", "cell_remainder.")):
             name = f"decoder.{name}"
         older[name] = value
-    old_name = "layers.1.cell_add.proj.weight" if form == "first" else "readings.1.cell_add.proj.weight"
+    part = "cell_add.proj.weight" if reading == "cell_add" else "cross_attn.q.weight"
+    old_name = {"decoder beside": f"readings.1.{part}", "in the layer": f"layers.1.{part}",
+                "the layer's reading": f"layers.1.reading.{part}"}[form]
     assert old_name in older and "encoder.embedding.table.weight" in older
     write_weights(tmp_path / "older", older, model.config)
     loaded = load_model(tmp_path / "older")
@@ -403,7 +407,7 @@ def test_super_resolution_weights_under_their_older_names_load_as_today_s(tmp_pa
     with torch.no_grad():
         assert torch.equal(loaded.nll(images, low_res=downsample_area(images, 4)),
                            model.nll(images, low_res=downsample_area(images, 4)))
-    assert list(current_names(older, model)) == list(model.state_dict())  # today's names, in today's order
+    assert sorted(current_names(older, model)) == sorted(model.state_dict())  # today's names
     assert list(current_names(model.state_dict(), model)) == list(model.state_dict())  # today's names stay as they are
 
 
@@ -428,7 +432,7 @@ def test_weights_in_the_older_projection_layout_load_as_today_s(tmp_path, kind):
     fused = older["layers.1.self_attn.to_qkv.weight"]
     assert not torch.equal(fused, model.state_dict()["layers.1.self_attn.qkv.weight"])  # reordered
     if kind == "superres":
-        assert "layers.0.reading.cross_attn.to_kv.weight" in older
+        assert "layers.0.reading.cross_attn.to_kv.weight" in older  # the form the codec's fingerprint hashes
     today = current_names(older, model)
     assert list(today) == list(model.state_dict())
     assert all(torch.equal(today[name], value) for name, value in model.state_dict().items())

@@ -21,10 +21,10 @@ def cell_add_model(head: str, **overrides):
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
 def test_each_step_reads_the_encoding_of_the_low_res_pixel_it_lies_in(head):
     model = cell_add_model(head)
-    cell_add = model.readings[0].cell_add
+    cell_add = model.cell_adds[0]
     context = torch.randn(1, 48, model.config.d_model, dtype=torch.float64)  # 4x4x3 encoder outputs
     def every_step(encoded):  # every step's reading, from the encoder's output
-        return cell_add(cell_add.prepare(encoded), 0, model.order.length)
+        return cell_add(cell_add.prepare(encoded), torch.arange(model.order.length))
 
     base = every_step(context)
     steps_per_row = 8 * 3 if head == "categorical" else 8

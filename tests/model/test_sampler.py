@@ -50,7 +50,7 @@ def cached_params(model, images, labels=None, low_res=None, step=None):
 
 def full_params(model, images, labels=None, low_res=None):
     """The full pass's (B, T, P) parameters."""
-    return model(previous_values(model.targets(images)), labels=labels, low_res=low_res)
+    return model(previous_values(model.targets(images)), **model.conditioning(len(images), labels, low_res))
 
 
 def prefilled_params(model, images, given, labels=None, low_res=None, step=None):
@@ -651,6 +651,6 @@ def test_an_attention_of_its_own_width_decodes_as_its_full_pass(reading):
     assert model.layers[0].self_attn.qkv.weight.shape == (3 * 36, 16)
     assert model.layers[0].self_attn.proj.weight.shape == (16, 36)
     if reading:
-        assert model.layers[0].reading.cross_attn.kv.weight.shape == (2 * 36, 16)
+        assert model.layers[0].cross_attn.kv.weight.shape == (2 * 36, 16)
     images = random_images(2, config.image_size, seed=12)
     check_cached_equals_full(model, images, low_res=downsample_area(images, 4) if reading else None)

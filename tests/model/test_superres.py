@@ -99,7 +99,7 @@ def test_the_cell_add_reaches_exactly_the_step_s_own_low_res_pixel(head):
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
 def test_cross_attention_equals_the_dense_reference(head):
     model = superres_model(head, "local_1d", low_res_size=4)
-    attn = model.readings[0].cross_attn
+    attn = model.layers[0].cross_attn
     length = model.order.length
     x = torch.randn(2, length, 16, dtype=torch.float64, requires_grad=True)
     context = torch.randn(2, 48, 16, dtype=torch.float64, requires_grad=True)
@@ -199,13 +199,21 @@ def test_encoder_embedding_starts_ordinal():
     assert not torch.allclose(table[0], table[1])  # channels keep separate lines
 
 
-def test_the_decoder_alone_refuses_an_encoder_and_build_model_builds_the_extension():
-    config = tiny_model(head="dmol", attention="local_1d", image_size=8, encoder_layers=1, low_res_size=4).config
-    with pytest.raises(ValueError, match=r"a config with a superres section is a super-resolution model: "
-                                         r"SuperResolutionTransformer\(config\); build_model\(config\) builds either"):
-        ImageTransformer(config)
+@pytest.mark.parametrize("reading", ["cross_attention", "cell_add"])
+def test_the_super_resolution_model_is_the_decoder_composed_with_an_encoder(reading):
+    config = tiny_model(head="dmol", attention="local_1d", image_size=8, encoder_layers=1, low_res_size=4,
+                        low_res_reading=reading, norm="post").config
     assert type(build_model(config)) is SuperResolutionTransformer
     assert type(build_model(dataclasses.replace(config, superres=None))) is ImageTransformer
-    # the super-resolution model holds the decoder whole, with its own names
+    with pytest.raises(ValueError, match="a config without a superres section is a plain decoder"):
+        SuperResolutionTransformer(dataclasses.replace(config, superres=None))
+    # it holds the decoder whole, with the decoder's own names; the decoder itself knows of no
+    # encoder: what its layers read comes as arguments
     decoder = set(build_model(dataclasses.replace(config, superres=None)).state_dict())
-    assert decoder < set(build_model(config).state_dict())
+    composed = build_model(config)
+    assert decoder < set(composed.state_dict())
+    assert set(ImageTransformer(config).state_dict()) == decoder
+    layer = composed.layers[0]
+    assert (layer.cross_attn is not None) == (reading == "cross_attention")
+    assert (layer.c_norm is not None) == (reading == "cell_add")  # post-norm: c normalised after its add
+    assert (composed.cell_adds is None) == (reading == "cross_attention")

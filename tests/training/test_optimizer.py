@@ -7,9 +7,10 @@ import pytest
 import torch
 
 from helpers import tiny_config
+from imagetx.io.older import as_reading
 from imagetx.training.module import ImageTransformerModule, make_optimizer, optimizer_settings
 
-LOW_RES_PARTS = ("encoder.", "cross_attn.", "cross_norm.", "cell_add.", "cell_norm.", "cell_remainder.")
+LOW_RES_PARTS = ("encoder.", "cross_attn.", "cross_norm.", "cell_adds.", "c_norm.", "cell_remainder.")
 
 
 @pytest.mark.parametrize("reading,norm", [("cross_attention", "post"), ("cell_add", "post"), ("cell_add", "pre")])
@@ -62,7 +63,7 @@ def test_gradients_are_clipped_by_their_global_norm(precision, monkeypatch):
 def name_before(name: str) -> str:
     """A super-resolution parameter's name as it was before the model held its decoder
     (imagetx/io/older.py reads those): a reading's under its layer."""
-    return name.replace(".reading.", ".")
+    return as_reading(name).replace(".reading.", ".")
 
 
 # The order the super-resolution model registered its parts in then: the decoder's inputs, the
