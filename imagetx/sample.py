@@ -1,6 +1,6 @@
 """``python -m imagetx.sample``: image grids from a checkpoint (docs/model.md §6, §7).
 
-    python -m imagetx.sample --ckpt CKPT --task generate [--count 16] [--label 3]
+    python -m imagetx.sample --ckpt CKPT --task generate [--count 16] [--label 3] [--transform rot90]
     python -m imagetx.sample --ckpt CKPT --task complete [--rows 16] [--images a.png b.jpg]
     python -m imagetx.sample --ckpt CKPT --task superres [--temperatures 0.8 0.9 1.0]
 
@@ -20,7 +20,9 @@ of sampling, images/s) is written beside the grids and printed as the last line.
 work unless ``--force`` (then they are replaced): an earlier grid is never lost silently.
 A class-conditional model draws every class in turn (generate, user images), the inputs' own
 classes (data), or the one ``--label`` names, by number or by the data's name for it (cli/classes.py);
-a line on stderr says which. Settings can also come from a YAML file: ``--config FILE``.
+a line on stderr says which. A model trained with distribution augmentation (``num_transforms``) samples
+the identity's distribution, or with ``--transform NAME`` (or id; data/transforms.py) a transformed one, its
+inputs (complete, superres) transformed first. Settings can also come from a YAML file: ``--config FILE``.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from .cli.common import Number, check_device, check_given_rows, check_not_taken,
 from .cli.classes import class_names, class_number, described
 from .cli.data_options import add_data_arguments, add_split_argument, data_reader
 from .data.sources import check_fits, tensors
+from .data.transforms import apply, name, parse_transform
 from .errors import UserError
 from .io.atomic import check_writable
 from .data.images import GRID_SCALE, load_image_file, save_grid, upsample_nearest
@@ -65,6 +68,10 @@ def build_parser() -> ArgumentParser:
                         help="class for every image (class-conditional models): a number, or a name of the data's "
                              "(CIFAR-10's, or a folder's sub-folders with --data.source folder); without it, "
                              "generate draws every class in turn and inputs from data keep their own classes")
+    parser.add_argument("--transform", type=int | str | None, default=None,
+                        help="a model trained with distribution augmentation: sample the distribution of a transform, "
+                             "by name (rot90, transpose, bgr, rot90+gbr, ...) or id 0..47 (default: the identity); "
+                             "inputs (complete, superres) are transformed first")
     parser.add_argument("--rows", type=int, default=16, help="rows given for completion")
     parser.add_argument("--temperature", type=Number, default=1.0,
                         help="1: the model's own distribution; lower: plainer, more likely values; 0: the most likely")
@@ -176,8 +183,11 @@ def run(args: Namespace) -> dict:
     names = class_names(args.data.source, args.data.root, cfg.num_classes) if cfg.num_classes else None
     label = None if args.label is None else class_number(str(args.label), names, cfg.num_classes)
     check_request(args, model, label)
+    transform = None if args.transform is None else chosen_transform(str(args.transform), cfg.num_transforms)
     # the inputs before --out is made: data that is not there leaves no empty --out folder behind
     inputs, given_labels = (None, None) if args.task == "generate" else load_inputs(args, cfg)
+    if transform is not None and inputs is not None:
+        inputs = torch.stack([apply(image, transform) for image in inputs])
     check_writable(args.out, "--out")
     device = args.device
     generator = torch.Generator(device=device).manual_seed(args.seed)
@@ -188,7 +198,7 @@ def run(args: Namespace) -> dict:
         say_classes(labels, label, None, names)
         sampling_started = time.perf_counter()
         images = sample(model, args.count, _to(labels, device), temperature=args.temperature,
-                        generator=generator, progress=True)
+                        generator=generator, progress=True, transforms=transform_ids(transform, args.count, device))
         sampling_seconds = time.perf_counter() - sampling_started
         produced = args.count
         grids.append(save_grid(list(images.split(IMAGES_PER_ROW)), grid_file, args.scale))
@@ -201,14 +211,16 @@ def run(args: Namespace) -> dict:
             per_input = args.samples
             drawn = sample(model, count * per_input, _to(each_repeated(labels, per_input), device),
                            temperature=args.temperature, prefix=each_repeated(inputs, per_input).to(device),
-                           given_rows=args.rows, generator=generator, progress=True).cpu()
+                           given_rows=args.rows, generator=generator, progress=True,
+                           transforms=transform_ids(transform, count * per_input, device)).cpu()
             first_column = given_part(inputs, args.rows)
         else:
             per_input = len(args.temperatures)
             low_res = downsample_area(inputs, cfg.superres.low_res_size)
             drawn = sample(model, count * per_input, _to(each_repeated(labels, per_input), device),
                            each_repeated(low_res, per_input).to(device), args.temperatures * count,
-                           generator=generator, progress=True).cpu()
+                           generator=generator, progress=True,
+                           transforms=transform_ids(transform, count * per_input, device)).cpu()
             first_column = upsample_nearest(low_res, cfg.image_size)
         sampling_seconds = time.perf_counter() - sampling_started
         produced = count * per_input
@@ -222,12 +234,30 @@ def run(args: Namespace) -> dict:
                "images_per_sec": round(produced / seconds, 3),
                "temperature": args.temperature if args.task != "superres" else args.temperatures,
                "seed": args.seed, "ckpt": str(args.ckpt)}
+    if transform is not None:
+        summary["transform"] = name(transform)
     if labels is not None:
         summary["labels"] = labels.tolist()
         if names:
             summary["classes"] = names
     summary_file.write_text(json.dumps(summary, indent=2))
     return summary
+
+
+def chosen_transform(given: str, num_transforms: int) -> int:
+    """``--transform``'s id, for a model that embeds it; refused in one line otherwise."""
+    if not num_transforms:
+        raise UserError(f"--transform {given} given, but this model was trained without distribution augmentation "
+                        "(num_transforms=0): drop --transform")
+    transform = parse_transform(given)
+    if transform >= num_transforms:
+        raise UserError(f"--transform {given} is id {transform}; this model embeds ids 0..{num_transforms - 1}")
+    return transform
+
+
+def transform_ids(transform: int | None, count: int, device: str) -> torch.Tensor | None:
+    """(count,) ``transform`` for every image, or None (the identity) without --transform."""
+    return None if transform is None else torch.full((count,), transform, dtype=torch.long, device=device)
 
 
 def _to(tensor: torch.Tensor | None, device: str) -> torch.Tensor | None:

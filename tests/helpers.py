@@ -235,7 +235,7 @@ def value_embeddings(model, targets: Tensor) -> Tensor:
 
 
 def decode_embeddings(model, emb: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
-                      shift: bool = True) -> Tensor:
+                      shift: bool = True, transforms: Tensor | None = None) -> Tensor:
     """(B, T, P) the head's parameters with ``emb`` (B, T, d) as the targets' value embeddings
     (a forward hook gives them in place of the decoder's own), each step's input the one before it
     as the model shifts them (``shift=False``, a negative control: its own), so that tests can
@@ -244,7 +244,7 @@ def decode_embeddings(model, emb: Tensor, labels: Tensor | None = None, low_res:
     hook = model.value_embedding.register_forward_hook(lambda module, args, output: inputs)
     previous = torch.zeros(emb.shape[:2] + ((3,) if model.config.head == "dmol" else ()), dtype=torch.long)
     try:  # the values embedded are replaced by the hook: only their shape counts
-        return model(previous, **model.conditioning(len(previous), labels, low_res))
+        return model(previous, **model.conditioning(len(previous), labels, low_res, transforms=transforms))
     finally:
         hook.remove()
 

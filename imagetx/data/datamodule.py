@@ -167,7 +167,7 @@ class ImageDataModule(L.LightningDataModule):
 
     # What the model decides about the data: imagetx.train links these from the model's
     # config (train.py), so they are never set twice.
-    FROM_MODEL = ("image_size", "num_classes")
+    FROM_MODEL = ("image_size", "num_classes", "num_transforms")
 
     def __init__(
         self,
@@ -231,7 +231,7 @@ class ImageDataModule(L.LightningDataModule):
         self.val_size, self.num_workers, self.random_flip, self.download = val_size, num_workers, random_flip, download
         self.image_size, self.num_classes = image_size, num_classes
         if transforms is None and identity_probability is not None:
-            raise DataError("--data.identity_probability: give --data.transforms too (it is the identity's share of them)")
+            raise DataError("--data.identity_probability: give --data.transforms too (the identity's share of them)")
         self.transforms = None if transforms is None else TransformDraw(transforms, identity_probability)
         if self.transforms and num_transforms is not None and num_transforms < COUNT:
             raise DataError(f"--data.transforms {transforms} gives the model a transform id per image, but it has "

@@ -104,6 +104,9 @@ class ModelConfig:
     """The paper's hyper-parameters: the image, its inputs, the head, the layers, and two sections."""
     image_size: int = 32  # side of the square target image, in pixels
     num_classes: int = 0  # 0 = unconditional; else one learned vector per class (§2)
+    # 0 = off; else distribution augmentation (Jun et al. 2020; issue 127): one learned vector per transform id
+    # added to every step's input as a class's, 48 for the ids of imagetx/data/transforms.py; scored with id 0
+    num_transforms: int = 0
     position_encoding: PositionEncodingKind = "sinusoidal"  # §2: absolute positions added to the inputs
     head: Head = "categorical"  # §5: a softmax per sub-pixel, or a mixture of logistics per pixel
     mixture_components: int = 10  # K of the DMOL head (§5); unused by the categorical head
@@ -189,6 +192,8 @@ class ModelConfig:
             _invalid("dropout", self.dropout, "must be in [0, 1)")
         if self.num_classes < 0:
             _invalid("num_classes", self.num_classes, "must be 0 (unconditional) or the number of classes")
+        if self.num_transforms < 0:
+            _invalid("num_transforms", self.num_transforms, "must be 0 (off) or the number of transform ids (48)")
         if self.head == "dmol" and self.mixture_components < 1:
             _invalid("mixture_components", self.mixture_components, "must be at least 1")
 

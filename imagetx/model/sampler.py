@@ -280,6 +280,7 @@ def sample_progressively(
     progress: bool = False,
     compiled: bool | str = False,
     every: int | None = None,
+    transforms: Tensor | None = None,
 ) -> Iterator[Progress]:
     """Generate ``count`` images with the cache, in eval mode (the model's own mode is restored
     after), showing the work: with ``every`` = n, yields the images so far after the given rows
@@ -292,7 +293,8 @@ def sample_progressively(
     image rows (``model.given_steps``) is teacher-forced to the prefix's value (image completion,
     docs/model.md §6), in one pass (``model.prefill``); the rest is sampled. ``compiled``: each
     step through ``compile_decoding`` (True: torch.compile's default mode; a string: that mode,
-    e.g. "reduce-overhead"), the same images as the eager step gives, up to rounding."""
+    e.g. "reduce-overhead"), the same images as the eager step gives, up to rounding. ``transforms``: the
+    transform id of each image, for a model with distribution augmentation (None: the identity)."""
     check_count(count)
     temperatures = image_temperatures(temperature, count)
     forced = given_values(model, count, prefix, given_rows)
@@ -306,7 +308,7 @@ def sample_progressively(
     with eval_mode(model):
         threads.limit()
         try:
-            cache = model.start_decoding(count, labels, low_res)
+            cache = model.start_decoding(count, labels, low_res, transforms)
             for values, finite in decoded(model, count, step, draw, cache, forced, progress):
                 steps = len(values)
                 if every is not None and (steps == given_count or (steps % every == 0 and steps < total)):

@@ -18,9 +18,11 @@ from .sampler import LOG_PROGRESS_SECONDS
 
 def conditioning(config: ModelConfig, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor | None]:
     """What the model of ``config`` takes beside a batch's images (a dict of ``images`` and,
-    where the model takes them, ``labels``), as keyword arguments: ``labels`` (or None), and for a
+    where the model takes them, ``labels`` and ``transforms``), as keyword arguments: ``labels`` (or
+    None), ``transforms`` (None, the identity's, for a batch without: evaluation's), and for a
     super-resolution model ``low_res``, made from the images themselves."""
-    given = {"labels": batch["labels"] if config.num_classes else None}
+    given = {"labels": batch["labels"] if config.num_classes else None,
+             "transforms": batch.get("transforms") if config.num_transforms else None}
     if config.superres:
         given["low_res"] = downsample_area(batch["images"], config.superres.low_res_size)
     return given

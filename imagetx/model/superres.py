@@ -35,7 +35,8 @@ from .config import CHANNELS, ModelConfig
 from .embedding import PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, head_type
 from .patterns import GenerationOrder
-from .transformer import DecodingCache, ImageTransformer, TransformerLayer, check_image_tensor, check_labels, zero_start
+from .transformer import (DecodingCache, ImageTransformer, TransformerLayer, check_image_tensor, check_labels,
+                          check_transforms, zero_start)
 
 
 def downsample_area(images: torch.Tensor, size: int) -> torch.Tensor:
@@ -182,7 +183,8 @@ class SuperResolutionTransformer(ImageTransformer):
         return LowResContext([cell_add.prepare(context) for cell_add in self.cell_adds])
 
     def forward(self, previous: Tensor, cache: DecodingCache[LowResContext] | None = None,
-                labels: Tensor | None = None, low_res: Tensor | None = None) -> Tensor:
+                labels: Tensor | None = None, low_res: Tensor | None = None,
+                transforms: Tensor | None = None) -> Tensor:
         """The decoder's ``forward`` given ``low_res`` (teacher-forced) or the cache's: (B, t[, 3]) ->
         (B, t, P), with ``exact_box_means`` (B, t, P + 2c), each step's value bounds appended."""
         start, context = (0, self.read(low_res)) if cache is None else (cache.step, cache.context)
@@ -193,31 +195,33 @@ class SuperResolutionTransformer(ImageTransformer):
             extra = self.cell_remainder.embed(self.cell_remainder.features(*state))  # (B, t, d)
             bounds = self.cell_remainder.bounds(*state) if self.config.superres.exact_box_means else None
         if self.cell_adds is None:
-            params = super().forward(previous, cache, labels, extra=extra, context=context.layers)
+            params = super().forward(previous, cache, labels, transforms=transforms, extra=extra,
+                                     context=context.layers)
         else:  # each layer's c made as the decoder reaches it
             c = (cell_add(mapped, steps) for cell_add, mapped in zip(self.cell_adds, context.layers))
-            params = super().forward(previous, cache, labels, extra=extra, c=c)
+            params = super().forward(previous, cache, labels, transforms=transforms, extra=extra, c=c)
         return params if bounds is None else self.head.with_bounds(params, bounds)  # (B, t, P + 2c)
 
-    def start_decoding(self, batch: int, labels: Tensor | None = None,
-                       low_res: Tensor | None = None) -> DecodingCache[LowResContext]:
+    def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None,
+                       transforms: Tensor | None = None) -> DecodingCache[LowResContext]:
         """An empty cache for decoding ``batch`` images of ``low_res``; the encoder runs here, once."""
-        cache = super().start_decoding(batch, labels, low_res)
+        cache = super().start_decoding(batch, labels, low_res, transforms)
         remainder = None if self.cell_remainder is None else self.cell_remainder.start_decoding(low_res)
         return replace(cache, context=replace(self.read(low_res), remainder=remainder))
 
     def conditioning(self, count: int, labels: Tensor | None, low_res: Tensor | None = None,
-                     values: bool = True) -> dict[str, Tensor | None]:
-        """Labels and the low-resolution input as this model needs them, for ``count`` images
-        (``values``: their values checked too), as ``forward``'s keyword arguments."""
+                     values: bool = True, transforms: Tensor | None = None) -> dict[str, Tensor | None]:
+        """Labels, transform ids and the low-resolution input as this model needs them, for ``count``
+        images (``values``: their values checked too), as ``forward``'s keyword arguments."""
         check_labels(labels, count, self.config.num_classes, values=values)
+        check_transforms(transforms, count, self.config.num_transforms, values)
         low = self.config.superres.low_res_size
         if low_res is None:
             raise UserError(f"this super-resolution model needs low_res images of shape (B, {low}, {low}, 3)")
         check_image_tensor("low_res", low_res, low, values)
         if low_res.shape[0] != count:
             raise UserError(f"low_res has {low_res.shape[0]} images for {count} targets")
-        return {"labels": labels, "low_res": low_res}
+        return {"labels": labels, "low_res": low_res, "transforms": transforms}
 
 
 def build_model(config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE,

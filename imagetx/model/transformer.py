@@ -87,6 +87,16 @@ def check_labels(labels: Tensor | None, count: int, num_classes: int, name: str 
         raise UserError(f"{given} outside 0..{num_classes - 1}")
 
 
+def check_transforms(transforms: Tensor | None, count: int, num_transforms: int, values: bool = True) -> None:
+    """Transform ids (distribution augmentation) fit for a model with ``num_transforms`` of them: None
+    (the identity) always, else integer ids (count,) in range, as labels are checked."""
+    if transforms is None:
+        return
+    if not num_transforms:
+        raise UserError("transforms given, but this model takes none (num_transforms=0): give no transforms")
+    check_labels(transforms, count, num_transforms, "transforms", values)
+
+
 class TransformerLayer(nn.Module):
     """Self-attention, then the optional conditioning sublayers, then a feed-forward, each with
     add-and-norm (docs/model.md §3, §6): ``x = layer(x, cache, start, c, context)``. A decoder
@@ -196,6 +206,7 @@ class ImageTransformer(nn.Module):
         self.value_embedding = head.input_embedding(d)
         self.positions = PositionEncoding(*config.grid_shape, d, config.position_encoding)
         self.class_embedding = nn.Embedding(config.num_classes, d) if config.num_classes else None
+        self.transform_embedding = nn.Embedding(config.num_transforms, d) if config.num_transforms else None
         self.input_dropout = nn.Dropout(config.dropout)
         # No parameters, and what every layer reads alike: one for every layer. The block mask is
         # kept where FlexAttention may run.
@@ -220,15 +231,16 @@ class ImageTransformer(nn.Module):
         return self.input_dropout(x)
 
     def forward(self, previous: Tensor, cache: DecodingCache | None = None, labels: Tensor | None = None, *,
-                extra: Tensor | None = None, c: Iterable[Tensor] | None = None,
+                transforms: Tensor | None = None, extra: Tensor | None = None, c: Iterable[Tensor] | None = None,
                 context: Iterable[CrossAttentionCache] | None = None) -> Tensor:
         """(B, t[, 3]) the value before each step -> (B, t, P) the head's parameters: every step
         teacher-forced (no cache: ``previous_values(targets)``, ``labels`` the class of each
-        image), or with ``cache`` the t steps from its counter on (its class its own). What else
+        image, ``transforms`` its transform's id), or with ``cache`` the t steps from its counter on (its
+        class and transform its own). What else
         conditions these steps, from a model built around the decoder: ``extra`` (B, t, d) added
         to their inputs; per layer, in layer order, ``c`` (B, t, d) and cross-attention's
         ``context`` (``TransformerLayer``)."""
-        start, condition = (0, self.condition(labels)) if cache is None else (cache.step, cache.condition)
+        start, condition = (0, self.condition(labels, transforms)) if cache is None else (cache.step, cache.condition)
         steps = start + torch.arange(previous.shape[1], device=previous.device)  # (t,)
         x = self.inputs(previous, steps, condition, extra)  # (B, t, d)
         nothing = [None] * len(self.layers)
@@ -243,18 +255,24 @@ class ImageTransformer(nn.Module):
             cache.step += previous.shape[1]  # after the pass, whose layers read the counter as their start
         return self.head(self.final_norm(x))  # (B, t, P)
 
-    def condition(self, labels: Tensor | None) -> Tensor | None:
-        """(B,) labels -> (B, 1, d) what every step's input adds of its image's class (None: none).
-        Another conditioning vector would be one more argument and term here, as DiT sums its own."""
-        return None if labels is None else self.class_embedding(labels)[:, None]
+    def condition(self, labels: Tensor | None, transforms: Tensor | None = None) -> Tensor | None:
+        """(B,) labels and transform ids -> (B, 1, d) what every step's input adds of its image's class
+        and, with distribution augmentation (``num_transforms``), of its transform, summed as DiT sums its
+        own (None: none). No transforms: the identity's vector (id 0), (1, 1, d) for every image."""
+        vectors = [] if labels is None else [self.class_embedding(labels)[:, None]]
+        if self.transform_embedding is not None:
+            table = self.transform_embedding.weight
+            vectors.append(table[:1][None] if transforms is None else self.transform_embedding(transforms)[:, None])
+        return sum(vectors[1:], vectors[0]) if vectors else None
 
     # ----- decoding, one step at a time ---------------------------------------
-    def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None) -> DecodingCache:
+    def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None,
+                       transforms: Tensor | None = None) -> DecodingCache:
         """An empty cache for decoding ``batch`` images with ``forward``, at step 0."""
-        self.conditioning(batch, labels, low_res)
+        self.conditioning(batch, labels, low_res, transforms=transforms)
         step = torch.zeros((), dtype=torch.long, device=self.step_rows.device)
         rings = [layer.self_attn.start_decoding(batch) for layer in self.layers]
-        return DecodingCache(step, self.condition(labels), rings, None)
+        return DecodingCache(step, self.condition(labels, transforms), rings, None)
 
     def decode_step(self, previous: Tensor, cache: DecodingCache) -> Tensor:
         """The value generated at step t − 1, (B,) or (B, 3) -> (B, P): step t's parameters, equal to
@@ -286,39 +304,40 @@ class ImageTransformer(nn.Module):
         return self.head.to_images(self.order.sequence_to_grid(sequence))
 
     def log_prob(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
-                 check: bool = True) -> Tensor:
+                 check: bool = True, transforms: Tensor | None = None) -> Tensor:
         """uint8 images (B, H, W, 3) -> (B, T) log-likelihood of every generation step, in nats
         (given ``low_res``, the input of a model that takes one). Inputs it cannot take are refused in
         one line; ``check`` False reads no value back (shapes and dtypes only), for data whose
         values were checked as it was read (the training step)."""
         check_image_tensor("images", images, self.config.image_size, check)
-        given = self.conditioning(images.shape[0], labels, low_res, check)
+        given = self.conditioning(images.shape[0], labels, low_res, check, transforms)
         targets = self.targets(images)
         return self.head.log_prob(self(previous_values(targets), **given), targets)
 
     def nll(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None, given_rows: int = 0,
-            check: bool = True) -> Tensor:
+            check: bool = True, transforms: Tensor | None = None) -> Tensor:
         """(B,) negative log-likelihood of each whole image, in nats; with ``given_rows`` = k, of the
         part below the first k rows given them (image completion, ``given_steps``)."""
-        log_p = self.log_prob(images, labels, low_res, check)
+        log_p = self.log_prob(images, labels, low_res, check, transforms)
         return image_nll(log_p, self.given_steps(given_rows) if given_rows else None)
 
     def bits_per_dim(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
-                     given_rows: int = 0, check: bool = True) -> Tensor:
+                     given_rows: int = 0, check: bool = True, transforms: Tensor | None = None) -> Tensor:
         """(B,) bits per scored sub-pixel of each image (docs/model.md §5): all of them, or those
-        below the first ``given_rows`` rows."""
-        nats = self.nll(images, labels, low_res, given_rows, check)
+        below the first ``given_rows`` rows; ``transforms``: the images' transform ids (None: the identity)."""
+        nats = self.nll(images, labels, low_res, given_rows, check, transforms)
         return nats / (scored_dims(self.config, given_rows) * math.log(2))
 
     def conditioning(self, count: int, labels: Tensor | None, low_res: Tensor | None = None,
-                     values: bool = True) -> dict[str, Tensor | None]:
-        """Labels as this model needs them, for ``count`` images (``values``: their values checked
-        too), as ``forward``'s keyword arguments; a ``low_res`` input, which this model takes none of,
-        refused."""
+                     values: bool = True, transforms: Tensor | None = None) -> dict[str, Tensor | None]:
+        """Labels and transform ids as this model needs them, for ``count`` images (``values``: their
+        values checked too), as ``forward``'s keyword arguments; a ``low_res`` input, which this model
+        takes none of, refused."""
         check_labels(labels, count, self.config.num_classes, values=values)
+        check_transforms(transforms, count, self.config.num_transforms, values)
         if low_res is not None:
             raise UserError("this model has no encoder of a low_res input: pass low_res=None")
-        return {"labels": labels}
+        return {"labels": labels, "transforms": transforms}
 
     def given_steps(self, rows: int) -> Tensor:
         """(T,) bool: the steps in the first ``rows`` image rows, which image completion gives

@@ -32,7 +32,7 @@ GEOMETRY = {
 
 
 def build(head, attention, num_classes=0, n_layers=1, image_size=4, seed=0, **extra):
-    """A float64 tiny model, with the value embeddings of random images as a leaf."""
+    """A float64 tiny model, with the value embeddings of random images as a leaf (and its labels)."""
     overrides = dict(GEOMETRY[(head, attention)], **extra)
     model = tiny_model(seed=seed, dtype=torch.float64, head=head, attention=attention, num_classes=num_classes,
                        n_layers=n_layers, image_size=image_size, **overrides)
@@ -43,12 +43,13 @@ def build(head, attention, num_classes=0, n_layers=1, image_size=4, seed=0, **ex
     return model, emb, labels
 
 
-def step_gradients(model, emb, steps, labels=None, low_res=None, shift=True) -> dict[int, torch.Tensor]:
+def step_gradients(model, emb, steps, labels=None, low_res=None, shift=True,
+                   transforms=None) -> dict[int, torch.Tensor]:
     """For each t: (T,) total |d (proj · params[:, t]) / d emb[:, s]| at every step s.
 
     ``shift=False`` is the negative control: step t reads its own value."""
     emb = emb.detach().clone().requires_grad_()
-    params = decode_embeddings(model, emb, labels, low_res, shift)
+    params = decode_embeddings(model, emb, labels, low_res, shift, transforms)
     assert params.shape[:2] == emb.shape[:2]
     out = {}
     for t in steps:
@@ -67,7 +68,8 @@ def receptive_field(can_attend: torch.Tensor, n_layers: int) -> torch.Tensor:
     return reach.bool()
 
 
-def causality_violations(model, emb, steps, labels=None, low_res=None, shift=True, n_layers=None) -> list[str]:
+def causality_violations(model, emb, steps, labels=None, low_res=None, shift=True, n_layers=None,
+                         transforms=None) -> list[str]:
     """Check every step in ``steps``; return a description of every problem found.
 
     * a non-zero gradient at a step >= t is a leak of the future;
@@ -78,7 +80,7 @@ def causality_violations(model, emb, steps, labels=None, low_res=None, shift=Tru
     problems = []
     can_attend = getattr(model, "decoder", model).pattern.can_attend()
     n = can_attend.shape[0]
-    grads = step_gradients(model, emb, steps, labels, low_res, shift)
+    grads = step_gradients(model, emb, steps, labels, low_res, shift, transforms)
     for t in steps:
         grad = grads[t]
         leaks = (grad[t:] != 0).nonzero().flatten() + t
@@ -115,20 +117,34 @@ def steps_to_check(model) -> list[int]:
     return sorted(s for s in steps if 0 <= s < n)
 
 
-@pytest.mark.parametrize("num_classes", [0, 10])
-@pytest.mark.parametrize("head", ["categorical", "dmol"])
-@pytest.mark.parametrize("attention", ["local_1d", "local_2d", "full"])
-def test_single_layer_sees_exactly_its_memory(attention, head, num_classes):
-    model, emb, labels = build(head, attention, num_classes, n_layers=1)
-    assert causality_violations(model, emb, steps_to_check(model), labels, n_layers=1) == []
+# Conditioning: none, a class, a class and a transform (distribution augmentation, 48 ids), each image its own.
+CONDITIONING = {"unconditional": (0, 0), "classes": (10, 0), "classes+transforms": (10, 48)}
 
 
-@pytest.mark.parametrize("num_classes", [0, 10])
+def transform_ids(num_transforms, seed=5):
+    """Random transform ids for the 2 images of ``build`` (None without transforms: the identity)."""
+    return random_labels(2, num_transforms, seed=seed) if num_transforms else None
+
+
+@pytest.mark.parametrize("conditioning", CONDITIONING)
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
 @pytest.mark.parametrize("attention", ["local_1d", "local_2d", "full"])
-def test_two_layers_are_causal(attention, head, num_classes):
-    model, emb, labels = build(head, attention, num_classes, n_layers=2, seed=1, norm="pre")
-    assert causality_violations(model, emb, steps_to_check(model), labels, n_layers=2) == []
+def test_single_layer_sees_exactly_its_memory(attention, head, conditioning):
+    num_classes, num_transforms = CONDITIONING[conditioning]
+    model, emb, labels = build(head, attention, num_classes, n_layers=1, num_transforms=num_transforms)
+    assert causality_violations(model, emb, steps_to_check(model), labels, n_layers=1,
+                                transforms=transform_ids(num_transforms)) == []
+
+
+@pytest.mark.parametrize("conditioning", CONDITIONING)
+@pytest.mark.parametrize("head", ["categorical", "dmol"])
+@pytest.mark.parametrize("attention", ["local_1d", "local_2d", "full"])
+def test_two_layers_are_causal(attention, head, conditioning):
+    num_classes, num_transforms = CONDITIONING[conditioning]
+    model, emb, labels = build(head, attention, num_classes, n_layers=2, seed=1, norm="pre",
+                               num_transforms=num_transforms)
+    assert causality_violations(model, emb, steps_to_check(model), labels, n_layers=2,
+                                transforms=transform_ids(num_transforms)) == []
 
 
 def test_local_patterns_are_genuinely_local():
@@ -177,11 +193,13 @@ def test_flange_taller_than_the_block_is_causal(head, n_layers):
 # ----- negative controls: the check must catch a leak ------------------------------------
 
 
+@pytest.mark.parametrize("num_transforms", [0, 48])
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
 @pytest.mark.parametrize("attention", ["local_1d", "local_2d", "full"])
-def test_unshifted_inputs_are_caught(attention, head):
-    model, emb, _ = build(head, attention)
-    problems = causality_violations(model, emb, steps_to_check(model), shift=False)
+def test_unshifted_inputs_are_caught(attention, head, num_transforms):
+    model, emb, _ = build(head, attention, num_transforms=num_transforms)
+    problems = causality_violations(model, emb, steps_to_check(model), shift=False,
+                                    transforms=transform_ids(num_transforms))
     assert any(p.startswith("leak") for p in problems)
 
 

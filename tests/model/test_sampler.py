@@ -35,11 +35,11 @@ def counter(cache) -> int:
     return int(getattr(cache, "decoder", cache).step)
 
 
-def cached_params(model, images, labels=None, low_res=None, step=None):
+def cached_params(model, images, labels=None, low_res=None, step=None, transforms=None):
     """Teacher-force ``images`` through ``step`` (``model.decode_step`` by default): (B, T, P)
     parameters (a bounded head's carry each step's value bounds)."""
     step = step or model.decode_step
-    cache = model.start_decoding(images.shape[0], labels, low_res)
+    cache = model.start_decoding(images.shape[0], labels, low_res, transforms)
     targets = model.targets(images)
     params = [step(first_input(model, images.shape[0]), cache)]
     for t in range(1, model.order.length):
@@ -48,16 +48,17 @@ def cached_params(model, images, labels=None, low_res=None, step=None):
     return torch.stack(params, dim=1)
 
 
-def full_params(model, images, labels=None, low_res=None):
+def full_params(model, images, labels=None, low_res=None, transforms=None):
     """The full pass's (B, T, P) parameters."""
-    return model(previous_values(model.targets(images)), **model.conditioning(len(images), labels, low_res))
+    given = model.conditioning(len(images), labels, low_res, transforms=transforms)
+    return model(previous_values(model.targets(images)), **given)
 
 
-def prefilled_params(model, images, given, labels=None, low_res=None, step=None):
+def prefilled_params(model, images, given, labels=None, low_res=None, step=None, transforms=None):
     """Teacher-force the first ``given`` steps of ``images`` in one ``prefill``, the rest through
     ``step`` (``model.decode_step`` by default): (B, T, P) parameters."""
     step = step or model.decode_step
-    cache = model.start_decoding(images.shape[0], labels, low_res)
+    cache = model.start_decoding(images.shape[0], labels, low_res, transforms)
     targets = model.targets(images)
     params = [model.prefill(targets[:, :given], cache)]
     assert counter(cache) == given
@@ -75,12 +76,12 @@ def prefill_lengths(model) -> list[int]:
     return [1, half_image, length // 3 + 1, length]
 
 
-def check_cached_equals_full(model, images, labels=None, low_res=None, step=None):
+def check_cached_equals_full(model, images, labels=None, low_res=None, step=None, transforms=None):
     """The cached decoder, step by step and after a prefill of each of ``prefill_lengths``,
-    gives the full pass's parameters."""
+    gives the full pass's parameters (``transforms``: each image's transform id, for a model with them)."""
     with torch.no_grad():
-        full = full_params(model, images, labels, low_res)
-        cached = cached_params(model, images, labels, low_res, step)
+        full = full_params(model, images, labels, low_res, transforms)
+        cached = cached_params(model, images, labels, low_res, step, transforms)
         targets = model.targets(images)
         assert cached.shape == full.shape
         torch.testing.assert_close(cached, full, rtol=1e-9, atol=1e-9)
@@ -88,21 +89,27 @@ def check_cached_equals_full(model, images, labels=None, low_res=None, step=None
         assert (cached_bounds is None) == (bounds is None) and (bounds is None or torch.equal(cached_bounds, bounds))
         given = {} if low_res is None else {"low_res": low_res}
         torch.testing.assert_close(model.head.log_prob(cached, targets),
-                                   model.log_prob(images, labels, **given), rtol=1e-6, atol=1e-6)
+                                   model.log_prob(images, labels, **given, transforms=transforms), rtol=1e-6, atol=1e-6)
         for given in prefill_lengths(model):
-            prefilled = prefilled_params(model, images, given, labels, low_res, step)
+            prefilled = prefilled_params(model, images, given, labels, low_res, step, transforms)
             torch.testing.assert_close(prefilled, full, rtol=1e-9, atol=1e-9, msg=lambda m: f"prefill {given}: {m}")
 
 
-@pytest.mark.parametrize("num_classes", [0, 10])
+# Conditioning: none, a class, a class and a transform (distribution augmentation, 48 ids), each image its own.
+CONDITIONING = {"unconditional": (0, 0), "classes": (10, 0), "classes+transforms": (10, 48)}
+
+
+@pytest.mark.parametrize("conditioning", CONDITIONING)
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
 @pytest.mark.parametrize("attention", ["local_1d", "local_2d", "full"])
-def test_cached_decoder_matches_full_pass(attention, head, num_classes):
+def test_cached_decoder_matches_full_pass(attention, head, conditioning):
+    num_classes, num_transforms = CONDITIONING[conditioning]
     model = tiny_model(seed=1, dtype=torch.float64, head=head, attention=attention, num_classes=num_classes,
-                       query_block_shape=block_shape(head), **SMALL_BLOCKS)
+                       num_transforms=num_transforms, query_block_shape=block_shape(head), **SMALL_BLOCKS)
     images = random_images(2, 8, seed=2)
     labels = random_labels(2, 10, seed=3) if num_classes else None
-    check_cached_equals_full(model, images, labels)
+    transforms = random_labels(2, num_transforms, seed=4) if num_transforms else None
+    check_cached_equals_full(model, images, labels, transforms=transforms)
 
 
 def test_cached_decoder_matches_full_pass_2d_rotary():
@@ -127,14 +134,17 @@ def test_ring_buffer_is_shorter_than_the_sequence():
     ("categorical", "local_2d", "cross_attention", 2), ("dmol", "local_1d", "cross_attention", 2),
     ("categorical", "local_1d", "cross_attention", 4), ("dmol", "local_2d", "cross_attention", 4),
     ("categorical", "local_1d", "cell_add", 4), ("dmol", "local_2d", "cell_add", 4)])
-def test_cached_decoder_matches_full_pass_with_encoder(head, attention, reading, low_res_size):
+@pytest.mark.parametrize("num_transforms", [0, 48])
+def test_cached_decoder_matches_full_pass_with_encoder(head, attention, reading, low_res_size, num_transforms):
     # low_res_size 4 with the cell add: each step reads part of the 4x4 input directly
     model = tiny_model(seed=4, dtype=torch.float64, head=head, attention=attention, num_classes=10,
                        encoder_layers=1, low_res_size=low_res_size, low_res_reading=reading,
-                       query_block_shape=block_shape(head), **{**SMALL_BLOCKS, "n_layers": 1})
+                       num_transforms=num_transforms, query_block_shape=block_shape(head),
+                       **{**SMALL_BLOCKS, "n_layers": 1})
     images = random_images(2, 8, seed=5)
     low_res = downsample_area(random_images(2, 8, seed=6), model.config.superres.low_res_size)  # not the images' own
-    check_cached_equals_full(model, images, random_labels(2, 10, seed=7), low_res)
+    transforms = random_labels(2, num_transforms, seed=8) if num_transforms else None
+    check_cached_equals_full(model, images, random_labels(2, 10, seed=7), low_res, transforms=transforms)
 
 
 def test_cached_decoder_matches_full_pass_pre_norm():
