@@ -19,6 +19,7 @@ from imagetx.errors import UserError
 from imagetx.sample import main as sample_main
 from imagetx.model.sampler import sample
 from imagetx.model.scoring import batch_bits_per_dim, evaluate
+from imagetx.model.transformer import previous_values
 
 
 def model_with_transforms(**overrides):
@@ -104,3 +105,17 @@ def test_sample_command_takes_a_transform(tmp_path, capsys):
     assert "without distribution augmentation" in one_error_line(capsys, sample_main, plain)
     unknown = ["--ckpt", str(tmp_path / "model"), "--out", str(tmp_path / "d"), "--transform", "rot45"]
     assert "not a transform" in one_error_line(capsys, sample_main, unknown)
+
+
+@pytest.mark.parametrize("given", ["ids", "identity"])
+def test_a_model_with_transforms_compiles_as_one_graph(given):
+    """The transform's vector (ids, or the identity's row without them) adds no graph break
+    (tests/training/test_compile.py: what a break costs); the eager backend traces as torch.compile does."""
+    model = tiny_model(seed=1, image_size=8, head="dmol", num_classes=10, num_transforms=48, query_block_length=16)
+    images, labels = random_images(2, 8, seed=2), random_labels(2, 10, seed=3)
+    kwargs = {"labels": labels, "transforms": torch.tensor([5, 40]) if given == "ids" else None}
+    previous = previous_values(model.targets(images))
+    torch.compiler.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="eager")
+    with torch.no_grad():
+        torch.testing.assert_close(compiled(previous, **kwargs), model(previous, **kwargs))
