@@ -253,4 +253,6 @@ def one_level(config: ModelConfig) -> dict[str, Any]:
         out[name] = sections[section][field_name]
     if attention.get("head_size") is not None:  # a width of the attention's own: none before the field
         out["head_size"] = attention["head_size"]
+    if not out["num_transforms"]:  # no transform input (data/transforms.py): none before the field
+        del out["num_transforms"]
     return out

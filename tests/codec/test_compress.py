@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import ASSETS, random_images, tiny_model
+from helpers import ASSETS, random_images, tiny_config, tiny_model
 from imagetx.codec import CodecError, compress, compress_with_stats, decompress, model_fingerprint, read_header
 import imagetx.codec.api as codec_api
 from imagetx.codec.arithmetic import PORTABLE_COMMAND, Arithmetic, current
@@ -354,3 +354,13 @@ def test_images_the_codec_cannot_take():
         compress(model, np.zeros((1, 4, 4, 3), np.float32))
     with pytest.raises(CodecError, match="unconditional"):
         compress(tiny_model(num_classes=10), np.zeros((1, 4, 4, 3), np.uint8))
+
+
+def test_the_fingerprint_leaves_out_a_transform_input_no_model_has():
+    """A file names its model by a hash of its one-level config (io.older.one_level): the field
+    num_transforms (issue 127), 0 in every model before it, is left out there, or every committed file
+    would name another model; a model that has the input is fingerprinted with it."""
+    from imagetx.io.older import one_level
+
+    assert "num_transforms" not in one_level(tiny_config())
+    assert one_level(tiny_config(num_transforms=48))["num_transforms"] == 48
