@@ -36,7 +36,7 @@ from .embedding import PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, head_type
 from .patterns import GenerationOrder
 from .transformer import (DecodingCache, ImageTransformer, TransformerLayer, check_image_tensor, check_labels,
-                          check_transforms, zero_start)
+                          check_transforms, layer_sizes, zero_start)
 
 
 def downsample_area(images: torch.Tensor, size: int) -> torch.Tensor:
@@ -79,7 +79,7 @@ class Encoder(nn.Module):
         self.register_buffer("cols", target_cols, persistent=False)
         self.embedding = SubPixelEmbedding(config.d_model, ordinal=True)
         self.dropout = nn.Dropout(config.dropout)
-        self.layers = nn.ModuleList(TransformerLayer(config) for _ in range(config.superres.encoder_layers))
+        self.layers = nn.ModuleList(TransformerLayer(**layer_sizes(config)) for _ in range(config.superres.encoder_layers))
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()
 
     def forward(self, low_res: Tensor, positions: PositionEncoding) -> Tensor:

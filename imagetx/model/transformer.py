@@ -98,54 +98,67 @@ def check_transforms(transforms: Tensor | None, count: int, num_transforms: int,
 
 
 class TransformerLayer(nn.Module):
-    """Self-attention, then the optional conditioning sublayers, then a feed-forward, each with
-    add-and-norm (docs/model.md §3, §6): ``x = layer(x, cache, start, c, context)``. A decoder
-    layer is causal under a pattern, given as its ``forms`` (with ``rotary`` positions; both shared
-    by every layer); without one it sees every position. Conditioning, as built:
+    """Self-attention, then the optional conditioning sublayers, then a feed-forward, each a
+    residual branch with dropout (docs/model.md §3, §6): ``x = layer(x, cache, start, c, context)``.
+    A decoder layer is causal under a pattern, given as its ``forms`` (with ``rotary`` positions;
+    both shared by every layer); without one it sees every position. Conditioning, as built:
     ``conditioned``, a per-step vector ``c`` (B, t, d) added after self-attention (DiT's ``c``,
-    added); ``cross_attention``, attention to a ``context`` (the paper's encoder–decoder)."""
+    added); ``cross_attention``, attention to a ``context`` (the paper's encoder–decoder).
+    ``head_size``: the heads' width, d_model / n_heads by default."""
 
-    def __init__(self, config: ModelConfig, forms: PatternForms | None = None, rotary: Rotary2D | None = None,
-                 kernel: str = "auto", cross_attention: bool = False, conditioned: bool = False) -> None:
+    def __init__(self, d_model: int, n_heads: int, d_filter: int, dropout: float, pre_norm: bool = True,
+                 forms: PatternForms | None = None, rotary: Rotary2D | None = None, kernel: str = "auto",
+                 head_size: int | None = None, cross_attention: bool = False, conditioned: bool = False) -> None:
         super().__init__()
-        d = config.d_model
-        self.pre_norm = config.norm == "pre"
-        self.self_attn = SelfAttention(d, config.attention.n_heads, forms, kernel, rotary, config.head_size)
-        self.self_norm = nn.LayerNorm(d)
-        self.ffn = nn.Sequential(nn.Linear(d, config.d_filter), nn.ReLU(), nn.Linear(config.d_filter, d))
-        self.ffn_norm = nn.LayerNorm(d)
-        self.dropout = nn.Dropout(config.dropout)
+        self.pre_norm = pre_norm
+        self.self_attn = SelfAttention(d_model, n_heads, forms, kernel, rotary, head_size)
+        self.self_norm = nn.LayerNorm(d_model)
+        self.ffn = nn.Sequential(nn.Linear(d_model, d_filter), nn.ReLU(), nn.Linear(d_filter, d_model))
+        self.ffn_norm = nn.LayerNorm(d_model)
+        self.dropout = nn.Dropout(dropout)
         # Registered last, so that the parameters of every layer without them keep their order.
-        # Post-norm normalises after every add: ``c`` too, which pre-norm adds as it is.
-        self.c_norm = nn.LayerNorm(d) if conditioned and not self.pre_norm else None
-        self.cross_attn = CrossAttention(d, config.attention.n_heads, config.head_size) if cross_attention else None
-        self.cross_norm = nn.LayerNorm(d) if cross_attention else None
-
-    def branch_input(self, x: Tensor, norm: nn.LayerNorm) -> Tensor:
-        """What a branch reads of the residual stream: ``norm(x)`` when pre-norm, x itself when post-norm."""
-        return norm(x) if self.pre_norm else x
-
-    def add(self, x: Tensor, branch: Tensor, norm: nn.LayerNorm | None) -> Tensor:
-        """x + a branch's output, with dropout; normalised after by ``norm`` when post-norm (the paper's)."""
-        x = x + self.dropout(branch)
-        return x if self.pre_norm else norm(x)
+        # Pre-norm adds ``c`` as it is; post-norm normalises after every add, ``c``'s too.
+        self.c_norm = nn.LayerNorm(d_model) if conditioned and not pre_norm else None
+        self.cross_attn = CrossAttention(d_model, n_heads, head_size) if cross_attention else None
+        self.cross_norm = nn.LayerNorm(d_model) if cross_attention else None
 
     def forward(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0,
                 c: Tensor | None = None, context: CrossAttentionCache | None = None) -> Tensor:
         """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or with
         ``cache`` the next t steps over its ring; ``c`` (B, t, d) those steps' conditioning and
         ``context`` what cross-attention reads (its keys and values, ``CrossAttention.prepare``)."""
-        x = self.add(x, self.self_attn(self.branch_input(x, self.self_norm), cache, start), self.self_norm)
+        if not self.pre_norm:
+            return self.post_norm_forward(x, cache, start, c, context)
+        drop = self.dropout
+        x = x + drop(self.self_attn(self.self_norm(x), cache, start))
         if c is not None:
-            x = self.add(x, c, self.c_norm)
+            x = x + drop(c)
         if self.cross_attn is not None:
-            x = self.add(x, self.cross_attn(self.branch_input(x, self.cross_norm), context), self.cross_norm)
-        return self.add(x, self.ffn(self.branch_input(x, self.ffn_norm)), self.ffn_norm)
+            x = x + drop(self.cross_attn(self.cross_norm(x), context))
+        return x + drop(self.ffn(self.ffn_norm(x)))
+
+    def post_norm_forward(self, x: Tensor, cache: SelfAttentionCache | None, start: Tensor | int,
+                          c: Tensor | None, context: CrossAttentionCache | None) -> Tensor:
+        """``forward`` as the paper (and the presets with ``norm: post``) has it: each branch reads
+        the residual stream itself, and every sum is normalised."""
+        drop = self.dropout
+        x = self.self_norm(x + drop(self.self_attn(x, cache, start)))
+        if c is not None:
+            x = self.c_norm(x + drop(c))
+        if self.cross_attn is not None:
+            x = self.cross_norm(x + drop(self.cross_attn(x, context)))
+        return self.ffn_norm(x + drop(self.ffn(x)))
 
     def residual_writers(self) -> list[nn.Linear]:
         """The last map of self-attention and of the feed-forward, which add into the residual
         stream: with both at zero a pre-norm layer without conditioning is the identity."""
         return [self.self_attn.proj, self.ffn[-1]]
+
+
+def layer_sizes(config: ModelConfig) -> dict:
+    """The numbers every ``TransformerLayer`` of ``config``'s model is built from, by keyword."""
+    return dict(d_model=config.d_model, n_heads=config.attention.n_heads, d_filter=config.d_filter,
+                dropout=config.dropout, pre_norm=config.norm == "pre", head_size=config.head_size)
 
 
 def zero_start(linears: list[nn.Linear]) -> None:
@@ -212,7 +225,8 @@ class ImageTransformer(nn.Module):
         # kept where FlexAttention may run.
         forms = PatternForms(self.pattern, flex_block_size if may_use_flex(kernel, config.head_size) else None)
         rotary = Rotary2D(config.head_size, self.order) if config.rotary else None
-        self.layers = nn.ModuleList(TransformerLayer(config, forms, rotary, kernel, cross_attention, conditioned)
+        self.layers = nn.ModuleList(TransformerLayer(**layer_sizes(config), forms=forms, rotary=rotary, kernel=kernel,
+                                                     cross_attention=cross_attention, conditioned=conditioned)
                                     for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
         self.head = head.from_config(config)

@@ -51,7 +51,7 @@ from ..io.parts import mib_to_part_bytes
 from ..model.config import ModelConfig
 from ..model.flops import count_flops
 from ..model.superres import build_model
-from ..model.transformer import ImageTransformer, TransformerLayer, zero_start
+from ..model.transformer import ImageTransformer, TransformerLayer, layer_sizes, zero_start
 from .budget import SHARE_CHECK_EVERY, BudgetHorizon, budget_timer
 from .continuation import MANIFEST, is_packed, pack, slim_moments, unpack
 from .resume import settings_to_resume, training_flags
@@ -86,7 +86,7 @@ def deepen(model: ImageTransformer, layers: int, seed: int) -> ImageTransformer:
     parameter = next(model.parameters())
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        added = [TransformerLayer(config, last.forms, last.rotary, last.kernel)
+        added = [TransformerLayer(**layer_sizes(config), forms=last.forms, rotary=last.rotary, kernel=last.kernel)
                  for _ in range(layers - len(model.layers))]
     for layer in added:
         zero_start(layer.residual_writers())
