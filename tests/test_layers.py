@@ -177,3 +177,17 @@ def test_the_sampling_scoring_and_export_commands_never_import_lightning_or_torc
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "LOADED []" in done.stdout, done.stdout
+
+
+def test_the_decoder_imports_neither_flex_attention_nor_compat():
+    # FlexAttention is an optional kernel in a module of its own (model/flex.py), imported where it runs: the
+    # decoder, built and run on the SDPA path, loads neither it, nor compat.py, nor torch's module (and sympy).
+    script = ("import sys, torch, imagetx\nfrom imagetx.model.transformer import ImageTransformer\n"
+              "model = ImageTransformer(imagetx.ModelConfig(image_size=4, n_layers=1, d_model=16, d_filter=32,\n"
+              "    attention=imagetx.AttentionConfig(n_heads=2, query_block_length=8)), kernel='sdpa')\n"
+              "model.bits_per_dim(torch.zeros(1, 4, 4, 3, dtype=torch.uint8))\n"
+              "print('LOADED', sorted(name for name in sys.modules if name in ('imagetx.model.flex', 'imagetx.compat',\n"
+              "    'torch.nn.attention.flex_attention') or name.split('.')[0] == 'sympy'))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "LOADED []" in done.stdout, done.stdout

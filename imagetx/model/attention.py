@@ -9,9 +9,10 @@ output projection (``merge_heads``).
 ``attend`` takes what the queries may see as one argument:
 
 * a pattern's forms (``patterns.PatternForms``, built with the model): the full pass, through
-  FlexAttention under the pattern's block mask (the model's kernel flex, or auto on CUDA:
-  ``uses_flex``), or through the SDPA reference path, the pattern's gathered blocks in one fused
-  call (``attend_in_blocks``);
+  the SDPA reference path, the pattern's gathered blocks in one fused call
+  (``attend_in_blocks``), or through the optional FlexAttention kernel under the pattern's block
+  mask (flex.py, imported only where it runs: the model's kernel flex, or auto on CUDA,
+  ``uses_flex``);
 * a boolean (Tq, Tk) mask: decoding, where the keys are a cache's, their steps known;
 * nothing: every key (the encoder, cross-attention).
 
@@ -27,21 +28,15 @@ Positions reach attention, where a model asks for them, as 2D rotary turns of it
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from einops import rearrange
 from torch import Tensor, nn
 
-from ..compat import flex_tiles
 from ..errors import UserError
 from .patterns import BlockIndex, GenerationOrder, MaskRule, PatternForms
-
-if TYPE_CHECKING:  # FlexAttention's module is imported where it runs: it brings sympy (~0.5 s) into a process
-    from torch.nn.attention.flex_attention import BlockMask
 
 # How attention runs, the same numbers every way: "flex" = FlexAttention, block-sparse; "sdpa" =
 # the pattern's gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
@@ -67,7 +62,9 @@ def attend(q: Tensor, k: Tensor, v: Tensor, allowed: PatternForms | Tensor | Non
     if allowed is None or isinstance(allowed, Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
     if uses_flex(kernel, q.device, q.shape[-1]):
-        return flex_attend(q, k, v, allowed.block_mask())
+        from .flex import flex_attend  # the optional kernel, in a module of its own: imported where it runs
+
+        return flex_attend(q, k, v, allowed)
     return attend_in_blocks(q, k, v, allowed.blocks)
 
 
@@ -127,44 +124,6 @@ def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex) -> Ten
     mask = None if blocks.causal else blocks.can_attend[:, None]  # causal: SDPA's own, no mask read
     out = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, is_causal=blocks.causal)
     return rearrange(out, "n (b h) l e -> b h (n l) e", h=heads)[:, :, :length]
-
-
-# ----- FlexAttention ------------------------------------------------------------------------------
-
-@functools.cache
-def compiled_flex_attention():
-    """``flex_attention`` compiled, once per process: uncompiled it computes every score densely
-    (and warns), which defeats the point. Shapes are static: each new (batch, length) compiles
-    once more, and the CPU kernel that dynamic shapes generate does not build (a C++ compile
-    error: an undeclared ``cur_qSplitSize``)."""
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention, dynamic=False)
-
-
-def tile_options(block_mask: BlockMask, device: torch.device) -> dict | None:
-    """The CUDA kernel's tiles for a block mask finer than its default tiles: one tile per block,
-    pinned, since its tiles must divide the mask's blocks and a default tile larger than a block
-    is refused; None (the kernel's own choice) otherwise."""
-    q_block, kv_block = block_mask.BLOCK_SIZE
-    if device.type != "cuda" or min(q_block, kv_block) >= FLEX_BLOCK_SIZE:
-        return None
-    # forward: M queries × N keys; backward: dK/dV over N1 keys by M1 queries, dQ over M2 queries
-    # by N2 keys, where the kernel needs N1 a multiple of M1 and M2 a multiple of N2
-    both = min(q_block, kv_block)
-    return flex_tiles(forward=(q_block, kv_block), backward_kv=(both, kv_block), backward_q=(q_block, both))
-
-
-def flex_attend(q: Tensor, k: Tensor, v: Tensor, block_mask: BlockMask) -> Tensor:
-    """q (B, h, Tq, e), k and v (B, h, Tk, e) -> (B, h, Tq, e) under ``block_mask`` (one for every
-    image and head). Copied contiguous: in a compiled model, Inductor's CPU lowering rejects views
-    of a graph's inputs, and the copy is small next to the attention."""
-    q, k, v = (t.contiguous() for t in (q, k, v))
-    from torch.nn.attention.flex_attention import flex_attention
-
-    # Inside a compiled model the model's compilation builds the kernel.
-    kernel = flex_attention if torch.compiler.is_compiling() else compiled_flex_attention()
-    return kernel(q, k, v, block_mask=block_mask, kernel_options=tile_options(block_mask, q.device))
 
 
 # ----- rotary positions ---------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from torch import nn
 from .config import CHANNELS
 from .attention import pairs_computed, uses_flex
 from .embedding import PixelEmbedding
+from .flex import block_mask, build_block_mask
 from .superres import SuperResolutionTransformer
 from .transformer import ImageTransformer
 
@@ -85,7 +86,7 @@ def decoder_attention_pairs(model: ImageTransformer, device: torch.device | str 
     if uses_flex(attention.kernel, torch.device(device), model.config.head_size):
         # the model's own block mask; one built for counting where it keeps none (built without CUDA)
         kept = forms.flex_block_size is not None
-        return tile_pairs(forms.block_mask() if kept else model.pattern.block_mask(model.flex_block_size))
+        return tile_pairs(block_mask(forms) if kept else build_block_mask(model.pattern, model.flex_block_size))
     return pairs_computed(forms.blocks)
 
 

@@ -21,18 +21,17 @@ the dense matrix):
   tests/helpers.py with it defines the right answer);
 * ``blocks()``: the block keys, each with which of its queries the rule lets see it
   (``BlockIndex``): the SDPA path's gather, O(T·(keys per block)), never O(T²);
-* ``block_mask(block_size)``: the rule as FlexAttention's ``mask_mod``;
 * ``ring()`` and ``step_masks(ring)``: decoding's ring buffer, read from the blocks, and each
   decoding step's mask over it.
 
-A model builds those it reads once, with itself (``PatternForms``: buffers, on its device).
+A model builds those it reads once, with itself (``PatternForms``: buffers, on its device), and
+FlexAttention's block mask, where it may run that kernel, from the rule (flex.py).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -41,9 +40,6 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from .config import ModelConfig
-
-if TYPE_CHECKING:  # imported where a block mask is built: FlexAttention's module brings sympy (~0.5 s)
-    from torch.nn.attention.flex_attention import BlockMask
 
 # ----- the order of generation --------------------------------------------------------------------
 #
@@ -127,16 +123,6 @@ class BlockIndex:
         return torch.arange(n_blocks * block_len, device=self.key_steps.device).view(n_blocks, block_len)
 
 
-def flex_mask_mod(rule: MaskRule) -> Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]:
-    """``rule`` as FlexAttention's ``mask_mod``: (batch, head, query, key) -> bool, the same for
-    every image and head."""
-
-    def mask_mod(batch: Tensor, head: Tensor, query: Tensor, key: Tensor) -> Tensor:
-        return rule(query, key)
-
-    return mask_mod
-
-
 # ----- the pattern type --------------------------------------------------------------------------
 
 class CausalPattern:
@@ -180,16 +166,6 @@ class CausalPattern:
         causal = keys.shape == queries.shape and torch.equal(keys, queries) and \
             torch.equal(can_attend, can_attend.new_ones(can_attend.shape[1:]).tril().expand_as(can_attend))
         return BlockIndex(keys.masked_fill(~inside, length), can_attend, causal)
-
-    def block_mask(self, block_size: int, device: torch.device | str = "cpu") -> BlockMask:
-        """FlexAttention's ``BlockMask`` of the rule on ``device``, broadcast over batch and heads:
-        which kernel blocks of ``block_size`` × ``block_size`` pairs to skip, which to run whole,
-        which to mask. Kernel blocks the rule allows only in part keep it as their ``mask_mod``, so
-        a pattern finer than a kernel block (a one-row 1D block, a narrow 2D flange) stays exact."""
-        from torch.nn.attention.flex_attention import create_block_mask
-
-        return create_block_mask(flex_mask_mod(self.mask_rule()), None, None, self.length, self.length, device=device,
-                                 BLOCK_SIZE=block_size)
 
     def ring(self, blocks: BlockIndex | None = None) -> int:
         """Slots of a decoding ring (``attention.SelfAttentionCache``): the fewest that still hold
@@ -334,12 +310,6 @@ class Local2D(CausalPattern):
 
 # ----- what a model keeps of its pattern ---------------------------------------------------------
 
-# FlexAttention's ``BlockMask`` as its tensors (kept as buffers, so that they move with the model)
-# and the arguments of its public constructor that rebuild it from them, at no cost.
-BLOCK_MASK_TENSORS = ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices", "q_num_blocks",
-                      "q_indices", "full_q_num_blocks", "full_q_indices")
-
-
 class PatternForms(nn.Module):
     """What attention reads of ``pattern``, built here, once, when the model is: buffers, which move
     with it (``model.to``), one set for every layer of a decoder (as the rotary angles are). Three
@@ -348,8 +318,8 @@ class PatternForms(nn.Module):
     * the rule (``rule``): which keys a query may see, as arithmetic on steps (the tests' dense
       reference is this rule on index grids, ``CausalPattern.can_attend``);
     * the training form: the gathered blocks (``blocks``, the SDPA path) and, given
-      ``flex_block_size``, FlexAttention's block mask in kernel blocks of that size
-      (``block_mask``); the kernel that reads one or the other is chosen by the device a pass runs
+      ``flex_block_size``, FlexAttention's block mask in kernel blocks of that size (its tensors
+      ``flex_*`` and ``mask_mod``, which ``flex.block_mask`` reads); the kernel that reads one or the other is chosen by the device a pass runs
       on (``attention.uses_flex``), so a model that may run either keeps both;
     * the decoding form: the ring's size (``ring``, ``piece``), each single step's mask over it
       (``step_masks``), and the keys each query block reads (``key_steps``: a prefill piece's).
@@ -369,17 +339,21 @@ class PatternForms(nn.Module):
         # distinct slots.
         self.piece = min(self.ring, pattern.block_length)
         self.register_buffer("step_masks", pattern.step_masks(self.ring, blocks), persistent=False)  # (T, ring + 1)
-        if flex_block_size is not None:
-            mask = pattern.block_mask(flex_block_size)
-            for name in BLOCK_MASK_TENSORS:
-                self.register_buffer(f"flex_{name}", getattr(mask, name), persistent=False)
+        if flex_block_size is not None:  # FlexAttention's block mask (flex.py: imported where a model keeps one)
+            from .flex import block_mask_buffers
+
+            for name, tensor in block_mask_buffers(pattern, flex_block_size).items():
+                self.register_buffer(name, tensor, persistent=False)
 
     def derive_closures(self) -> None:
         """The rule and, where the block mask is kept, its ``mask_mod``, from the pattern: closures,
         which pickle cannot write, so a pickled model (torch.save of the module, a spawned process's
         copy) keeps the pattern and derives them again here, as its constructor did."""
-        self.rule = self.pattern.mask_rule()
-        self.mask_mod = None if self.flex_block_size is None else flex_mask_mod(self.rule)
+        self.rule, self.mask_mod = self.pattern.mask_rule(), None
+        if self.flex_block_size is not None:
+            from .flex import flex_mask_mod
+
+            self.mask_mod = flex_mask_mod(self.rule)
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
@@ -394,19 +368,6 @@ class PatternForms(nn.Module):
     def blocks(self) -> BlockIndex:
         """The gathered blocks, on the model's device."""
         return BlockIndex(self.key_steps, self.block_can_attend, self.causal)
-
-    def block_mask(self) -> BlockMask:
-        """FlexAttention's block mask of the rule, on the model's device (``CausalPattern.block_mask``)."""
-        if self.flex_block_size is None:
-            raise RuntimeError("this model keeps no FlexAttention block mask: it was built for the SDPA path "
-                               "(kernel 'sdpa', or 'auto' without CUDA); build it with kernel 'flex' to run "
-                               "FlexAttention")
-        from torch.nn.attention.flex_attention import BlockMask
-
-        tensors = {name: getattr(self, f"flex_{name}") for name in BLOCK_MASK_TENSORS}
-        length = self.pattern.length
-        return BlockMask(seq_lengths=(length, length), **tensors,
-                         BLOCK_SIZE=(self.flex_block_size, self.flex_block_size), mask_mod=self.mask_mod)
 
 
 def pattern_for(config) -> CausalPattern:

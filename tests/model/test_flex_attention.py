@@ -1,4 +1,4 @@
-"""FlexAttention (imagetx/model/attention.py, ``build_model(..., kernel="flex")``) against the dense
+"""FlexAttention (imagetx/model/flex.py, ``build_model(..., kernel="flex")``) against the dense
 reference (docs/model.md §4).
 
 FlexAttention runs its compiled forward on the CPU but has no backward there, so on the CPU
@@ -20,10 +20,11 @@ import torch.nn.attention.flex_attention as flex_module
 
 from helpers import (bits_per_dim, decode_embeddings, dense_attention, random_images, random_labels, tiny_model,
                      value_embeddings)
-from imagetx.model import attention
+from imagetx.model import flex
 from imagetx.model.superres import downsample_area
 from imagetx.model.transformer import previous_values
 from imagetx.model.attention import attend, uses_flex
+from imagetx.model.flex import block_mask, build_block_mask
 from imagetx.model.patterns import FullCausal, GenerationOrder, Local1D, Local2D, PatternForms
 from imagetx.model.scoring import full_pass
 from test_sampler import cached_params
@@ -99,7 +100,7 @@ def assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, block: i
     """Kernel blocks (block × block pairs) with no allowed pair are skipped, those with some are
     run, and only those the rule allows whole are run without the mask_mod: read off can_attend,
     tile by tile, the end padding counted as not allowed."""
-    mask = PatternForms(pattern, block).block_mask()  # as a model keeps it, rebuilt from its buffers
+    mask = block_mask(PatternForms(pattern, block))  # as a model keeps it, rebuilt from its buffers
     assert mask.BLOCK_SIZE == (block, block)
     tiles = -(-pattern.length // block) * block
     allowed = torch.zeros(tiles, tiles, dtype=torch.bool)
@@ -116,7 +117,7 @@ def assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, block: i
 def test_block_mask_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern):
     assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, KERNEL_BLOCK)
     if pattern.length == 1024:  # 1D blocks of one 32-wide row: 8 kernel blocks, each needs 2
-        assert int(pattern.block_mask(KERNEL_BLOCK).to_dense().sum()) == 8 + 7
+        assert int(build_block_mask(pattern, KERNEL_BLOCK).to_dense().sum()) == 8 + 7
 
 
 # Kernel blocks smaller than FlexAttention's default (build_model's flex_block_size): the one-row
@@ -141,17 +142,17 @@ def test_smaller_kernel_blocks_equal_the_dense_reference(pattern, block):
     if isinstance(pattern, Local1D) and block == 32:
         # one block per row: the first row's diagonal block, then 2 for each later row; of the
         # 128-pair default's 8 x 2 - 1 blocks of 16,384 pairs, a quarter of the pairs
-        assert int(pattern.block_mask(block).to_dense().sum()) == 32 + 31
+        assert int(build_block_mask(pattern, block).to_dense().sum()) == 32 + 31
 
 
 def test_tile_options_pin_cuda_tiles_to_blocks_smaller_than_the_default():
     # The CUDA kernel's tiles must divide the mask's blocks (and N1 % M1 == M2 % N2 == 0).
     pattern = Local1D(GenerationOrder(32, 32), 32, 1)
-    fine, default = (pattern.block_mask(size) for size in (32, 128))
-    options = attention.tile_options(fine, torch.device("cuda"))
+    fine, default = (build_block_mask(pattern, size) for size in (32, 128))
+    options = flex.tile_options(fine, torch.device("cuda"))
     assert options == {"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_M1": 32, "BLOCK_N1": 32, "BLOCK_M2": 32, "BLOCK_N2": 32}
-    assert attention.tile_options(default, torch.device("cuda")) is None  # the kernel's own tiles
-    assert attention.tile_options(fine, torch.device("cpu")) is None  # the CPU kernel has no tiles to pin
+    assert flex.tile_options(default, torch.device("cuda")) is None  # the kernel's own tiles
+    assert flex.tile_options(fine, torch.device("cpu")) is None  # the CPU kernel has no tiles to pin
 
 
 # ----- the kernel a model runs ------------------------------------------------------------------
@@ -209,13 +210,13 @@ def model_and_inputs(name: str, kernel: str, seed: int = 0):
 
 def count_flex_calls(monkeypatch) -> list[int]:
     calls = [0]
-    original = attention.flex_attend
+    original = flex.flex_attend
 
     def counted(*args, **kwargs):
         calls[0] += 1
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(attention, "flex_attend", counted)
+    monkeypatch.setattr(flex, "flex_attend", counted)
     return calls
 
 
@@ -234,7 +235,7 @@ def test_bits_per_dim_through_flex_equals_sdpa(name, monkeypatch):
 
 def test_block_mask_is_built_once_for_every_layer(monkeypatch):
     built = []
-    original = flex_module.create_block_mask  # what patterns.py imports where it builds one
+    original = flex_module.create_block_mask  # what flex.py imports where it builds one
     monkeypatch.setattr(flex_module, "create_block_mask",
                         lambda *args, **kwargs: built.append(args) or original(*args, **kwargs))
     model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
