@@ -43,6 +43,7 @@ from .cli.shipped import resolve
 from .codec.container import MAX_BATCH
 from .codec.files import Input, check_output, input_files, read_images, write_file
 from .codec.names import PNG_NAME, kept_names
+from .errors import shown
 from .io.names import check_model_path
 
 if TYPE_CHECKING:  # torch and the model are imported once the arguments are checked (run)
@@ -96,7 +97,7 @@ def run(args: Namespace) -> dict:
     for given in inputs:
         for line in (given.lines if len(given.lines) == 1 else [f"{given.name}: {len(given.images)} images from "
                                                                 f"{len(given.lines)} files"]):
-            print(f"input {line}", file=sys.stderr)  # a folder: one line, not one a file
+            print(f"input {shown(line)}", file=sys.stderr)  # a folder: one line, not one a file
     images = np.concatenate([given.images for given in inputs])
     names = [name for given in inputs for name in given.names]
     say_unkept_names(names)
@@ -135,9 +136,9 @@ def say_unkept_names(names: list[str]) -> None:
     kept = kept_names(names) or ("",) * len(names)
     unkept = [name for name, stored in zip(names, kept) if not stored]
     if unkept:
-        shown = ", ".join(repr(name) for name in unkept[:3]) + (", ..." if len(unkept) > 3 else "")
+        listed = ", ".join(repr(name) for name in unkept[:3]) + (", ..." if len(unkept) > 3 else "")
         print(f"names: {len(unkept)} of {len(names)} images will decompress under their index names "
-              f"({PNG_NAME.format(0)}, ...): their names ({shown}) are not safe, unique file names "
+              f"({PNG_NAME.format(0)}, ...): their names ({listed}) are not safe, unique file names "
               "(docs/compress.md, Outputs)", file=sys.stderr)
 
 
@@ -156,12 +157,12 @@ def compared(model: ImageTransformer, inputs: list[Input], scores: list[np.ndarr
             totals[name] += sum(sized[name] for sized in files)
         if given.one_picture:
             beside = ", ".join(f"{name} {8 * files[0][name] / dims:.2f} ({files[0][name]:,} bytes)" for name in codecs)
-            print(f"{Path(given.name).name}: {own[0]:.2f} bits/dim under the model; as a file {beside}",
+            print(f"{shown(Path(given.name).name)}: {own[0]:.2f} bits/dim under the model; as a file {beside}",
                   file=sys.stderr)
         else:
             beside = ", ".join(f"{name} {8 * sum(sized[name] for sized in files) / (dims * len(files)):.2f}"
                                for name in codecs)
-            print(f"{given.name}: {len(own)} images, {own.mean():.2f} bits/dim under the model (mean); "
+            print(f"{shown(given.name)}: {len(own)} images, {own.mean():.2f} bits/dim under the model (mean); "
                   f"as separate files {beside} bits/dim", file=sys.stderr)
     count = sum(len(given.images) for given in inputs)
     return {f"{name.lower()}_bytes": total for name, total in totals.items()} | \

@@ -42,7 +42,7 @@ from .cli.classes import class_names, class_number, described
 from .cli.data_options import add_data_arguments, add_split_argument, data_reader
 from .data.sources import check_fits, tensors
 from .data.transforms import apply, name, parse_transform
-from .errors import UserError
+from .errors import UserError, shown
 from .io.atomic import check_writable
 from .data.images import GRID_SCALE, load_image_file, save_grid, upsample_nearest
 from .io.load import load_model
@@ -123,7 +123,7 @@ def load_inputs(args: Namespace, config: ModelConfig) -> tuple[torch.Tensor, tor
     if args.images:
         loaded = [load_image_file(path, size, args.data.crop, args.data.resize) for path in args.images]
         for _, note in loaded:
-            print(f"input {note}", file=sys.stderr)
+            print(f"input {shown(note)}", file=sys.stderr)  # a file's name, a stranger's text
         return torch.stack([image for image, _ in loaded]), None
     data = data_reader(args, size).split(args.split).part(None, args.count)
     # with --label every image gets that class: the data's labels, if any, are not read
@@ -150,21 +150,21 @@ def say_classes(labels: torch.Tensor | None, label: int | None, given: torch.Ten
     """One line on stderr for a class-conditional model: which classes the images are drawn in and why."""
     if labels is None:
         return
-    shown = described(labels.tolist(), names)
+    said = described(labels.tolist(), names)
     if label is not None:
-        print(f"classes: {shown} (--label)", file=sys.stderr)
+        print(f"classes: {said} (--label)", file=sys.stderr)
     elif given is not None:
-        print(f"classes: the inputs' own ({shown}); --label N or NAME gives every image one class", file=sys.stderr)
+        print(f"classes: the inputs' own ({said}); --label N or NAME gives every image one class", file=sys.stderr)
     else:
-        print(f"classes: every class in turn ({shown}); --label N or NAME gives every image one class",
+        print(f"classes: every class in turn ({said}); --label N or NAME gives every image one class",
               file=sys.stderr)
 
 
 def given_part(inputs: torch.Tensor, rows: int) -> torch.Tensor:
     """What a completion is shown of ``inputs`` (N, H, W, 3): the first ``rows`` rows, the rest grey."""
-    shown = inputs.clone()
-    shown[:, rows:] = GREY
-    return shown
+    kept = inputs.clone()
+    kept[:, rows:] = GREY
+    return kept
 
 
 def each_repeated(tensor: torch.Tensor | None, times: int) -> torch.Tensor | None:

@@ -11,15 +11,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import yaml
-
 from ..model.config import GEOMETRY, ModelConfig
 
 
 def read_preset(path: str | Path) -> dict:
-    """The preset YAML at ``path``, as a tree of sections."""
+    """The preset YAML at ``path``, as a tree of sections, its aliases bounded as the commands bound
+    them (cli/config_guard.py: a few hundred bytes can expand to gigabytes)."""
+    from ..cli.config_guard import safe_load  # here: jsonargparse, which it imports, only where a preset is read
+
     with open(path, encoding="utf-8") as handle:
-        return yaml.safe_load(handle)
+        return safe_load(handle.read())
 
 
 def preset_model_config(path: str | Path, overrides: dict | None = None) -> ModelConfig:

@@ -55,3 +55,38 @@ def test_a_folders_class_names_are_said_with_escapes_shown(tmp_path):
     names = class_names("folder", str(tmp_path), 2)
     said = described([0, 1], names)
     assert "cats" in said and SHOWN.removesuffix(".png") in said and "\x1b" not in said and "\n" not in said, said
+
+
+def test_compress_and_sample_name_a_given_picture_with_escapes_shown(tmp_path, capsys):
+    """Their per-input lines printed a picture's name raw (noticed with issue 124's item 10)."""
+    from imagetx import compress as compress_cli
+    from imagetx.io.hub import save_pretrained
+    from imagetx.sample import main as sample_main
+    from helpers import random_images, tiny_model
+
+    save_pretrained(tiny_model(seed=1, head="dmol"), tmp_path / "model")
+    picture = tmp_path / CRAFTED
+    Image.fromarray(random_images(1, 4, seed=3).numpy()[0]).save(picture, format="PNG")
+    compress_cli.main(["--portable", "false", str(picture), "--ckpt", str(tmp_path / "model"), "--out",
+                       str(tmp_path / "one.itx"), "--progress", "false", "--compare", "true"])
+    sample_main(["--ckpt", str(tmp_path / "model"), "--task", "complete", "--rows", "2", "--samples", "1",
+                 "--images", str(picture), "--out", str(tmp_path / "out"), "--device", "cpu"])
+    err = capsys.readouterr().err
+    named = [line for line in err.splitlines() if "fake line" in line]
+    assert len(named) >= 3 and all(SHOWN in line or SHOWN.removesuffix(".png") in line for line in named), named
+    assert "\x1b" not in err and not any(line.startswith("error: fake") for line in err.splitlines())
+
+
+def test_a_preset_read_outside_the_command_bounds_its_aliases(tmp_path):
+    """read_preset (benchmarks, the speed check, resume settings) used plain yaml.safe_load: a few hundred
+    bytes of aliases expanded to gigabytes. It bounds them as the commands do (cli/config_guard.py)."""
+    from imagetx.cli.config_guard import ExpansionRefused
+    from imagetx.training.presets import read_preset
+
+    laughs = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for level in range(1, 9):
+        laughs.append(f"{chr(97 + level)}: &{chr(97 + level)} [{', '.join([f'*{chr(96 + level)}'] * 10)}]")
+    (tmp_path / "bomb.yaml").write_text("\n".join(laughs) + "\n")
+    with pytest.raises(ExpansionRefused):
+        read_preset(tmp_path / "bomb.yaml")
+    assert read_preset("configs/quick.yaml")["model"]["config"]["n_layers"] == 2
