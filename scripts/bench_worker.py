@@ -246,6 +246,7 @@ def decode_loop_seconds(model, batch: int, labels, low_res, generator, device, n
     """(decoder set-up seconds, seconds per step over steps warm..n-1) of sample()'s loop."""
     import torch
 
+    from imagetx.model.heads import params_and_bounds
     from imagetx.model.sampler import first_input
 
     with torch.no_grad():
@@ -259,7 +260,9 @@ def decode_loop_seconds(model, batch: int, labels, low_res, generator, device, n
             if t == warm:
                 sync(device)
                 t1 = time.perf_counter()
-            value = model.head.sample(model.decode_step(value, cache)[:, None], 1.0, generator)[:, 0]
+            params, bounds = params_and_bounds(model.decode_step(value, cache))  # bounds: exact_box_means
+            value = model.head.sample(params[:, None], 1.0, generator,
+                                      None if bounds is None else bounds[:, None])[:, 0]
         sync(device)
         return setup, (time.perf_counter() - t1) / max(1, n - warm)
 

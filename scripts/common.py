@@ -159,7 +159,7 @@ def sample_uncached(model, count: int, labels=None, low_res=None, temperature: f
     a few steps and extrapolates)."""
     import torch
 
-    from imagetx.model.heads import check_temperature
+    from imagetx.model.heads import check_temperature, params_and_bounds
     from imagetx.model.modes import eval_mode
     from imagetx.model.sampler import check_count
     from imagetx.model.scoring import full_pass
@@ -173,6 +173,7 @@ def sample_uncached(model, count: int, labels=None, low_res=None, temperature: f
     with eval_mode(model), torch.no_grad():
         for t in range(model.order.length if steps is None else steps):
             images = model.images(sequence).to(torch.uint8)
-            params = full_pass(model, images, labels, low_res)
-            sequence[:, t] = model.head.sample(params[:, t : t + 1], temperature, generator)[:, 0]
+            params, bounds = params_and_bounds(full_pass(model, images, labels, low_res))
+            sequence[:, t] = model.head.sample(params[:, t : t + 1], temperature, generator,
+                                               None if bounds is None else bounds[:, t : t + 1])[:, 0]
     return model.images(sequence).to(torch.uint8)

@@ -6,11 +6,10 @@ score targets (log-likelihood in nats, per position) and sample with a
 temperature. The head's projection, its scores and its draws run in float32 at least, even
 under bf16 autocast, and in float64 for a float64 model (``embedding.py`` says why, at ``full_precision_linear``).
 
-A bounded head's parameters end with each step's value bounds (``bounded``; what a
-super-resolution model with ``exact_box_means`` computes: ``with_bounds``), 2c numbers, its c
-lowest values then its c highest: its scores and draws restrict each step to them, renormalised.
-Its parameters are then the whole distribution, and every reader of a model's outputs (scoring,
-sampling, the cached sampler's comparisons) reads them as they are.
+A head's output is its distribution's parameters only. Value bounds (a super-resolution model
+with ``exact_box_means``: each step's c lowest values then its c highest, (..., 2c) long) travel
+beside them: that model returns (parameters, bounds) (``params_and_bounds``), and ``log_prob``,
+``sample`` and ``fits`` take the bounds as an argument, restricting each step to them, renormalised.
 
 A head also owns what differs between the two kinds of model: what one generation step is (a
 sub-pixel, or a pixel: ``steps_per_pixel``, ``value_shape``), how images lie on the generation
@@ -122,37 +121,19 @@ def all_within(bounds: tuple[Tensor, Tensor] | None, values: Tensor) -> Tensor:
     return within(bounds, values).all(-1)
 
 
+def params_and_bounds(outputs: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
+    """A model's outputs -> (the head's parameters, each step's (..., 2c) value bounds or None): a
+    model with ``exact_box_means`` returns both, any other its parameters."""
+    return outputs if isinstance(outputs, tuple) else (outputs, None)
+
+
 class Head(nn.Module):
-    """What both heads share: parameters that may end with each step's value bounds."""
+    """What both heads share."""
 
     value_shape: tuple[int, ...]  # one step's value: () a sub-pixel, (3,) a pixel
 
-    def __init__(self, bounded: bool) -> None:
-        super().__init__()
-        self.bounded = bounded
-
-    @classmethod
-    def bounded_by(cls, config: ModelConfig) -> bool:
-        """Whether ``config``'s model restricts each step to its input's box means (``exact_box_means``)."""
-        return config.superres is not None and config.superres.exact_box_means
-
-    def with_bounds(self, params: Tensor, bounds: Tensor) -> Tensor:
-        """(..., P) parameters and (..., 2c) long bounds -> a bounded head's parameters (..., P + 2c):
-        the bounds as floats (integers up to 255, exact in float32 and float64, the precisions of a
-        head's parameters)."""
-        return torch.cat([params, bounds.to(params.dtype)], dim=-1)
-
-    def unpack(self, params: Tensor) -> tuple[Tensor, Tensor | None]:
-        """A head's parameters -> (the distribution's, the (..., 2c) long bounds or None)."""
-        if not self.bounded:
-            return params, None
-        width = 2 * math.prod(self.value_shape)
-        return params[..., :-width], params[..., -width:].long()
-
-    def fits(self, targets: Tensor, params: Tensor) -> Tensor:
-        """(B, T) whether each step's target values lie within the bounds its parameters carry (all
-        do: an unbounded head)."""
-        _, bounds = self.unpack(params)
+    def fits(self, targets: Tensor, bounds: Tensor | None) -> Tensor:
+        """(B, T) whether each step's target values lie within its ``bounds`` (all do: None)."""
         return all_within(split_bounds(bounds), targets if self.value_shape else targets[..., None])
 
 
@@ -168,13 +149,13 @@ class CategoricalHead(Head):
     steps_per_pixel = CHANNELS  # a step is a sub-pixel: a grid row holds 3W of them
     value_shape: tuple[int, ...] = ()  # one step's value: one sub-pixel
 
-    def __init__(self, d_model: int, bounded: bool = False) -> None:
-        super().__init__(bounded)
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
         self.proj = nn.Linear(d_model, LEVELS)
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> "CategoricalHead":
-        return cls(config.d_model, cls.bounded_by(config))
+        return cls(config.d_model)
 
     @staticmethod
     def input_embedding(d_model: int) -> SubPixelEmbedding:
@@ -203,19 +184,19 @@ class CategoricalHead(Head):
             return logits
         return logits.masked_fill(~within(limits, torch.arange(LEVELS, device=params.device)), -math.inf)
 
-    def log_prob(self, params: Tensor, targets: Tensor) -> Tensor:
-        """params (B, T, 256) logits [+ 2 bounds], targets (B, T) ints -> (B, T) log p in nats (−inf
-        outside the bounds, also where a target's cell cannot meet its input's mean: bounds that hold
-        no value)."""
+    def log_prob(self, params: Tensor, targets: Tensor, bounds: Tensor | None = None) -> Tensor:
+        """params (B, T, 256) logits, targets (B, T) ints[, bounds (B, T, 2)] -> (B, T) log p in nats
+        (−inf outside the bounds, also where a target's cell cannot meet its input's mean: bounds
+        that hold no value)."""
         targets = targets.long()
-        logits, bounds = self.unpack(params)
-        log_p = torch.log_softmax(self.logits(logits, bounds), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        return log_p if bounds is None else torch.where(self.fits(targets, params), log_p, -math.inf)
+        log_p = torch.log_softmax(self.logits(params, bounds), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+        return log_p if bounds is None else torch.where(self.fits(targets, bounds), log_p, -math.inf)
 
-    def sample(self, params: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
-        """(B, T, 256) logits [+ 2 bounds] -> (B, T) values; temperature 0 takes the arg-max."""
+    def sample(self, params: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None,
+               bounds: Tensor | None = None) -> Tensor:
+        """(B, T, 256) logits[, bounds (B, T, 2)] -> (B, T) values; temperature 0 takes the arg-max."""
         check_temperature(temperature)
-        logits = self.logits(*self.unpack(params))
+        logits = self.logits(params, bounds)
         if temperature == 0:
             return logits.argmax(-1)
         return draw(torch.softmax(logits / temperature, dim=-1), generator)
@@ -231,15 +212,15 @@ class DMOLHead(Head):
     steps_per_pixel = 1  # a step is a whole pixel
     value_shape = (CHANNELS,)  # one step's value: a pixel's three
 
-    def __init__(self, d_model: int, components: int, bounded: bool = False) -> None:
-        super().__init__(bounded)
+    def __init__(self, d_model: int, components: int) -> None:
+        super().__init__()
         self.components = components
         self.size = components * (1 + 3 * CHANNELS)  # parameters of the distribution
         self.proj = nn.Linear(d_model, self.size)
 
     @classmethod
     def from_config(cls, config: ModelConfig) -> "DMOLHead":
-        return cls(config.d_model, config.mixture_components, cls.bounded_by(config))
+        return cls(config.d_model, config.mixture_components)
 
     @staticmethod
     def input_embedding(d_model: int) -> PixelEmbedding:
@@ -308,15 +289,15 @@ class DMOLHead(Head):
             log_p = torch.where(within((lowest, highest), values), log_p - inside, -math.inf)
         return log_p, torch.log_softmax(logits, dim=-1)
 
-    def log_prob(self, params: Tensor, targets: Tensor) -> Tensor:
-        """params (B, T, 10K) [+ 6 bounds], targets (B, T, 3) ints -> (B, T) joint log p of each
-        pixel, in nats."""
-        params, bounds = self.unpack(params)
+    def log_prob(self, params: Tensor, targets: Tensor, bounds: Tensor | None = None) -> Tensor:
+        """params (B, T, 10K), targets (B, T, 3) ints[, bounds (B, T, 6)] -> (B, T) joint log p of
+        each pixel, in nats."""
         log_p, log_weights = self.channel_log_probs(params, targets, bounds)
         return torch.logsumexp(log_weights + log_p.sum(dim=-2), dim=-1)
 
-    def sample(self, params: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None) -> Tensor:
-        """(B, T, 10K) [+ 6 bounds] -> (B, T, 3) values, drawn from exactly the distribution
+    def sample(self, params: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None,
+               bounds: Tensor | None = None) -> Tensor:
+        """(B, T, 10K)[, bounds (B, T, 6)] -> (B, T, 3) values, drawn from exactly the distribution
         ``log_prob`` scores.
 
         Pick a component, then draw R, G, B in turn: a logistic draw, rounded to its level
@@ -328,7 +309,6 @@ class DMOLHead(Head):
         to the bounds).
         """
         check_temperature(temperature)
-        params, bounds = self.unpack(params)
         logits, means, log_scales, coeffs = self.split(params)
         if temperature == 0:
             component = logits.argmax(-1)

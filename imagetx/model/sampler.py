@@ -40,13 +40,14 @@ from tqdm.auto import tqdm
 
 from ..compat import mark_static_address
 from ..errors import UserError
-from .heads import check_temperature
+from .heads import check_temperature, params_and_bounds
 from .modes import eval_mode
 from .transformer import DecodingCache, ImageTransformer
 
-# (value generated at the step before, cache) -> the head's parameters: the model's ``decode_step``,
-# or its compiled form (a super-resolution model's or any other: superres.py).
-DecodeStep = Callable[[Tensor, DecodingCache], Tensor]
+# (value generated at the step before, cache) -> the head's parameters (with ``exact_box_means``, and
+# the step's value bounds: heads.params_and_bounds): the model's ``decode_step``, or its compiled form
+# (a super-resolution model's or any other: superres.py).
+DecodeStep = Callable[[Tensor, DecodingCache], Tensor | tuple[Tensor, Tensor]]
 
 
 def model_device(model: ImageTransformer) -> torch.device:
@@ -83,7 +84,7 @@ class CompiledDecoding:
         self.model, self.compiled = model, compiled
         self.marked: weakref.ref | None = None  # the cache whose tensors were last marked static
 
-    def __call__(self, previous: Tensor, cache: DecodingCache) -> Tensor:
+    def __call__(self, previous: Tensor, cache: DecodingCache) -> Tensor | tuple[Tensor, Tensor]:
         if self.marked is None or self.marked() is not cache:
             # The caches stay at one address for the whole decoding (written in place): marked so,
             # a CUDA graph may capture a step that writes them, rather than being skipped for
@@ -93,8 +94,10 @@ class CompiledDecoding:
             self.marked = weakref.ref(cache)
         # contiguous: strides are part of a static graph; a teacher-forced value (a column of
         # the prefix) would otherwise compile a second graph. clone: the parameters are the
-        # caller's to keep, and a CUDA graph overwrites its outputs at its next replay.
-        return self.compiled(self.model, previous.contiguous(), cache).clone()
+        # caller's to keep (and the value bounds beside them), and a CUDA graph overwrites its
+        # outputs at its next replay.
+        outputs = self.compiled(self.model, previous.contiguous(), cache)
+        return tuple(o.clone() for o in outputs) if isinstance(outputs, tuple) else outputs.clone()
 
 
 # model -> {mode: its compiled decode_step}. Weak: a model's compilations go with it. What is
@@ -189,11 +192,13 @@ class Drawer:
         order = torch.cat([rows for _, rows in self.groups])
         self.inverse = torch.argsort(order)  # concatenated groups -> image order
 
-    def __call__(self, params: Tensor) -> Tensor:
-        """(B, P) one step's parameters -> (B,) or (B, 3) values."""
+    def __call__(self, params: Tensor, bounds: Tensor | None = None) -> Tensor:
+        """(B, P) one step's parameters[, (B, 2c) its value bounds] -> (B,) or (B, 3) values."""
         if len(self.groups) == 1:
-            return self.head.sample(params[:, None], self.groups[0][0], self.generator)[:, 0]
-        drawn = [self.head.sample(params[rows, None], value, self.generator)[:, 0] for value, rows in self.groups]
+            return self.head.sample(params[:, None], self.groups[0][0], self.generator,
+                                    None if bounds is None else bounds[:, None])[:, 0]
+        drawn = [self.head.sample(params[rows, None], value, self.generator,
+                                  None if bounds is None else bounds[rows, None])[:, 0] for value, rows in self.groups]
         return torch.cat(drawn).index_select(0, self.inverse)
 
 
@@ -235,12 +240,12 @@ def given_values(model: ImageTransformer, count: int, prefix: Tensor | None, giv
     return model.targets(prefix.to(model_device(model)))[:, :given_count]
 
 
-def check_given_fit(model: ImageTransformer, forced: Tensor, params: Tensor) -> None:
+def check_given_fit(model: ImageTransformer, forced: Tensor, bounds: Tensor | None) -> None:
     """With ``exact_box_means``, given values that no image with the low-res input's box means
     could have (a completion's rows from another image) are refused in one line, before any step
-    is drawn: each given value must lie within the bounds of its step (the prefill's ``params``
-    carry them), which then leave every later step a value to take. One read of the device."""
-    if model.head.bounded and not model.head.fits(forced, params).all():
+    is drawn: each given value must lie within the ``bounds`` of its step (the prefill's), which
+    then leave every later step a value to take. One read of the device; none without bounds."""
+    if bounds is not None and not model.head.fits(forced, bounds).all():
         raise UserError("the given rows do not fit low_res: no image with its box means has them "
                         "(exact_box_means); give the rows of the image low_res was made from")
 
@@ -253,16 +258,16 @@ def decoded(model: ImageTransformer, count: int, step: DecodeStep, draw: Drawer,
     finite = torch.ones((), dtype=torch.bool, device=model_device(model))
     values, value = [], first_input(model, count)
     if forced is not None:  # one teacher-forced pass over the given rows fills every cache
-        params = model.prefill(forced, cache)
+        params, bounds = params_and_bounds(model.prefill(forced, cache))
         finite &= params.isfinite().all()
-        check_given_fit(model, forced, params)
+        check_given_fit(model, forced, bounds)
         values, value = list(forced.unbind(1)), forced[:, -1]
         yield values, finite
     total = model.order.length
     for _ in progress_bar(range(len(values), total), progress):
-        params = step(value, cache)
+        params, bounds = params_and_bounds(step(value, cache))
         finite &= params.isfinite().all()
-        value = draw(params)
+        value = draw(params, bounds)
         values.append(value)
         yield values, finite
 

@@ -31,7 +31,8 @@ def conditioning(config: ModelConfig, batch: dict[str, torch.Tensor]) -> dict[st
 def full_pass(model: ImageTransformer, images: torch.Tensor,
               labels: torch.Tensor | None = None, low_res: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T, P) the head's parameters at every step of uint8 ``images`` (B, H, W, 3), teacher-forced
-    (inputs unchecked: ``log_prob`` checks them)."""
+    (inputs unchecked: ``log_prob`` checks them); with ``exact_box_means`` and (B, T, 2c) each step's
+    value bounds (heads.params_and_bounds)."""
     given = {"labels": labels} if low_res is None else {"labels": labels, "low_res": low_res}  # a plain decoder takes none
     return model(previous_values(model.targets(images)), **given)
 

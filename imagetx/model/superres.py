@@ -15,9 +15,9 @@ image to enlarge, as the paper's encoder–decoder: ``ImageTransformer`` (a subc
 What each layer reads of the encoder's output is prepared once a pass (``read``: cross-attention's
 keys and values, the cell add's mapped pixels), and once for a whole decoding (``start_decoding``,
 kept as the decoding cache's ``context``), where the cell sums run on from the values generated;
-``forward`` hands them to the decoder's as arguments. With ``exact_box_means`` the head's
-parameters end with each step's value bounds (heads.py: a bounded head), so ``forward`` returns one
-tensor, as the decoder's does.
+``forward`` hands them to the decoder's as arguments. With ``exact_box_means`` ``forward`` (and so
+``decode_step`` and ``prefill``) returns the head's parameters and, beside them, each step's value
+bounds, which the head's scores and draws take (heads.py, ``params_and_bounds``).
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ from .attention import FLEX_BLOCK_SIZE, CrossAttentionCache
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
 from .embedding import PositionEncoding, SubPixelEmbedding
-from .heads import CategoricalHead, head_type
+from .heads import CategoricalHead, head_type, params_and_bounds
 from .patterns import GenerationOrder
 from .transformer import (DecodingCache, ImageTransformer, TransformerLayer, check_image_tensor, check_labels,
                           check_transforms, layer_sizes, zero_start)
@@ -184,9 +184,9 @@ class SuperResolutionTransformer(ImageTransformer):
 
     def forward(self, previous: Tensor, cache: DecodingCache[LowResContext] | None = None,
                 labels: Tensor | None = None, low_res: Tensor | None = None,
-                transforms: Tensor | None = None) -> Tensor:
+                transforms: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """The decoder's ``forward`` given ``low_res`` (teacher-forced) or the cache's: (B, t[, 3]) ->
-        (B, t, P), with ``exact_box_means`` (B, t, P + 2c), each step's value bounds appended."""
+        (B, t, P), with ``exact_box_means`` ((B, t, P), (B, t, 2c) each step's value bounds)."""
         start, context = (0, self.read(low_res)) if cache is None else (cache.step, cache.context)
         steps = start + torch.arange(previous.shape[1], device=previous.device)  # (t,)
         extra = bounds = None
@@ -200,7 +200,12 @@ class SuperResolutionTransformer(ImageTransformer):
         else:  # each layer's c made as the decoder reaches it
             c = (cell_add(mapped, steps) for cell_add, mapped in zip(self.cell_adds, context.layers))
             params = super().forward(previous, cache, labels, transforms=transforms, extra=extra, c=c)
-        return params if bounds is None else self.head.with_bounds(params, bounds)  # (B, t, P + 2c)
+        return params if bounds is None else (params, bounds)
+
+    def decode_step(self, previous: Tensor, cache: DecodingCache[LowResContext]) -> Tensor | tuple[Tensor, Tensor]:
+        """The decoder's ``decode_step``: (B, P), with ``exact_box_means`` ((B, P), (B, 2c))."""
+        params, bounds = params_and_bounds(self(previous[:, None], cache))
+        return params[:, 0] if bounds is None else (params[:, 0], bounds[:, 0])
 
     def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None,
                        transforms: Tensor | None = None) -> DecodingCache[LowResContext]:

@@ -34,7 +34,7 @@ from .attention import (FLEX_BLOCK_SIZE, CrossAttention, CrossAttentionCache, Ro
                         SelfAttentionCache, check_kernel, may_use_flex)
 from .config import CHANNELS, LEVELS, ModelConfig
 from .embedding import PositionEncoding
-from .heads import head_type
+from .heads import head_type, params_and_bounds
 from .patterns import PatternForms, pattern_for
 
 
@@ -326,7 +326,8 @@ class ImageTransformer(nn.Module):
         check_image_tensor("images", images, self.config.image_size, check)
         given = self.conditioning(images.shape[0], labels, low_res, check, transforms)
         targets = self.targets(images)
-        return self.head.log_prob(self(previous_values(targets), **given), targets)
+        params, bounds = params_and_bounds(self(previous_values(targets), **given))
+        return self.head.log_prob(params, targets, bounds)
 
     def nll(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None, given_rows: int = 0,
             check: bool = True, transforms: Tensor | None = None) -> Tensor:

@@ -10,6 +10,7 @@ import torch
 from helpers import random_images, tiny_model
 from imagetx.model.superres import downsample_area
 from imagetx.model.transformer import previous_values
+from imagetx.model.heads import params_and_bounds
 from imagetx.model.scoring import full_pass
 from test_sampler import SMALL_BLOCKS, block_shape, check_cached_equals_full
 
@@ -71,17 +72,19 @@ def test_remainder_mean_equals_the_brute_force_sum(head, attention):
 def test_remainder_reads_nothing_at_or_after_its_step(head, attention, bounded):
     # Change every value from step t on: the parameters of steps 0..t must not move (the
     # remainder is built from raw values, so a gradient through embeddings would miss a leak;
-    # with exact_box_means the parameters carry the steps' bounds, built from the same sums).
+    # with exact_box_means the steps' value bounds too, built from the same sums).
     model = remainder_model(head, attention, exact_box_means=bounded)
     images, low_res = random_images(2, 8, seed=1), random_images(2, 4, seed=2)
-    base = full_pass(model, images, None, low_res)
+    base, base_bounds = params_and_bounds(full_pass(model, images, None, low_res))
     targets = model.targets(images)
     length = targets.shape[1]
     for t in sorted({1, length // 3, length // 2, length - 2}):
         changed = targets.clone()
         changed[:, t:] = (changed[:, t:] + 77) % 256
-        other = full_pass(model, sequence_images(model, changed), None, low_res)
+        other, bounds = params_and_bounds(full_pass(model, sequence_images(model, changed), None, low_res))
         torch.testing.assert_close(other[:, : t + 1], base[:, : t + 1], rtol=0, atol=1e-12)
+        assert (bounds is None) == (not bounded)
+        assert bounds is None or torch.equal(bounds[:, : t + 1], base_bounds[:, : t + 1])
         assert not torch.allclose(other[:, t + 1 :], base[:, t + 1 :]), "negative control: later steps must move"
 
 

@@ -24,12 +24,11 @@ LEVELS = 256
 
 
 def bounded_dmol(logits, means, log_scales, coeffs, lowest, highest,
-                 count: int = 1) -> tuple[DMOLHead, torch.Tensor]:
-    """A bounded K-component head and ``count`` copies of one step's parameters, its bounds at their end."""
-    head = DMOLHead(8, len(logits), bounded=True)
-    params = head.with_bounds(pack(logits, means, log_scales, coeffs, dtype=torch.float64),
-                              torch.tensor([*lowest, *highest]))
-    return head, params.expand(count, -1)
+                 count: int = 1) -> tuple[DMOLHead, torch.Tensor, torch.Tensor]:
+    """A K-component head, ``count`` copies of one step's parameters and of its (6,) value bounds."""
+    head = DMOLHead(8, len(logits))
+    params = pack(logits, means, log_scales, coeffs, dtype=torch.float64)
+    return head, params.expand(count, -1), torch.tensor([*lowest, *highest]).expand(count, -1)
 
 
 def box(lowest, highest) -> torch.Tensor:
@@ -46,60 +45,60 @@ BOXES = {
 }
 
 
-def box_case(name: str, count: int = 1) -> tuple[DMOLHead, torch.Tensor, torch.Tensor]:
+def box_case(name: str, count: int = 1) -> tuple[DMOLHead, torch.Tensor, torch.Tensor, torch.Tensor]:
     logits, means, log_scale, lowest, highest = BOXES[name]
     k = len(logits)
     coeffs = torch.tensor([[0.5, -0.3], [0.2, 0.4], [-0.4, 0.3]], dtype=torch.float64)[:, :k]
-    head, params = bounded_dmol(logits, torch.tensor(means, dtype=torch.float64),
-                                torch.full((3, k), log_scale, dtype=torch.float64), coeffs, lowest, highest, count)
-    return head, params, box(lowest, highest)
+    head, params, bounds = bounded_dmol(logits, torch.tensor(means, dtype=torch.float64),
+                                        torch.full((3, k), log_scale, dtype=torch.float64), coeffs, lowest, highest,
+                                        count)
+    return head, params, bounds, box(lowest, highest)
 
 
 @pytest.mark.parametrize("name", BOXES)
 def test_a_bounded_dmol_pixel_sums_to_one_over_its_bounds_and_is_zero_outside(name):
-    head, params, cells = box_case(name)
-    params = params.expand(len(cells), -1)
-    probs = head.log_prob(params, cells).exp()
+    head, params, bounds, cells = box_case(name)
+    params, bounds = params.expand(len(cells), -1), bounds.expand(len(cells), -1)
+    probs = head.log_prob(params, cells, bounds).exp()
     assert abs(probs.sum().item() - 1.0) < 1e-9
     outside = cells.clone()
     outside[:, 1] = torch.where(cells[:, 1] > 0, cells[:, 1].min() - 1, cells[:, 1].max() + 1)
-    assert torch.isneginf(head.log_prob(params, outside)).all()
+    assert torch.isneginf(head.log_prob(params, outside, bounds)).all()
 
 
 def test_a_bounded_categorical_step_sums_to_one_over_its_bounds_and_is_zero_outside():
-    head = CategoricalHead(8, bounded=True)
+    head = CategoricalHead(8)
     logits = torch.randn(LEVELS, generator=torch.Generator().manual_seed(1), dtype=torch.float64) * 3
-    params = head.with_bounds(logits, torch.tensor([40, 47])).expand(LEVELS, -1)
-    probs = head.log_prob(params, torch.arange(LEVELS)).exp()
+    params, bounds = logits.expand(LEVELS, -1), torch.tensor([40, 47]).expand(LEVELS, -1)
+    probs = head.log_prob(params, torch.arange(LEVELS), bounds).exp()
     assert abs(probs.sum().item() - 1.0) < 1e-12
     assert (probs[:40] == 0).all() and (probs[48:] == 0).all()
     torch.testing.assert_close(probs[40:48], torch.softmax(logits[40:48], dim=0))
-    drawn = head.sample(params[:2000], 1.0, torch.Generator().manual_seed(2))
+    drawn = head.sample(params[:2000], 1.0, torch.Generator().manual_seed(2), bounds[:2000])
     assert drawn.min() >= 40 and drawn.max() <= 47
-    assert head.sample(params[:1], 0.0).item() == 40 + int(logits[40:48].argmax())
-    assert torch.equal(CategoricalHead(8).log_prob(logits[None], torch.arange(1)), torch.log_softmax(logits, 0)[:1])
+    assert head.sample(params[:1], 0.0, bounds=bounds[:1]).item() == 40 + int(logits[40:48].argmax())
+    assert torch.equal(head.log_prob(logits[None], torch.arange(1)), torch.log_softmax(logits, 0)[:1])
 
 
 @pytest.mark.parametrize("name", BOXES)
 def test_bounded_dmol_samples_follow_exp_log_prob_and_clamped_ones_do_not(name):
     """The joint of 10^5 samples is as close to the scored table as an exact sampler's (within 3×
     its total variation); drawing without the bounds and clamping into them is not."""
-    head, params, cells = box_case(name)
-    probs = head.log_prob(params.expand(len(cells), -1), cells).double().exp()
+    head, params, bounds, cells = box_case(name)
+    probs = head.log_prob(params.expand(len(cells), -1), cells, bounds.expand(len(cells), -1)).double().exp()
     n = 100_000
     floor = sum(total_variation(exact_table_sample(cells, probs, n, seed), cells, probs) for seed in range(5)) / 5
-    samples = head.sample(params.expand(n, -1), 1.0, torch.Generator().manual_seed(7))
+    samples = head.sample(params.expand(n, -1), 1.0, torch.Generator().manual_seed(7), bounds.expand(n, -1))
     assert total_variation(samples, cells, probs) < 3 * floor
-    free = DMOLHead(8, head.components)
-    clamped = free.sample(head.unpack(params)[0].expand(n, -1), 1.0, torch.Generator().manual_seed(7))
+    clamped = head.sample(params.expand(n, -1), 1.0, torch.Generator().manual_seed(7))
     clamped = clamped.clamp(cells.min(0).values, cells.max(0).values)
     assert total_variation(clamped, cells, probs) > 3 * floor
 
 
 @pytest.mark.parametrize("name", BOXES)
 def test_bounded_dmol_at_temperature_zero_stays_inside(name):
-    head, params, cells = box_case(name, count=4)
-    drawn = head.sample(params, 0.0)
+    head, params, bounds, cells = box_case(name, count=4)
+    drawn = head.sample(params, 0.0, bounds=bounds)
     assert (drawn >= cells.min(0).values).all() and (drawn <= cells.max(0).values).all()
 
 
@@ -113,7 +112,7 @@ def test_bounds_hold_the_true_values_and_at_a_cells_last_step_exactly_those_that
     images = random_images(2, 8, seed=5)
     low_res = downsample_area(images, 4)
     targets = model.targets(images)
-    _, bounds = model.head.unpack(model(previous_values(targets), low_res=low_res))  # as decoding's steps: test_cell_remainder
+    _, bounds = model(previous_values(targets), low_res=low_res)  # as decoding's steps: test_cell_remainder
     values = targets[..., None] if head == "categorical" else targets  # (B, T, c)
     c = values.shape[-1]
     lowest, highest = bounds[..., :c].long(), bounds[..., c:].long()
@@ -166,21 +165,20 @@ def test_exact_box_means_needs_the_cell_sums():
         tiny_model(encoder_layers=1, low_res_size=2, exact_box_means=True)
 
 
-def test_a_bounded_model_scores_with_the_bounds_its_parameters_carry():
-    """A bounded model's parameters end with the bounds ``forward`` computes (the head's own
-    parameters, then 6 integers a pixel), and its log-likelihood is its head's of them; the same
-    distribution's parameters without the bounds score the unrestricted mixture."""
+def test_a_bounded_model_returns_its_bounds_beside_its_parameters_and_scores_with_them():
+    """A bounded model returns the head's parameters (as any model's) and beside them the bounds
+    ``forward`` computes (6 integers a pixel); its log-likelihood is its head's given them; the
+    same parameters without the bounds score the unrestricted mixture."""
     model = bounded_model("dmol", "local_1d")
     images = random_images(1, 8, seed=1)
     low_res = downsample_area(images, 4)
     targets = model.targets(images)
-    params = model(previous_values(targets), low_res=low_res)
-    assert params.shape == (*targets.shape[:2], model.head.size + 6)
-    mixture, bounds = model.head.unpack(params)
-    assert bounds.shape == (*targets.shape[:2], 6) and torch.equal(bounds.to(params.dtype), params[..., -6:])
-    torch.testing.assert_close(model.head.log_prob(params, targets), model.log_prob(images, low_res=low_res))
-    free = DMOLHead(8, model.head.components).log_prob(mixture, targets)
-    restricted = model.head.log_prob(params, targets)
+    params, bounds = model(previous_values(targets), low_res=low_res)
+    assert params.shape == (*targets.shape[:2], model.head.size)
+    assert bounds.shape == (*targets.shape[:2], 6) and bounds.dtype == torch.long
+    torch.testing.assert_close(model.head.log_prob(params, targets, bounds), model.log_prob(images, low_res=low_res))
+    free = model.head.log_prob(params, targets)
+    restricted = model.head.log_prob(params, targets, bounds)
     assert (free <= restricted + 1e-6).all() and (free < restricted).any()  # renormalised over the bounds
     unbounded = remainder_model("dmol", "local_1d")
     assert unbounded(previous_values(targets), low_res=low_res).shape[-1] == unbounded.head.size

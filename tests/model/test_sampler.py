@@ -11,6 +11,7 @@ import torch
 
 from helpers import random_images, random_labels, tiny_model
 from imagetx.model.superres import downsample_area
+from imagetx.model.heads import params_and_bounds
 from imagetx.model.transformer import previous_values
 from imagetx import build_model
 from imagetx.model.sampler import (ISOLATED, LOG_PROGRESS_SECONDS, compile_decoding, first_input, progress_bar, sample,
@@ -35,9 +36,19 @@ def counter(cache) -> int:
     return int(getattr(cache, "decoder", cache).step)
 
 
+def each(outputs, f):
+    """``f`` applied to a model's outputs: its parameters, and with exact_box_means its value bounds."""
+    return tuple(map(f, outputs)) if isinstance(outputs, tuple) else f(outputs)
+
+
+def joined(outputs: list, join):
+    """A list of a model's outputs (tensors, or (params, bounds) pairs) joined part by part."""
+    return tuple(map(join, zip(*outputs))) if isinstance(outputs[0], tuple) else join(outputs)
+
+
 def cached_params(model, images, labels=None, low_res=None, step=None, transforms=None):
     """Teacher-force ``images`` through ``step`` (``model.decode_step`` by default): (B, T, P)
-    parameters (a bounded head's carry each step's value bounds)."""
+    parameters (with exact_box_means, and (B, T, 2c) each step's value bounds)."""
     step = step or model.decode_step
     cache = model.start_decoding(images.shape[0], labels, low_res, transforms)
     targets = model.targets(images)
@@ -45,7 +56,7 @@ def cached_params(model, images, labels=None, low_res=None, step=None, transform
     for t in range(1, model.order.length):
         params.append(step(targets[:, t - 1], cache))
     assert counter(cache) == model.order.length  # one counter, advanced once per step
-    return torch.stack(params, dim=1)
+    return joined(params, lambda parts: torch.stack(parts, dim=1))
 
 
 def full_params(model, images, labels=None, low_res=None, transforms=None):
@@ -63,9 +74,9 @@ def prefilled_params(model, images, given, labels=None, low_res=None, step=None,
     params = [model.prefill(targets[:, :given], cache)]
     assert counter(cache) == given
     for t in range(given, model.order.length):
-        params.append(step(targets[:, t - 1], cache)[:, None])
+        params.append(each(step(targets[:, t - 1], cache), lambda part: part[:, None]))
     assert counter(cache) == model.order.length
-    return torch.cat(params, dim=1)
+    return joined(params, lambda parts: torch.cat(parts, dim=1))
 
 
 def prefill_lengths(model) -> list[int]:
@@ -80,19 +91,20 @@ def check_cached_equals_full(model, images, labels=None, low_res=None, step=None
     """The cached decoder, step by step and after a prefill of each of ``prefill_lengths``,
     gives the full pass's parameters (``transforms``: each image's transform id, for a model with them)."""
     with torch.no_grad():
-        full = full_params(model, images, labels, low_res, transforms)
-        cached = cached_params(model, images, labels, low_res, step, transforms)
+        full, bounds = params_and_bounds(full_params(model, images, labels, low_res, transforms))
+        cached, cached_bounds = params_and_bounds(cached_params(model, images, labels, low_res, step, transforms))
         targets = model.targets(images)
         assert cached.shape == full.shape
         torch.testing.assert_close(cached, full, rtol=1e-9, atol=1e-9)
-        (_, bounds), (_, cached_bounds) = model.head.unpack(full), model.head.unpack(cached)
         assert (cached_bounds is None) == (bounds is None) and (bounds is None or torch.equal(cached_bounds, bounds))
         given = {} if low_res is None else {"low_res": low_res}
-        torch.testing.assert_close(model.head.log_prob(cached, targets),
+        torch.testing.assert_close(model.head.log_prob(cached, targets, cached_bounds),
                                    model.log_prob(images, labels, **given, transforms=transforms), rtol=1e-6, atol=1e-6)
         for given in prefill_lengths(model):
-            prefilled = prefilled_params(model, images, given, labels, low_res, step, transforms)
+            prefilled, prefilled_bounds = params_and_bounds(
+                prefilled_params(model, images, given, labels, low_res, step, transforms))
             torch.testing.assert_close(prefilled, full, rtol=1e-9, atol=1e-9, msg=lambda m: f"prefill {given}: {m}")
+            assert bounds is None or torch.equal(prefilled_bounds, bounds)
 
 
 # Conditioning: none, a class, a class and a transform (distribution augmentation, 48 ids), each image its own.
@@ -288,8 +300,8 @@ CUDA_ONLY = pytest.mark.skipif(not torch.cuda.is_available(),
 @pytest.mark.parametrize("bounded", [False, True], ids=["", "superres_exact_box_means"])
 def test_cuda_graph_step_matches_the_full_pass(bounded):
     # mode="reduce-overhead": the compiled step captured as a CUDA graph. cudagraph_or_error turns
-    # a skipped capture (e.g. for the caches written in place) into an error. Bounded: the step's
-    # parameters also carry its value bounds, a graph output copied out before the next replay.
+    # a skipped capture (e.g. for the caches written in place) into an error. Bounded: the step also
+    # returns its value bounds beside its parameters, a graph output copied out before the next replay.
     import torch._inductor.config as inductor_config
     from torch._dynamo.utils import counters
 
