@@ -9,8 +9,8 @@ import ast
 import difflib
 import sys
 from argparse import ArgumentError
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -19,7 +19,8 @@ from jsonargparse import ArgumentParser
 from ..compat import (EXPECTED_CLASS, PARSE_ERROR_NOISE, denied_import_path, option_names, parse_error_choice,
                       parse_error_key_path, parse_error_line, parse_error_required)
 from ..io.shipped import resolve
-from .config_guard import ExpansionRefused, refusal, safe_load
+from ..training.bounded_yaml import ExpansionRefused, safe_load
+from .config_guard import refusal
 
 
 def describe_parse_error(error: ArgumentError, parser: ArgumentParser, args: list[str] | None, command: str,

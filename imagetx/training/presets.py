@@ -12,13 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..model.config import GEOMETRY, ModelConfig
+from .bounded_yaml import safe_load
 
 
 def read_preset(path: str | Path) -> dict:
     """The preset YAML at ``path``, as a tree of sections, its aliases bounded as the commands bound
-    them (cli/config_guard.py: a few hundred bytes can expand to gigabytes)."""
-    from ..cli.config_guard import safe_load  # here: jsonargparse, which it imports, only where a preset is read
-
+    them (bounded_yaml.py: a few hundred bytes can expand to gigabytes)."""
     with open(path, encoding="utf-8") as handle:
         return safe_load(handle.read())
 

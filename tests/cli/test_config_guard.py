@@ -13,7 +13,8 @@ import yaml
 
 from helpers import one_error_line, tiny_model, write_train_config
 from imagetx import save_pretrained
-from imagetx.cli.config_guard import MAX_DEPTH, MAX_VALUES, MORE_IMPORTS
+from imagetx.cli.config_guard import MORE_IMPORTS
+from imagetx.training.bounded_yaml import MAX_DEPTH, MAX_VALUES
 from imagetx.evaluate import main as evaluate_main
 from imagetx.train import main as train_main, make_cli
 

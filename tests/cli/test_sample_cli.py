@@ -195,23 +195,24 @@ def superres_ckpt(tmp_path_factory):
 
 @pytest.fixture
 def counted_decoding(monkeypatch):
-    """Every prefill's and decode_step's batch size, as the command calls them (of either kind of model:
-    a super-resolution model's are the decoder's, ImageTransformer's)."""
+    """Every prefill's and decode_step's batch size, as the command calls them, of either kind of model
+    (a super-resolution model has a decode_step of its own: with exact box means it returns the
+    step's value bounds beside its parameters)."""
     from imagetx import ImageTransformer
+    from imagetx.model.superres import SuperResolutionTransformer
 
     calls = {"prefill": [], "decode_step": []}
-    prefill, decode_step = ImageTransformer.prefill, ImageTransformer.decode_step
 
-    def counted_prefill(self, given, cache):
-        calls["prefill"].append(tuple(given.shape[:2]))
-        return prefill(self, given, cache)
+    def counted(method, name, batch):
+        def call(self, values, cache):
+            calls[name].append(batch(values))
+            return method(self, values, cache)
+        return call
 
-    def counted_step(self, previous, cache):
-        calls["decode_step"].append(previous.shape[0])
-        return decode_step(self, previous, cache)
-
-    monkeypatch.setattr(ImageTransformer, "prefill", counted_prefill)
-    monkeypatch.setattr(ImageTransformer, "decode_step", counted_step)
+    batch = {"prefill": lambda given: tuple(given.shape[:2]), "decode_step": lambda previous: previous.shape[0]}
+    for model in (ImageTransformer, SuperResolutionTransformer):
+        for name in batch.keys() & vars(model).keys():  # the methods each class defines itself
+            monkeypatch.setattr(model, name, counted(getattr(model, name), name, batch[name]))
     return calls
 
 

@@ -80,7 +80,7 @@ def test_compress_and_sample_name_a_given_picture_with_escapes_shown(tmp_path, c
 def test_a_preset_read_outside_the_command_bounds_its_aliases(tmp_path):
     """read_preset (benchmarks, the speed check, resume settings) used plain yaml.safe_load: a few hundred
     bytes of aliases expanded to gigabytes. It bounds them as the commands do (cli/config_guard.py)."""
-    from imagetx.cli.config_guard import ExpansionRefused
+    from imagetx.training.bounded_yaml import ExpansionRefused
     from imagetx.training.presets import read_preset
 
     laughs = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
