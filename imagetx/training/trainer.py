@@ -75,12 +75,14 @@ class TrainingBar(TQDMProgressBar):
     def end_at_budget(self, trainer, pl_module, batch_idx: int) -> None:
         """In a run with a time budget, the bar ends where the budget does once that is known (the
         learning-rate horizon's end, budget.py): the epoch's batches said ``84/5625 [01:19<1:27:33]``
-        for a 14-minute run. Lightning ends it at ``max_steps`` the same way."""
+        for a 14-minute run. Lightning ends it at ``max_steps`` the same way. Taken afresh from the
+        epoch's batches at every step, as the horizon's end moves with the budget (steered later too)."""
         horizon = getattr(pl_module, "horizon", None)
-        if budget_timer(trainer) is None or horizon is None or self.train_progress_bar.total is None:
+        epoch = convert_inf(trainer.num_training_batches)
+        if budget_timer(trainer) is None or horizon is None or epoch is None:
             return
         batches_left = max(horizon.end - trainer.global_step, 0) * trainer.accumulate_grad_batches
-        self.train_progress_bar.total = min(self.train_progress_bar.total, batch_idx + 1 + batches_left)
+        self.train_progress_bar.total = min(epoch, batch_idx + 1 + batches_left)
 
     def get_metrics(self, trainer, pl_module) -> dict:
         metrics = {key: f"{value:.{BAR_DECIMALS}f}" if isinstance(value, float) else value

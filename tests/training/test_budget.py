@@ -403,13 +403,18 @@ def test_the_bar_ends_where_the_budget_does_and_shows_the_budget_left():
     from imagetx.training.trainer import TrainingBar
 
     trainer, _ = fake_run(max_steps=-1)
-    trainer.global_step, trainer.accumulate_grad_batches = 85, 1
+    trainer.global_step, trainer.accumulate_grad_batches, trainer.num_training_batches = 85, 1, 5625
     bar = TrainingBar()
     bar.train_progress_bar = tqdm(total=5625, disable=True)
     bar.end_at_budget(trainer, SimpleNamespace(horizon=None), batch_idx=84)
     assert bar.train_progress_bar.total == 5625  # the budget's end not yet known
     bar.end_at_budget(trainer, SimpleNamespace(horizon=Horizon(720, 900)), batch_idx=84)
     assert bar.train_progress_bar.total == 900
+    trainer.global_step = 101  # the end steered later: the bar follows it, up to the epoch's batches
+    bar.end_at_budget(trainer, SimpleNamespace(horizon=Horizon(720, 950, steered_at=(100, 0.5))), batch_idx=100)
+    assert bar.train_progress_bar.total == 950
+    bar.end_at_budget(trainer, SimpleNamespace(horizon=Horizon(720, 9000, steered_at=(100, 0.5))), batch_idx=100)
+    assert bar.train_progress_bar.total == 5625
 
 
 def test_a_run_with_a_time_budget_shows_the_time_left_in_its_bar(tmp_path, data_root, capsys):
