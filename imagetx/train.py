@@ -55,11 +55,11 @@ from .cli.common import ConfigError, HelpFormatter, Stopped, program, run_or_exi
 from .cli.config_guard import guard_configs
 from .cli.errors import describe_parse_error
 from .cli.shipped import resolve_config_args
-from .data.datamodule import ImageDataModule, check_processes
+from .data.datamodule import ImageDataModule
 from .data.options import DataOptions
 from .errors import UserError
 from .io.atomic import check_writable, exclusive, remove_stale_temporaries
-from .io.checkpoint import CHECKPOINT_DIR, LAST, read_checkpoint
+from .io.checkpoint import CHECKPOINT_DIR, LAST
 from .model.config import ModelConfig
 from .model.flops import count_flops
 from .training.budget import BudgetHorizon, run_budget
@@ -411,9 +411,7 @@ def run_training(cli: ImagetxCLI, choose_threads: bool) -> None:
     """``train``'s work once the command line is read: the checks, then Lightning's fit."""
     root = Path(cli.trainer.default_root_dir)
     ckpt_path = checkpoint_to_resume(cli.config.resume, root, cli.model.config, run_budget(cli.trainer),
-                                     cli.datamodule.hparams)
-    if ckpt_path is not None:
-        check_processes(read_checkpoint(ckpt_path, mmap=True), cli.trainer.world_size)
+                                     cli.datamodule.hparams, cli.trainer.world_size)
     if cli.config.init_from is not None:
         print(start_from(cli.model.model, cli.config.init_from))
     check_data_first(cli)

@@ -93,12 +93,13 @@ def check_same_data(path: Path, checkpoint: dict, data: dict) -> None:
 
 
 def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
-                         budget: dict | None = None, data: dict | None = None) -> str | None:
+                         budget: dict | None = None, data: dict | None = None, processes: int = 1) -> str | None:
     """The checkpoint ``--resume`` names ('last': ``root/checkpoints/last.ckpt``; 'auto': that one
     where it exists, else None; a packed continuation folder: its parts joined), checked: it exists,
     is readable, is imagetx's, holds the training state and the same model configuration as this
-    run (for 'auto' the same ``data`` too), and, with another ``budget`` than its run's
-    (budget.run_budget), its learning rate has not begun to decay."""
+    run (for 'auto' the same ``data`` too), its place in the training order goes on with this run's
+    ``processes``, and, with another ``budget`` than its run's (budget.run_budget), its learning
+    rate has not begun to decay."""
     given, resume = resume, resolve_auto(resume, root)
     if resume is None:
         return None
@@ -117,6 +118,10 @@ def checkpoint_to_resume(resume: str | None, root: Path, config: ModelConfig,
         raise CheckpointError(f"--resume {path}: this checkpoint holds weights only (no optimiser or loop state); "
                               "resume from a checkpoint written by imagetx.train, e.g. checkpoints/last.ckpt")
     check_training_state(path, checkpoint)
+    # imported here, as rank_zero_info below: the data module brings Lightning, which `settings` goes without
+    from ..data.datamodule import check_processes
+
+    check_processes(checkpoint, processes)
     stored_config = model_config_of(checkpoint)  # a field added since it was written: its default
     if checkpoint["imagetx"].get("grown") and stored_config.n_layers > config.n_layers:
         # grown deeper in its run (grow.GrowDepth) or between runs: this run's model deepened as it was
