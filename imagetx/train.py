@@ -71,7 +71,7 @@ from .training.no_gpu import check_gpu_settings
 from .training.nonfinite import NonFiniteLossError
 from .training.distributed import CollectiveTimeout, DEFAULT_COLLECTIVE_TIMEOUT, ddp_with_timeout, timed_out
 from .training.resume import (AUTO, FinishedRun, checkpoint_to_resume, last_good_checkpoint, refuse_finished,
-                              resolve_auto, stopped_at)
+                              stopped_at)
 from .training.run_folder import refuse_another_run
 from .training.threads import choose_training_threads
 from .training.throughput import ThroughputWithPeak
@@ -309,10 +309,8 @@ class ImagetxCLI(LightningCLI):
                                 None if max_time is None else Timer(duration=max_time).time_remaining())
             except FinishedRun as finished:
                 if self.config.resume == AUTO:  # the same command, rerun: what it finished, and how to score it
-                    resolved = resolve_auto(AUTO, root)
-                    ckpt = root / CHECKPOINT_DIR / LAST if resolved == "last" else Path(resolved)
                     raise NothingToDo(f"{finished.finished}; nothing is left to train (--resume auto); evaluate "
-                                      f"it with: {evaluate_command(ckpt, self.config.data)}") from None
+                                      f"it with: {evaluate_command(finished.path, self.config.data)}") from None
                 raise
         clean_up_checkpoints(root / CHECKPOINT_DIR)
 

@@ -56,11 +56,11 @@ SAME_DATA = ("source", "root", "val_size", "random_flip", "transforms", "identit
 
 class FinishedRun(CheckpointError):
     """``--resume`` of a run that has spent its budget (``refuse_finished``); ``finished``: which run,
-    and what it has spent, in words."""
+    and what it has spent, in words; ``path``: its checkpoint."""
 
-    def __init__(self, message: str, finished: str) -> None:
+    def __init__(self, message: str, finished: str, path: Path) -> None:
         super().__init__(message)
-        self.finished = finished
+        self.finished, self.path = finished, path
 
 
 def resolve_auto(resume: str | None, root: Path) -> str | None:
@@ -224,7 +224,8 @@ def refuse_finished(resume: str, root: Path, max_steps: int, max_time: float | N
         how = (f"its learning rate has decayed and it has no {CONTINUE}: start a new run from its weights "
                f"with --init_from {path} --trainer.default_root_dir NEW")
     finished = f"{path} is a finished run ({spent})"
-    raise FinishedRun(f"--resume {resume}: {finished}: nothing is left to train with this budget; {how}", finished)
+    raise FinishedRun(f"--resume {resume}: {finished}: nothing is left to train with this budget; {how}", finished,
+                      path)
 
 
 def saved_step(root: Path) -> int | None:
