@@ -194,3 +194,30 @@ def test_mkl_cbwr_set_after_mkl_ran_gives_no_portable_file(tmp_path):
     assert refused.startswith("refused: MKL runs its CPU's own code path"), refused
     assert f"start Python with {' '.join(f'{k}={v}' for k, v in PORTABLE_ENVIRONMENT.items())}" in refused
     assert label == f"label: native DEFAULT kernels (x86_64, torch {torch.__version__})" and decoded == "decoded"
+
+
+# Files an earlier format wrote (experiments/codec_format_assets.py, at the tree of that format), each
+# with its model and its images: (file, model, images and which of them).
+EARLIER_FORMATS = [
+    ("codec_format6/completion_val_first2.itx", SHIPPED, ("cifar10_val_first32.npz", slice(0, 2))),
+    ("codec_format6/tiny_local2d.itx", ASSETS / "codec_format6/tiny_local2d",
+     ("codec_format6/tiny_local2d_images.npz", slice(None))),
+    ("codec_format6/tiny_full.itx", ASSETS / "codec_format6/tiny_full", ("codec_format6/tiny_full_images.npz", slice(None))),
+]
+
+
+@pytest.mark.parametrize("name, model, images", EARLIER_FORMATS, ids=[case[0] for case in EARLIER_FORMATS])
+def test_files_of_earlier_formats_decode(tmp_path, name, model, images):
+    """Each committed file of an earlier format (1D local with rotary and DMOL; 2D local, categorical;
+    full attention, DMOL) decodes to its images with the arithmetic its format was coded with, as
+    the committed portable file does: with the torch that coded it, here, whatever the CPU."""
+    data = ASSETS / name
+    recorded = read_header(data.read_bytes()).arithmetic
+    out = tmp_path / "out.npz"
+    decoded = command("decompress", str(data), "--ckpt", str(model), "--out", str(out), machine={})
+    if recorded.torch == torch.__version__ or decoded.returncode == 0:
+        assert decoded.returncode == 0, decoded.stderr
+        source, which = images
+        assert np.array_equal(np.load(out)["images"], np.load(ASSETS / source)["images"][which])
+    else:
+        assert f"torch {recorded.torch}" in decoded.stderr.strip().splitlines()[-1], decoded.stderr
