@@ -1,20 +1,10 @@
-"""Output distributions (docs/model.md §5): categorical over 256 values, and the
-discretised mixture of logistics (DMOL) of PixelCNN++.
-
-Each head maps the decoder output (B, T, d) to distribution parameters and can
-score targets (log-likelihood in nats, per position) and sample with a
-temperature. The head's projection, its scores and its draws run in float32 at least, even
-under bf16 autocast, and in float64 for a float64 model (``embedding.py`` says why, at ``full_precision_linear``).
-
-A head's output is its distribution's parameters only. Value bounds (a super-resolution model
-with ``exact_box_means``: each step's c lowest values then its c highest, (..., 2c) long) travel
-beside them: that model returns (parameters, bounds) (``params_and_bounds``), and ``log_prob``,
-``sample`` and ``fits`` take the bounds as an argument, restricting each step to them, renormalised.
-
-A head also owns what differs between the two kinds of model: what one generation step is (a
-sub-pixel, or a pixel: ``steps_per_pixel``, ``value_shape``), how images lie on the generation
-grid (``to_grid``, ``to_images``) and how a step's input value is embedded (``input_embedding``).
-``head_type(config)`` names the config's; nothing else reads the head's kind.
+"""Output distributions (docs/model.md §5): categorical over 256 values, and the discretised
+mixture of logistics (DMOL) of PixelCNN++. A head maps the decoder output (B, T, d) to distribution
+parameters, scores targets (log p in nats, per position) and samples with a temperature, in float32
+at least, even under bf16 autocast (``full_precision_linear``). Value bounds (``exact_box_means``,
+docs/model.md §6: each step's c lowest values then its c highest, (..., 2c) long) travel beside the
+parameters and restrict each step to them, renormalised. A head also owns what one step is (a
+sub-pixel or a pixel), how images lie on the grid and how a step's input value is embedded.
 """
 
 from __future__ import annotations
@@ -32,42 +22,32 @@ from .embedding import PixelEmbedding, SubPixelEmbedding, full_precision_linear,
 
 HALF_BIN = 1.0 / (LEVELS - 1)  # half-width of one value's bin on the [-1, 1] scale
 MIN_LOG_SCALE = -7.0  # PixelCNN++ clamp: keeps inv_s = exp(-s) below ~1100
-# Standardised bin widths below this take log(gap) for log(1 − e^(−gap)) (``log_mass``): the direct
-# form's gradient, 1/gap, would reach float32's largest value (3.4e38) as the gap nears its smallest
-# (1.2e-38), at log-scales near 88 (no clamp stops a network's output there: wide components are legal);
-# above it the direct form is exact to float32's precision, and below it log(gap) differs by gap/2.
+# Standardised bin widths below this take log(gap) for log(1 − e^(−gap)) (``log_mass``), off by gap/2,
+# far below float32's resolution; above it the direct form's gradient 1/gap stays below 1e30, where at
+# float32's smallest gaps (1.2e-38: log-scales near 88, which no clamp forbids) it would exceed 3.4e38.
 TINY_GAP = 1e-30
-# The coupling coefficients each channel's mean reads the earlier channels through, by index into
-# the K-wide coefficient rows of the parameters (PixelCNN++'s α, β, γ in its order): R none, G α·x_R,
-# B β·x_R + γ·x_G.
+# Each channel's coupling coefficients, by index into the K-wide coefficient rows (PixelCNN++'s α, β, γ):
+# R none, G α·x_R, B β·x_R + γ·x_G.
 COUPLINGS = ((), (0,), (1, 2))
 
 
 def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """(..., n) probabilities -> (...) indices, index i drawn with probability probs[..., i].
-
-    The exponential race argmax(p / E), E ~ Exp(1), which is how ``torch.multinomial`` draws
-    one sample (the same random numbers, the same draws), without its two checks of the
-    probabilities, which read them back: on a GPU a host sync at every sampling step."""
+    """(..., n) probabilities -> (...) indices: the exponential race argmax(p / E), E ~ Exp(1), the draws
+    of ``torch.multinomial`` without its checks, which read the probabilities back (a host sync on a GPU)."""
     race = torch.empty_like(probs).exponential_(1, generator=generator)
     return (probs / race).argmax(-1)
 
 
 def log_mass(lower: Tensor, upper: Tensor, gap: Tensor, log_gap: Tensor, open_below: Tensor,
              open_above: Tensor, tiny_gap: float = TINY_GAP) -> Tensor:
-    """log of a standard logistic's mass between ``lower`` and ``upper`` (standardised edges;
-    ``gap`` = upper − lower, which the caller has exactly, unlike their difference, and its log
-    ``log_gap``, which the caller has without underflow), or from −∞ where ``open_below``, to +∞
-    where ``open_above``. σ(u) − σ(l) = σ(u)·σ(−l)·(1 − e^(l−u)) exactly: in logs no term
-    cancels, so the mass stays accurate in float32 however small it is (the plain difference of
-    two sigmoids loses every digit far in a tail). A gap below ``TINY_GAP`` (a scale so wide that
-    e^(−s) nears float32's smallest numbers) takes log(1 − e^(−gap)) = log(gap) − gap/2 + ...
-    as log_gap: its value is then exact, and its gradient finite where 1/gap would overflow
-    (``tiny_gap`` 0: never, the direct form everywhere, as compressed files of formats 1 to 3 were
-    coded: codec/distributions.py)."""
+    """log of a standard logistic's mass between standardised edges ``lower`` and ``upper`` (from −∞
+    where ``open_below``, to +∞ where ``open_above``); ``gap`` = upper − lower and its log ``log_gap``
+    as the caller has them, exactly. σ(u) − σ(l) = σ(u)·σ(−l)·(1 − e^(l−u)): in logs nothing cancels,
+    so the mass keeps float32's precision however far in a tail. ``tiny_gap`` 0: the direct form
+    everywhere, as compressed files of formats 1 to 3 are coded (codec/distributions.py)."""
     tiny = gap < tiny_gap
-    # (the direct form on a harmless gap where it is not used: the gradient of a branch torch.where
-    # leaves out is multiplied by 0, and 0 times its infinity would be NaN)
+    # A harmless gap where the direct form is not used: torch.where multiplies the gradient of the
+    # branch it leaves out by 0, and 0 times infinity is NaN.
     direct = torch.log(-torch.expm1(-torch.where(tiny, torch.ones_like(gap), gap)))
     interior = F.logsigmoid(upper) + F.logsigmoid(-lower) + torch.where(tiny, log_gap, direct)
     below = torch.where(open_above, torch.zeros_like(upper), F.logsigmoid(upper))
@@ -75,12 +55,9 @@ def log_mass(lower: Tensor, upper: Tensor, gap: Tensor, log_gap: Tensor, open_be
 
 
 def coupled_mean(means, coeffs, earlier: list, channel: int):
-    """Channel ``channel``'s logistic means given the earlier channels' values ``earlier`` (one per
-    earlier channel, on the [-1, 1] scale, each broadcasting against (..., K)): m_R = μ_R,
-    m_G = μ_G + α x_R, m_B = μ_B + β x_R + γ x_G (docs/model.md §5). ``means``, ``coeffs``
-    (..., 3, K) -> (..., K). The one place the coupling is written: scoring, sampling and the codec
-    read it, on torch tensors or on the codec's numpy float64 arrays (sums and products only, in
-    this order: the same bits either way)."""
+    """``means``, ``coeffs`` (..., 3, K) -> channel ``channel``'s coupled means (..., K) given the earlier
+    channels' values ``earlier`` on [-1, 1], each broadcasting against (..., K) (docs/model.md §5). Sums
+    and products only, in this order: torch tensors and numpy float64 arrays give the same bits."""
     mean = means[..., channel, :]
     for coefficient, x in zip(COUPLINGS[channel], earlier):
         mean = mean + coeffs[..., coefficient, :] * x
@@ -88,10 +65,9 @@ def coupled_mean(means, coeffs, earlier: list, channel: int):
 
 
 def truncated_logistic(u: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
-    """Uniform u in [0, 1) -> a standard logistic draw restricted to (lower, upper) (±inf
-    allowed), by inverting its distribution function F: z = F⁻¹(F(l) + u·(F(u) − F(l))), in logs.
-    An interval above the mean is drawn as the mirror image of the one below it, where F is
-    small and its logs keep every digit, however far out the interval lies; float64."""
+    """Uniform u in [0, 1) -> a standard logistic draw restricted to (lower, upper) (±inf allowed),
+    z = F⁻¹(F(l) + u·(F(u) − F(l))) in logs, float64. An interval above the mean is drawn as its
+    mirror image, where F is small and its logs keep every digit."""
     mirrored = lower > 0
     low, high = torch.where(mirrored, -upper, lower), torch.where(mirrored, -lower, upper)
     log_low, log_high = F.logsigmoid(low), F.logsigmoid(high)
@@ -122,8 +98,7 @@ def all_within(bounds: tuple[Tensor, Tensor] | None, values: Tensor) -> Tensor:
 
 
 def params_and_bounds(outputs: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
-    """A model's outputs -> (the head's parameters, each step's (..., 2c) value bounds or None): a
-    model with ``exact_box_means`` returns both, any other its parameters."""
+    """A model's outputs -> (the head's parameters, each step's (..., 2c) value bounds or None)."""
     return outputs if isinstance(outputs, tuple) else (outputs, None)
 
 
@@ -177,7 +152,7 @@ class CategoricalHead(Head):
         return full_precision_linear(self.proj, hidden)
 
     def logits(self, params: Tensor, bounds: Tensor | None = None) -> Tensor:
-        """The logits in the scoring precision, those of values outside a step's bounds at −inf."""
+        """The logits in the scoring precision, values outside a step's bounds masked to −inf."""
         logits = params.to(scoring_dtype(params))
         limits = split_bounds(bounds)
         if limits is None:
@@ -185,9 +160,8 @@ class CategoricalHead(Head):
         return logits.masked_fill(~within(limits, torch.arange(LEVELS, device=params.device)), -math.inf)
 
     def log_prob(self, params: Tensor, targets: Tensor, bounds: Tensor | None = None) -> Tensor:
-        """params (B, T, 256) logits, targets (B, T) ints[, bounds (B, T, 2)] -> (B, T) log p in nats
-        (−inf outside the bounds, also where a target's cell cannot meet its input's mean: bounds
-        that hold no value)."""
+        """params (B, T, 256) logits, targets (B, T) ints[, bounds (B, T, 2)] -> (B, T) log p in nats,
+        −inf outside the bounds (also bounds that hold no value)."""
         targets = targets.long()
         log_p = torch.log_softmax(self.logits(params, bounds), dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
         return log_p if bounds is None else torch.where(self.fits(targets, bounds), log_p, -math.inf)
@@ -203,11 +177,8 @@ class CategoricalHead(Head):
 
 
 class DMOLHead(Head):
-    """Discretised mixture of K logistics over one pixel's three channels.
-
-    Parameter layout per position (10·K numbers, as PixelCNN++): K mixture logits,
-    then for each channel K means, K log-scales and K coupling coefficients.
-    """
+    """Discretised mixture of K logistics over a pixel's three channels. Parameters per position (10·K,
+    as PixelCNN++): K mixture logits, then for each channel K means, K log-scales, K coupling coefficients."""
 
     steps_per_pixel = 1  # a step is a whole pixel
     value_shape = (CHANNELS,)  # one step's value: a pixel's three
@@ -246,8 +217,8 @@ class DMOLHead(Head):
         return logits, means, log_scales, torch.tanh(coupling)
 
     def split_raw(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        """``split`` with the coupling coefficients before their tanh (the codec computes that
-        tanh its own way: codec/distributions.py)."""
+        """``split`` with the coupling coefficients before their tanh (codec/distributions.py computes
+        that tanh its own way)."""
         params = params.to(scoring_dtype(params))
         k = self.components
         rest = rearrange(params[..., k:], "... (c p k) -> ... c p k", c=CHANNELS, p=3, k=k)
@@ -262,15 +233,9 @@ class DMOLHead(Head):
 
     def channel_log_probs(self, params: Tensor, targets: Tensor,
                           bounds: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        """Per component and channel log p of the target bin: (..., 3, K), and the mixture log-weights (..., K).
-
-        Channel c's bin [x − 1/255, x + 1/255] (the lowest and highest bins stretched to
-        ∓∞) under the logistic with mean m_c and scale e^s, in standardised units
-        lower = (x − m − 1/255)/e^s and upper = (x − m + 1/255)/e^s. Given bounds, the head divides each
-        by the mass of the channel's bounds [lo, hi] under the same logistic (its end bins
-        stretched as the values' are): each component's channels, given the earlier ones, are
-        then distributions over the bounds; a value outside them has log p −inf.
-        """
+        """-> log p (..., 3, K) of each component's and channel's target bin [x − 1/255, x + 1/255] (end bins
+        stretched to ∓∞), and the mixture log-weights (..., K). Given bounds, each is divided by the mass of
+        the bounds' bins under the same logistic; a value outside them has log p −inf (docs/model.md §6)."""
         logits, means, log_scales, coeffs = self.split(params)
         values = targets.long().unsqueeze(-1)  # (..., 3, 1)
         x = values.to(means.dtype) / HALF_RANGE - 1.0  # the bin centre, as precise as the parameters
@@ -297,17 +262,10 @@ class DMOLHead(Head):
 
     def sample(self, params: Tensor, temperature: float = 1.0, generator: torch.Generator | None = None,
                bounds: Tensor | None = None) -> Tensor:
-        """(B, T, 10K)[, bounds (B, T, 6)] -> (B, T, 3) values, drawn from exactly the distribution
-        ``log_prob`` scores.
-
-        Pick a component, then draw R, G, B in turn: a logistic draw, rounded to its level
-        (the bins of ``channel_log_probs``; values beyond ±1 fall in the edge bins), and
-        that *level* (not the continuous draw) enters the coupled means of the later
-        channels, as it does in ``log_prob``. Given bounds, it draws each channel from its
-        logistic restricted to the bounds' bins. Temperature divides the mixture logits and
-        scales the logistic noise; 0 takes the most likely component and its means (clamped
-        to the bounds).
-        """
+        """(B, T, 10K)[, bounds (B, T, 6)] -> (B, T, 3) values, from exactly the distribution ``log_prob``
+        scores: a component, then R, G, B in turn, each channel's rounded *level* (not its continuous draw)
+        entering the later channels' coupled means. Temperature divides the mixture logits and scales the
+        logistic noise; 0 takes the most likely component and its means (clamped to the bounds)."""
         check_temperature(temperature)
         logits, means, log_scales, coeffs = self.split(params)
         if temperature == 0:
@@ -315,13 +273,11 @@ class DMOLHead(Head):
         else:
             component = draw(torch.softmax(logits / temperature, dim=-1), generator)
         pick = F.one_hot(component, self.components).to(means.dtype).unsqueeze(-2)  # (..., 1, K)
-        # the picked component's means and coefficients (..., 3, 1), as ``coupled_mean`` reads them,
-        # and log-scales (..., 3)
+        # the picked component's means and coefficients (..., 3, 1), and log-scales (..., 3)
         means, coeffs = ((t * pick).sum(-1, keepdim=True).double() for t in (means, coeffs))
         log_scales = (log_scales * pick).sum(-1).double()
-        # Logistic noise by inversion, in float64: u = 0 would give −inf, so it starts at the
-        # smallest positive float64; the largest u below 1 caps the draw at about 37 scale
-        # units, leaving out a mass of about 1e-16.
+        # Logistic noise by inversion, in float64: u from the smallest positive float64, as u = 0 gives −inf;
+        # the largest u below 1 caps a draw at about 37 scale units, leaving out a mass of about 1e-16.
         u = torch.rand(log_scales.shape, generator=generator, device=means.device, dtype=torch.float64)
         u = u.clamp(min=torch.finfo(torch.float64).tiny)
         noise = torch.log(u) - torch.log1p(-u)  # (..., 3) standard logistic draws
@@ -335,7 +291,6 @@ class DMOLHead(Head):
 
         levels: list[Tensor] = []
         for c in range(CHANNELS):
-            # the mean given the earlier channels' levels (not their continuous draws)
             centre = coupled_mean(means, coeffs, [scaled(v)[..., None] for v in levels], c)[..., 0]
             z = noise[..., c]
             if limits is not None and temperature > 0:  # the draw restricted to the bounds' bins
@@ -350,6 +305,5 @@ class DMOLHead(Head):
 
 
 def head_type(config: ModelConfig) -> type[CategoricalHead] | type[DMOLHead]:
-    """The class of the output head ``config.head`` names (``from_config`` builds it): the one
-    place the head's name is read, beside the config's own checks."""
+    """The class of the output head ``config.head`` names (``from_config`` builds it)."""
     return CategoricalHead if config.head == "categorical" else DMOLHead
