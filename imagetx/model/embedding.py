@@ -1,14 +1,5 @@
-"""Input embeddings and position encodings (docs/model.md §2).
-
-* Categorical: one table of 3·256 vectors; sub-pixel value v in channel c uses row
-  v + 256·c ("channel-specific"), multiplied by √d.
-* DMOL: the pixel's three values scaled to [-1, 1], a linear map to d, then ReLU.
-* Positions: d/2 dimensions encode the grid row, d/2 the grid column, either
-  sinusoidal per axis or learned tables.
-
-The input's and the head's linear maps run in float32 under mixed precision
-(``full_precision_linear``: why, below).
-"""
+"""Input embeddings and row + column position encodings (docs/model.md §2), and the linear maps at the
+network's two ends, kept in float32 under mixed precision (``full_precision_linear``)."""
 
 from __future__ import annotations
 
@@ -22,17 +13,8 @@ from torch import Tensor, nn
 from .config import CHANNELS, HALF_RANGE, LEVELS
 
 
-# ----- float32 at the network's two ends ----------------------------------------------------------
-#
-# The layers that stay in float32 under mixed precision (bf16-mixed): those at the two ends of
-# the network, where bfloat16's 8-bit mantissa cannot tell neighbouring pixel levels apart.
-#
-# On the [-1, 1] scale a level is 2/255 ≈ 0.0078 from the next, and bfloat16 resolves steps of
-# 1/128 ≈ 0.0078 near ±1: rounded to it, a pixel's raw value (the DMOL pixel embedding, the cell
-# remainder input) merges with its neighbours, and so do a DMOL head's means and scales, moving
-# mass between bins; in float32 both ends keep most of what bfloat16 loses (docs/experiments.md,
-# entry 15), and their products are tiny next to the network's ((B, T, 3) × (3, d) in,
-# (B, T, d) × (d, 10·K) out).
+# float32 at the network's two ends (docs/model.md §5): on [-1, 1] neighbouring levels are 2/255 ≈ 0.0078
+# apart, and bfloat16 resolves steps of 1/128 ≈ 0.0078 near ±1, so it would merge them.
 
 
 def scoring_dtype(tensor: Tensor) -> torch.dtype:
@@ -50,15 +32,9 @@ def full_precision_linear(proj: nn.Linear, x: Tensor) -> Tensor:
 
 
 class SubPixelEmbedding(nn.Module):
-    """Values (B, T) with channel ids (T,) -> (B, T, d).
-
-    ``ordinal=True`` starts each channel's 256 rows on the straight line between two
-    random vectors, so that value 101 starts next to 100 instead of at an unrelated
-    random point; the rows are free to move apart in training. The super-resolution
-    encoder uses it: ordinal rows carry intensity from the first step, where from random
-    rows a decoder must first learn which rows are bright and which dark before the
-    low-resolution input can tell it anything.
-    """
+    """Values (B, T) with channel ids (T,) -> (B, T, d): row v + 256·c, times √d. ``ordinal=True`` starts
+    each channel's rows on the line between two random vectors, so that intensity is readable from the
+    first step (docs/model.md §6)."""
 
     def __init__(self, d_model: int, ordinal: bool = False) -> None:
         super().__init__()
@@ -89,7 +65,6 @@ class PixelEmbedding(nn.Module):
 
     def forward(self, pixels: Tensor, channels: Tensor | None = None) -> Tensor:
         """``channels``: not read (a pixel holds all three), taken as ``SubPixelEmbedding`` takes them."""
-        # In float32 under mixed precision: bfloat16 would merge neighbouring levels (above).
         values = pixels.to(scoring_dtype(self.proj.weight)) / HALF_RANGE - 1.0
         return torch.relu(full_precision_linear(self.proj, values))
 
@@ -104,9 +79,8 @@ def sinusoid(positions: Tensor, dim: int) -> Tensor:
 
 
 class PositionEncoding(nn.Module):
-    """Row and column encodings for a rows×cols grid, concatenated to d, each looked up in
-    a table: learned, or sinusoids computed once at construction and kept as a buffer (so
-    the position of one decoding step is an index, not a recomputation on the CPU)."""
+    """Row and column encodings for a rows×cols grid, concatenated to d, looked up in tables: learned,
+    or sinusoids kept as a buffer, so that one decoding step's position is an index, not a recomputation."""
 
     def __init__(self, rows: int, cols: int, d_model: int, kind: str) -> None:
         super().__init__()
