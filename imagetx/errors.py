@@ -1,12 +1,7 @@
-"""The error a user can fix, apart from a bug.
-
-``UserError``: input a user can fix (a setting, a file, a request the model cannot serve); its
-message is one line naming the problem and the fix. The commands (cli/common.py's ``run_or_exit``)
-print it as one ``error:`` line with exit code 2; any other exception is a bug in imagetx and
-shows its traceback. A ``ValueError``, so that a caller catching ``ValueError`` still catches it.
-
-This module imports nothing: cli/common.py imports it before torch, so that a bad argument is
-refused without the cost of importing torch.
+"""The error a user can fix, apart from a bug: the commands print a ``UserError`` as one ``error:`` line
+with exit code 2 (cli/common.py's ``run_or_exit``), any other exception with its traceback. A
+``ValueError``, so that code catching ``ValueError`` still catches it. This module imports nothing, so
+that a bad argument is refused before torch is imported.
 """
 
 

@@ -1,12 +1,11 @@
 """Model configuration: the paper's hyper-parameters in one dataclass, with two sections.
 
 ``ModelConfig`` holds the network's sizes and heads (docs/model.md §1–§3, §5); its ``attention``
-section says which positions each step sees (§4), and its ``superres`` section, when set, adds an
-encoder over a low-resolution input (§6). It holds what the model computes, not how it runs (the
-attention kernel and its tiles are build options: ``build_model``). The configuration is stored in
-every checkpoint so that evaluation and sampling rebuild the model from the file alone
-(``to_dict``: the geometry of the attention kind in use only); ``imagetx.io.older`` reads the forms
-older files hold.
+section the self-attention's heads and mask (§4), and its ``superres`` section, when set, adds an encoder
+over a low-resolution input that conditions the decoder (§6). It holds what the model computes, not
+how it runs (the attention kernel and its tiles are build options: ``build_model``). Every checkpoint
+stores it (``to_dict``: the geometry of the attention kind in use only), so that evaluation and
+sampling rebuild the model from the file alone; ``imagetx.io.older`` reads older files' configurations.
 """
 
 from __future__ import annotations
@@ -42,7 +41,7 @@ class AttentionConfig:
     """§4: decoder self-attention — its heads, which earlier positions each step sees, and where they lie."""
     n_heads: int = 4  # heads of every attention layer
     # Channels of each head (the attention's width: n_heads × head_size, projected from and back to
-    # d_model); None: d_model / n_heads, the paper's (and every stored model's before the field).
+    # d_model); None: d_model / n_heads, the paper's.
     head_size: int | None = None
     kind: Attention = "local_1d"  # which earlier positions a step sees: local 1D or 2D blocks, or all
     # 1D local attention: query blocks of this many positions, in raster order ...
@@ -55,8 +54,8 @@ class AttentionConfig:
     query_block_shape: tuple[int, int] = ATTENTION_DEFAULTS["query_block_shape"]
     memory_flange: tuple[int, int] = ATTENTION_DEFAULTS["memory_flange"]
     # Where each key lies relative to its query (not in the paper, whose inputs carry absolute
-    # positions only): "none", or "rotary", 2D rotary embeddings of queries and keys
-    # (imagetx/model/attention.py: nothing added to the scores).
+    # positions only): "none", or "rotary", 2D RoPE of queries and keys (imagetx/model/attention.py:
+    # nothing added to the scores).
     relative_positions: RelativePositions = "none"
 
     def __post_init__(self) -> None:
@@ -79,7 +78,7 @@ class SuperResolutionConfig:
     """§6: an encoder over a low-resolution image that every decoder layer reads."""
     encoder_layers: int = 1  # unmasked self-attention layers over the low-res input
     low_res_size: int = 8  # side of the encoder's input image, in pixels
-    # How each decoder layer reads the encoder: "cross_attention" (the paper's), or "cell_add":
+    # How the encoder conditions each decoder layer: "cross_attention" (the paper's), or "cell_add":
     # after self-attention, a linear map of the encoder's outputs for the low-res pixel the step
     # lies in (imagetx/model/superres.py; not in the paper), as good as cross-attention to that
     # pixel alone and cheaper: no query or output projection per step.
@@ -93,9 +92,9 @@ class SuperResolutionConfig:
     # to their input exactly, and no mass goes to images that would not. Needs
     # cell_remainder_input, whose sums give the bounds. Not in the paper.
     exact_box_means: bool = False
-    # True: the maps that write the low-res input into the decoder (cross-attention's output
+    # True: the maps that add the low-res conditioning to the decoder (cross-attention's output
     # projection, the cell add, the cell remainder's) start at zero, so a new model's outputs do
-    # not depend on its input until it learns to read it. Not in the paper.
+    # not depend on its input until it learns to use it. Not in the paper.
     low_res_zero_start: bool = False
 
 
@@ -104,8 +103,8 @@ class ModelConfig:
     """The paper's hyper-parameters: the image, its inputs, the head, the layers, and two sections."""
     image_size: int = 32  # side of the square target image, in pixels
     num_classes: int = 0  # 0 = unconditional; else one learned vector per class (§2)
-    # 0 = off; else distribution augmentation (Jun et al. 2020; issue 127): one learned vector per transform id
-    # added to every step's input as a class's, 48 for the ids of imagetx/data/transforms.py; scored with id 0
+    # 0 = off; else distribution augmentation (Jun et al. 2020): one learned vector per transform id added
+    # to every step's input as a class's, 48 for the ids of imagetx/data/transforms.py; scored with id 0
     num_transforms: int = 0
     position_encoding: PositionEncodingKind = "sinusoidal"  # §2: absolute positions added to the inputs
     head: Head = "categorical"  # §5: a softmax per sub-pixel, or a mixture of logistics per pixel
@@ -135,7 +134,7 @@ class ModelConfig:
 
     @property
     def rotary(self) -> bool:
-        """Whether decoder self-attention turns its queries and keys by their grid positions."""
+        """Whether decoder self-attention rotates its queries and keys by their grid positions (2D RoPE)."""
         return self.attention.relative_positions == "rotary"
 
     @property
@@ -220,7 +219,7 @@ class ModelConfig:
                 _invalid("attention.memory_flange", attention.memory_flange, "flange sizes must be 0 or more")
 
     def _check_low_res_input(self) -> None:
-        """The encoder over the low-resolution input, and what the decoder reads of it."""
+        """The encoder over the low-resolution input, and how it conditions the decoder."""
         superres = self.superres
         if superres is None:
             return
