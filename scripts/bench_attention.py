@@ -4,7 +4,7 @@ gathered-block SDPA path and through FlexAttention (docs/model.md §4).
 What it measures
 ----------------
 At the paper's CIFAR-10 size (categorical grid 32 rows x 96 columns = 3072 positions,
-d_model = 512, 4 heads), ONE ``imagetx.model.attention.SelfAttention(d_model, n_heads, PatternForms(pattern),
+d_model = 512, 4 heads), ONE ``imagetx.model.attention.SelfAttention(d_model, n_heads, PatternIndex(pattern),
 kernel=...)`` layer applied to an input ``x`` of shape (batch, 3072, 512), either
 
 * ``forward_backward``: with ``requires_grad=True``, followed by a backward pass of a

@@ -34,10 +34,10 @@ def layer_pass(pattern, kernel: str, batch: int, use_autocast: bool, backward: b
     import torch
 
     from imagetx.model.attention import FLEX_BLOCK_SIZE, SelfAttention, may_use_flex
-    from imagetx.model.patterns import PatternForms
+    from imagetx.model.patterns import PatternIndex
 
     length = pattern.length
-    forms = PatternForms(pattern, FLEX_BLOCK_SIZE if may_use_flex(kernel, D_MODEL // N_HEADS) else None)
+    forms = PatternIndex(pattern, FLEX_BLOCK_SIZE if may_use_flex(kernel, D_MODEL // N_HEADS) else None)
     module = SelfAttention(D_MODEL, N_HEADS, forms, kernel=kernel).to(device)
     x = torch.randn(batch, length, D_MODEL, device=device, requires_grad=backward)
     out_dtype = torch.bfloat16 if use_autocast else torch.float32

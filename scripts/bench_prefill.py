@@ -16,7 +16,8 @@ what each adds to the process, as the allocator happens to hand memory back. The
 once more under torch's profiler (``profiled_memory``): the peak of the tensor memory it holds at
 once and its largest single allocation, the same from run to run. The full pass is the scale of
 what a prefill of almost as many steps must hold (activations linear in the steps); a dense
-(t, ring + t) bool mask over a prefill's t steps would be t·(ring + t) bytes.
+(t, cache + t) bool mask over a prefill's t steps would be t·(cache + t) bytes, for a kv-cache of
+``cache`` steps.
 """
 
 from __future__ import annotations
@@ -88,11 +89,11 @@ def worker(spec: dict) -> dict:
         prefill_seconds, prefill_rss = timed_rss(decode_start)
         full_pass_profiled = profiled_memory(lambda: full_pass(model, images))
         prefill_profiled = profiled_memory(decode_start)
-    length, ring = given.shape[1], model.layers[0].self_attn.forms.ring
+    length, cache = given.shape[1], model.layers[0].self_attn.index.cache_length
     return {**spec, "pattern": model.pattern.describe(), "n_layers": config.n_layers, "d_model": config.d_model,
             "given_rows": given_rows, "prefill_steps": length, "full_pass_steps": model.order.length,
-            "ring": ring,
-            "dense_mask_mib": length * (ring + length) / 2**20, "full_pass_seconds": full_pass_seconds,
+            "kv_cache_length": cache,
+            "dense_mask_mib": length * (cache + length) / 2**20, "full_pass_seconds": full_pass_seconds,
             "full_pass_rss": full_pass_rss, "full_pass_profiled": full_pass_profiled,
             "prefill_seconds": prefill_seconds, "prefill_rss": prefill_rss, "prefill_profiled": prefill_profiled,
             "torch_threads": torch.get_num_threads()}
@@ -129,8 +130,8 @@ def main(argv: list[str] | None = None) -> int:
         if "error" in result:
             print(f"{size}x{size}: {result['error']}")
             continue
-        print(f"{size}x{size} {result['pattern']}, {result['n_layers']} layers d={result['d_model']}, ring "
-              f"{result['ring']} (a dense prefill mask: {result['dense_mask_mib']:.0f} MiB)")
+        print(f"{size}x{size} {result['pattern']}, {result['n_layers']} layers d={result['d_model']}, kv-cache "
+              f"{result['kv_cache_length']} (a dense prefill mask: {result['dense_mask_mib']:.0f} MiB)")
         for name, what in (("prefill", f"prefill, {result['prefill_steps']} steps ({result['given_rows']} rows)"),
                            ("full_pass", f"full pass, {result['full_pass_steps']} steps")):
             profiled = result[f"{name}_profiled"]

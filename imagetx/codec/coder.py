@@ -36,6 +36,7 @@ from ..model.transformer import ImageTransformer
 from .container import WORD_BYTES, CodecError, payload_bits
 from .distributions import (MIN_FREQUENCY, PRECISION, TOTAL, PixelDistributions, TorchPixelDistributions,
                             TorchTanhPixelDistributions, categorical_probs, quantise, torch_categorical_probs)
+from .whole_ring import start_decoding
 
 # (frequencies (N, 256) int64, the step, the channel or None) -> the N values coded (long).
 CodeSymbols = Callable[[Tensor, int, int | None], Tensor]
@@ -104,7 +105,7 @@ def code_pass(model: ImageTransformer, count: int, code: CodeSymbols, version: i
         probs_of, Pixels = torch_categorical_probs, TorchPixelDistributions
     values, value = [], first_input(model, count)
     with eval_mode(model):
-        cache = model.start_decoding(count)
+        cache = start_decoding(model, count, version)
         for step in range(model.order.length):
             params = model.decode_step(value, cache)
             if categorical:

@@ -62,6 +62,8 @@ if TYPE_CHECKING:  # torch's modules, imported where used: the commands read lim
     from .arithmetic import Arithmetic
 
 MAGIC = b"ITXC"
+# Version 7 has 6's layout; its decoder's self-attention reads each step's query block's keys, the
+# model's own decoding, where 1 to 6 attended over a whole ring (whole_ring.py, BLOCK_KEYS_VERSION).
 # Version 6 packs the names list (names_list.py: an npz's names in a few bytes, not 11 an image) and
 # computes the DMOL head's coupling coefficients' tanh with float64.py too (coder.py, OWN_TANH_VERSION).
 # Version 5 has 4's coding and adds the images' names (NAMES_VERSION). Version 4 has 3's layout; its distributions are computed without libm (float64.py), where 3 and
@@ -69,8 +71,8 @@ MAGIC = b"ITXC"
 # records the arithmetic the file was coded with. Version 2 coded with exactly the quantised
 # frequencies, as 3 does; version 1 had constriction re-quantise them (coder.py,
 # REQUANTISED_VERSION). Files of 1 to 4 are still decoded, as they were coded (without names).
-FORMAT_VERSION = 6
-READ_VERSIONS = (1, 2, 3, 4, 5, 6)
+FORMAT_VERSION = 7
+READ_VERSIONS = (1, 2, 3, 4, 5, 6, 7)
 ARITHMETIC_VERSION = 3  # the first format that records the arithmetic
 NAMES_VERSION = 5  # the first format that keeps the images' names
 PACKED_NAMES_VERSION = 6  # the first format that packs them (names_list.py)

@@ -1,29 +1,14 @@
-"""Multi-head attention (docs/model.md §3, §4): the layers and the one function that computes
-attention, ``attend``, for training, prefill and decoding alike.
+"""Multi-head attention (docs/model.md §3, §4): the layers, and ``attend``, the one function that
+computes attention for training, prefill and decoding alike.
 
-One layout throughout, the one attention kernels take: q, k, v (B, h, T, e), e the head size. A
-(B, T, d) input becomes (B, h, T, e) views of one fused projection, its output features in
-(part, head, e) order as in nanoGPT and timm (``project_heads``), and comes back through the
-output projection (``merge_heads``).
+Layout: q, k, v are (B, h, T, e), e the head size, views of one fused projection whose output
+features are in (part, head, e) order as in nanoGPT and timm (``project_heads``).
 
-``attend`` takes what the queries may see as one argument:
-
-* a pattern's forms (``patterns.PatternForms``, built with the model): the full pass, through
-  the SDPA reference path, the pattern's gathered blocks in one fused call
-  (``attend_in_blocks``), or through the optional FlexAttention kernel under the pattern's block
-  mask (flex.py, imported only where it runs: the model's kernel flex, or auto on CUDA,
-  ``uses_flex``);
-* a boolean (Tq, Tk) mask: decoding, where the keys are a cache's, their steps known;
-* nothing: every key (the encoder, cross-attention).
-
-Decoding, each layer's ``forward`` takes a cache and the first step of its input (``start``):
-self-attention attends over its ring of cached keys plus the new ones, masked by the pattern's
-own rule on their step numbers, then keeps them in the ring; one step or a prefill of many is the
-same code, a prefill a query block at a time (``SelfAttentionCache``), so that it costs what the
-pattern does, not t². The tests hold every path to the dense ``can_attend`` reference.
-
-Positions reach attention, where a model asks for them, as 2D rotary turns of its queries and keys
-(``Rotary2D``), applied before any of the paths above, which run as they do without them.
+``attend`` takes what the queries may see as one argument: a pattern's index (``PatternIndex``:
+the gathered blocks through SDPA, ``attend_in_blocks``, or the optional FlexAttention kernel,
+flex.py, imported only where it runs); a boolean (Tq, Tk) mask; or None, every key (the encoder,
+cross-attention). Decoding reads the same index (``KVCache``). Positions reach attention, where a
+model asks for them, as 2D RoPE on queries and keys (``Rotary2D``), before any of these paths.
 """
 
 from __future__ import annotations
@@ -36,7 +21,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from ..errors import UserError
-from .patterns import BlockIndex, GenerationOrder, MaskRule, PatternForms
+from .patterns import BlockIndex, GenerationOrder, PatternIndex
 
 # How attention runs, the same numbers every way: "flex" = FlexAttention, block-sparse; "sdpa" =
 # the pattern's gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
@@ -55,10 +40,10 @@ FLEX_MIN_HEAD_SIZE = 16
 
 # ----- the one entry ----------------------------------------------------------------------------
 
-def attend(q: Tensor, k: Tensor, v: Tensor, allowed: PatternForms | Tensor | None = None,
+def attend(q: Tensor, k: Tensor, v: Tensor, allowed: PatternIndex | Tensor | None = None,
            kernel: str = "auto") -> Tensor:
     """q (B, h, Tq, e) over k, v (B, h, Tk, e) -> (B, h, Tq, e): over the keys ``allowed`` lets each query
-    see (a pattern's forms; a (Tq, Tk) bool mask; None: every key), equal to the dense reference."""
+    see (a pattern's index; a (Tq, Tk) bool mask; None: every key), equal to the dense reference."""
     if allowed is None or isinstance(allowed, Tensor):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)
     if uses_flex(kernel, q.device, q.shape[-1]):
@@ -141,8 +126,8 @@ def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex) -> Ten
 #
 # The scores then carry the (row, column) offset of every pair, learnt through the projections,
 # with no bias term, no table and nothing inside the attention kernel: every path of
-# ``attention.attend`` (the pattern's gathered blocks through SDPA, FlexAttention, the decoding
-# ring's masked SDPA) runs as it does without positions. A categorical model's columns are
+# ``attention.attend`` (the pattern's gathered blocks through SDPA, FlexAttention) and decoding
+# runs as it does without positions. A categorical model's columns are
 # sub-pixel columns (3·pixel column + channel).
 
 
@@ -200,65 +185,61 @@ def merge_heads(proj: nn.Linear, out: Tensor) -> Tensor:
 
 
 @dataclass
-class SelfAttentionCache:
-    """One self-attention layer's decoding state, written in place: keys and values (B, h, ring, e)
-    of the last ``ring`` steps, step s in slot s % ring, and ``steps`` (ring,) the step each slot
-    holds (−1: none yet). ring is the pattern's: the fewest slots that hold every key a later
-    query still reads. A decoding step attends over the whole ring (the codec's arithmetic: its
-    files decode with exactly these sums). A prefill of t steps runs a piece at a time (at most the
-    pattern's ``piece`` steps, within one query block), each over the keys its query block reads
-    (``block_keys``, the full pass's blocks) gathered from the ring, and its own: no more pairs than
-    the full pass spends on those queries, however wide a 2D ring grows with the image."""
+class KVCache:
+    """One self-attention layer's kv-cache while decoding, written in place: the keys and values
+    (B, h, C, e) of the last C = ``index.cache_length`` steps, step s in slot s % C, every key a
+    later step still reads."""
 
     keys: Tensor
     values: Tensor
-    steps: Tensor
-    piece: int
-    rule: MaskRule  # the pattern's
-    step_masks: Tensor  # (T, ring + 1): the pattern's mask of each single step (``PatternForms.step_masks``)
-    block_keys: Tensor  # (n, S): the steps each query block of ``block_length`` reads (T: none)
-    block_length: int
+    index: PatternIndex
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, steps: Tensor) -> Tensor:
-        """The queries, keys and values (B, h, t, e) of ``steps`` (t,) over the keys they see, masked
-        by the pattern's rule on the keys' steps; then kept. A prefill's steps run a piece at a
-        time, each kept before the next reads the ring."""
-        if steps.shape[0] == 1:  # the ring holds the steps before it, in order: its mask is looked up
-            out = attend(q, torch.cat([self.keys, k], dim=2), torch.cat([self.values, v], dim=2),
-                         self.step_masks[steps])
-        else:
-            first = int(steps[0])  # one host read a piece: a prefill runs eagerly
-            within = min(self.piece, self.block_length - first % self.block_length)  # in one block
-            if steps.shape[0] > within:
-                split = [within, steps.shape[0] - within]
-                pieces = zip(*(t.split(split, dim=2) for t in (q, k, v)), steps.split(split))
-                return torch.cat([self.attend(*piece) for piece in pieces], dim=2)
-            block = self.block_keys[first // self.block_length]  # (S,)
-            earlier = block[block < first]  # in the ring: each within ``ring`` steps of the block's last query
-            held = earlier % self.steps.shape[0]  # their slots
-            key_steps = torch.cat([earlier, steps])
-            out = attend(q, torch.cat([self.keys[:, :, held], k], dim=2),
-                         torch.cat([self.values[:, :, held], v], dim=2), self.rule(steps[:, None], key_steps[None, :]))
-        slots = steps % self.steps.shape[0]
+        """q, k, v (B, h, t, e) of ``steps`` (t,) -> (B, h, t, e); their keys and values then kept.
+        One step (decoding): its query block's keys read from the cache by step, under the block's
+        mask row for the step. Several (a prefill): the full pass's blocks over them, their earlier
+        keys read from the cache."""
+        length, index = self.keys.shape[2], self.index
+        if steps.shape[0] > 1:
+            out = self.attend_in_blocks(q, k, v, int(steps[0]))  # one host read a prefill, which runs eagerly
+            k, v, steps = k[:, :, -length:], v[:, :, -length:], steps[-length:]  # what later steps read
+        slots = steps % length
         self.keys.index_copy_(2, slots, k)
         self.values.index_copy_(2, slots, v)
-        self.steps.index_copy_(0, slots, steps)
-        return out
+        if steps.shape[0] > 1:
+            return out
+        block, row = steps // index.block_length, steps % index.block_length  # (1,) each
+        held = index.key_steps[block][0] % length  # (S,): the slots of the block's keys (no key: masked)
+        return F.scaled_dot_product_attention(q, self.keys.index_select(2, held), self.values.index_select(2, held),
+                                              attn_mask=index.can_attend[block, row])
+
+    def attend_in_blocks(self, q: Tensor, k: Tensor, v: Tensor, first: int) -> Tensor:
+        """The t steps from ``first`` on through the blocks they fall in (``attend_in_blocks``), each
+        key from the cache (a step before ``first``), from ``k``, ``v`` (one of these steps) or none."""
+        length, block_length, t = self.keys.shape[2], self.index.block_length, q.shape[2]
+        first_block, end_block = first // block_length, -(-(first + t) // block_length)
+        key_steps = self.index.key_steps[first_block:end_block]
+        source = torch.where(key_steps < first, key_steps % length,  # rows of cat([cache, new, a zero row])
+                             torch.where(key_steps < first + t, length + key_steps - first, length + t))
+        blocks = BlockIndex(source, self.index.can_attend[first_block:end_block], self.index.causal)
+        before = first - first_block * block_length  # the block's queries before ``first``: computed, dropped
+        out = attend_in_blocks(F.pad(q, (0, 0, before, 0)), torch.cat([self.keys, k], dim=2),
+                               torch.cat([self.values, v], dim=2), blocks)
+        return out[:, :, before:]
 
 
 class SelfAttention(nn.Module):
-    """Self-attention under a pattern, given as its ``forms`` (the decoder; causal), or over every
-    position without one (the encoder), with optional 2D rotary positions (decoder only): queries
-    and keys turned by their grid positions (``rotary``). ``forms`` and ``rotary`` are shared by
-    every layer of a decoder."""
+    """Self-attention under a pattern, given as its ``index`` (the decoder; causal), or over every
+    position without one (the encoder), with optional 2D RoPE (``rotary``; the decoder's). ``index``
+    and ``rotary`` are shared by every layer of a decoder."""
 
-    def __init__(self, d_model: int, n_heads: int, forms: PatternForms | None = None, kernel: str = "auto",
+    def __init__(self, d_model: int, n_heads: int, index: PatternIndex | None = None, kernel: str = "auto",
                  rotary: Rotary2D | None = None, head_size: int | None = None) -> None:
         super().__init__()
         check_kernel(kernel)
-        if kernel == "flex" and forms is not None and forms.flex_block_size is None:
-            raise UserError("kernel 'flex' reads the pattern's block mask: give PatternForms(pattern, flex_block_size)")
-        self.n_heads, self.forms, self.kernel = n_heads, forms, kernel  # the kernel: how it runs (``attend``)
+        if kernel == "flex" and index is not None and index.flex_block_size is None:
+            raise UserError("kernel 'flex' reads the pattern's block mask: give PatternIndex(pattern, flex_block_size)")
+        self.n_heads, self.index, self.kernel = n_heads, index, kernel
         self.head_size = head_size or d_model // n_heads
         self.rotary = rotary
         width = n_heads * self.head_size
@@ -266,28 +247,22 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(d_model, 3 * width, bias=False)  # output features (part, head, e)
         self.proj = nn.Linear(width, d_model, bias=False)
 
-    def start_decoding(self, batch: int) -> SelfAttentionCache:
-        """An empty ring for ``forward(..., cache=)``."""
-        forms = self.forms
-        if forms is None:
+    def start_decoding(self, batch: int) -> KVCache:
+        """An empty kv-cache for ``forward(..., cache=)``."""
+        if self.index is None:
             raise ValueError("unmasked self-attention (no pattern) is not causal: it cannot decode step by step")
-        keys = self.qkv.weight.new_zeros(batch, self.n_heads, forms.ring, self.head_size)
-        steps = torch.full((forms.ring,), -1, dtype=torch.long, device=keys.device)
-        return SelfAttentionCache(keys, torch.zeros_like(keys), steps, forms.piece, forms.rule, forms.step_masks,
-                                  forms.key_steps, forms.pattern.block_length)
+        keys = self.qkv.weight.new_zeros(batch, self.n_heads, self.index.cache_length, self.head_size)
+        return KVCache(keys, torch.zeros_like(keys), self.index)
 
-    def forward(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0) -> Tensor:
+    def forward(self, x: Tensor, cache: KVCache | None = None, start: Tensor | int = 0) -> Tensor:
         """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or with
         ``cache`` the next t steps (one decoding step, or a prefill)."""
         q, k, v = project_heads(self.qkv, x, self.n_heads, 3)  # each (B, h, t, e)
         steps = start + torch.arange(x.shape[1], device=x.device)
-        if self.rotary is not None:  # cached keys are kept turned: each by its own step
+        if self.rotary is not None:  # cached keys are kept rotated, each by its own step
             angles = self.rotary.angles(steps, q.dtype)
             q, k = rotate(q, *angles), rotate(k, *angles)
-        if cache is None:
-            out = attend(q, k, v, self.forms, self.kernel)
-        else:
-            out = cache.attend(q, k, v, steps)
+        out = attend(q, k, v, self.index, self.kernel) if cache is None else cache.attend(q, k, v, steps)
         return merge_heads(self.proj, out)  # (B, t, d)
 
 

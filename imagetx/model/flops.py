@@ -82,12 +82,12 @@ def tile_pairs(mask: BlockMask) -> int:
 def decoder_attention_pairs(model: ImageTransformer, device: torch.device | str = "cpu") -> int:
     """Query-key pairs one decoder self-attention layer computes per image and head on ``device``."""
     attention = model.layers[0].self_attn
-    forms = attention.forms
+    index = attention.index
     if uses_flex(attention.kernel, torch.device(device), model.config.head_size):
         # the model's own block mask; one built for counting where it keeps none (built without CUDA)
-        kept = forms.flex_block_size is not None
-        return tile_pairs(block_mask(forms) if kept else build_block_mask(model.pattern, model.flex_block_size))
-    return pairs_computed(forms.blocks)
+        kept = index.flex_block_size is not None
+        return tile_pairs(block_mask(index) if kept else build_block_mask(model.pattern, model.flex_block_size))
+    return pairs_computed(index.blocks)
 
 
 def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> Flops:

@@ -1,31 +1,14 @@
 """Attention patterns: which keys each query may see (docs/model.md §4), as geometry only;
-``attention.attend`` computes attention under them.
+``attention.py`` computes attention under them. The T steps are in generation order
+(``GenerationOrder``: raster, or block-raster for 2D).
 
-One layout throughout: q, k, v are (B, h, T, e), e the head size, the T steps in generation
-order.
-
-One pattern type, ``CausalPattern`` (full, 1D and 2D local), over the steps of a
-``GenerationOrder`` (raster or block-raster order over the grid, first below). Each pattern
-states two things:
-
-* ``mask_rule()``: which keys a query may see, as arithmetic on query and key steps
-  (``MaskRule``), so that it runs on any device;
-* ``block_keys()``: where its queries look: queries in blocks of ``block_length`` steps, each
-  block with the steps of the keys its queries may read (a superset of what the rule allows).
-
-Every form the kernels and decoding read derives from those two, here (tests prove each equal to
-the dense matrix):
-
-* ``can_attend()``: the rule on index grids, the dense boolean (Tq, Tk) matrix (True = the query,
-  a row, may attend to the key, a column): the reference of every test (``dense_attention`` of
-  tests/helpers.py with it defines the right answer);
-* ``blocks()``: the block keys, each with which of its queries the rule lets see it
-  (``BlockIndex``): the SDPA path's gather, O(T·(keys per block)), never O(T²);
-* ``ring()`` and ``step_masks(ring)``: decoding's ring buffer, read from the blocks, and each
-  decoding step's mask over it.
-
-A model builds those it reads once, with itself (``PatternForms``: buffers, on its device), and
-FlexAttention's block mask, where it may run that kernel, from the rule (flex.py).
+A pattern (``CausalPattern``: full, 1D and 2D local) states two things, as attention-gym's
+``mask_mod`` does: ``mask_rule()``, which keys a query may see, as arithmetic on query and key
+steps (it runs on any device); and ``block_keys()``, where its queries look: blocks of
+``block_length`` queries, each with the steps of the keys its queries may read. The rest derives
+from those two: ``can_attend()``, the dense (Tq, Tk) matrix, the tests' reference; ``blocks()``,
+the block keys and the rule's mask over them (``BlockIndex``), the one index training, prefill
+and decoding read, which a model keeps as buffers (``PatternIndex``).
 """
 
 from __future__ import annotations
@@ -128,7 +111,7 @@ class BlockIndex:
 class CausalPattern:
     """Which earlier steps of ``order`` each step's query may see. Subclasses state the rule
     (``mask_rule``) and where each block of ``block_length`` queries looks (``block_keys``);
-    every other form derives from them here (``PatternForms`` builds those a model reads, once)."""
+    every other form derives from them here (``PatternIndex`` builds those a model reads, once)."""
 
     block_length: int  # queries per block of ``block_keys``
 
@@ -166,44 +149,6 @@ class CausalPattern:
         causal = keys.shape == queries.shape and torch.equal(keys, queries) and \
             torch.equal(can_attend, can_attend.new_ones(can_attend.shape[1:]).tril().expand_as(can_attend))
         return BlockIndex(keys.masked_fill(~inside, length), can_attend, causal)
-
-    def ring(self, blocks: BlockIndex | None = None) -> int:
-        """Slots of a decoding ring (``attention.SelfAttentionCache``): the fewest that still hold
-        the oldest key any later query reads, the longest distance from a query back to a key it
-        sees (a step attends over the ring before its own key overwrites a slot). Read from the
-        blocks (``blocks()``, or those given) one at a time: for each, from its last query back to
-        its earliest key one of its queries sees (the last query sees all of them, in every
-        pattern here; elsewhere a ring a little longer than needed)."""
-        blocks, ring = blocks or self.blocks(), 1
-        for queries, keys, can_attend in zip(blocks.query_steps, blocks.key_steps, blocks.can_attend):
-            real = can_attend[queries < self.length]  # end padding reads nothing
-            if bool((real & (keys[None, :] > queries[: real.shape[0], None])).any()):
-                raise ValueError("cached decoding needs a causal pattern: a query sees a later key")
-            seen = real.any(0)
-            if real.shape[0] and bool(seen.any()):
-                ring = max(ring, int(queries[real.shape[0] - 1] - keys[seen].min()))
-        return ring
-
-    def step_masks(self, ring: int, blocks: BlockIndex | None = None) -> Tensor:
-        """(T, ring + 1) bool: which keys step s sees when the steps before it went through a
-        decoding ring of ``ring`` slots in order: slot j holds the latest step before s that is j
-        modulo the ring (none yet: unseen), the last column is s itself. One decoding step's mask
-        is a row of it, read in one look-up instead of the rule's arithmetic. Read from the blocks
-        (``blocks()``, or those given), a query block at a time: a step sees a key where its block
-        lists the key and lets the step see it (every key the rule allows is listed)."""
-        blocks, length = blocks or self.blocks(), self.length
-        n_keys = blocks.key_steps.shape[1]
-        masks = []
-        for queries, keys, can_attend in zip(blocks.query_steps, blocks.key_steps, blocks.can_attend):
-            steps = queries[queries < length][:, None]  # (l, 1): the block's real queries
-            held = steps - 1 - (steps - 1 - torch.arange(ring)) % ring  # (l, ring); negative: no step yet
-            wanted = torch.cat([held.masked_fill(held < 0, length), steps], dim=1)  # step T: no key
-            column = torch.full((length + 1,), n_keys, dtype=torch.long)  # each step's column in the
-            column[keys] = torch.arange(n_keys)  # block's keys; column S (all False): not listed
-            column[length] = n_keys
-            sees = F.pad(can_attend[: steps.shape[0]], (0, 1))  # (l, S + 1)
-            masks.append(sees.gather(1, column[wanted]))
-        return torch.cat(masks)
 
     def describe(self) -> str:
         return type(self).__name__
@@ -308,66 +253,48 @@ class Local2D(CausalPattern):
         return f"Local2D(query={self.block}, flange={self.flange})"
 
 
-# ----- what a model keeps of its pattern ---------------------------------------------------------
+# ----- the index a model keeps of its pattern -----------------------------------------------------
 
-class PatternForms(nn.Module):
-    """What attention reads of ``pattern``, built here, once, when the model is: buffers, which move
-    with it (``model.to``), one set for every layer of a decoder (as the rotary angles are). Three
-    forms:
+def reach(blocks: BlockIndex, length: int) -> int:
+    """The longest distance from a query back to a key it sees (at least 1), read a block at a time:
+    from its last real query back to the earliest key one of its queries sees (the last query
+    sees all of them, in every pattern here; elsewhere an overestimate). A decoding kv-cache of
+    reach + 1 steps holds every key a step reads, its own included."""
+    longest = 1
+    for queries, keys, can_attend in zip(blocks.query_steps, blocks.key_steps, blocks.can_attend):
+        real = can_attend[queries < length]  # end padding reads nothing
+        if bool((real & (keys[None, :] > queries[: real.shape[0], None])).any()):
+            raise ValueError("cached decoding needs a causal pattern: a query sees a later key")
+        seen = real.any(0)
+        if real.shape[0] and bool(seen.any()):
+            longest = max(longest, int(queries[real.shape[0] - 1] - keys[seen].min()))
+    return longest
 
-    * the rule (``rule``): which keys a query may see, as arithmetic on steps (the tests' dense
-      reference is this rule on index grids, ``CausalPattern.can_attend``);
-    * the training form: the gathered blocks (``blocks``, the SDPA path) and, given
-      ``flex_block_size``, FlexAttention's block mask in kernel blocks of that size (its tensors
-      ``flex_*`` and ``mask_mod``, which ``flex.block_mask`` reads); the kernel that reads one or the other is chosen by the device a pass runs
-      on (``attention.uses_flex``), so a model that may run either keeps both;
-    * the decoding form: the ring's size (``ring``, ``piece``), each single step's mask over it
-      (``step_masks``), and the keys each query block reads (``key_steps``: a prefill piece's).
-    """
+
+class PatternIndex(nn.Module):
+    """A pattern's blocks (``CausalPattern.blocks``), built once with the model as buffers that move
+    with it, one for every layer: what training, prefill and decoding read (attention.py), and
+    ``cache_length``, the steps a decoding kv-cache holds. Given ``flex_block_size``, also
+    FlexAttention's block mask in kernel blocks of that size, for a model that may run that kernel
+    (its tensors ``flex_*``, flex.py)."""
 
     def __init__(self, pattern: CausalPattern, flex_block_size: int | None = None) -> None:
         super().__init__()
         self.pattern, self.flex_block_size = pattern, flex_block_size
-        self.derive_closures()
         blocks = pattern.blocks()
-        self.causal = blocks.causal
+        self.causal, self.block_length = blocks.causal, pattern.block_length
         self.register_buffer("key_steps", blocks.key_steps, persistent=False)  # (n, S)
-        self.register_buffer("block_can_attend", blocks.can_attend, persistent=False)  # (n, L, S)
-        self.ring = pattern.ring(blocks)
-        # The most steps a ring attends at once (a prefill runs in pieces): within one query block,
-        # whose keys are the ring's and its own, and at most the ring, so that a piece writes
-        # distinct slots.
-        self.piece = min(self.ring, pattern.block_length)
-        self.register_buffer("step_masks", pattern.step_masks(self.ring, blocks), persistent=False)  # (T, ring + 1)
-        if flex_block_size is not None:  # FlexAttention's block mask (flex.py: imported where a model keeps one)
-            from .flex import block_mask_buffers
+        self.register_buffer("can_attend", blocks.can_attend, persistent=False)  # (n, L, S)
+        self.cache_length = reach(blocks, pattern.length) + 1
+        if flex_block_size is not None:
+            from .flex import block_mask_buffers  # flex.py: imported where a model keeps a block mask
 
             for name, tensor in block_mask_buffers(pattern, flex_block_size).items():
                 self.register_buffer(name, tensor, persistent=False)
 
-    def derive_closures(self) -> None:
-        """The rule and, where the block mask is kept, its ``mask_mod``, from the pattern: closures,
-        which pickle cannot write, so a pickled model (torch.save of the module, a spawned process's
-        copy) keeps the pattern and derives them again here, as its constructor did."""
-        self.rule, self.mask_mod = self.pattern.mask_rule(), None
-        if self.flex_block_size is not None:
-            from .flex import flex_mask_mod
-
-            self.mask_mod = flex_mask_mod(self.rule)
-
-    def __getstate__(self) -> dict:
-        state = self.__dict__.copy()
-        del state["rule"], state["mask_mod"]
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        super().__setstate__(state)
-        self.derive_closures()
-
     @property
     def blocks(self) -> BlockIndex:
-        """The gathered blocks, on the model's device."""
-        return BlockIndex(self.key_steps, self.block_can_attend, self.causal)
+        return BlockIndex(self.key_steps, self.can_attend, self.causal)
 
 
 def pattern_for(config) -> CausalPattern:

@@ -1,15 +1,15 @@
 """Cached incremental sampling (docs/model.md §7): one generation step at a time through all layers.
 
 The model decodes a step with the same layers as the full pass, given a cache
-(``ImageTransformer.start_decoding`` / ``decode_step``): each self-attention layer keeps a ring
-buffer of keys and values just long enough for the oldest key any later query can still see (its
-pattern's ``ring``: for 1D local attention with one memory block 2·lq − 1 steps, not the whole
-image), step s in slot s mod ring, and each step reads the slots its pattern's rule allows for
-the steps they hold; cross-attention keys and values over the encoder output are computed once.
+(``ImageTransformer.start_decoding`` / ``decode_step``): each self-attention layer keeps a
+kv-cache just long enough for the oldest key any later query can still see (``PatternIndex.
+cache_length``: for 1D local attention with one memory block 2·lq steps, not the whole image), and
+each step reads its query block's keys from it; cross-attention's keys and values over the
+encoder output are computed once.
 ``sample_progressively`` is the loop around it and ``sample`` returns its finished images; tests
 check that teacher-forced decoding equals the full pass. A completion's given rows are not
-stepped through: one teacher-forced pass (``ImageTransformer.prefill``, each self-attention
-layer a query block at a time over its ring) fills every cache with them, and the loop starts at
+stepped through: one teacher-forced pass (``ImageTransformer.prefill``, the full pass over
+them) fills every cache with them, and the loop starts at
 the first step to draw. Every image of a call is one batch, whatever its temperature
 (``temperature`` may give one per image). ``sample_progressively`` can yield the images as they
 grow, for a page that shows them. On a CPU the steps run on ``DECODING_THREADS`` (one) of

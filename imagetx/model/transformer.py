@@ -12,7 +12,7 @@ feed-forward, each with add-and-norm) and the head turn it into step t's distrib
 
 One ``forward`` serves training, scoring, a prefill (a completion's given rows) and decoding:
 without a cache it runs every step teacher-forced; with one, the t steps from the cache's
-counter on, each self-attention layer over its ring of earlier keys. Conditioning is composed, as
+counter on, each self-attention layer over its kv-cache of earlier keys. Conditioning is composed, as
 DiT's ``block(x, c)``: the class vector is added to every step's input, and a model built around
 this decoder passes what else conditions the steps to ``forward`` as arguments (a per-step
 input, each layer's ``c`` and cross-attention ``context``).
@@ -30,12 +30,12 @@ from torch import Tensor, nn
 from torch.utils.checkpoint import checkpoint
 
 from ..errors import UserError
-from .attention import (FLEX_BLOCK_SIZE, CrossAttention, CrossAttentionCache, Rotary2D, SelfAttention,
-                        SelfAttentionCache, check_kernel, may_use_flex)
+from .attention import (FLEX_BLOCK_SIZE, CrossAttention, CrossAttentionCache, KVCache, Rotary2D, SelfAttention,
+                        check_kernel, may_use_flex)
 from .config import CHANNELS, LEVELS, ModelConfig
 from .embedding import PositionEncoding
 from .heads import head_type, params_and_bounds
-from .patterns import PatternForms, pattern_for
+from .patterns import PatternIndex, pattern_for
 
 
 # ----- what the model takes, checked --------------------------------------------------------------
@@ -100,18 +100,18 @@ def check_transforms(transforms: Tensor | None, count: int, num_transforms: int,
 class TransformerLayer(nn.Module):
     """Self-attention, then the optional conditioning sublayers, then a feed-forward, each a
     residual branch with dropout (docs/model.md §3, §6): ``x = layer(x, cache, start, c, context)``.
-    A decoder layer is causal under a pattern, given as its ``forms`` (with ``rotary`` positions;
+    A decoder layer is causal under a pattern, given as its ``index`` (with ``rotary`` positions;
     both shared by every layer); without one it sees every position. Conditioning, as built:
     ``conditioned``, a per-step vector ``c`` (B, t, d) added after self-attention (DiT's ``c``,
     added); ``cross_attention``, attention to a ``context`` (the paper's encoder–decoder).
     ``head_size``: the heads' width, d_model / n_heads by default."""
 
     def __init__(self, d_model: int, n_heads: int, d_filter: int, dropout: float, pre_norm: bool = True,
-                 forms: PatternForms | None = None, rotary: Rotary2D | None = None, kernel: str = "auto",
+                 index: PatternIndex | None = None, rotary: Rotary2D | None = None, kernel: str = "auto",
                  head_size: int | None = None, cross_attention: bool = False, conditioned: bool = False) -> None:
         super().__init__()
         self.pre_norm = pre_norm
-        self.self_attn = SelfAttention(d_model, n_heads, forms, kernel, rotary, head_size)
+        self.self_attn = SelfAttention(d_model, n_heads, index, kernel, rotary, head_size)
         self.self_norm = nn.LayerNorm(d_model)
         self.ffn = nn.Sequential(nn.Linear(d_model, d_filter), nn.ReLU(), nn.Linear(d_filter, d_model))
         self.ffn_norm = nn.LayerNorm(d_model)
@@ -122,10 +122,10 @@ class TransformerLayer(nn.Module):
         self.cross_attn = CrossAttention(d_model, n_heads, head_size) if cross_attention else None
         self.cross_norm = nn.LayerNorm(d_model) if cross_attention else None
 
-    def forward(self, x: Tensor, cache: SelfAttentionCache | None = None, start: Tensor | int = 0,
+    def forward(self, x: Tensor, cache: KVCache | None = None, start: Tensor | int = 0,
                 c: Tensor | None = None, context: CrossAttentionCache | None = None) -> Tensor:
         """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or with
-        ``cache`` the next t steps over its ring; ``c`` (B, t, d) those steps' conditioning and
+        ``cache`` the next t steps over its kv-cache; ``c`` (B, t, d) those steps' conditioning and
         ``context`` what cross-attention reads (its keys and values, ``CrossAttention.prepare``)."""
         if not self.pre_norm:
             return self.post_norm_forward(x, cache, start, c, context)
@@ -137,7 +137,7 @@ class TransformerLayer(nn.Module):
             x = x + drop(self.cross_attn(self.cross_norm(x), context))
         return x + drop(self.ffn(self.ffn_norm(x)))
 
-    def post_norm_forward(self, x: Tensor, cache: SelfAttentionCache | None, start: Tensor | int,
+    def post_norm_forward(self, x: Tensor, cache: KVCache | None, start: Tensor | int,
                           c: Tensor | None, context: CrossAttentionCache | None) -> Tensor:
         """``forward`` as the paper (and the presets with ``norm: post``) has it: each branch reads
         the residual stream itself, and every sum is normalised."""
@@ -184,12 +184,12 @@ Context = TypeVar("Context")
 class DecodingCache(Generic[Context]):
     """What ``forward`` keeps between decoding steps, written in place: ``step`` (0-d long, on the
     model's device), the step decoded next, the one step counter; the class vector (B, 1, d) or
-    None; each layer's self-attention ring; and ``context``, what a model built around the decoder
+    None; each self-attention layer's kv-cache; and ``context``, what a model built around the decoder
     prepared for the decoding, else None."""
 
     step: Tensor
     condition: Tensor | None
-    layers: list[SelfAttentionCache]
+    layers: list[KVCache]
     context: Context
 
 
@@ -223,9 +223,9 @@ class ImageTransformer(nn.Module):
         self.input_dropout = nn.Dropout(config.dropout)
         # No parameters, and what every layer reads alike: one for every layer. The block mask is
         # kept where FlexAttention may run.
-        forms = PatternForms(self.pattern, flex_block_size if may_use_flex(kernel, config.head_size) else None)
+        index = PatternIndex(self.pattern, flex_block_size if may_use_flex(kernel, config.head_size) else None)
         rotary = Rotary2D(config.head_size, self.order) if config.rotary else None
-        self.layers = nn.ModuleList(TransformerLayer(**layer_sizes(config), forms=forms, rotary=rotary, kernel=kernel,
+        self.layers = nn.ModuleList(TransformerLayer(**layer_sizes(config), index=index, rotary=rotary, kernel=kernel,
                                                      cross_attention=cross_attention, conditioned=conditioned)
                                     for _ in range(config.n_layers))
         self.final_norm = nn.LayerNorm(d) if config.norm == "pre" else nn.Identity()
@@ -258,13 +258,13 @@ class ImageTransformer(nn.Module):
         steps = start + torch.arange(previous.shape[1], device=previous.device)  # (t,)
         x = self.inputs(previous, steps, condition, extra)  # (B, t, d)
         nothing = [None] * len(self.layers)
-        rings = nothing if cache is None else cache.layers
+        kv_caches = nothing if cache is None else cache.layers
         recompute = self.activation_checkpointing and cache is None and torch.is_grad_enabled()
-        for layer, ring, layer_c, layer_context in zip(self.layers, rings, c or nothing, context or nothing):
+        for layer, kv_cache, layer_c, layer_context in zip(self.layers, kv_caches, c or nothing, context or nothing):
             if recompute:  # the layer run again in the backward pass, its random state (dropout) kept
-                x = checkpoint(layer, x, ring, start, layer_c, layer_context, use_reentrant=False)
+                x = checkpoint(layer, x, kv_cache, start, layer_c, layer_context, use_reentrant=False)
             else:
-                x = layer(x, ring, start, layer_c, layer_context)  # (B, t, d): the layer's own call, which hooks and wrappers see
+                x = layer(x, kv_cache, start, layer_c, layer_context)  # (B, t, d): the layer's own call, which hooks and wrappers see
         if cache is not None:
             cache.step += previous.shape[1]  # after the pass, whose layers read the counter as their start
         return self.head(self.final_norm(x))  # (B, t, P)
@@ -285,8 +285,8 @@ class ImageTransformer(nn.Module):
         """An empty cache for decoding ``batch`` images with ``forward``, at step 0."""
         self.conditioning(batch, labels, low_res, transforms=transforms)
         step = torch.zeros((), dtype=torch.long, device=self.step_rows.device)
-        rings = [layer.self_attn.start_decoding(batch) for layer in self.layers]
-        return DecodingCache(step, self.condition(labels, transforms), rings, None)
+        kv_caches = [layer.self_attn.start_decoding(batch) for layer in self.layers]
+        return DecodingCache(step, self.condition(labels, transforms), kv_caches, None)
 
     def decode_step(self, previous: Tensor, cache: DecodingCache) -> Tensor:
         """The value generated at step t − 1, (B,) or (B, 3) -> (B, P): step t's parameters, equal to
@@ -299,8 +299,8 @@ class ImageTransformer(nn.Module):
         """A completion's first P steps, (B, P[, 3]) their values, at once into a fresh cache ->
         (B, P, params), equal to the full pass's first P steps; every cache is left as P
         ``decode_step`` calls would leave it (tests). The last value is not read: it is the
-        ``previous`` of the next ``decode_step``. Each self-attention layer attends a query block
-        at a time over its ring (attention.SelfAttentionCache)."""
+        ``previous`` of the next ``decode_step``. Each self-attention layer runs the full pass over
+        the P steps and keeps their keys and values (``attention.KVCache``)."""
         length = given.shape[1]
         if not 0 < length <= self.order.length:
             raise UserError(f"prefill takes 1..{self.order.length} steps, not {length}")

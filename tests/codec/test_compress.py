@@ -108,7 +108,7 @@ def test_format_1_files_are_decoded_as_they_were_coded(monkeypatch):
     current = compress(model, images, portable=False)
     monkeypatch.setattr(codec_api, "FORMAT_VERSION", 1)  # as compress wrote before issue 74
     old = compress(model, images, portable=False)
-    assert (old[4], current[4]) == (1, FORMAT_VERSION) == (1, 6)
+    assert (old[4], current[4]) == (1, FORMAT_VERSION) == (1, 7)
     assert np.array_equal(decompress(model, old), images)
     assert len(old) < len(current)  # format 1 coded these values at 23 bits
 

@@ -1,6 +1,6 @@
 """Every fast attention path equals the dense reference (docs/model.md §4).
 
-attend(q, k, v, PatternForms(pattern), "sdpa") is computed block by block; dense_attention(q, k, v,
+attend(q, k, v, PatternIndex(pattern), "sdpa") is computed block by block; dense_attention(q, k, v,
 pattern.can_attend()) masks an n×n matrix. Outputs and gradients must agree to
 float64 precision, and the float32 / bfloat16 paths must stay close to that.
 q, k, v are (B, h, T, e), as attention kernels take them. Decoding one step at a time
@@ -17,8 +17,9 @@ from einops import rearrange
 
 from helpers import dense_attention
 from imagetx.model import attention
-from imagetx.model.attention import CrossAttention, SelfAttention, attend, project_heads
-from imagetx.model.patterns import FullCausal, GenerationOrder, Local1D, Local2D, PatternForms
+from imagetx.model.attention import (CrossAttention, SelfAttention, attend, attend_in_blocks, pairs_computed,
+                                     project_heads)
+from imagetx.model.patterns import FullCausal, GenerationOrder, Local1D, Local2D, PatternIndex
 
 
 def local_1d(length: int, block: int, memory: int = 1) -> Local1D:
@@ -35,7 +36,7 @@ def full_causal(length: int) -> FullCausal:
 
 def sdpa_attend(pattern):
     """(q, k, v) -> the pattern's attention through the SDPA reference path (``attention.attend``)."""
-    return lambda q, k, v: attend(q, k, v, PatternForms(pattern), "sdpa")
+    return lambda q, k, v: attend(q, k, v, PatternIndex(pattern), "sdpa")
 
 CASES_1D = [
     (10, 4, 0), (10, 4, 1), (10, 4, 2), (10, 4, 3),  # length not divisible by the block
@@ -122,11 +123,11 @@ def test_the_comparison_detects_a_wrong_mask():
     pattern = local_1d(12, 4, 1)
     q, k, v = rand_qkv(12)
     wrong = local_1d(12, 4, 2).can_attend()
-    assert not torch.allclose(attend(q, k, v, PatternForms(pattern), "sdpa"), dense_attention(q, k, v, wrong), atol=1e-6)
+    assert not torch.allclose(attend(q, k, v, PatternIndex(pattern), "sdpa"), dense_attention(q, k, v, wrong), atol=1e-6)
     pattern2d = local_2d(4, 6, (2, 3), (1, 2))
     wrong2d = local_2d(4, 6, (2, 3), (1, 1)).can_attend()
     q, k, v = rand_qkv(24)
-    assert not torch.allclose(attend(q, k, v, PatternForms(pattern2d), "sdpa"), dense_attention(q, k, v, wrong2d), atol=1e-6)
+    assert not torch.allclose(attend(q, k, v, PatternIndex(pattern2d), "sdpa"), dense_attention(q, k, v, wrong2d), atol=1e-6)
 
 
 # ----- lower precision --------------------------------------------------------------
@@ -193,7 +194,7 @@ def test_local_2d_sequence_is_block_raster(rows, cols, block, flange):
     def to_grid(seq, order):  # (b, h, T, d) -> (b, h, rows, cols, d)
         return order.sequence_to_grid(rearrange(seq, "b h t d -> b t h d")).permute(0, 3, 1, 2, 4)
 
-    out_seq = attend(to_seq(qg), to_seq(kg), to_seq(vg), PatternForms(local_2d(rows, cols, block, flange)), "sdpa")
+    out_seq = attend(to_seq(qg), to_seq(kg), to_seq(vg), PatternIndex(local_2d(rows, cols, block, flange)), "sdpa")
     out_grid = to_grid(out_seq, order)
     expected = grid_reference_attention(qg, kg, vg, block, flange)
     torch.testing.assert_close(out_grid, expected, atol=1e-10, rtol=0)
@@ -203,7 +204,7 @@ def test_local_2d_sequence_is_block_raster(rows, cols, block, flange):
     def to_raster(t):
         return rearrange(raster.grid_to_sequence(t.permute(0, 2, 3, 1, 4)), "b t h d -> b h t d")
 
-    wrong = attend(to_raster(qg), to_raster(kg), to_raster(vg), PatternForms(local_2d(rows, cols, block, flange)), "sdpa")
+    wrong = attend(to_raster(qg), to_raster(kg), to_raster(vg), PatternIndex(local_2d(rows, cols, block, flange)), "sdpa")
     wrong_grid = to_grid(wrong, raster)
     assert not torch.allclose(wrong_grid, expected, atol=1e-6)
 
@@ -215,7 +216,7 @@ def test_self_attention_matches_dense_per_head():
     torch.manual_seed(0)
     d, h, n = 16, 4, 20
     pattern = local_1d(n, 6, 1)
-    attn = SelfAttention(d, h, PatternForms(pattern)).double()
+    attn = SelfAttention(d, h, PatternIndex(pattern)).double()
     x = torch.randn(2, n, d, dtype=torch.float64)
     # q, k, v written out from the fused weight, whose output rows are ordered (q|k|v, head, e)
     weight = attn.qkv.weight.view(3, h, d // h, d)
@@ -251,74 +252,72 @@ def decode_step_by_step(attn, x, context=None):
                                      full_causal(20)], ids=lambda p: p.describe())
 def test_cached_self_attention_equals_the_full_pass(pattern):
     torch.manual_seed(0)
-    attn = SelfAttention(16, 4, PatternForms(pattern)).double()
+    attn = SelfAttention(16, 4, PatternIndex(pattern)).double()
     x = torch.randn(3, pattern.length, 16, dtype=torch.float64)
     with torch.no_grad():
         full = attn(x)
         cached = decode_step_by_step(attn, x)
         cache = attn.start_decoding(3)
     torch.testing.assert_close(cached, full, atol=1e-12, rtol=0)
-    # the ring holds fewer keys than full attention's (all but the last step's) wherever the pattern is local
-    assert (cache.keys.shape[2] < pattern.length - 1) == (not isinstance(pattern, FullCausal))
+    # the kv-cache holds fewer keys than full attention's (every step's) wherever the pattern is local
+    assert (cache.keys.shape[2] < pattern.length) == (not isinstance(pattern, FullCausal))
 
 
 @pytest.mark.parametrize("pattern", [local_1d(20, 6, 1), local_2d(4, 6, (2, 3), (1, 2)), full_causal(20)],
                          ids=lambda p: p.describe())
 @pytest.mark.parametrize("chunks", [[20], [13, 1, 1, 5], [3, 9, 1, 7], [1, 1, 18]], ids=str)
 def test_prefills_and_steps_mixed_equal_the_full_pass(pattern, chunks):
-    """The same forward takes any number of steps with the cache: a prefill longer than the ring,
-    then steps, then another prefill, leave the ring as single steps would."""
+    """The same forward takes any number of steps with the cache: a prefill longer than the cache,
+    then steps, then another prefill, leave the cache as single steps would."""
     torch.manual_seed(0)
-    attn = SelfAttention(16, 4, PatternForms(pattern)).double()
+    attn = SelfAttention(16, 4, PatternIndex(pattern)).double()
     x = torch.randn(2, pattern.length, 16, dtype=torch.float64)
     with torch.no_grad():
         rest = [pattern.length - sum(chunks)] if pattern.length > sum(chunks) else []
         torch.testing.assert_close(decode_in_chunks(attn, x, chunks + rest), attn(x), atol=1e-12, rtol=0)
 
 
-def prefill_cost(monkeypatch, attn, x, length):
+def prefill_reads(monkeypatch, attn, x, length):
     """What a prefill of ``x``'s first ``length`` steps through ``attn``'s cache attends, counted at
-    ``attention.attend``: (query-key pairs over every call, the largest call's (Tq, Tk) mask)."""
+    ``attention.attend_in_blocks``: the blocks of every call."""
     calls = []
 
-    def counted(q, k, v, allowed=None, kernel="auto"):
-        calls.append((q.shape[2] * k.shape[2], allowed.numel()))
-        return attend(q, k, v, allowed, kernel)
+    def counted(q, k, v, blocks):
+        calls.append(blocks)
+        return attend_in_blocks(q, k, v, blocks)
 
     with monkeypatch.context() as patched, torch.no_grad():
-        patched.setattr(attention, "attend", counted)
+        patched.setattr(attention, "attend_in_blocks", counted)
         attn(x[:, :length], attn.start_decoding(x.shape[0]), torch.tensor(0))
-    pairs, masks = zip(*calls)
-    return sum(pairs), max(masks)
+    return calls
 
 
 @pytest.mark.parametrize("pattern", [local_1d(240, 6, 1), local_2d(24, 12, (2, 3), (1, 2))], ids=lambda p: p.describe())
-def test_a_prefill_costs_what_its_pattern_says_not_its_length_squared(pattern, monkeypatch):
-    """A prefill of t steps attends O(t · ring) pairs, under masks no larger at 8 rings than at 4:
-    never one (t, ring + t) mask over the ring and all its own keys (docs/model.md §7)."""
+def test_a_prefill_is_the_full_pass_over_its_steps(pattern, monkeypatch):
+    """A prefill of t steps is one call over the full pass's blocks that its steps fall in: the pairs
+    the full pass spends on them, linear in t, under the index's own masks (no (t, cache + t) mask
+    is built; docs/model.md §7)."""
     torch.manual_seed(0)
-    attn = SelfAttention(16, 4, PatternForms(pattern))
+    index = PatternIndex(pattern)
+    attn = SelfAttention(16, 4, index)
     x = torch.randn(1, pattern.length, 16)
-    ring = pattern.ring()
-    lengths = (4 * ring, 8 * ring)
-    assert lengths[1] <= pattern.length
-    (short_pairs, short_mask), (long_pairs, long_mask) = (prefill_cost(monkeypatch, attn, x, t) for t in lengths)
-    for length, pairs in zip(lengths, (short_pairs, long_pairs)):
-        assert pairs <= length * 2 * ring, (length, pairs)  # each query over at most twice the ring's keys
-    assert long_pairs <= 2.1 * short_pairs, (short_pairs, long_pairs)  # twice the steps, twice the work
-    assert long_mask == short_mask <= 2 * ring * ring, (short_mask, long_mask)
+    block_length, keys = pattern.block_length, index.key_steps.shape[1]
+    for length in (4 * block_length + 1, 8 * block_length + 1):
+        (blocks,) = prefill_reads(monkeypatch, attn, x, length)
+        n_blocks = -(-length // block_length)
+        assert pairs_computed(blocks) == n_blocks * block_length * keys
+        assert blocks.can_attend.data_ptr() == index.can_attend.data_ptr()  # a view of the index's masks
 
 
-def test_a_cache_that_forgets_a_key_is_caught(monkeypatch):
-    """Negative control: a ring one slot short (its slots and its steps' masks) loses the oldest
-    key a step still reads."""
+def test_a_cache_that_forgets_a_key_is_caught():
+    """Negative control: a kv-cache one step short loses the oldest key a step still reads."""
     torch.manual_seed(0)
-    pattern = local_1d(20, 6, 1)
-    monkeypatch.setattr(pattern, "ring", lambda blocks=None, ring=pattern.ring(): ring - 1)
-    attn = SelfAttention(16, 4, PatternForms(pattern)).double()
+    index = PatternIndex(local_1d(20, 6, 1))
+    index.cache_length -= 1
+    attn = SelfAttention(16, 4, index).double()
     x = torch.randn(2, 20, 16, dtype=torch.float64)
     with torch.no_grad():
-        assert attn.start_decoding(2).keys.shape[2] == 10
+        assert attn.start_decoding(2).keys.shape[2] == 11
         assert not torch.allclose(decode_step_by_step(attn, x), attn(x), atol=1e-6)
 
 

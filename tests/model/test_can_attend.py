@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from helpers import random_images, tiny_model
-from imagetx.model.patterns import FullCausal, GenerationOrder, Local1D, Local2D, pattern_for
+from imagetx.codec.whole_ring import step_masks
+from imagetx.model.patterns import FullCausal, GenerationOrder, Local1D, Local2D, PatternIndex, pattern_for, reach
 
 # ----- independent references ------------------------------------------------------
 
@@ -189,42 +190,45 @@ def test_blocks_spell_out_exactly_can_attend(pattern):
     assert torch.equal(blocks_laid_out(pattern), pattern.can_attend())
 
 
-def test_the_blocks_follow_the_rule_and_a_ring_refuses_one_that_is_not_causal():
+def test_the_blocks_follow_the_rule_and_a_kv_cache_refuses_one_that_is_not_causal():
     # One definition: the blocks' masks are the rule on the keys where the blocks look, so a rule
     # that also lets a query see the key after it shows in them (inside a block), and the ring,
-    # read from them, refuses it.
+    # sized from them, refuses it.
     pattern = Local1D(GenerationOrder(1, 12), 4, 1)
     honest = pattern.mask_rule()
     pattern.mask_rule = lambda: (lambda query, key: honest(query, key) | (key == query + 1))
     seen = blocks_laid_out(pattern)
     assert seen[1, 2] and seen[5, 6] and not seen[3, 4]  # 4 is in the next block, where block 0 does not look
     with pytest.raises(ValueError, match="cached decoding needs a causal pattern"):
-        pattern.ring()
+        reach(pattern.blocks(), pattern.length)
 
 
 @pytest.mark.parametrize("pattern", all_patterns(), ids=lambda p: f"{p.describe()}-{p.length}")
-def test_decoding_ring_is_as_long_as_the_widest_reach(pattern):
-    # A step attends over the ring and its own key, then overwrites the oldest slot: the ring must
-    # hold the keys back to the farthest one any step reads, and need hold no more
-    # (tests/model/test_attention.py: decoding through it equals the full pass; one slot fewer does not).
+def test_the_kv_cache_holds_the_widest_reach_and_the_step_itself(pattern):
+    # A step's key is kept, then the step reads its block's keys: the cache must hold the keys back to
+    # the farthest one any step reads, and its own, and need hold no more (tests/model/test_attention.py:
+    # decoding through it equals the full pass; one step fewer does not).
     mask = pattern.can_attend()
-    reach = max(t - int(mask[t].nonzero().min()) for t in range(pattern.length))
-    assert pattern.ring() == max(1, reach)
+    widest = max(t - int(mask[t].nonzero().min()) for t in range(pattern.length))
+    assert reach(pattern.blocks(), pattern.length) == max(1, widest)
+    assert PatternIndex(pattern).cache_length == max(1, widest) + 1
 
 
 @pytest.mark.parametrize("pattern", all_patterns(), ids=lambda p: f"{p.describe()}-{p.length}")
-def test_each_decoding_steps_mask_is_the_dense_matrix_at_the_steps_its_ring_holds(pattern):
-    # Step s's row: slot j holds the latest step before s that is j modulo the ring (none yet:
-    # unseen), the last column s itself; at the ring the pattern needs and at one slot fewer.
+def test_the_codecs_whole_ring_masks_are_the_dense_matrix_at_the_steps_its_ring_holds(pattern):
+    # Formats 1 to 6 (imagetx/codec/whole_ring.py): step s's row, slot j holding the latest step before
+    # s that is j modulo the ring (none yet: unseen), the last column s itself; at the ring those
+    # formats used and at one slot fewer.
     mask = pattern.can_attend()
-    for ring in {pattern.ring(), max(1, pattern.ring() - 1)}:
-        expected = torch.zeros(pattern.length, ring + 1, dtype=torch.bool)
+    ring = reach(pattern.blocks(), pattern.length)
+    for slots in {ring, max(1, ring - 1)}:
+        expected = torch.zeros(pattern.length, slots + 1, dtype=torch.bool)
         for step in range(pattern.length):
-            for slot in range(ring):
-                held = [earlier for earlier in range(step) if earlier % ring == slot]
+            for slot in range(slots):
+                held = [earlier for earlier in range(step) if earlier % slots == slot]
                 expected[step, slot] = bool(held) and bool(mask[step, held[-1]])
-            expected[step, ring] = mask[step, step]
-        assert torch.equal(pattern.step_masks(ring), expected), ring
+            expected[step, slots] = mask[step, step]
+        assert torch.equal(step_masks(pattern.blocks(), pattern.length, slots), expected), slots
 
 
 @pytest.mark.parametrize("rows,cols,block,flange", CASES_2D)  # tall flanges included
@@ -309,8 +313,5 @@ def test_model_pattern_matches_reference(head, attention):
         expected = [[j <= i for j in range(n)] for i in range(n)]
     assert as_lists(model.pattern.can_attend()) == expected
     assert as_lists(pattern_for(model.config).can_attend()) == expected
-    for layer in model.layers:  # what each layer reads: its gathered blocks, and its rule
-        forms = layer.self_attn.forms
-        assert as_lists(blocks_laid_out(model.pattern, forms.blocks)) == expected
-        steps = torch.arange(n)
-        assert as_lists(forms.rule(steps[:, None], steps[None, :])) == expected
+    for layer in model.layers:  # what each layer reads: its index's gathered blocks
+        assert as_lists(blocks_laid_out(model.pattern, layer.self_attn.index.blocks)) == expected

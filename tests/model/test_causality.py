@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from helpers import decode_embeddings, random_images, random_labels, tiny_model, value_embeddings
-from imagetx.model.patterns import FullCausal, GenerationOrder, PatternForms
+from imagetx.model.patterns import FullCausal, GenerationOrder, PatternIndex
 
 # Block sizes chosen so that local attention is genuinely local: categorical 4×4 images
 # are 48 sub-pixel steps on a 4×12 grid, DMOL images 16 pixel steps on a 4×4 grid.
@@ -206,7 +206,7 @@ def test_unshifted_inputs_are_caught(attention, head, num_transforms):
 @pytest.mark.parametrize("attention", ["local_1d", "local_2d", "full"])
 def test_unmasked_attention_is_caught(attention):
     model, emb, _ = build("categorical", attention, n_layers=2)
-    model.layers[1].self_attn.forms = None  # plain unmasked attention
+    model.layers[1].self_attn.index = None  # plain unmasked attention
     problems = causality_violations(model, emb, [0, 5, 20])
     assert any(p.startswith("leak") for p in problems)
 
@@ -215,7 +215,7 @@ def test_unmasked_attention_is_caught(attention):
 def test_non_local_attention_is_caught(attention):
     # Causal, but seeing more than the declared pattern: the support check notices.
     model, emb, _ = build("categorical", attention)
-    model.layers[0].self_attn.forms = PatternForms(FullCausal(GenerationOrder(1, model.pattern.length)))
+    model.layers[0].self_attn.index = PatternIndex(FullCausal(GenerationOrder(1, model.pattern.length)))
     problems = causality_violations(model, emb, [model.pattern.length - 1], n_layers=1)
     assert any(p.startswith("support") for p in problems)
     assert not any(p.startswith("leak") for p in problems)

@@ -24,7 +24,7 @@ from imagetx.training.module import ImageTransformerModule
 from imagetx.io.older import LAST_COMMIT_WITH_RADIUS, model_config, one_level
 from imagetx.model.attention import SelfAttention
 from imagetx.model.flex import block_mask
-from imagetx.model.patterns import PatternForms, pattern_for
+from imagetx.model.patterns import PatternIndex, pattern_for
 
 
 REPO = Path(__file__).resolve().parents[2]
@@ -389,16 +389,16 @@ def test_flex_block_size_must_be_a_kernel_tile(size):
 def test_flex_block_size_reaches_every_self_attention_layer():
     for size in (16, 128):
         model = build_model(tiny_config(n_layers=2, d_model=32), "flex", flex_block_size=size)
-        assert [block_mask(layer.self_attn.forms).BLOCK_SIZE for layer in model.layers] == [(size, size)] * 2
-        assert model.layers[0].self_attn.forms is model.layers[1].self_attn.forms  # built once, for every layer
+        assert [block_mask(layer.self_attn.index).BLOCK_SIZE for layer in model.layers] == [(size, size)] * 2
+        assert model.layers[0].self_attn.index is model.layers[1].self_attn.index  # built once, for every layer
     # the block mask is kept where FlexAttention may run: kernel flex, or auto where CUDA is
-    kept = {kernel: build_model(tiny_config(d_model=32), kernel).layers[0].self_attn.forms.flex_block_size
+    kept = {kernel: build_model(tiny_config(d_model=32), kernel).layers[0].self_attn.index.flex_block_size
             for kernel in ("auto", "sdpa")}
     assert kept == {"auto": 128 if torch.cuda.is_available() else None, "sdpa": None}
     with pytest.raises(RuntimeError, match="keeps no FlexAttention block mask"):
-        block_mask(build_model(tiny_config(), "sdpa").layers[0].self_attn.forms)
-    with pytest.raises(ValueError, match=r"kernel 'flex' reads the pattern's block mask: give PatternForms\(pattern"):
-        SelfAttention(16, 2, PatternForms(pattern_for(tiny_config())), kernel="flex")
+        block_mask(build_model(tiny_config(), "sdpa").layers[0].self_attn.index)
+    with pytest.raises(ValueError, match=r"kernel 'flex' reads the pattern's block mask: give PatternIndex\(pattern"):
+        SelfAttention(16, 2, PatternIndex(pattern_for(tiny_config())), kernel="flex")
 
 
 @pytest.mark.parametrize("kernel, attention", [("sdpa", "local_2d"), ("flex", "local_1d")])
@@ -410,4 +410,4 @@ def test_a_pickled_model_computes_what_it_did_its_layers_sharing_one_set_of_form
     images = torch.randint(0, 256, (2, 4, 4, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         assert torch.equal(copy.bits_per_dim(images), model.bits_per_dim(images))
-    assert copy.layers[0].self_attn.forms is copy.layers[1].self_attn.forms
+    assert copy.layers[0].self_attn.index is copy.layers[1].self_attn.index

@@ -1,9 +1,7 @@
-"""2D decoding costs what the pattern does (issue 111, section 2): a prefill computes no more
-query-key pairs than the full pass spends on the same queries, at every image width, though a 2D
-ring grows with the width (before: 1.40 / 2.20 / 3.80x at 32 / 64 / 128 px). Counted where the work
-is done: ``scaled_dot_product_attention``, which every attention path of ``imagetx.model.attention``
-calls. A single decoding step still reads the whole ring: the codec's files decode with exactly its
-sums (tests/codec/test_codec_portable.py)."""
+"""2D decoding costs what the pattern does: a prefill computes no more query-key pairs than the full
+pass spends on the same queries, and a decoding step no more than its query block's keys, at every
+image width, though a 2D kv-cache grows with the width. Counted where the work is done:
+``scaled_dot_product_attention``, which every attention path of ``imagetx.model.attention`` calls."""
 
 from __future__ import annotations
 
@@ -12,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from imagetx.model.attention import SelfAttention, pairs_computed
-from imagetx.model.patterns import GenerationOrder, Local2D, PatternForms
+from imagetx.model.patterns import GenerationOrder, Local2D, PatternIndex
 
-SIZES = (32, 64, 128)  # image sizes, px: the ring grows with the width, the blocks' keys do not
-# (columns per image column, query block, flange): the issue's small DMOL pattern (rings of
-# 383 / 639 / 1,151 slots) and configs/cifar10_2d.yaml's categorical one (3 sub-pixels a pixel)
+SIZES = (32, 64, 128)  # image sizes, px: the kv-cache grows with the width, the blocks' keys do not
+# (columns per image column, query block, flange): a small DMOL pattern (kv-caches of
+# 384 / 640 / 1,152 steps) and configs/cifar10_2d.yaml's categorical one (3 sub-pixels a pixel)
 PATTERNS = {"dmol_8x8": (1, (8, 8), (8, 8)), "cifar10_2d": (3, (16, 16), (16, 32))}
 D_MODEL, N_HEADS = 8, 2  # the count does not depend on them: small, so 128 px runs in seconds
 
@@ -48,30 +46,40 @@ def prefill(attn: SelfAttention, x, length: int):
     return attn(x[:, :length], attn.start_decoding(x.shape[0]), torch.tensor(0))
 
 
-# The issue's pattern at every size; the paper's categorical one at 32 px only: at 128 px its step-mask table
-# (T x ring, 49,152 x 6,911) alone takes minutes to build.
+# The small pattern at every size; the paper's categorical one at 32 px only (at 128 px it is 49,152 steps).
 CASES = [("dmol_8x8", size) for size in SIZES] + [("cifar10_2d", SIZES[0])]
 
 
 @pytest.mark.parametrize("name, size", CASES)
 def test_a_2d_prefill_costs_no_more_than_the_full_pass(name, size, monkeypatch):
     pattern = pattern_at(name, size)
-    attn = SelfAttention(D_MODEL, N_HEADS, PatternForms(pattern), kernel="sdpa")
+    attn = SelfAttention(D_MODEL, N_HEADS, PatternIndex(pattern), kernel="sdpa")
     x = torch.randn(1, pattern.length, D_MODEL)
     full = pairs_computed(pattern.blocks())
     # every step prefilled, the most a prefill does; and a completion's, every image row but the last
     last_row_start = pattern.length - size * PATTERNS[name][0]
     for length in (pattern.length, last_row_start):
         pairs = counted_pairs(monkeypatch, lambda: prefill(attn, x, length))
-        assert pairs <= full, f"{pattern.describe()} at {size} px, ring {attn.forms.ring}: prefill of {length} " \
+        assert pairs <= full, f"{pattern.describe()} at {size} px: prefill of {length} " \
                               f"steps {pairs / full:.2f}x the full pass"
+
+
+@pytest.mark.parametrize("name, size", CASES)
+def test_a_2d_decoding_step_reads_its_blocks_keys_not_the_kv_cache(name, size, monkeypatch):
+    pattern = pattern_at(name, size)
+    attn = SelfAttention(D_MODEL, N_HEADS, PatternIndex(pattern), kernel="sdpa")
+    cache = attn.start_decoding(1)
+    x = torch.randn(1, 1, D_MODEL)
+    pairs = counted_pairs(monkeypatch, lambda: attn(x, cache, torch.tensor([pattern.length // 2])[0]))
+    keys = attn.index.key_steps.shape[1]
+    assert pairs == keys, (pairs, keys, cache.keys.shape[2])  # the block's S keys, however long the cache
 
 
 @pytest.mark.parametrize("name", PATTERNS)
 def test_the_full_pass_computes_what_pairs_computed_says(name, monkeypatch):
     # the yardstick above, tied to the SDPA path it describes
     pattern = pattern_at(name, SIZES[0])
-    attn = SelfAttention(D_MODEL, N_HEADS, PatternForms(pattern), kernel="sdpa")
+    attn = SelfAttention(D_MODEL, N_HEADS, PatternIndex(pattern), kernel="sdpa")
     x = torch.randn(1, pattern.length, D_MODEL)
     assert counted_pairs(monkeypatch, lambda: attn(x)) == pairs_computed(pattern.blocks())
 
@@ -82,7 +90,7 @@ def test_a_2d_prefill_then_steps_equal_the_full_pass(name):
     # then single steps across the next block's start
     pattern = pattern_at(name, SIZES[0])
     torch.manual_seed(0)
-    attn = SelfAttention(D_MODEL, N_HEADS, PatternForms(pattern), kernel="sdpa").double()
+    attn = SelfAttention(D_MODEL, N_HEADS, PatternIndex(pattern), kernel="sdpa").double()
     x = torch.randn(2, pattern.length, D_MODEL, dtype=torch.float64)
     given = 3 * pattern.block_length - 5
     with torch.no_grad():

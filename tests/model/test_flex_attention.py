@@ -20,12 +20,12 @@ import torch.nn.attention.flex_attention as flex_module
 
 from helpers import (bits_per_dim, decode_embeddings, dense_attention, random_images, random_labels, tiny_model,
                      value_embeddings)
-from imagetx.model import flex
+from imagetx.model import flex, patterns
 from imagetx.model.superres import downsample_area
 from imagetx.model.transformer import previous_values
 from imagetx.model.attention import attend, uses_flex
 from imagetx.model.flex import block_mask, build_block_mask
-from imagetx.model.patterns import FullCausal, GenerationOrder, Local1D, Local2D, PatternForms
+from imagetx.model.patterns import FullCausal, GenerationOrder, Local1D, Local2D, PatternIndex
 from imagetx.model.scoring import full_pass
 from test_sampler import cached_params
 
@@ -72,7 +72,7 @@ def dense_reference(pattern, q, k, v) -> torch.Tensor:
 def test_flex_equals_dense_reference(pattern):
     q, k, v = rand_qkv(pattern.length)
     with torch.no_grad():
-        got = attend(q.float(), k.float(), v.float(), PatternForms(pattern, KERNEL_BLOCK), "flex")
+        got = attend(q.float(), k.float(), v.float(), PatternIndex(pattern, KERNEL_BLOCK), "flex")
     assert got.dtype == torch.float32 and got.shape == q.shape
     torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v), atol=2e-6, rtol=0)
 
@@ -82,7 +82,7 @@ def test_flex_in_bfloat16_is_close_to_float64(pattern):
     # bf16 errors include rounding the inputs themselves to 8 bits of mantissa (~4e-3 relative).
     q, k, v = rand_qkv(pattern.length)
     with torch.no_grad():
-        got = attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), PatternForms(pattern, KERNEL_BLOCK), "flex")
+        got = attend(q.bfloat16(), k.bfloat16(), v.bfloat16(), PatternIndex(pattern, KERNEL_BLOCK), "flex")
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v), atol=3e-2, rtol=0)
 
@@ -92,7 +92,7 @@ def test_a_wrong_mask_mod_is_caught():
     pattern, short = Local1D(GenerationOrder(10, 30), 30, 1), Local1D(GenerationOrder(10, 30), 30, 0)
     q, k, v = rand_qkv(pattern.length)
     with torch.no_grad():
-        wrong = attend(q.float(), k.float(), v.float(), PatternForms(short, KERNEL_BLOCK), "flex")
+        wrong = attend(q.float(), k.float(), v.float(), PatternIndex(short, KERNEL_BLOCK), "flex")
     assert not torch.allclose(wrong.double(), dense_reference(pattern, q, k, v), atol=1e-3)
 
 
@@ -100,7 +100,7 @@ def assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, block: i
     """Kernel blocks (block × block pairs) with no allowed pair are skipped, those with some are
     run, and only those the rule allows whole are run without the mask_mod: read off can_attend,
     tile by tile, the end padding counted as not allowed."""
-    mask = block_mask(PatternForms(pattern, block))  # as a model keeps it, rebuilt from its buffers
+    mask = block_mask(PatternIndex(pattern, block))  # as a model keeps it, rebuilt from its buffers
     assert mask.BLOCK_SIZE == (block, block)
     tiles = -(-pattern.length // block) * block
     allowed = torch.zeros(tiles, tiles, dtype=torch.bool)
@@ -136,7 +136,7 @@ FINE_BLOCKS = [in_blocks(Local1D(GenerationOrder(32, 32), 32, 1), size) for size
 def test_smaller_kernel_blocks_equal_the_dense_reference(pattern, block):
     q, k, v = rand_qkv(pattern.length)
     with torch.no_grad():
-        got = attend(q.float(), k.float(), v.float(), PatternForms(pattern, block), "flex")
+        got = attend(q.float(), k.float(), v.float(), PatternIndex(pattern, block), "flex")
     torch.testing.assert_close(got.double(), dense_reference(pattern, q, k, v), atol=2e-6, rtol=0)
     assert_runs_exactly_the_kernel_blocks_with_an_allowed_pair(pattern, block)
     if isinstance(pattern, Local1D) and block == 32:
@@ -277,11 +277,11 @@ def test_flex_is_causal_by_perturbation(name):
 
 def test_perturbation_catches_a_mask_mod_that_sees_the_next_step(monkeypatch):
     # Negative control: the same check on a model whose rule also lets each query see the next key
-    # (its block mask built from that rule; no ring, which would refuse a rule that sees ahead).
+    # (its block mask built from that rule; no kv-cache sized, which would refuse a rule that sees ahead).
     honest = Local1D.mask_rule
     monkeypatch.setattr(Local1D, "mask_rule",
                         lambda self: (lambda query, key: honest(self)(query, key) | (key == query + 1)))
-    monkeypatch.setattr(Local1D, "ring", lambda self, blocks=None: 1)
+    monkeypatch.setattr(patterns, "reach", lambda blocks, length: 1)
     model, images, labels, low_res = model_and_inputs("local_1d_classes", "flex")
     emb = value_embeddings(model, model.targets(images)).detach()
     leaks = [future_changes(model, emb, None, labels, step)[0] for step in steps_to_perturb(emb.shape[1])]
@@ -324,7 +324,7 @@ def test_flex_values_and_gradients_equal_dense_on_cuda(pattern, block):
     ref = dense_reference(pattern, q64, k64, v64)
     ref_grads = grads(ref, [q64, k64, v64])
     q, k, v = (t.detach().float().requires_grad_() for t in (q64, k64, v64))
-    got = attend(q, k, v, PatternForms(pattern, block).to(device), "flex")
+    got = attend(q, k, v, PatternIndex(pattern, block).to(device), "flex")
     got_grads = grads(got, [q, k, v])
     torch.testing.assert_close(got.double(), ref, atol=1e-4, rtol=0)
     for name, g, r in zip(["q", "k", "v"], got_grads, ref_grads):

@@ -131,12 +131,12 @@ def test_cached_decoder_matches_full_pass_2d_rotary():
     check_cached_equals_full(model, random_images(2, 8, seed=25))
 
 
-def test_ring_buffer_is_shorter_than_the_sequence():
-    # The point of the cache: 1D local attention keeps only (memory + own block) keys, less the
-    # step's own, which it brings.
+def test_kv_cache_is_shorter_than_the_sequence():
+    # The point of the cache: 1D local attention keeps only the keys of a memory block and its own
+    # block's length, the step's own among them.
     model = tiny_model(head="categorical", attention="local_1d", **SMALL_BLOCKS)
     cache = model.start_decoding(1)
-    assert all(layer.keys.shape[2] == 2 * SMALL_BLOCKS["query_block_length"] - 1 for layer in cache.layers)
+    assert all(layer.keys.shape[2] == 2 * SMALL_BLOCKS["query_block_length"] for layer in cache.layers)
     assert 32 < model.order.length == 192
     # one step counter, the model's cache's: no layer's cache keeps a copy
     assert not any(hasattr(layer, "step") for layer in cache.layers)
@@ -452,7 +452,7 @@ def largest_allocation(fn) -> int:
 
 
 def test_starting_to_decode_the_imagenet64_preset_builds_nothing_of_size_t_squared():
-    # 12,288 steps: a dense (T, T) bool mask alone would be 151 MB. Decoding reads the ring
+    # 12,288 steps: a dense (T, T) bool mask alone would be 151 MB. Decoding reads the kv-cache
     # from the pattern's blocks instead; the dense reference itself is the negative control.
     model = build_model(preset_model_config(REPO / "configs" / "imagenet64.yaml")).eval()
     t_squared = model.order.length ** 2
@@ -462,14 +462,16 @@ def test_starting_to_decode_the_imagenet64_preset_builds_nothing_of_size_t_squar
 
 @pytest.mark.parametrize("attention", ["local_1d", "local_2d"])
 def test_a_completions_prefill_builds_nothing_of_size_t_squared(attention):
-    # 56 of 64 rows given, 3,584 steps: one (t, ring + t) mask over them would take over t² bytes
-    # (as SDPA's float mask, four times that). A prefill attends a query block at a time instead;
-    # what grows with t (the head's output, the feed-forward's) stays far below t²/16 here.
+    # 56 of 64 rows given, 3,584 steps: one (t, cache + t) mask over them would take over t² bytes
+    # (as SDPA's float mask, four times that). A prefill is the full pass over its steps' blocks:
+    # it allocates no more than the full pass over the whole image, far below t² here.
     model = tiny_model(head="dmol", mixture_components=1, image_size=64, attention=attention, query_block_length=64,
                        query_block_shape=(8, 8), memory_flange=(8, 8))
-    given = model.targets(random_images(1, 64, seed=40))[:, : int(model.given_steps(56).sum())]
-    length, cache = given.shape[1], model.start_decoding(1)  # the pattern's blocks and ring built here, once
-    assert largest_allocation(lambda: model.prefill(given, cache)) < length**2 // 16
+    targets = model.targets(random_images(1, 64, seed=40))
+    given = targets[:, : int(model.given_steps(56).sum())]
+    length, cache = given.shape[1], model.start_decoding(1)  # the pattern's index built with the model, once
+    full_pass = largest_allocation(lambda: model(previous_values(targets)))
+    assert largest_allocation(lambda: model.prefill(given, cache)) <= full_pass < length**2 // 2
 
 
 @pytest.mark.parametrize("sampler", [sample, sample_uncached])

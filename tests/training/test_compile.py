@@ -39,7 +39,7 @@ def test_compiled_module_matches_eager_and_keeps_parameter_names():
                          ids=["1D", "2D, encoder, cross-attention", "1D, FlexAttention",
                               "control: attention outside the graph"])
 def test_a_model_compiles_as_one_graph(preset, kernel, broken, monkeypatch):
-    """Every form of a pattern is built with the model (patterns.PatternForms), so that its first
+    """Every form of a pattern is built with the model (patterns.PatternIndex), so that its first
     compiled pass traces the graphs any later run traces, and finds those an earlier run left in
     Inductor's cache (docs/experiments.md entry 29). fullgraph=True fails on any graph break (the
     control: attention run outside the graph); the eager backend traces as
