@@ -42,7 +42,7 @@ def log_probs(model, images: torch.Tensor, labels: torch.Tensor | None, low_res:
     """(N, T) log-likelihood of every generation step of ``images``, in nats, scored in batches."""
     pick = lambda t, i: None if t is None else t[i : i + batch]  # noqa: E731
     with torch.no_grad():
-        return torch.cat([model.log_prob(images[i : i + batch], pick(labels, i), pick(low_res, i))
+        return torch.cat([model.log_prob(images[i : i + batch], pick(labels, i), low_res=pick(low_res, i))
                           for i in range(0, len(images), batch)])
 
 

@@ -47,7 +47,7 @@ def warm_up(model: ImageTransformer, step, batch: int, labels, low_res, device) 
     """Seconds of one decoding step on a throw-away cache (the compiled step compiles here)."""
     sync(device)
     start = time.perf_counter()
-    step(first_input(model, batch), model.start_decoding(batch, labels, low_res))
+    step(first_input(model, batch), model.start_decoding(batch, labels, low_res=low_res))
     sync(device)
     return time.perf_counter() - start
 

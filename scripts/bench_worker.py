@@ -252,7 +252,7 @@ def decode_loop_seconds(model, batch: int, labels, low_res, generator, device, n
     with torch.no_grad():
         sync(device)
         t0 = time.perf_counter()
-        cache = model.start_decoding(batch, labels, low_res)
+        cache = model.start_decoding(batch, labels, low_res=low_res)
         sync(device)
         setup = time.perf_counter() - t0
         value, t1 = first_input(model, batch), time.perf_counter()

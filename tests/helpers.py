@@ -225,7 +225,7 @@ def weights_checkpoint(model: ImageTransformer, metadata: dict | None = None) ->
 def bits_per_dim(model, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
                  **options) -> Tensor:
     """``model.bits_per_dim``, given ``low_res`` where the model reads one."""
-    return model.bits_per_dim(images, labels, low_res, **options)
+    return model.bits_per_dim(images, labels, low_res=low_res, **options)
 
 
 def value_embeddings(model, targets: Tensor) -> Tensor:
@@ -244,7 +244,7 @@ def decode_embeddings(model, emb: Tensor, labels: Tensor | None = None, low_res:
     hook = model.value_embedding.register_forward_hook(lambda module, args, output: inputs)
     previous = torch.zeros(emb.shape[:2] + ((3,) if model.config.head == "dmol" else ()), dtype=torch.long)
     try:  # the values embedded are replaced by the hook: only their shape counts
-        return model(previous, **model.conditioning(len(previous), labels, low_res, transforms=transforms))
+        return model(previous, **model.conditioning(len(previous), labels, low_res=low_res, transforms=transforms))
     finally:
         hook.remove()
 

@@ -162,9 +162,11 @@ def test_out_of_range_values_rejected(value):
 
 def test_low_res_checks():
     plain = tiny_model()
-    with pytest.raises(ValueError, match="has no encoder .*pass low_res=None"):  # a plain decoder reads none
+    with pytest.raises(ValueError, match="takes no low_res input: pass low_res=None"):  # a plain decoder reads none
         plain.nll(random_images(1, 4), low_res=random_images(1, 2))
     sr = tiny_model(image_size=8, encoder_layers=1, low_res_size=2)
+    with pytest.raises(ValueError, match="takes no lowres input"):  # a misspelt input is refused by its name
+        sr.nll(random_images(1, 8), lowres=random_images(1, 2))
     with pytest.raises(ValueError, match="low_res"):
         sr.nll(random_images(1, 8))
     with pytest.raises(ValueError, match="low_res"):

@@ -44,8 +44,8 @@ def test_input_use_script_compares_own_and_borrowed_inputs(tmp_path, superres_ck
     model = load_model(superres_ckpt)
     low_res = downsample_area(images, 8)
     with torch.no_grad():
-        own = model.bits_per_dim(images, None, low_res).mean().item()
-        other = model.bits_per_dim(images, None, low_res[[2, 0, 1]]).mean().item()
+        own = model.bits_per_dim(images, low_res=low_res).mean().item()
+        other = model.bits_per_dim(images, low_res=low_res[[2, 0, 1]]).mean().item()
     assert math.isclose(result["bpd_own_input"], own, rel_tol=1e-6)
     assert math.isclose(result["bpd_other_image_input"], other, rel_tol=1e-6)
     assert result["images"] == 3
@@ -78,7 +78,7 @@ def test_input_use_script_compares_with_a_baseline_position_by_position(tmp_path
     result = json.loads(done.stdout.strip().splitlines()[-1])
     images = load("cifar10", root, "val", val_size=4)[0][:3]
     with torch.no_grad():  # raster order over 32x32 pixels: step 32·row + col
-        sr_bits = -load_model(superres_ckpt).log_prob(images, None, downsample_area(images, 8)).view(3, 32, 32)
+        sr_bits = -load_model(superres_ckpt).log_prob(images, low_res=downsample_area(images, 8)).view(3, 32, 32)
         base_bits = -load_model(baseline).log_prob(images).view(3, 32, 32)
     gain = (base_bits - sr_bits).mean(dim=0) / (3 * math.log(2))  # bits per sub-pixel
     assert math.isclose(result["gain_first_image_column"], gain[:, 0].mean().item(), abs_tol=1e-4)
@@ -128,10 +128,10 @@ def test_a_model_with_exact_box_means_is_compared_without_its_bounds_and_keeps_i
     images = load("cifar10", root, "val", val_size=4)[0][:3]
     low_res = downsample_area(images, 8)
     with torch.no_grad():
-        assert torch.isposinf(bounded.bits_per_dim(images, None, low_res[[2, 0, 1]])).all()
-        free_own = free.bits_per_dim(images, None, low_res).mean().item()
-        free_other = free.bits_per_dim(images, None, low_res[[2, 0, 1]]).mean().item()
-        bounded_own = bounded.bits_per_dim(images, None, low_res).mean().item()
+        assert torch.isposinf(bounded.bits_per_dim(images, low_res=low_res[[2, 0, 1]])).all()
+        free_own = free.bits_per_dim(images, low_res=low_res).mean().item()
+        free_other = free.bits_per_dim(images, low_res=low_res[[2, 0, 1]]).mean().item()
+        bounded_own = bounded.bits_per_dim(images, low_res=low_res).mean().item()
     assert math.isclose(result["bpd_own_input"], free_own, rel_tol=1e-6)
     assert math.isclose(result["bpd_other_image_input"], free_other, rel_tol=1e-6)
     assert math.isclose(result["bpd_own_input_bounded"], bounded_own, rel_tol=1e-6)

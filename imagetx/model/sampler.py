@@ -313,7 +313,7 @@ def sample_progressively(
     with eval_mode(model):
         threads.limit()
         try:
-            cache = model.start_decoding(count, labels, low_res, transforms)
+            cache = model.start_decoding(count, labels, low_res=low_res, transforms=transforms)
             for values, finite in decoded(model, count, step, draw, cache, forced, progress):
                 steps = len(values)
                 if every is not None and (steps == given_count or (steps % every == 0 and steps < total)):

@@ -35,8 +35,7 @@ from .config import CHANNELS, ModelConfig
 from .embedding import PositionEncoding, SubPixelEmbedding
 from .heads import CategoricalHead, head_type, params_and_bounds
 from .patterns import GenerationOrder
-from .transformer import (DecodingCache, ImageTransformer, TransformerLayer, check_image_tensor, check_labels,
-                          check_transforms, layer_sizes, zero_start)
+from .transformer import DecodingCache, ImageTransformer, TransformerLayer, check_image_tensor, layer_sizes, zero_start
 
 
 def downsample_area(images: torch.Tensor, size: int) -> torch.Tensor:
@@ -207,26 +206,27 @@ class SuperResolutionTransformer(ImageTransformer):
         params, bounds = params_and_bounds(self(previous[:, None], cache))
         return params[:, 0] if bounds is None else (params[:, 0], bounds[:, 0])
 
-    def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None,
-                       transforms: Tensor | None = None) -> DecodingCache[LowResContext]:
-        """An empty cache for decoding ``batch`` images of ``low_res``; the encoder runs here, once."""
-        cache = super().start_decoding(batch, labels, low_res, transforms)
+    def start_decoding(self, batch: int, labels: Tensor | None = None, *, transforms: Tensor | None = None,
+                       low_res: Tensor | None = None, **inputs: Tensor | None) -> DecodingCache[LowResContext]:
+        """An empty cache for decoding ``batch`` images of ``low_res``; the encoder runs here, once.
+        ``inputs``: any other, which the decoder's ``conditioning`` refuses."""
+        cache = super().start_decoding(batch, labels, transforms=transforms, low_res=low_res, **inputs)
         remainder = None if self.cell_remainder is None else self.cell_remainder.start_decoding(low_res)
         return replace(cache, context=replace(self.read(low_res), remainder=remainder))
 
-    def conditioning(self, count: int, labels: Tensor | None, low_res: Tensor | None = None,
-                     values: bool = True, transforms: Tensor | None = None) -> dict[str, Tensor | None]:
+    def conditioning(self, count: int, labels: Tensor | None, *, values: bool = True, transforms: Tensor | None = None,
+                     low_res: Tensor | None = None, **inputs: Tensor | None) -> dict[str, Tensor | None]:
         """Labels, transform ids and the low-resolution input as this model needs them, for ``count``
-        images (``values``: their values checked too), as ``forward``'s keyword arguments."""
-        check_labels(labels, count, self.config.num_classes, values=values)
-        check_transforms(transforms, count, self.config.num_transforms, values)
+        images (``values``: their values checked too), as ``forward``'s keyword arguments; labels,
+        transforms and any other input (refused) as the decoder's ``conditioning`` takes them."""
+        given = super().conditioning(count, labels, values=values, transforms=transforms, **inputs)
         low = self.config.superres.low_res_size
         if low_res is None:
             raise UserError(f"this super-resolution model needs low_res images of shape (B, {low}, {low}, 3)")
         check_image_tensor("low_res", low_res, low, values)
         if low_res.shape[0] != count:
             raise UserError(f"low_res has {low_res.shape[0]} images for {count} targets")
-        return {"labels": labels, "low_res": low_res, "transforms": transforms}
+        return {**given, "low_res": low_res}
 
 
 def build_model(config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE,

@@ -280,10 +280,10 @@ class ImageTransformer(nn.Module):
         return sum(vectors[1:], vectors[0]) if vectors else None
 
     # ----- decoding, one step at a time ---------------------------------------
-    def start_decoding(self, batch: int, labels: Tensor | None = None, low_res: Tensor | None = None,
-                       transforms: Tensor | None = None) -> DecodingCache:
-        """An empty cache for decoding ``batch`` images with ``forward``, at step 0."""
-        self.conditioning(batch, labels, low_res, transforms=transforms)
+    def start_decoding(self, batch: int, labels: Tensor | None = None, *, transforms: Tensor | None = None,
+                       **inputs: Tensor | None) -> DecodingCache:
+        """An empty cache for decoding ``batch`` images with ``forward``, at step 0; ``inputs``: ``conditioning``'s."""
+        self.conditioning(batch, labels, transforms=transforms, **inputs)
         step = torch.zeros((), dtype=torch.long, device=self.step_rows.device)
         kv_caches = [layer.self_attn.start_decoding(batch) for layer in self.layers]
         return DecodingCache(step, self.condition(labels, transforms), kv_caches, None)
@@ -317,41 +317,42 @@ class ImageTransformer(nn.Module):
         """``targets``' inverse: (B, T[, 3]) values in generation order -> (B, H, W, 3)."""
         return self.head.to_images(self.order.sequence_to_grid(sequence))
 
-    def log_prob(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
-                 check: bool = True, transforms: Tensor | None = None) -> Tensor:
-        """uint8 images (B, H, W, 3) -> (B, T) log-likelihood of every generation step, in nats
-        (given ``low_res``, the input of a model that takes one). Inputs it cannot take are refused in
-        one line; ``check`` False reads no value back (shapes and dtypes only), for data whose
-        values were checked as it was read (the training step)."""
+    def log_prob(self, images: Tensor, labels: Tensor | None = None, *, check: bool = True,
+                 transforms: Tensor | None = None, **inputs: Tensor | None) -> Tensor:
+        """uint8 images (B, H, W, 3) -> (B, T) log-likelihood of every generation step, in nats, given
+        ``inputs``, what else a model built around the decoder takes, by name; inputs it cannot take are
+        refused in one line (``conditioning``). ``check`` False reads no value back (shapes and dtypes
+        only), for data whose values were checked as it was read (the training step)."""
         check_image_tensor("images", images, self.config.image_size, check)
-        given = self.conditioning(images.shape[0], labels, low_res, check, transforms)
+        given = self.conditioning(images.shape[0], labels, values=check, transforms=transforms, **inputs)
         targets = self.targets(images)
         params, bounds = params_and_bounds(self(previous_values(targets), **given))
         return self.head.log_prob(params, targets, bounds)
 
-    def nll(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None, given_rows: int = 0,
-            check: bool = True, transforms: Tensor | None = None) -> Tensor:
+    def nll(self, images: Tensor, labels: Tensor | None = None, *, given_rows: int = 0, check: bool = True,
+            transforms: Tensor | None = None, **inputs: Tensor | None) -> Tensor:
         """(B,) negative log-likelihood of each whole image, in nats; with ``given_rows`` = k, of the
         part below the first k rows given them (image completion, ``given_steps``)."""
-        log_p = self.log_prob(images, labels, low_res, check, transforms)
+        log_p = self.log_prob(images, labels, check=check, transforms=transforms, **inputs)
         return image_nll(log_p, self.given_steps(given_rows) if given_rows else None)
 
-    def bits_per_dim(self, images: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
-                     given_rows: int = 0, check: bool = True, transforms: Tensor | None = None) -> Tensor:
+    def bits_per_dim(self, images: Tensor, labels: Tensor | None = None, *, given_rows: int = 0, check: bool = True,
+                     transforms: Tensor | None = None, **inputs: Tensor | None) -> Tensor:
         """(B,) bits per scored sub-pixel of each image (docs/model.md §5): all of them, or those
         below the first ``given_rows`` rows; ``transforms``: the images' transform ids (None: the identity)."""
-        nats = self.nll(images, labels, low_res, given_rows, check, transforms)
+        nats = self.nll(images, labels, given_rows=given_rows, check=check, transforms=transforms, **inputs)
         return nats / (scored_dims(self.config, given_rows) * math.log(2))
 
-    def conditioning(self, count: int, labels: Tensor | None, low_res: Tensor | None = None,
-                     values: bool = True, transforms: Tensor | None = None) -> dict[str, Tensor | None]:
+    def conditioning(self, count: int, labels: Tensor | None, *, values: bool = True,
+                     transforms: Tensor | None = None, **inputs: Tensor | None) -> dict[str, Tensor | None]:
         """Labels and transform ids as this model needs them, for ``count`` images (``values``: their
-        values checked too), as ``forward``'s keyword arguments; a ``low_res`` input, which this model
-        takes none of, refused."""
+        values checked too), as ``forward``'s keyword arguments. ``inputs``, what else a model built around
+        the decoder takes by name, that model's ``conditioning`` checks; here any not None is refused in one line."""
         check_labels(labels, count, self.config.num_classes, values=values)
         check_transforms(transforms, count, self.config.num_transforms, values)
-        if low_res is not None:
-            raise UserError("this model has no encoder of a low_res input: pass low_res=None")
+        refused = [name for name, value in inputs.items() if value is not None]
+        if refused:
+            raise UserError(f"this model takes no {refused[0]} input: pass {refused[0]}=None")
         return {"labels": labels, "transforms": transforms}
 
     def given_steps(self, rows: int) -> Tensor:

@@ -304,7 +304,7 @@ def test_compiled_model_through_flex_equals_eager():
     model, images, labels, low_res = model_and_inputs("local_2d_cross", "flex")
     with torch.no_grad():
         expected = full_pass(model, images, labels, low_res)
-        got = torch.compile(model)(previous_values(model.targets(images)), **model.conditioning(len(images), labels, low_res))
+        got = torch.compile(model)(previous_values(model.targets(images)), **model.conditioning(len(images), labels, low_res=low_res))
     torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 

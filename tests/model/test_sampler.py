@@ -50,7 +50,7 @@ def cached_params(model, images, labels=None, low_res=None, step=None, transform
     """Teacher-force ``images`` through ``step`` (``model.decode_step`` by default): (B, T, P)
     parameters (with exact_box_means, and (B, T, 2c) each step's value bounds)."""
     step = step or model.decode_step
-    cache = model.start_decoding(images.shape[0], labels, low_res, transforms)
+    cache = model.start_decoding(images.shape[0], labels, low_res=low_res, transforms=transforms)
     targets = model.targets(images)
     params = [step(first_input(model, images.shape[0]), cache)]
     for t in range(1, model.order.length):
@@ -61,7 +61,7 @@ def cached_params(model, images, labels=None, low_res=None, step=None, transform
 
 def full_params(model, images, labels=None, low_res=None, transforms=None):
     """The full pass's (B, T, P) parameters."""
-    given = model.conditioning(len(images), labels, low_res, transforms=transforms)
+    given = model.conditioning(len(images), labels, low_res=low_res, transforms=transforms)
     return model(previous_values(model.targets(images)), **given)
 
 
@@ -69,7 +69,7 @@ def prefilled_params(model, images, given, labels=None, low_res=None, step=None,
     """Teacher-force the first ``given`` steps of ``images`` in one ``prefill``, the rest through
     ``step`` (``model.decode_step`` by default): (B, T, P) parameters."""
     step = step or model.decode_step
-    cache = model.start_decoding(images.shape[0], labels, low_res, transforms)
+    cache = model.start_decoding(images.shape[0], labels, low_res=low_res, transforms=transforms)
     targets = model.targets(images)
     params = [model.prefill(targets[:, :given], cache)]
     assert counter(cache) == given

@@ -129,8 +129,8 @@ def test_encoder_is_not_causal():
 def test_low_res_input_changes_the_likelihood():
     model = superres_model("dmol", "local_1d")
     images = random_images(2, 8, seed=4)
-    a = model.nll(images, None, random_images(2, 2, seed=5))
-    b = model.nll(images, None, random_images(2, 2, seed=6))
+    a = model.nll(images, low_res=random_images(2, 2, seed=5))
+    b = model.nll(images, low_res=random_images(2, 2, seed=6))
     assert not torch.allclose(a, b)
 
 
@@ -151,7 +151,7 @@ def test_evaluate_scores_given_the_8x8_input(tmp_path, capsys, superres_ckpt):
     model = load_model(superres_ckpt)
     images = torch.from_numpy(test_images)
     with torch.no_grad():
-        nats = model.nll(images, None, downsample_area(images, 8)).double().sum()
+        nats = model.nll(images, low_res=downsample_area(images, 8)).double().sum()
     assert result["images"] == 5
     assert math.isclose(result["bpd"], float(nats) / (5 * 3072 * math.log(2)), rel_tol=1e-5)
 
