@@ -177,4 +177,4 @@ def test_format_3_files_decode_as_they_were_coded(monkeypatch):
     assert np.array_equal(decompress(model, old), images) and set(used) == {"TorchPixelDistributions"}
     used.clear()
     new = compress(model, images, portable=False)
-    assert new[4] == 6 and set(used) == {"PixelDistributions"}
+    assert new[4] == codec_api.FORMAT_VERSION and set(used) == {"PixelDistributions"}
