@@ -28,9 +28,8 @@ from .patterns import BlockIndex, GenerationOrder, PatternIndex
 # elsewhere (FlexAttention has no backward on the CPU). A build option (``build_model``).
 ATTENTION_KERNELS = ("auto", "flex", "sdpa")
 # FlexAttention's kernel blocks, queries × keys: powers of two (its tiles), from its CUDA kernel's
-# smallest to its default, FLEX_BLOCK_SIZE (128 × 128). Blocks a pattern allows none of are
-# skipped, so blocks the size of a one-row query block compute fewer masked pairs; larger blocks
-# keep the GPU's matrix units busier. The same numbers for every size. A build option too.
+# smallest to its default (128 × 128). Smaller blocks skip more masked pairs of a fine pattern;
+# larger ones keep the GPU's matrix units busier. A build option too.
 FLEX_BLOCK_SIZE = 128
 FLEX_BLOCK_SIZES = (16, 32, 64, FLEX_BLOCK_SIZE)
 # FlexAttention's compiled CUDA kernel (Inductor's lowering) refuses heads of fewer channels: "NYI:
@@ -63,10 +62,8 @@ def check_kernel(kernel: str, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
 
 
 def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
-    """Whether ``kernel`` (one of ``ATTENTION_KERNELS``) runs FlexAttention on ``device`` for heads of
-    ``head_size`` channels: flex, or auto on CUDA. auto is the SDPA path elsewhere, because
-    FlexAttention on the CPU has a compiled forward but no backward (it raises for inputs that
-    require a gradient). ``flex`` asked for where it cannot run raises, naming the way out."""
+    """Whether ``kernel`` runs FlexAttention on ``device`` for heads of ``head_size`` channels: flex,
+    or auto on CUDA (FlexAttention has no backward on the CPU); flex where it cannot run is refused."""
     check_kernel(kernel)
     narrow = device.type == "cuda" and head_size < FLEX_MIN_HEAD_SIZE
     if kernel == "flex" and narrow:
@@ -76,29 +73,18 @@ def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
 
 
 def may_use_flex(kernel: str, head_size: int) -> bool:
-    """Whether a model built now with ``kernel`` may run FlexAttention (``uses_flex``) on some
-    device of this machine, so that it keeps the pattern's block mask: flex, or auto where CUDA is."""
+    """Whether a model built with ``kernel`` may run FlexAttention on a device of this machine (and so
+    keeps the pattern's block mask)."""
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     return any(uses_flex(kernel, torch.device(device), head_size) for device in devices)
-
-
-def pairs_computed(blocks: BlockIndex) -> int:
-    """Query-key pairs the SDPA path computes per image and head over a pattern's ``blocks``
-    (masked pairs included: the kernel computes them; a causal block's upper half is skipped)."""
-    n_blocks, block_len, n_keys = blocks.can_attend.shape  # L queries × S keys per block
-    if blocks.causal:
-        return n_blocks * block_len * (block_len + 1) // 2
-    return n_blocks * block_len * n_keys
 
 
 # ----- the SDPA reference path --------------------------------------------------------------------
 
 def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex) -> Tensor:
-    """Queries in blocks (``BlockIndex``), each block over its own gathered keys, the blocks the
-    batch axis of one fused call: q (B, h, Tq, e); k, v (B, h, Tk, e), a zero row appended for key
-    step Tk (no key). -> (B, h, Tq, e). Cost O(T·(keys per block)), never O(T²) for local patterns.
-    The blocks lead the kernel's batch axis, so that one (n, 1, L, S) mask serves every image and
-    head; the kernel's 4 axes are (block, image·head, step, channel)."""
+    """q (B, h, Tq, e) over k, v (B, h, Tk, e) -> (B, h, Tq, e): each block of queries over its own
+    gathered keys (key step Tk: a zero row, no key), in one SDPA call, O(T·S) for S keys a block. The
+    blocks lead the batch axis, so that one (n, 1, L, S) mask serves every image and head."""
     n_blocks, n_keys = blocks.key_steps.shape
     block_len, length, heads = blocks.can_attend.shape[1], q.shape[2], q.shape[1]
     q = F.pad(q, (0, 0, 0, n_blocks * block_len - length))  # end padding: its outputs are dropped
@@ -113,24 +99,10 @@ def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex) -> Ten
 
 # ----- rotary positions ---------------------------------------------------------------------------
 #
-# 2D rotary position embeddings of queries and keys (``ModelConfig.attention.relative_positions``
-# "rotary"; not in the paper).
+# Axial 2D RoPE (docs/model.md §2; not in the paper): half of each head's dimension pairs rotate
+# by row(step)·ω_i, half by col(step)·ω_i, ω_i = ROTARY_BASE^(−i / (e/4)), so that q·k depends on
+# the (row, column) offset only, with nothing inside the attention kernel.
 #
-# RoPE (Su et al. 2021) turns each pair of a head's dimensions by an angle proportional to the
-# position, in queries and keys alike, so that q·k depends on positions only through their
-# difference. On the generation grid (axial 2D RoPE, as in Heo et al. 2024 for vision
-# transformers) half of the pairs turn with the grid row, half with the grid column:
-#
-#     angle(step, i) = row(step)·ω_i  for the first e/4 pairs,  col(step)·ω_i  for the others,
-#     ω_i = ROTARY_BASE^(−i / (e/4)),  i = 0 .. e/4 − 1.
-#
-# The scores then carry the (row, column) offset of every pair, learnt through the projections,
-# with no bias term, no table and nothing inside the attention kernel: every path of
-# ``attention.attend`` (the pattern's gathered blocks through SDPA, FlexAttention) and decoding
-# runs as it does without positions. A categorical model's columns are
-# sub-pixel columns (3·pixel column + channel).
-
-
 # The slowest frequency is ROTARY_BASE^−(1 − 1/n) radians per cell (n = e/4 frequencies per
 # axis): for heads of 32 (n = 8) a wavelength of 2π·100^(7/8) ≈ 350 cells, longer than twice the
 # widest grid (96 sub-pixel columns), so no two offsets of a grid look alike on every frequency;
@@ -140,7 +112,7 @@ ROTARY_BASE = 100.0
 
 
 class Rotary2D(nn.Module):
-    """Turns (B, h, t, e) queries or keys of the given steps by their grid rows and columns."""
+    """Rotates (B, h, t, e) queries or keys of the given steps by their grid rows and columns."""
 
     def __init__(self, head_dim: int, order: GenerationOrder) -> None:
         super().__init__()
@@ -148,25 +120,23 @@ class Rotary2D(nn.Module):
         frequencies = ROTARY_BASE ** (-torch.arange(n, dtype=torch.float64) / n)
         rows, cols = order.grid_cell()
         angles = torch.cat([rows[:, None] * frequencies, cols[:, None] * frequencies], dim=1)  # (T, e/2)
-        # Kept in float64, so that a float64 model turns by exact angles; ``forward`` rounds them
-        # to the precision it turns in. ``model.float()`` would round them once, as it should.
+        # Kept in float64, so that a float64 model rotates by exact angles; ``angles`` rounds them.
         self.register_buffer("cos", angles.cos(), persistent=False)  # (T, e/2)
         self.register_buffer("sin", angles.sin(), persistent=False)
 
     def angles(self, steps: Tensor | slice, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """The cosines and sines (t, e/2) of ``steps``' angles, to turn tensors of ``dtype`` by
-        (``rotate``): in float32 at least, so that bf16 queries and keys (mixed precision) are
-        rounded once, after the rotation, not at each product."""
+        """The cosines and sines (t, e/2) of ``steps``' angles for tensors of ``dtype``: in float32 at
+        least, so that bf16 queries and keys are rounded once, after the rotation."""
         dtype = torch.promote_types(dtype, torch.float32)
         return self.cos[steps].to(dtype), self.sin[steps].to(dtype)
 
     def forward(self, x: Tensor, steps: Tensor | slice = slice(None)) -> Tensor:
-        """x (B, h, t, e) of ``steps`` (all T by default, or the decoding step's (1,) index) -> x turned."""
+        """x (B, h, t, e) of ``steps`` (all T by default) -> x rotated."""
         return rotate(x, *self.angles(steps, x.dtype))
 
 
 def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x (..., t, e) turned by the angles of ``Rotary2D.angles``: dimension i pairs with i + e/2."""
+    """x (..., t, e) rotated by ``Rotary2D.angles``: dimension i pairs with i + e/2."""
     first, second = x.to(cos.dtype).chunk(2, dim=-1)
     return torch.cat([first * cos - second * sin, first * sin + second * cos], dim=-1).to(x.dtype)
 
@@ -209,7 +179,7 @@ class KVCache:
         if steps.shape[0] > 1:
             return out
         block, row = steps // index.block_length, steps % index.block_length  # (1,) each
-        held = index.key_steps[block][0] % length  # (S,): the slots of the block's keys (no key: masked)
+        held = index.key_slots[block][0]  # (S,): the slots of the block's keys (no key: masked)
         return F.scaled_dot_product_attention(q, self.keys.index_select(2, held), self.values.index_select(2, held),
                                               attn_mask=index.can_attend[block, row])
 

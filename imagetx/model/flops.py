@@ -11,7 +11,7 @@ Attention counts the query-key pairs each call computes, masked pairs included (
 computes them), never the dense T² it does not:
 
 * decoder self-attention: what ``attention.attend`` computes under each pattern, as the SDPA
-  path counts it (``attention.pairs_computed``): its gathered blocks, or one causal call;
+  path counts it (``pairs_computed``): its gathered blocks, or one causal call;
 * the encoder: every pair of its 3·h·w sub-pixels; cross-attention: every decoder step over
   all of them. The cell add (``low_res_reading: cell_add``) is no attention: its map runs once
   per low-resolution pixel.
@@ -38,9 +38,10 @@ import torch
 from torch import nn
 
 from .config import CHANNELS
-from .attention import pairs_computed, uses_flex
+from .attention import uses_flex
 from .embedding import PixelEmbedding
 from .flex import block_mask, build_block_mask
+from .patterns import BlockIndex
 from .superres import SuperResolutionTransformer
 from .transformer import ImageTransformer
 
@@ -67,6 +68,15 @@ class Flops:
     def training(self) -> int:
         """Forward and backward: 3× the projections and attention, 2× the input layers."""
         return 3 * self.projections + 2 * self.inputs + 3 * self.attention
+
+
+def pairs_computed(blocks: BlockIndex) -> int:
+    """Query-key pairs the SDPA path computes per image and head over a pattern's ``blocks``
+    (masked pairs included: the kernel computes them; a causal block's upper half is skipped)."""
+    n_blocks, block_len, n_keys = blocks.can_attend.shape  # L queries × S keys per block
+    if blocks.causal:
+        return n_blocks * block_len * (block_len + 1) // 2
+    return n_blocks * block_len * n_keys
 
 
 def tile_pairs(mask: BlockMask) -> int:

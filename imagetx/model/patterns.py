@@ -273,10 +273,10 @@ def reach(blocks: BlockIndex, length: int) -> int:
 
 class PatternIndex(nn.Module):
     """A pattern's blocks (``CausalPattern.blocks``), built once with the model as buffers that move
-    with it, one for every layer: what training, prefill and decoding read (attention.py), and
-    ``cache_length``, the steps a decoding kv-cache holds. Given ``flex_block_size``, also
-    FlexAttention's block mask in kernel blocks of that size, for a model that may run that kernel
-    (its tensors ``flex_*``, flex.py)."""
+    with it, one for every layer: what training, prefill and decoding read (attention.py); the
+    steps a decoding kv-cache holds (``cache_length``) and the slots of each block's keys in it.
+    Given ``flex_block_size``, also FlexAttention's block mask in kernel blocks of that size, for a
+    model that may run that kernel (its tensors ``flex_*``, flex.py)."""
 
     def __init__(self, pattern: CausalPattern, flex_block_size: int | None = None) -> None:
         super().__init__()
@@ -286,6 +286,7 @@ class PatternIndex(nn.Module):
         self.register_buffer("key_steps", blocks.key_steps, persistent=False)  # (n, S)
         self.register_buffer("can_attend", blocks.can_attend, persistent=False)  # (n, L, S)
         self.cache_length = reach(blocks, pattern.length) + 1
+        self.register_buffer("key_slots", blocks.key_steps % self.cache_length, persistent=False)  # (n, S)
         if flex_block_size is not None:
             from .flex import block_mask_buffers  # flex.py: imported where a model keeps a block mask
 

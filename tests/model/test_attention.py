@@ -16,9 +16,9 @@ import torch
 from einops import rearrange
 
 from helpers import dense_attention
-from imagetx.model import attention
-from imagetx.model.attention import (CrossAttention, SelfAttention, attend, attend_in_blocks, pairs_computed,
-                                     project_heads)
+from imagetx.model import attention, patterns
+from imagetx.model.attention import CrossAttention, SelfAttention, attend, attend_in_blocks, project_heads
+from imagetx.model.flops import pairs_computed
 from imagetx.model.patterns import FullCausal, GenerationOrder, Local1D, Local2D, PatternIndex
 
 
@@ -309,12 +309,11 @@ def test_a_prefill_is_the_full_pass_over_its_steps(pattern, monkeypatch):
         assert blocks.can_attend.data_ptr() == index.can_attend.data_ptr()  # a view of the index's masks
 
 
-def test_a_cache_that_forgets_a_key_is_caught():
+def test_a_cache_that_forgets_a_key_is_caught(monkeypatch):
     """Negative control: a kv-cache one step short loses the oldest key a step still reads."""
     torch.manual_seed(0)
-    index = PatternIndex(local_1d(20, 6, 1))
-    index.cache_length -= 1
-    attn = SelfAttention(16, 4, index).double()
+    monkeypatch.setattr(patterns, "reach", lambda blocks, length, reach=patterns.reach: reach(blocks, length) - 1)
+    attn = SelfAttention(16, 4, PatternIndex(local_1d(20, 6, 1))).double()
     x = torch.randn(2, 20, 16, dtype=torch.float64)
     with torch.no_grad():
         assert attn.start_decoding(2).keys.shape[2] == 11

@@ -9,7 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from imagetx.model.attention import SelfAttention, pairs_computed
+from imagetx.model.attention import SelfAttention
+from imagetx.model.flops import pairs_computed
 from imagetx.model.patterns import GenerationOrder, Local2D, PatternIndex
 
 SIZES = (32, 64, 128)  # image sizes, px: the kv-cache grows with the width, the blocks' keys do not
