@@ -1,14 +1,11 @@
-"""Multi-head attention (docs/model.md §3, §4): the layers, and ``attend``, the one function that
+"""Multi-head attention (docs/model.md §3, §4, §7): the layers, and ``attend``, the one function that
 computes attention for training, prefill and decoding alike.
 
-Layout: q, k, v are (B, h, T, e), e the head size, views of one fused projection whose output
-features are in (part, head, e) order as in nanoGPT and timm (``project_heads``).
-
-``attend`` takes what the queries may see as one argument: a pattern's index (``PatternIndex``:
-the gathered blocks through SDPA, ``attend_in_blocks``, or the optional FlexAttention kernel,
-flex.py, imported only where it runs); a boolean (Tq, Tk) mask; or None, every key (the encoder,
-cross-attention). Decoding reads the same index (``KVCache``). Positions reach attention, where a
-model asks for them, as 2D RoPE on queries and keys (``Rotary2D``), before any of these paths.
+q, k, v are (B, h, T, e), e the head size: views of one fused projection whose output features are in
+(part, head, e) order, as in nanoGPT and timm. What the queries may see is one argument of ``attend``:
+a mask pattern's index (``PatternIndex``: its gathered blocks through SDPA, or the optional
+FlexAttention kernel, flex.py, imported only where it runs), a (Tq, Tk) bool mask, or None, every key
+(the encoder, cross-attention). 2D RoPE (``Rotary2D``) rotates queries and keys before any of these.
 """
 
 from __future__ import annotations
@@ -23,13 +20,11 @@ from torch import Tensor, nn
 from ..errors import UserError
 from .patterns import BlockIndex, GenerationOrder, PatternIndex
 
-# How attention runs, the same numbers every way: "flex" = FlexAttention, block-sparse; "sdpa" =
-# the pattern's gathered blocks through scaled_dot_product_attention; "auto" = flex on CUDA, sdpa
-# elsewhere (FlexAttention has no backward on the CPU). A build option (``build_model``).
+# How attention runs, the same numbers every way: "flex" = FlexAttention, block-sparse; "sdpa" = the pattern's
+# gathered blocks through SDPA; "auto" = flex on CUDA, sdpa elsewhere (FlexAttention has no CPU backward).
 ATTENTION_KERNELS = ("auto", "flex", "sdpa")
-# FlexAttention's kernel blocks, queries × keys: powers of two (its tiles), from its CUDA kernel's
-# smallest to its default (128 × 128). Smaller blocks skip more masked pairs of a fine pattern;
-# larger ones keep the GPU's matrix units busier. A build option too.
+# FlexAttention's tiles, queries × keys: powers of two from its CUDA kernel's smallest to its default, 128.
+# Smaller tiles skip more masked pairs of a fine pattern; larger ones keep the GPU's matrix units busier.
 FLEX_BLOCK_SIZE = 128
 FLEX_BLOCK_SIZES = (16, 32, 64, FLEX_BLOCK_SIZE)
 # FlexAttention's compiled CUDA kernel (Inductor's lowering) refuses heads of fewer channels: "NYI:
@@ -62,8 +57,7 @@ def check_kernel(kernel: str, flex_block_size: int = FLEX_BLOCK_SIZE) -> None:
 
 
 def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
-    """Whether ``kernel`` runs FlexAttention on ``device`` for heads of ``head_size`` channels: flex,
-    or auto on CUDA (FlexAttention has no backward on the CPU); flex where it cannot run is refused."""
+    """Whether ``kernel`` runs FlexAttention on ``device`` for heads of ``head_size``; flex where it cannot: refused."""
     check_kernel(kernel)
     narrow = device.type == "cuda" and head_size < FLEX_MIN_HEAD_SIZE
     if kernel == "flex" and narrow:
@@ -73,8 +67,7 @@ def uses_flex(kernel: str, device: torch.device, head_size: int) -> bool:
 
 
 def may_use_flex(kernel: str, head_size: int) -> bool:
-    """Whether a model built with ``kernel`` may run FlexAttention on a device of this machine (and so
-    keeps the pattern's block mask)."""
+    """Whether a model built with ``kernel`` may run FlexAttention on this machine (so keeps its block mask)."""
     devices = ["cpu", "cuda"] if torch.cuda.is_available() else ["cpu"]
     return any(uses_flex(kernel, torch.device(device), head_size) for device in devices)
 
@@ -97,17 +90,13 @@ def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex) -> Ten
     return rearrange(out, "n (b h) l e -> b h (n l) e", h=heads)[:, :, :length]
 
 
-# ----- rotary positions ---------------------------------------------------------------------------
-#
-# Axial 2D RoPE (docs/model.md §2; not in the paper): half of each head's dimension pairs rotate
-# by row(step)·ω_i, half by col(step)·ω_i, ω_i = ROTARY_BASE^(−i / (e/4)), so that q·k depends on
-# the (row, column) offset only, with nothing inside the attention kernel.
-#
-# The slowest frequency is ROTARY_BASE^−(1 − 1/n) radians per cell (n = e/4 frequencies per
-# axis): for heads of 32 (n = 8) a wavelength of 2π·100^(7/8) ≈ 350 cells, longer than twice the
-# widest grid (96 sub-pixel columns), so no two offsets of a grid look alike on every frequency;
-# the fastest, 1 radian per cell, tells neighbours apart. 100 is Heo et al.'s axial base for
-# image grids (10,000, the text default, spends most frequencies on distances no grid has).
+# ----- rotary positions: axial 2D RoPE (docs/model.md §4) ---------------------------------------------
+# Half of each head's dimension pairs rotate by row·ω_i, half by col·ω_i, ω_i = ROTARY_BASE^(−i/n),
+# n = e/4, so that q·k depends on the (row, column) offset only, with nothing inside the kernel. The
+# slowest wavelength, 2π·100^(1 − 1/n) cells (≈ 350 for heads of 32), is over twice the widest grid (96
+# columns), so no two offsets look alike on every frequency; the fastest, 1 radian a cell, tells
+# neighbours apart. 100 is Heo et al.'s axial base for image grids (the text default, 10,000, spends
+# most frequencies on distances no grid has).
 ROTARY_BASE = 100.0
 
 
@@ -156,19 +145,16 @@ def merge_heads(proj: nn.Linear, out: Tensor) -> Tensor:
 
 @dataclass
 class KVCache:
-    """One self-attention layer's kv-cache while decoding, written in place: the keys and values
-    (B, h, C, e) of the last C = ``index.cache_length`` steps, step s in slot s % C, every key a
-    later step still reads."""
+    """One self-attention layer's kv-cache, written in place: keys and values (B, h, C, e) of the last
+    C = ``index.cache_length`` steps, step s in slot s % C: every key a later step still attends to."""
 
     keys: Tensor
     values: Tensor
     index: PatternIndex
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, steps: Tensor) -> Tensor:
-        """q, k, v (B, h, t, e) of ``steps`` (t,) -> (B, h, t, e); their keys and values then kept.
-        One step (decoding): its query block's keys read from the cache by step, under the block's
-        mask row for the step. Several (a prefill): the full pass's blocks over them, their earlier
-        keys read from the cache."""
+        """q, k, v (B, h, t, e) of ``steps`` (t,) -> (B, h, t, e), then k, v kept. One decoding step: its
+        block's keys from the kv-cache by slot, under the block's mask row. A prefill: the full pass's blocks."""
         length, index = self.keys.shape[2], self.index
         if steps.shape[0] > 1:
             out = self.attend_in_blocks(q, k, v, int(steps[0]))  # one host read a prefill, which runs eagerly
@@ -199,9 +185,8 @@ class KVCache:
 
 
 class SelfAttention(nn.Module):
-    """Self-attention under a pattern, given as its ``index`` (the decoder; causal), or over every
-    position without one (the encoder), with optional 2D RoPE (``rotary``; the decoder's). ``index``
-    and ``rotary`` are shared by every layer of a decoder."""
+    """Self-attention, causal under a mask pattern's ``index`` (the decoder), or over every position
+    without one (the encoder); optional 2D RoPE (``rotary``). Both are shared by a decoder's layers."""
 
     def __init__(self, d_model: int, n_heads: int, index: PatternIndex | None = None, kernel: str = "auto",
                  rotary: Rotary2D | None = None, head_size: int | None = None) -> None:
@@ -256,8 +241,7 @@ class CrossAttention(nn.Module):
         self.proj = nn.Linear(width, d_model, bias=False)
 
     def prepare(self, context: Tensor) -> CrossAttentionCache:
-        """The context's (B, S, d) keys and values (B, h, S, e), projected once: a pass's, or a
-        whole decoding's."""
+        """The context (B, S, d) -> its keys and values (B, h, S, e), projected once for a pass or a decoding."""
         return CrossAttentionCache(*project_heads(self.kv, context, self.n_heads, 2))
 
     def forward(self, x: Tensor, context: CrossAttentionCache) -> Tensor:

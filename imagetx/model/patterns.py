@@ -1,14 +1,12 @@
-"""Attention patterns: which keys each query may see (docs/model.md §4), as geometry only;
-``attention.py`` computes attention under them. The T steps are in generation order
-(``GenerationOrder``: raster, or block-raster for 2D).
+"""Attention patterns, the mask of which keys each query may see (docs/model.md §4), as geometry only;
+the T steps are in generation order (``GenerationOrder``: raster, or block-raster for 2D).
 
 A pattern (``CausalPattern``: full, 1D and 2D local) states two things, as attention-gym's
-``mask_mod`` does: ``mask_rule()``, which keys a query may see, as arithmetic on query and key
-steps (it runs on any device); and ``block_keys()``, where its queries look: blocks of
-``block_length`` queries, each with the steps of the keys its queries may read. The rest derives
-from those two: ``can_attend()``, the dense (Tq, Tk) matrix, the tests' reference; ``blocks()``,
-the block keys and the rule's mask over them (``BlockIndex``), the one index training, prefill
-and decoding read, which a model keeps as buffers (``PatternIndex``).
+``mask_mod`` does: ``mask_rule()``, arithmetic on query and key steps (on any device); and
+``block_keys()``, the steps of the keys of each block of ``block_length`` queries. The rest derives
+from those: ``can_attend()``, the dense (Tq, Tk) mask; ``blocks()``, the block keys and the rule's
+mask over them (``BlockIndex``), which a model keeps as buffers for training, prefill and decoding
+(``PatternIndex``).
 """
 
 from __future__ import annotations
@@ -24,15 +22,7 @@ from torch import Tensor, nn
 from ..errors import UserError
 from .config import ModelConfig
 
-# ----- the order of generation --------------------------------------------------------------------
-#
-# Orders of generation over the grid (docs/model.md §1).
-#
-# Categorical models generate the 32×96 grid of sub-pixels (column = 3·pixel column +
-# channel); DMOL models the 32×32 grid of pixels. 1D local and full attention use
-# raster order; 2D local attention uses block-raster order (blocks in raster order,
-# cells inside a block in raster order). The model works on sequences in generation
-# order; these helpers move between that sequence and the grid.
+# ----- the order of generation over the grid (docs/model.md §1) ---------------------------------------
 
 
 class GenerationOrder:
@@ -68,10 +58,9 @@ class GenerationOrder:
                          nh=self.rows // qh, qh=qh, qw=qw)
 
     def grid_cell(self, steps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """(row, col) of the grid cell generated at each of ``steps`` (long, any shape, any
-        device; by default every step: two (T,) tensors). Arithmetic on the step numbers, no
-        lookup table: the same code runs on index grids, on 0-d indices inside a FlexAttention
-        kernel and on the decoding step counter, on any device."""
+        """(row, col) of the grid cell generated at each of ``steps`` (long, any shape; by default every
+        step: two (T,) tensors). Arithmetic, no lookup table, so that it runs on index grids, on 0-d
+        indices inside a FlexAttention kernel and on the decoding step counter, on any device."""
         if steps is None:
             steps = torch.arange(self.length)
         if self.block is None:
@@ -89,11 +78,10 @@ MaskRule = Callable[[Tensor, Tensor], Tensor]
 
 @dataclass(frozen=True)
 class BlockIndex:
-    """Queries in n blocks of L steps, in order (steps past Tq − 1 are end padding), each block
-    over S keys: ``key_steps`` (n, S) long, where step Tk stands for a zero key (before the
-    sequence, outside the grid, end padding); ``can_attend`` (n, L, S) bool. ``causal``: each
-    block's queries are its keys and see exactly those up to themselves (SDPA's own causal
-    kernel, no mask to read)."""
+    """Queries in n blocks of L steps, in order (steps past Tq − 1: end padding), each block over S
+    keys: ``key_steps`` (n, S) long, step Tk standing for a zero key (before the sequence, outside the
+    grid, end padding); ``can_attend`` (n, L, S) bool, the mask. ``causal``: each block's keys are its
+    queries, each seeing those up to itself (SDPA's own causal kernel, no mask to read)."""
 
     key_steps: Tensor
     can_attend: Tensor
@@ -109,9 +97,8 @@ class BlockIndex:
 # ----- the pattern type --------------------------------------------------------------------------
 
 class CausalPattern:
-    """Which earlier steps of ``order`` each step's query may see. Subclasses state the rule
-    (``mask_rule``) and where each block of ``block_length`` queries looks (``block_keys``);
-    every other form derives from them here (``PatternIndex`` builds those a model reads, once)."""
+    """Which earlier steps of ``order`` each step's query may see. Subclasses state the mask rule
+    (``mask_rule``) and each query block's keys (``block_keys``); the masks derive from them here."""
 
     block_length: int  # queries per block of ``block_keys``
 
@@ -131,7 +118,7 @@ class CausalPattern:
         every key the rule lets one of them see among them; a step outside [0, T): none."""
         raise NotImplementedError
 
-    # ----- derived forms
+    # ----- the masks derived from them
 
     def can_attend(self) -> Tensor:
         """(T, T) bool, True where the query (row) may attend to the key (column)."""
@@ -172,12 +159,9 @@ class FullCausal(CausalPattern):
 
 
 class Local1D(CausalPattern):
-    """Query blocks of ``block_length`` steps in raster order (docs/model.md §4, 1D).
-
-    A query sees every position of the previous ``memory_blocks`` blocks and its own block up
-    to and including itself. The sequence's end is padded to whole blocks; padding comes after
-    every real position, so causality alone keeps it unseen.
-    """
+    """Query blocks of ``block_length`` steps in raster order (docs/model.md §4, 1D): a query sees the
+    previous ``memory_blocks`` blocks and its own up to itself. End padding comes after every real
+    step, so causality alone keeps it unseen."""
 
     def __init__(self, order: GenerationOrder, block_length: int, memory_blocks: int = 1) -> None:
         super().__init__(order)
@@ -202,13 +186,10 @@ class Local1D(CausalPattern):
 
 
 class Local2D(CausalPattern):
-    """Query blocks of qh×qw grid cells with a memory flange (docs/model.md §4, 2D).
-
-    The sequence is in block-raster order (``order.block`` = (qh, qw)). A block with top-left
-    cell (r0, c0) sees the top flange rows [r0−fh, r0) × cols [c0−fw, c0+qw+fw), the left
-    flange rows [r0, r0+qh) × cols [c0−fw, c0), and itself causally. Cells outside the grid
-    are never attended.
-    """
+    """Query blocks of qh×qw cells (``order.block``, block-raster) with a memory flange (docs/model.md
+    §4, 2D): the block with top-left cell (r0, c0) sees the top flange rows [r0−fh, r0) × cols
+    [c0−fw, c0+qw+fw), the left flange rows [r0, r0+qh) × cols [c0−fw, c0), itself causally, and
+    no cell outside the grid."""
 
     def __init__(self, order: GenerationOrder, flange: tuple[int, int]) -> None:
         if order.block is None:
@@ -223,9 +204,8 @@ class Local2D(CausalPattern):
         last = self.length - 1
 
         def rule(query: Tensor, key: Tensor) -> Tensor:
-            # A kernel's last block may ask about steps past T − 1. Clamped, such a key reads the
-            # last cell (bottom right: in no block's flange) and, later than every real query,
-            # fails ``own``.
+            # A kernel's last block may ask about steps past T − 1. Clamped, such a key is the last
+            # cell (bottom right: in no block's flange) and, later than every real query, fails ``own``.
             query_row, query_col = grid_cell(query.clamp(max=last))
             r0, c0 = query_row // qh * qh, query_col // qw * qw  # query block corner
             key_row, key_col = grid_cell(key.clamp(max=last))
@@ -241,7 +221,7 @@ class Local2D(CausalPattern):
         (raster), the left flange, then the block itself; a cell outside the grid is step −1."""
         (qh, qw), (fh, fw) = self.block, self.flange
         # Step numbers laid on the grid, padded with 0 ("outside") above and either side;
-        # windows: nh, nw, fh+qh, qw+2fw — each block's rows and columns of context.
+        # windows: nh, nw, fh+qh, qw+2fw — the rows and columns of each block's keys.
         steps = self.order.sequence_to_grid(torch.arange(1, self.length + 1)[None])[0]
         windows = F.pad(steps, (fw, fw, fh, 0)).unfold(0, fh + qh, qh).unfold(1, qw + 2 * fw, qw)
         top = rearrange(windows[:, :, :fh, :], "nh nw r c -> (nh nw) (r c)")
@@ -256,10 +236,10 @@ class Local2D(CausalPattern):
 # ----- the index a model keeps of its pattern -----------------------------------------------------
 
 def reach(blocks: BlockIndex, length: int) -> int:
-    """The longest distance from a query back to a key it sees (at least 1), read a block at a time:
-    from its last real query back to the earliest key one of its queries sees (the last query
-    sees all of them, in every pattern here; elsewhere an overestimate). A decoding kv-cache of
-    reach + 1 steps holds every key a step reads, its own included."""
+    """The longest distance from a query back to a key it sees (at least 1), a block at a time: from its
+    last real query to the earliest key any of its queries sees (which the last query sees, in every
+    pattern here; elsewhere an overestimate). A kv-cache of reach + 1 steps holds every key a decoding
+    step attends to, its own included."""
     longest = 1
     for queries, keys, can_attend in zip(blocks.query_steps, blocks.key_steps, blocks.can_attend):
         real = can_attend[queries < length]  # end padding reads nothing
@@ -272,11 +252,10 @@ def reach(blocks: BlockIndex, length: int) -> int:
 
 
 class PatternIndex(nn.Module):
-    """A pattern's blocks (``CausalPattern.blocks``), built once with the model as buffers that move
-    with it, one for every layer: what training, prefill and decoding read (attention.py); the
-    steps a decoding kv-cache holds (``cache_length``) and the slots of each block's keys in it.
-    Given ``flex_block_size``, also FlexAttention's block mask in kernel blocks of that size, for a
-    model that may run that kernel (its tensors ``flex_*``, flex.py)."""
+    """A pattern's blocks (``CausalPattern.blocks``) as buffers that move with the model, built once and
+    shared by every layer, for training, prefill and decoding; the steps a kv-cache holds
+    (``cache_length``) and the slots of each block's keys in it (``key_slots``). Given ``flex_block_size``,
+    also FlexAttention's block mask in tiles of that size (its buffers ``flex_*``, flex.py)."""
 
     def __init__(self, pattern: CausalPattern, flex_block_size: int | None = None) -> None:
         super().__init__()

@@ -1,21 +1,18 @@
-"""The Image Transformer's decoder (docs/model.md §1–§3, §5): a plain ``nn.Module``.
+"""The Image Transformer's decoder (docs/model.md §1–§3, §5, §7): a plain ``nn.Module``.
 
-Images are sequences of values in generation order (``targets``: sub-pixels, or pixels for the
-DMOL head). Step t's input is the value of step t − 1 (step 0's: nothing), embedded, with step
-t's position and the image's class added; a stack of layers (local self-attention, then a
-feed-forward, each with add-and-norm) and the head turn it into step t's distribution:
+Images are sequences of values in generation order (sub-pixels, or pixels for the DMOL head). Step
+t's input is the value of step t − 1 (step 0's: nothing) embedded, plus step t's position and the
+image's class; layers of masked self-attention and feed-forward, then the head, map it to step t's
+distribution:
 
     targets = model.targets(images)                        # (B, T) or (B, T, 3)
     params = model(previous_values(targets), labels=...)   # (B, T, P): every step at once
-    cache = model.start_decoding(B, labels)                # or one step at a time, cached:
+    cache = model.start_decoding(B, labels)                # or over a kv-cache:
     params = model(previous, cache)                        # (B, t, P): the next t steps
 
-One ``forward`` serves training, scoring, a prefill (a completion's given rows) and decoding:
-without a cache it runs every step teacher-forced; with one, the t steps from the cache's
-counter on, each self-attention layer over its kv-cache of earlier keys. Conditioning is composed, as
-DiT's ``block(x, c)``: the class vector is added to every step's input, and a model built around
-this decoder passes what else conditions the steps to ``forward`` as arguments (a per-step
-input, each layer's ``c`` and cross-attention ``context``).
+One ``forward`` serves training, scoring, a prefill and decoding. Conditioning is composed, as in
+DiT's ``block(x, c)``: a model built around this decoder passes a per-step input, each layer's ``c``
+and cross-attention ``context`` to ``forward`` as arguments.
 """
 
 from __future__ import annotations
@@ -38,19 +35,13 @@ from .heads import head_type, params_and_bounds
 from .patterns import PatternIndex, pattern_for
 
 
-# ----- what the model takes, checked --------------------------------------------------------------
-#
-# What the model takes as input, checked with one clear ValueError each: image tensors and
-# class labels. The model, the sampler and the commands call these; nothing else checks them.
-#
-# Shapes and dtypes are metadata, checked for free. Values (labels in range, non-uint8 images
-# in 0..255) have to be read back from the tensor's device, which waits for it: ``values=False``
-# leaves them to whoever checked the data already (the training step, docs/model.md §8).
+# ----- what the model takes, checked: one UserError each ------------------------------------------
+# Shapes and dtypes are metadata, free to check. Values (labels in range, non-uint8 images in 0..255)
+# are read back from the device, which waits for it: ``values=False`` skips them, for data checked as read.
 
 
 def check_image_tensor(name: str, images: Tensor, side: int, values: bool = True) -> None:
-    """uint8-like (B, side, side, 3) with values 0..255 (``values``: checked), or a ValueError
-    naming ``name``."""
+    """uint8-like (B, side, side, 3) with values 0..255 (``values``: checked), or a UserError naming ``name``."""
     expect = f"uint8 images of shape (B, {side}, {side}, 3) with values 0..255"
     if not isinstance(images, Tensor) or images.dim() != 4 or tuple(images.shape[1:]) != (side, side, CHANNELS):
         shape = tuple(images.shape) if isinstance(images, Tensor) else type(images).__name__
@@ -65,10 +56,8 @@ def check_image_tensor(name: str, images: Tensor, side: int, values: bool = True
 
 def check_labels(labels: Tensor | None, count: int, num_classes: int, name: str = "labels",
                  values: bool = True) -> None:
-    """Labels fit for a model with ``num_classes`` classes (0: unconditional) and ``count``
-    images: None for an unconditional model, else integer class ids (count,) in range
-    (``values``: checked); or a ValueError that names ``name`` (the argument or option the
-    labels came from)."""
+    """None for an unconditional model (``num_classes`` 0), else (count,) integer class ids in range
+    (``values``: checked); or a UserError naming ``name``, the argument or option they came from."""
     if not num_classes:
         if labels is not None:
             raise UserError(f"{name} given, but this model is unconditional (num_classes=0): give no labels")
@@ -88,8 +77,7 @@ def check_labels(labels: Tensor | None, count: int, num_classes: int, name: str 
 
 
 def check_transforms(transforms: Tensor | None, count: int, num_transforms: int, values: bool = True) -> None:
-    """Transform ids (distribution augmentation) fit for a model with ``num_transforms`` of them: None
-    (the identity) always, else integer ids (count,) in range, as labels are checked."""
+    """None (the identity), or (count,) transform ids of distribution augmentation, checked as labels are."""
     if transforms is None:
         return
     if not num_transforms:
@@ -98,13 +86,11 @@ def check_transforms(transforms: Tensor | None, count: int, num_transforms: int,
 
 
 class TransformerLayer(nn.Module):
-    """Self-attention, then the optional conditioning sublayers, then a feed-forward, each a
-    residual branch with dropout (docs/model.md §3, §6): ``x = layer(x, cache, start, c, context)``.
-    A decoder layer is causal under a pattern, given as its ``index`` (with ``rotary`` positions;
-    both shared by every layer); without one it sees every position. Conditioning, as built:
-    ``conditioned``, a per-step vector ``c`` (B, t, d) added after self-attention (DiT's ``c``,
-    added); ``cross_attention``, attention to a ``context`` (the paper's encoder–decoder).
-    ``head_size``: the heads' width, d_model / n_heads by default."""
+    """Self-attention, the optional conditioning sublayers, then a feed-forward, each a residual branch
+    with dropout (docs/model.md §3, §6). Causal under a mask pattern's ``index`` (with ``rotary``; both
+    shared by every layer); without one it sees every position. Conditioning, as built: ``conditioned``,
+    a per-step ``c`` (B, t, d) added after self-attention (DiT's ``c``); ``cross_attention``, attention
+    to a ``context`` (the paper's encoder–decoder)."""
 
     def __init__(self, d_model: int, n_heads: int, d_filter: int, dropout: float, pre_norm: bool = True,
                  index: PatternIndex | None = None, rotary: Rotary2D | None = None, kernel: str = "auto",
@@ -116,17 +102,16 @@ class TransformerLayer(nn.Module):
         self.ffn = nn.Sequential(nn.Linear(d_model, d_filter), nn.ReLU(), nn.Linear(d_filter, d_model))
         self.ffn_norm = nn.LayerNorm(d_model)
         self.dropout = nn.Dropout(dropout)
-        # Registered last, so that the parameters of every layer without them keep their order.
-        # Pre-norm adds ``c`` as it is; post-norm normalises after every add, ``c``'s too.
+        # Registered last, so that layers without them keep their parameters' order. Post-norm
+        # normalises after every add, ``c``'s too; pre-norm adds ``c`` as it is.
         self.c_norm = nn.LayerNorm(d_model) if conditioned and not pre_norm else None
         self.cross_attn = CrossAttention(d_model, n_heads, head_size) if cross_attention else None
         self.cross_norm = nn.LayerNorm(d_model) if cross_attention else None
 
     def forward(self, x: Tensor, cache: KVCache | None = None, start: Tensor | int = 0,
                 c: Tensor | None = None, context: CrossAttentionCache | None = None) -> Tensor:
-        """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or with
-        ``cache`` the next t steps over its kv-cache; ``c`` (B, t, d) those steps' conditioning and
-        ``context`` what cross-attention reads (its keys and values, ``CrossAttention.prepare``)."""
+        """(B, t, d), the steps from ``start`` on -> (B, t, d): every step (no cache), or the next t over
+        the kv-cache ``cache``; ``c`` (B, t, d) their conditioning, ``context`` cross-attention's keys and values."""
         if not self.pre_norm:
             return self.post_norm_forward(x, cache, start, c, context)
         drop = self.dropout
@@ -139,8 +124,7 @@ class TransformerLayer(nn.Module):
 
     def post_norm_forward(self, x: Tensor, cache: KVCache | None, start: Tensor | int,
                           c: Tensor | None, context: CrossAttentionCache | None) -> Tensor:
-        """``forward`` as the paper (and the presets with ``norm: post``) has it: each branch reads
-        the residual stream itself, and every sum is normalised."""
+        """The paper's ``forward`` (``norm: post``): each branch takes the residual stream, every sum normalised."""
         drop = self.dropout
         x = self.self_norm(x + drop(self.self_attn(x, cache, start)))
         if c is not None:
@@ -150,8 +134,8 @@ class TransformerLayer(nn.Module):
         return self.ffn_norm(x + drop(self.ffn(x)))
 
     def residual_writers(self) -> list[nn.Linear]:
-        """The last map of self-attention and of the feed-forward, which add into the residual
-        stream: with both at zero a pre-norm layer without conditioning is the identity."""
+        """The output maps of self-attention and of the feed-forward, which add into the residual stream:
+        with both at zero a pre-norm layer without conditioning is the identity."""
         return [self.self_attn.proj, self.ffn[-1]]
 
 
@@ -162,7 +146,7 @@ def layer_sizes(config: ModelConfig) -> dict:
 
 
 def zero_start(linears: list[nn.Linear]) -> None:
-    """Set each map's weight and bias to zero, in place: a branch that writes nothing until it learns to."""
+    """Set each map's weight and bias to zero, in place: a branch that adds nothing until it learns to."""
     for linear in linears:
         nn.init.zeros_(linear.weight)
         if linear.bias is not None:
@@ -170,22 +154,19 @@ def zero_start(linears: list[nn.Linear]) -> None:
 
 
 def previous_values(targets: Tensor) -> Tensor:
-    """(B, T[, 3]) targets -> each step's input value: the target of the step before (step 0: zeros,
-    which it does not read)."""
+    """(B, T[, 3]) targets -> (B, T[, 3]) each step's input, the step before's target (step 0: zeros, unread)."""
     return torch.cat([torch.zeros_like(targets[:, :1]), targets[:, :-1]], dim=1)
 
 
-# What a model built around the decoder prepares once for a whole decoding and reads at every step
-# (``DecodingCache.context``); None for the decoder alone.
+# What a model built around the decoder prepares once per decoding, its conditioning; None for the decoder alone.
 Context = TypeVar("Context")
 
 
 @dataclass
 class DecodingCache(Generic[Context]):
-    """What ``forward`` keeps between decoding steps, written in place: ``step`` (0-d long, on the
-    model's device), the step decoded next, the one step counter; the class vector (B, 1, d) or
-    None; each self-attention layer's kv-cache; and ``context``, what a model built around the decoder
-    prepared for the decoding, else None."""
+    """What ``forward`` keeps between decoding steps, written in place: ``step`` (0-d long, on the model's
+    device), the step decoded next, the one step counter; the class vector (B, 1, d) or None; each
+    self-attention layer's kv-cache; ``context``, a wrapping model's prepared conditioning, else None."""
 
     step: Tensor
     condition: Tensor | None
@@ -194,12 +175,10 @@ class DecodingCache(Generic[Context]):
 
 
 class ImageTransformer(nn.Module):
-    """The decoder-only autoregressive model over sub-pixels or pixels. ``kernel`` and
-    ``flex_block_size``: how its self-attention runs (attention.py), the same numbers every way;
-    ``activation_checkpointing``: each layer's activations recomputed in the backward pass instead
-    of kept (memory for compute; the same numbers too); ``cross_attention``, ``conditioned``: its
-    layers' conditioning sublayers (``TransformerLayer``), for a model that conditions them.
-    Saving, loading and sharing it: ``imagetx.io``."""
+    """The decoder-only autoregressive model over sub-pixels or pixels. ``kernel``, ``flex_block_size``:
+    how self-attention runs (attention.py), the same numbers every way; ``activation_checkpointing``:
+    each layer's activations recomputed in the backward pass (memory for compute, the same numbers);
+    ``cross_attention``, ``conditioned``: the layers' conditioning sublayers (``TransformerLayer``)."""
 
     def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE,
                  activation_checkpointing: bool = False, cross_attention: bool = False,
@@ -221,8 +200,7 @@ class ImageTransformer(nn.Module):
         self.class_embedding = nn.Embedding(config.num_classes, d) if config.num_classes else None
         self.transform_embedding = nn.Embedding(config.num_transforms, d) if config.num_transforms else None
         self.input_dropout = nn.Dropout(config.dropout)
-        # No parameters, and what every layer reads alike: one for every layer. The block mask is
-        # kept where FlexAttention may run.
+        # Shared by every layer (no parameters); FlexAttention's block mask kept only where it may run.
         index = PatternIndex(self.pattern, flex_block_size if may_use_flex(kernel, config.head_size) else None)
         rotary = Rotary2D(config.head_size, self.order) if config.rotary else None
         self.layers = nn.ModuleList(TransformerLayer(**layer_sizes(config), index=index, rotary=rotary, kernel=kernel,
@@ -232,10 +210,9 @@ class ImageTransformer(nn.Module):
         self.head = head.from_config(config)
 
     def inputs(self, previous: Tensor, steps: Tensor, condition: Tensor | None, extra: Tensor | None = None) -> Tensor:
-        """(B, t[, 3]) the value before each of ``steps`` (t,) -> (B, t, d): embedded with that
-        value's channel (step 0's multiplied by 0: it has none), plus the step's position, the
-        class vector (B, 1, d) and ``extra`` (B, t, d), what else a step's input adds (built from
-        earlier values only), then dropout."""
+        """(B, t[, 3]) the value before each of ``steps`` (t,) -> (B, t, d): embedded with its channel
+        (step 0's times 0: it has none), plus the step's position, the class vector (B, 1, d) and
+        ``extra`` (B, t, d), a per-step input built from earlier values only; then dropout."""
         embedded = self.value_embedding(previous, self.step_channels[(steps - 1) % self.order.length])
         x = embedded * (steps > 0)[:, None] + self.positions(self.step_rows[steps], self.step_cols[steps])
         if condition is not None:
@@ -248,12 +225,9 @@ class ImageTransformer(nn.Module):
                 transforms: Tensor | None = None, extra: Tensor | None = None, c: Iterable[Tensor] | None = None,
                 context: Iterable[CrossAttentionCache] | None = None) -> Tensor:
         """(B, t[, 3]) the value before each step -> (B, t, P) the head's parameters: every step
-        teacher-forced (no cache: ``previous_values(targets)``, ``labels`` the class of each
-        image, ``transforms`` its transform's id), or with ``cache`` the t steps from its counter on (its
-        class and transform its own). What else
-        conditions these steps, from a model built around the decoder: ``extra`` (B, t, d) added
-        to their inputs; per layer, in layer order, ``c`` (B, t, d) and cross-attention's
-        ``context`` (``TransformerLayer``)."""
+        teacher-forced (no cache; ``labels`` and ``transforms`` (B,) ids), or the t steps from the
+        kv-cache's counter on (its class and transform its own). Conditioning from a wrapping model:
+        ``extra`` (B, t, d) added to the inputs; per layer, ``c`` (B, t, d) and ``context``."""
         start, condition = (0, self.condition(labels, transforms)) if cache is None else (cache.step, cache.condition)
         steps = start + torch.arange(previous.shape[1], device=previous.device)  # (t,)
         x = self.inputs(previous, steps, condition, extra)  # (B, t, d)
@@ -270,9 +244,8 @@ class ImageTransformer(nn.Module):
         return self.head(self.final_norm(x))  # (B, t, P)
 
     def condition(self, labels: Tensor | None, transforms: Tensor | None = None) -> Tensor | None:
-        """(B,) labels and transform ids -> (B, 1, d) what every step's input adds of its image's class
-        and, with distribution augmentation (``num_transforms``), of its transform, summed as DiT sums its
-        own (None: none). No transforms: the identity's vector (id 0), (1, 1, d) for every image."""
+        """(B,) labels and transform ids -> (B, 1, d), their vectors summed as DiT sums its ``c``, or None;
+        with ``num_transforms`` but no ids, the identity's (id 0), (1, 1, d) for every image."""
         vectors = [] if labels is None else [self.class_embedding(labels)[:, None]]
         if self.transform_embedding is not None:
             table = self.transform_embedding.weight
@@ -289,18 +262,14 @@ class ImageTransformer(nn.Module):
         return DecodingCache(step, self.condition(labels, transforms), kv_caches, None)
 
     def decode_step(self, previous: Tensor, cache: DecodingCache) -> Tensor:
-        """The value generated at step t − 1, (B,) or (B, 3) -> (B, P): step t's parameters, equal to
-        the full pass's step t given the same earlier values (tests); at t = 0 ``previous`` counts
-        for nothing (``sampler.first_input``). No branch reads a value: every step runs one graph
-        (``sampler.compile_decoding``)."""
+        """(B,) or (B, 3) the value of step t − 1 -> (B, P) step t's parameters, the full pass's (at t = 0
+        ``previous`` counts for nothing). No branch reads a value: every step runs one graph."""
         return self(previous[:, None], cache)[:, 0]
 
     def prefill(self, given: Tensor, cache: DecodingCache) -> Tensor:
-        """A completion's first P steps, (B, P[, 3]) their values, at once into a fresh cache ->
-        (B, P, params), equal to the full pass's first P steps; every cache is left as P
-        ``decode_step`` calls would leave it (tests). The last value is not read: it is the
-        ``previous`` of the next ``decode_step``. Each self-attention layer runs the full pass over
-        the P steps and keeps their keys and values (``attention.KVCache``)."""
+        """(B, P[, 3]) a completion's first P values, at once into a fresh kv-cache -> (B, P, params), the
+        full pass's first P steps; every cache left as P ``decode_step`` calls leave it. The last value
+        is not read: it is the next ``decode_step``'s ``previous``."""
         length = given.shape[1]
         if not 0 < length <= self.order.length:
             raise UserError(f"prefill takes 1..{self.order.length} steps, not {length}")
@@ -319,10 +288,9 @@ class ImageTransformer(nn.Module):
 
     def log_prob(self, images: Tensor, labels: Tensor | None = None, *, check: bool = True,
                  transforms: Tensor | None = None, **inputs: Tensor | None) -> Tensor:
-        """uint8 images (B, H, W, 3) -> (B, T) log-likelihood of every generation step, in nats, given
-        ``inputs``, what else a model built around the decoder takes, by name; inputs it cannot take are
-        refused in one line (``conditioning``). ``check`` False reads no value back (shapes and dtypes
-        only), for data whose values were checked as it was read (the training step)."""
+        """uint8 images (B, H, W, 3) -> (B, T) log-likelihood of every step, in nats; ``inputs``: a wrapping
+        model's conditioning, by name (``conditioning``). ``check`` False reads no value back from the
+        device (shapes and dtypes only), for data whose values were checked as read."""
         check_image_tensor("images", images, self.config.image_size, check)
         given = self.conditioning(images.shape[0], labels, values=check, transforms=transforms, **inputs)
         targets = self.targets(images)
@@ -345,9 +313,8 @@ class ImageTransformer(nn.Module):
 
     def conditioning(self, count: int, labels: Tensor | None, *, values: bool = True,
                      transforms: Tensor | None = None, **inputs: Tensor | None) -> dict[str, Tensor | None]:
-        """Labels and transform ids as this model needs them, for ``count`` images (``values``: their
-        values checked too), as ``forward``'s keyword arguments. ``inputs``, what else a model built around
-        the decoder takes by name, that model's ``conditioning`` checks; here any not None is refused in one line."""
+        """Labels and transform ids for ``count`` images, checked (``values``: their values too), as
+        ``forward``'s keyword arguments; ``inputs``, a wrapping model's conditioning: here, any given is refused."""
         check_labels(labels, count, self.config.num_classes, values=values)
         check_transforms(transforms, count, self.config.num_transforms, values)
         refused = [name for name, value in inputs.items() if value is not None]
@@ -356,10 +323,9 @@ class ImageTransformer(nn.Module):
         return {"labels": labels, "transforms": transforms}
 
     def given_steps(self, rows: int) -> Tensor:
-        """(T,) bool: the steps in the first ``rows`` image rows, which image completion gives
-        (teacher-forces when sampling, leaves unscored when scoring). In 2D block-raster order
-        they must be whole rows of query blocks, so that every given step comes before every
-        other: then the steps scored are exactly p(rest | given)."""
+        """(T,) bool: the steps in the first ``rows`` image rows, which a completion gives. In block-raster
+        order they must be whole rows of query blocks, so that every given step comes before every other
+        and the steps scored are exactly p(rest | given)."""
         cfg = self.config
         if not 0 <= rows <= cfg.image_size:
             raise UserError(f"given_rows={rows} is invalid: give 0..{cfg.image_size} rows")
