@@ -80,11 +80,14 @@ def prefilled_params(model, images, given, labels=None, low_res=None, step=None,
 
 
 def prefill_lengths(model) -> list[int]:
-    """Prefills to check: one step, a completion's given rows (half the image: whole rows of 2D
-    blocks), a length that ends inside a query block and inside a ring, and every step."""
-    length = model.order.length
+    """Prefills to check (none, step by step, is ``cached_params``): one step; a query block's length
+    and either side of it; an image row (2D: a row of blocks); half the image, a completion's given
+    rows; all steps but the last; every step."""
+    length, block = model.order.length, model.pattern.block_length
+    attention = model.config.attention
+    row = int(model.given_steps(attention.query_block_shape[0] if attention.kind == "local_2d" else 1).sum())
     half_image = int(model.given_steps(model.config.image_size // 2).sum())
-    return [1, half_image, length // 3 + 1, length]
+    return sorted({n for n in (1, block - 1, block, block + 1, row, half_image, length - 1, length) if 0 < n <= length})
 
 
 def check_cached_equals_full(model, images, labels=None, low_res=None, step=None, transforms=None):
@@ -95,7 +98,8 @@ def check_cached_equals_full(model, images, labels=None, low_res=None, step=None
         cached, cached_bounds = params_and_bounds(cached_params(model, images, labels, low_res, step, transforms))
         targets = model.targets(images)
         assert cached.shape == full.shape
-        torch.testing.assert_close(cached, full, rtol=1e-9, atol=1e-9)
+        tolerance = {"rtol": 0, "atol": 1e-12} if full.dtype == torch.float64 else {"rtol": 1e-9, "atol": 1e-9}
+        torch.testing.assert_close(cached, full, **tolerance)
         assert (cached_bounds is None) == (bounds is None) and (bounds is None or torch.equal(cached_bounds, bounds))
         given = {} if low_res is None else {"low_res": low_res}
         torch.testing.assert_close(model.head.log_prob(cached, targets, cached_bounds),
@@ -103,7 +107,7 @@ def check_cached_equals_full(model, images, labels=None, low_res=None, step=None
         for given in prefill_lengths(model):
             prefilled, prefilled_bounds = params_and_bounds(
                 prefilled_params(model, images, given, labels, low_res, step, transforms))
-            torch.testing.assert_close(prefilled, full, rtol=1e-9, atol=1e-9, msg=lambda m: f"prefill {given}: {m}")
+            torch.testing.assert_close(prefilled, full, **tolerance, msg=lambda m: f"prefill {given}: {m}")
             assert bounds is None or torch.equal(prefilled_bounds, bounds)
 
 
