@@ -166,11 +166,11 @@ class KVCache:
         self.values.index_copy_(2, slots, v)
         if steps.shape[0] > 1:
             return out
-        block, row = steps // index.block_length, steps % index.block_length  # (1,) each
-        held = index.key_slots[block][0]  # (S,): the slots of the block's keys (no key: masked)
+        held = index.key_slots.index_select(0, steps // index.block_length).view(-1)  # (S,): the block's keys' slots
         keys, values = (t.flatten(0, 1).index_select(1, held).view(*q.shape[:2], -1, q.shape[3])
                         for t in (self.keys, self.values))  # (B, h, S, e), gathered as attend_in_blocks does
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=index.can_attend[block, row])
+        mask = index.can_attend.flatten(0, 1).index_select(0, steps)  # (1, S): the step's row of its block's mask
+        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
 
     def attend_in_blocks(self, q: Tensor, k: Tensor, v: Tensor, first: int) -> Tensor:
         """The t steps from ``first`` on through the blocks they fall in (``attend_in_blocks``), each
