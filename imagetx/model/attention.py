@@ -155,8 +155,8 @@ class KVCache:
     index: PatternIndex
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, steps: Tensor) -> Tensor:
-        """q, k, v (B, h, t, e) of ``steps`` (t,) -> (B, h, t, e), then k, v kept. One decoding step: its
-        block's keys from the kv-cache by slot, under the block's mask row. A prefill: the full pass's blocks."""
+        """q, k, v (B, h, t, e) of ``steps`` (t,) -> (B, h, t, e), then k, v kept. One decoding step: the
+        slots of its block's keys, under the block's mask row for the step. A prefill: the full pass's blocks."""
         length, index = self.keys.shape[2], self.index
         if steps.shape[0] > 1:
             out = self.attend_in_blocks(q, k, v, int(steps[0]))  # one host read a prefill, which runs eagerly
@@ -167,10 +167,14 @@ class KVCache:
         if steps.shape[0] > 1:
             return out
         held = index.key_slots.index_select(0, steps // index.block_length).view(-1)  # (S,): the block's keys' slots
-        keys, values = (t.flatten(0, 1).index_select(1, held).view(*q.shape[:2], -1, q.shape[3])
-                        for t in (self.keys, self.values))  # (B, h, S, e), gathered as attend_in_blocks does
-        mask = index.can_attend.flatten(0, 1).index_select(0, steps)  # (1, S): the step's row of its block's mask
-        return F.scaled_dot_product_attention(q, keys, values, attn_mask=mask)
+        row = index.can_attend.flatten(0, 1).index_select(0, steps)  # (1, S): the step's row of its block's mask
+        if index.gathers:  # a kv-cache much wider than a block's keys (2D, wide images): those S keys
+            keys, values = (t.flatten(0, 1).index_select(1, held).view(*q.shape[:2], -1, q.shape[3])
+                            for t in (self.keys, self.values))  # (B, h, S, e), gathered as attend_in_blocks does
+            return F.scaled_dot_product_attention(q, keys, values, attn_mask=row)
+        # the whole kv-cache in place, the row laid out by slot (an OR: a slot listed twice is seen once at most)
+        mask = row.new_zeros(1, length, dtype=torch.uint8).index_add_(1, held, row.to(torch.uint8)) > 0  # (1, C)
+        return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=mask)
 
     def attend_in_blocks(self, q: Tensor, k: Tensor, v: Tensor, first: int) -> Tensor:
         """The t steps from ``first`` on through the blocks they fall in (``attend_in_blocks``), each

@@ -248,11 +248,15 @@ def decode_step_by_step(attn, x, context=None):
     return decode_in_chunks(attn, x, [1] * x.shape[1], context)
 
 
+@pytest.mark.parametrize("gathers", [False, True], ids=["whole_cache", "gathered_keys"])
 @pytest.mark.parametrize("pattern", [local_1d(20, 6, 1), local_1d(20, 4, 2), local_2d(4, 6, (2, 3), (1, 2)),
-                                     full_causal(20)], ids=lambda p: p.describe())
-def test_cached_self_attention_equals_the_full_pass(pattern):
+                                     local_2d(4, 24, (2, 3), (1, 2)), full_causal(20)], ids=lambda p: p.describe())
+def test_cached_self_attention_equals_the_full_pass(pattern, gathers):
+    # A decoding step reads the whole kv-cache or gathers its block's keys (PatternIndex.gathers): both.
     torch.manual_seed(0)
-    attn = SelfAttention(16, 4, PatternIndex(pattern)).double()
+    index = PatternIndex(pattern)
+    index.gathers = gathers
+    attn = SelfAttention(16, 4, index).double()
     x = torch.randn(3, pattern.length, 16, dtype=torch.float64)
     with torch.no_grad():
         full = attn(x)
