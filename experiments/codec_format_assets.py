@@ -1,4 +1,4 @@
-"""Files of the current compressed-file format, kept in tests/assets/codec_format6/ so that later
+"""Files of the current compressed-file format, kept in tests/assets/codec_formatN/ so that later
 formats' decoders are tested against files an earlier tree wrote (issue 125 step 7): the shipped
 completion model's (1D local, rotary, DMOL) file of the first two val images, and two tiny
 models (2D local with a categorical head; full attention with a DMOL head) saved beside their

@@ -196,19 +196,19 @@ def test_mkl_cbwr_set_after_mkl_ran_gives_no_portable_file(tmp_path):
     assert label == f"label: native DEFAULT kernels (x86_64, torch {torch.__version__})" and decoded == "decoded"
 
 
-# Files an earlier format wrote (experiments/codec_format_assets.py, at the tree of that format), each
-# with its model and its images: (file, model, images and which of them).
-EARLIER_FORMATS = [
-    ("codec_format6/completion_val_first2.itx", SHIPPED, ("cifar10_val_first32.npz", slice(0, 2))),
-    ("codec_format6/tiny_local2d.itx", ASSETS / "codec_format6/tiny_local2d",
-     ("codec_format6/tiny_local2d_images.npz", slice(None))),
-    ("codec_format6/tiny_full.itx", ASSETS / "codec_format6/tiny_full", ("codec_format6/tiny_full_images.npz", slice(None))),
-]
+# Files each format wrote (experiments/codec_format_assets.py, at the tree of that format), each with
+# its model and its images: (file, model, images and which of them). The tiny models and their images
+# are format 6's for both (format 7's tree saved the same bytes).
+TINY = ASSETS / "codec_format6"
+EARLIER_FORMATS = [case for version in (6, 7) for case in [
+    (f"codec_format{version}/completion_val_first2.itx", SHIPPED, ("cifar10_val_first32.npz", slice(0, 2))),
+    (f"codec_format{version}/tiny_local2d.itx", TINY / "tiny_local2d", ("codec_format6/tiny_local2d_images.npz", slice(None))),
+    (f"codec_format{version}/tiny_full.itx", TINY / "tiny_full", ("codec_format6/tiny_full_images.npz", slice(None)))]]
 
 
 @pytest.mark.parametrize("name, model, images", EARLIER_FORMATS, ids=[case[0] for case in EARLIER_FORMATS])
 def test_files_of_earlier_formats_decode(tmp_path, name, model, images):
-    """Each committed file of an earlier format (1D local with rotary and DMOL; 2D local, categorical;
+    """Each committed file of formats 6 and 7 (1D local with rotary and DMOL; 2D local, categorical;
     full attention, DMOL) decodes to its images with the arithmetic its format was coded with, as
     the committed portable file does: with the torch that coded it, here, whatever the CPU."""
     data = ASSETS / name
