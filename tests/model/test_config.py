@@ -402,9 +402,9 @@ def test_flex_block_size_reaches_every_self_attention_layer():
 
 
 @pytest.mark.parametrize("kernel, attention", [("sdpa", "local_2d"), ("flex", "local_1d")])
-def test_a_pickled_model_computes_what_it_did_its_layers_sharing_one_set_of_forms(kernel, attention):
-    # The pattern's rule and FlexAttention's mask_mod are closures, which pickle cannot write: the
-    # copy (torch.save of the module, a spawned process's) builds them again from its pattern.
+def test_a_pickled_model_computes_what_it_did_its_layers_sharing_one_index(kernel, attention):
+    # A model holds no closure (the pattern's rule and FlexAttention's mask_mod are made where they
+    # run), so that pickle writes it whole: torch.save of the module, a spawned process's copy.
     model = build_model(tiny_config(attention=attention, n_layers=2, d_model=32), kernel).eval()
     copy = pickle.loads(pickle.dumps(model))
     images = torch.randint(0, 256, (2, 4, 4, 3), dtype=torch.uint8, generator=torch.Generator().manual_seed(0))
