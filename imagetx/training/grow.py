@@ -82,11 +82,11 @@ def deepen(model: ImageTransformer, layers: int, seed: int) -> ImageTransformer:
     its device and in its dtype, each new tensor drawn under ``seed`` (the caller's random state
     untouched) and every residual writer at zero. Its ``config`` becomes the grown one."""
     config = grown_config(model.config, layers)
-    last = model.layers[-1].self_attn  # what every decoder layer shares: the pattern's forms, the rotary angles
+    last = model.layers[-1].self_attn  # what every decoder layer shares: the pattern's index, the rotary angles
     parameter = next(model.parameters())
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        added = [TransformerLayer(**layer_sizes(config), forms=last.forms, rotary=last.rotary, kernel=last.kernel)
+        added = [TransformerLayer(**layer_sizes(config), index=last.index, rotary=last.rotary, kernel=last.kernel)
                  for _ in range(layers - len(model.layers))]
     for layer in added:
         zero_start(layer.residual_writers())
