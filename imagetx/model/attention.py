@@ -159,7 +159,7 @@ class KVCache:
         slots of its block's keys, under the block's mask row for the step. A prefill: the full pass's blocks."""
         length, index = self.keys.shape[2], self.index
         if steps.shape[0] > 1:
-            out = self.attend_in_blocks(q, k, v, int(steps[0]))  # one host read a prefill, which runs eagerly
+            out = self.attend_chunk(q, k, v, int(steps[0]))  # one host read a prefill, which runs eagerly
             k, v, steps = k[:, :, -length:], v[:, :, -length:], steps[-length:]  # what later steps read
         slots = steps % length
         self.keys.index_copy_(2, slots, k)
@@ -176,7 +176,7 @@ class KVCache:
         mask = row.new_zeros(1, length, dtype=torch.uint8).index_add_(1, held, row.to(torch.uint8)) > 0  # (1, C)
         return F.scaled_dot_product_attention(q, self.keys, self.values, attn_mask=mask)
 
-    def attend_in_blocks(self, q: Tensor, k: Tensor, v: Tensor, first: int) -> Tensor:
+    def attend_chunk(self, q: Tensor, k: Tensor, v: Tensor, first: int) -> Tensor:
         """The t steps from ``first`` on through the blocks they fall in (``attend_in_blocks``), each
         key from the cache (a step before ``first``), from ``k``, ``v`` (one of these steps) or none."""
         length, block_length, t = self.keys.shape[2], self.index.block_length, q.shape[2]

@@ -266,9 +266,10 @@ class PatternIndex(nn.Module):
         self.register_buffer("can_attend", blocks.can_attend, persistent=False)  # (n, L, S)
         self.cache_length = reach(blocks, pattern.length) + 1
         self.register_buffer("key_slots", blocks.key_steps % self.cache_length, persistent=False)  # (n, S)
-        # A decoding step reads its block's S keys gathered where the kv-cache holds over twice as many
-        # (2D on wide images), else the whole cache in place: a gather copies what it attends, and on
-        # the CPU copying S keys cost more than attending to C ≤ 2S keys where they are (docs/model.md §7).
+        # A decoding step attends to the whole kv-cache in place unless it holds over twice a block's S
+        # keys (2D on wide images), when it gathers those S: a gather copies what it attends to (at
+        # C = S, 64 images, in place took a third of a gather's time: docs/experiments.md entry 41), and
+        # the factor 2 bounds a step's keys at twice its block's (a choice, not measured for 2D).
         self.gathers = 2 * blocks.key_steps.shape[1] < self.cache_length
         if flex_block_size is not None:
             from .flex import block_mask_buffers  # flex.py: imported where a model keeps a block mask
