@@ -268,7 +268,7 @@ class PatternIndex(nn.Module):
         self.register_buffer("key_slots", blocks.key_steps % self.cache_length, persistent=False)  # (n, S)
         # A decoding step attends to the whole kv-cache in place unless it holds over twice a block's S
         # keys (2D on wide images), when it gathers those S: a gather copies what it attends to (at
-        # C = S, 64 images, in place took a third of a gather's time: docs/experiments.md entry 41), and
+        # C = S, 64 images, a step in place took a quarter of a gathering one's time: entry 41), and
         # the factor 2 bounds a step's keys at twice its block's (a choice, not measured for 2D).
         self.gathers = 2 * blocks.key_steps.shape[1] < self.cache_length
         if flex_block_size is not None:
