@@ -8,7 +8,7 @@ and compiled, and uncached full recomputation.
                                                [--data-root ../shared/cifar10]
 
 The cached sampler runs every generation step once, through all layers, reading
-keys/values from per-layer ring buffers (imagetx/model/sampler.py loops over the model's
+keys/values from per-layer kv-caches (imagetx/model/sampler.py loops over the model's
 ``decode_step``). It is timed twice: with the eager step, and with the same step compiled
 (``imagetx.model.sampler.compile_decoding``; ``--compile-mode reduce-overhead`` on CUDA also
 captures it as a CUDA graph). Each is warmed up first on a throw-away cache (the compiled

@@ -66,7 +66,7 @@ model in eval mode, ``--sample-batch`` images (``--no-sampling`` skips all of it
   CPU, so this times the step loop of ``ImageTransformer.decode_step`` (step, head
   sample, embed, the loop of ``sample``) for ``--sample-steps`` steps after 4 warm-up
   steps, and extrapolates: decoder set-up + T x time per step. Every cached step costs
-  the same (fixed-width ring buffers), so the extrapolation is linear and exact up to
+  the same (fixed-width kv-caches), so the extrapolation is linear and exact up to
   noise; the output says "extrapolated". ``--sample-steps 0`` runs all steps instead;
 * uncached recomputation (what T2T does), the ``quick`` preset: ``sample_uncached(...,
   steps=K)`` after one warm-up step, extrapolated linearly to all steps (each step is
