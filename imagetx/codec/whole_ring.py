@@ -2,10 +2,10 @@
 
 A file decodes only where the decoder computes, bit for bit, the distributions the encoder computed.
 Files of formats 1 to 6 were coded with a decoder whose self-attention step attended over its
-whole ring of cached keys, R = ``patterns.reach`` slots, and its own key, under a mask of R + 1
-columns looked up per step (``step_masks``), its key kept after the step. The model's own decoding
-now reads only its query block's keys (``attention.KVCache``): the same attention, other float
-sums. ``WholeRingCache`` is that earlier kv-cache, which ``coder.code_pass`` hands the model's
+whole ring of cached keys, R = ``patterns.reach`` slots (the model's ``cache_length`` − 1), and its
+own key, under a mask of R + 1 columns looked up per step (``step_masks``), its key kept after the
+step. The model's own decoding reads its query block's key slots and mask row
+(``attention.KVCache``): the same attention, other float sums. ``WholeRingCache`` is that earlier kv-cache, which ``coder.code_pass`` hands the model's
 ``forward`` for files of those formats (the cache is an argument of forward: nothing else of the
 model's arithmetic changed).
 """
@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..model.attention import KVCache
-from ..model.patterns import BlockIndex, reach
+from ..model.patterns import BlockIndex
 from ..model.transformer import DecodingCache, ImageTransformer
 
 # The first format whose files the model's own decoding codes (coder.code_pass).
@@ -68,9 +68,8 @@ def start_decoding(model: ImageTransformer, count: int, version: int) -> Decodin
     cache = model.start_decoding(count)
     if version < BLOCK_KEYS_VERSION:
         index = model.layers[0].self_attn.index
-        ring = reach(index.blocks, model.order.length)
+        ring = index.cache_length - 1  # the widest reach: the model's cache holds one step more, its own
         masks = step_masks(index.blocks, model.order.length, ring)
-        cache.layers = [WholeRingCache(keys.new_zeros(*keys.shape[:2], ring, keys.shape[3]),
-                                       keys.new_zeros(*keys.shape[:2], ring, keys.shape[3]), index, masks)
-                        for keys in (layer.keys for layer in cache.layers)]
+        cache.layers = [WholeRingCache(torch.zeros_like(layer.keys[:, :, :ring]), torch.zeros_like(layer.values[:, :, :ring]),
+                                       index, masks) for layer in cache.layers]
     return cache
