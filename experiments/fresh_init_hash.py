@@ -9,7 +9,9 @@ first on the path, so a worktree of an older commit is read through ``PYTHONPATH
     PYTHONPATH=/tmp/base .venv/bin/python experiments/fresh_init_hash.py   # a worktree of the older commit
 
 Equal hashes: same parameter names, registration order and seeded initial values, so checkpoints,
-continuations (whose optimiser state is matched by order) and seeded runs read as before.
+continuations (whose optimiser state is matched by order) and seeded runs read as before. The second
+hash, of the values alone in order, is equal where only names changed (read as today's by
+``imagetx.io.older``): the same draws, the same order, so the optimiser's state still matches.
 """
 
 from __future__ import annotations
@@ -43,29 +45,30 @@ def one_level_reader():
     return model_config
 
 
-def state_hash(fields: dict, seed: int) -> tuple[str, int]:
-    """(SHA-256 of the seeded model's state_dict, its number of tensors)."""
+def state_hash(fields: dict, seed: int) -> tuple[str, str, int]:
+    """(SHA-256 of the seeded model's state_dict, of its values alone in order, its number of tensors)."""
     torch.manual_seed(seed)
     # Trees before build_model built every model with ImageTransformer(config); trees since issue 94
     # read the one-level form (which every tree reads) in imagetx.io.older, before it in from_dict.
     build = getattr(imagetx, "build_model", imagetx.ImageTransformer)
     state = build(one_level_reader()({**BASE, **fields})).state_dict()
-    digest = hashlib.sha256()
+    digest, values = hashlib.sha256(), hashlib.sha256()
     for name, value in state.items():
         digest.update(name.encode())
         digest.update(value.detach().contiguous().numpy().tobytes())
-    return digest.hexdigest(), len(state)
+        values.update(value.detach().contiguous().numpy().tobytes())
+    return digest.hexdigest(), values.hexdigest(), len(state)
 
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
-    result = {"imagetx": imagetx.__file__, "seed": args.seed, "hashes": {}}
+    result = {"imagetx": imagetx.__file__, "seed": args.seed, "hashes": {}, "value_hashes": {}}
     for name, fields in CONFIGS.items():
-        digest, tensors = state_hash(fields, args.seed)
-        result["hashes"][name] = digest
-        print(f"{name:36s} {digest[:16]}  ({tensors} tensors)")
+        digest, values, tensors = state_hash(fields, args.seed)
+        result["hashes"][name], result["value_hashes"][name] = digest, values
+        print(f"{name:36s} {digest[:16]}  values {values[:16]}  ({tensors} tensors)")
     print(json.dumps(result))
     return result
 

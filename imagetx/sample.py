@@ -50,7 +50,7 @@ from .model.config import ModelConfig
 from .model.heads import check_temperature
 from .model.sampler import sample
 from .model.superres import downsample_area
-from .model.transformer import ImageTransformer, check_labels
+from .model.transformer import AutoregressiveModel, check_labels
 
 IMAGES_PER_ROW = 8
 GREY = 128  # fills the part of a completion's input that the model is not shown
@@ -103,7 +103,7 @@ def check_arguments(args: Namespace) -> None:
         check_temperature(temperature)
 
 
-def check_request(args: Namespace, model: ImageTransformer, label: int | None) -> None:
+def check_request(args: Namespace, model: AutoregressiveModel, label: int | None) -> None:
     """What the model must be able to serve: rows, ``label`` (--label as a number), the task."""
     cfg = model.config
     if args.task == "complete":
@@ -131,7 +131,7 @@ def load_inputs(args: Namespace, config: ModelConfig) -> tuple[torch.Tensor, tor
     return tensors(data)
 
 
-def labels_for(model: ImageTransformer, count: int, label: int | None,
+def labels_for(model: AutoregressiveModel, count: int, label: int | None,
                given: torch.Tensor | None = None) -> torch.Tensor | None:
     """The class of each of ``count`` images for a class-conditional model (None for any other):
     ``label`` for all; else ``given``, the inputs' own labels; else every class in turn."""

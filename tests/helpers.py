@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
-from imagetx import ImageTransformer, build_model, ModelConfig
+from imagetx import ImageTransformer, ModelConfig, SuperResolutionTransformer, build_model
 from imagetx.io.older import model_config
 from imagetx.model.attention import FLEX_BLOCK_SIZE
 from imagetx.model.transformer import previous_values
@@ -231,7 +231,13 @@ def bits_per_dim(model, images: Tensor, labels: Tensor | None = None, low_res: T
 def value_embeddings(model, targets: Tensor) -> Tensor:
     """(B, T, d): each target's value through the decoder's value embedding (with its own channel,
     categorical)."""
-    return model.value_embedding(targets, model.step_channels)
+    decoder = decoder_of(model)
+    return decoder.value_embedding(targets, decoder.step_channels)
+
+
+def decoder_of(model):
+    """The decoder of ``model``: itself, or the one a super-resolution model composes."""
+    return model.decoder if isinstance(model, SuperResolutionTransformer) else model
 
 
 def decode_embeddings(model, emb: Tensor, labels: Tensor | None = None, low_res: Tensor | None = None,
@@ -241,7 +247,7 @@ def decode_embeddings(model, emb: Tensor, labels: Tensor | None = None, low_res:
     as the model shifts them (``shift=False``, a negative control: its own), so that tests can
     differentiate with respect to what enters each step."""
     inputs = previous_values(emb) if shift else emb
-    hook = model.value_embedding.register_forward_hook(lambda module, args, output: inputs)
+    hook = decoder_of(model).value_embedding.register_forward_hook(lambda module, args, output: inputs)
     previous = torch.zeros(emb.shape[:2] + ((3,) if model.config.head == "dmol" else ()), dtype=torch.long)
     try:  # the values embedded are replaced by the hook: only their shape counts
         return model(previous, **model.conditioning(len(previous), labels, low_res=low_res, transforms=transforms))

@@ -10,7 +10,9 @@ import torch
 
 import imagetx
 from helpers import random_images, random_labels, tiny_config, tiny_model, weights_checkpoint
-from imagetx import CheckpointError, ImageTransformer, build_model, ModelConfig, load_model, save_pretrained
+from imagetx import (CheckpointError, ImageTransformer, ModelConfig, SuperResolutionTransformer, build_model, load_model,
+                     save_pretrained)
+from imagetx.model.transformer import AutoregressiveModel
 from imagetx.io.checkpoint import imagetx_metadata
 from imagetx.model.scoring import full_pass
 
@@ -21,8 +23,10 @@ def test_public_names():
     for name in ("CheckpointError", "ImageTransformer", "ModelConfig", "from_pretrained", "load_model", "push_to_hub",
                  "save_pretrained"):
         assert hasattr(imagetx, name) and name in imagetx.__all__
-    # the network is a plain nn.Module: saving and sharing are imagetx.io's (io/hub.py)
-    assert ImageTransformer.__mro__[1:] == torch.nn.Module.__mro__
+    # the network is a plain nn.Module, its one base the model's own: saving and sharing are imagetx.io's (io/hub.py)
+    assert ImageTransformer.__mro__[1] is AutoregressiveModel
+    assert SuperResolutionTransformer.__mro__[1:] == ImageTransformer.__mro__[1:]  # a sibling, not a subclass
+    assert ImageTransformer.__mro__[2:] == torch.nn.Module.__mro__
 
 
 @pytest.mark.parametrize("head", ["categorical", "dmol"])

@@ -23,7 +23,7 @@ from ..data.images import enlarged, load_image_file, upsample_nearest
 from ..errors import UserError
 from ..model.sampler import Progress, sample_progressively
 from ..model.superres import downsample_area
-from ..model.transformer import ImageTransformer
+from ..model.transformer import AutoregressiveModel
 from ..sample import given_part, labels_for
 
 # 8x: a 32-pixel image becomes 256 pixels, each model pixel an 8x8 square that can be told
@@ -77,8 +77,8 @@ def seconds(value: float) -> str:
 class Models:
     """The two models the page serves, with where they came from and their val bits/dim."""
 
-    completion: ImageTransformer
-    superres: ImageTransformer
+    completion: AutoregressiveModel
+    superres: AutoregressiveModel
     completion_path: str
     superres_path: str
     completion_bpd: str = NOT_MEASURED
@@ -160,7 +160,7 @@ class Models:
 
     # ----- helpers ------------------------------------------------------------------------
 
-    def picture(self, upload: str | None, model: ImageTransformer) -> tuple[torch.Tensor, str, float]:
+    def picture(self, upload: str | None, model: AutoregressiveModel) -> tuple[torch.Tensor, str, float]:
         """The upload prepared as the model's training images were (centre crop, area resize), the
         note of what was done and the seconds it took (the user waited for them too); a ValueError
         saying what to do when there is none."""
@@ -198,7 +198,7 @@ def seeded(seed: float | None) -> torch.Generator:
     return torch.Generator().manual_seed(int(seed))
 
 
-def steps_per_row(model: ImageTransformer) -> int:
+def steps_per_row(model: AutoregressiveModel) -> int:
     """Generation steps per image row (32 for DMOL, 96 for categorical 32x32): the page updates once a row."""
     return model.order.length // model.config.image_size
 

@@ -25,7 +25,7 @@ import torch
 from huggingface_hub import HfApi, ModelCard, ModelCardData, snapshot_download
 
 from .shipped import resolve, shipped_folder
-from ..model.transformer import ImageTransformer
+from ..model.transformer import AutoregressiveModel
 from .errors import CheckpointError
 from .names import CARD_FILE, CONFIG_FILE, WEIGHTS_FILE
 from .weights import model_from_folder, write_weights
@@ -60,7 +60,7 @@ def model_card(facts: list[str] = (), datasets: list[str] | None = None) -> str:
     return text
 
 
-def save_pretrained(model: ImageTransformer, directory: str | os.PathLike, card: str | None = None) -> Path:
+def save_pretrained(model: AutoregressiveModel, directory: str | os.PathLike, card: str | None = None) -> Path:
     """Write ``model`` into the weights folder ``directory`` (created if missing): its tensors, its
     configuration and, unless the folder has one, a model card: ``card``, else the generic one
     (``model_card``). Returns the folder."""
@@ -73,7 +73,7 @@ def save_pretrained(model: ImageTransformer, directory: str | os.PathLike, card:
 
 
 def from_pretrained(name_or_path: str | os.PathLike, map_location: str | torch.device = "cpu",
-                    **hub_options) -> ImageTransformer:
+                    **hub_options) -> AutoregressiveModel:
     """The model in a local folder (``save_pretrained``, ``imagetx.export``), or in a Hub
     repository (``push_to_hub``; ``hub_options``: huggingface_hub's ``revision``, ``token``,
     ``cache_dir``, ``force_download``, ``local_files_only``), in eval mode on ``map_location``,
@@ -106,7 +106,7 @@ def meant_as_local_path(name: str | os.PathLike) -> bool:
     return Path(first).is_dir() or (first == "pretrained" and shipped_folder(first).is_dir())
 
 
-def push_to_hub(model: ImageTransformer, repo_id: str, *, token: str | None = None, private: bool | None = None,
+def push_to_hub(model: AutoregressiveModel, repo_id: str, *, token: str | None = None, private: bool | None = None,
                 commit_message: str = "Upload an imagetx model", branch: str | None = None,
                 create_pr: bool | None = None) -> str:
     """Upload ``model``'s weights folder (``save_pretrained``) to the Hub repository ``repo_id``,

@@ -17,12 +17,12 @@ from ..errors import UserError
 from .shipped import resolve
 from ..model.config import ModelConfig
 from ..model.superres import build_model
-from ..model.transformer import ImageTransformer
+from ..model.transformer import AutoregressiveModel
 from .checkpoint import model_from_checkpoint
 from .weights import model_from_folder
 
 
-def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> ImageTransformer:
+def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> AutoregressiveModel:
     """The model stored at the local ``path``, in eval mode: a weights folder or a checkpoint
     file written by imagetx.train; ``pretrained/NAME`` not found here is the shipped model of that
     name (``io.shipped.resolve``), as the commands find it."""
@@ -32,7 +32,7 @@ def load_model(path: str | os.PathLike, map_location: str | torch.device = "cpu"
     return model_from_checkpoint(path, map_location)
 
 
-def with_config(model: ImageTransformer, config: ModelConfig) -> ImageTransformer:
+def with_config(model: AutoregressiveModel, config: ModelConfig) -> AutoregressiveModel:
     """The same weights under ``config``, in the same mode: for settings that have no tensors of
     their own (``superres.exact_box_means``, which restricts a trained super-resolution model's
     values to its input's box means). A ValueError for a config that would add, drop or reshape
@@ -46,7 +46,7 @@ def with_config(model: ImageTransformer, config: ModelConfig) -> ImageTransforme
     return rebuilt.to(parameter.device, parameter.dtype).train(model.training)
 
 
-def with_exact_box_means(model: ImageTransformer, exact: bool) -> ImageTransformer:
+def with_exact_box_means(model: AutoregressiveModel, exact: bool) -> AutoregressiveModel:
     """The same weights with ``superres.exact_box_means`` set to ``exact`` (``with_config``): a
     super-resolution model's values restricted to its input's box means, or free. A ValueError for
     a model without a low-resolution input, or (``exact``) without the cell remainder input."""

@@ -2,13 +2,15 @@
 imagetx's lineage store (``model_config``), and weights under older parameter names and layouts
 (``current_names``).
 
-A super-resolution model's weights have had four forms of names. Today each decoder layer holds
-its cross-attention (``layers.3.cross_attn.q.weight``, ``layers.3.cross_norm``) and, post-norm,
-the norm after its cell add (``layers.3.c_norm``), and the model the cell adds
-(``cell_adds.3.proj.weight``). First the model held the decoder (``decoder.layers.3.self_attn...``)
-and its readings of the encoder beside it (``readings.3.cross_attn.q.weight``); then each layer
-held its reading's parts itself (``layers.3.cell_add.proj.weight``), then under ``reading``
-(``layers.3.reading.cell_add.proj.weight``: the names the codec's fingerprint hashes).
+A super-resolution model's weights have had five forms of names. Today the model composes the
+decoder (``decoder.layers.3.self_attn...``), each of whose layers holds its cross-attention
+(``decoder.layers.3.cross_attn.q.weight``, ``decoder.layers.3.cross_norm``) and, post-norm, the norm
+after its cell add (``decoder.layers.3.c_norm``), beside the encoder, the cell sums and the cell adds
+(``cell_adds.3.proj.weight``). First the model held the decoder and its readings of the encoder
+beside it (``readings.3.cross_attn.q.weight``); then the model was the decoder (no ``decoder.``) and
+each layer held its reading's parts itself (``layers.3.cell_add.proj.weight``), then under
+``reading`` (``layers.3.reading.cell_add.proj.weight``: the names the codec's fingerprint hashes),
+then as today without ``decoder.``.
 
 Every model's attention projections had other names and, fused, another order (``PROJECTIONS``):
 ``to_qkv`` with its output features in (head, part, e) order, where today's ``qkv`` has them in
@@ -36,14 +38,16 @@ from ..model.attention import CrossAttention, SelfAttention
 from ..model.config import GEOMETRY, AttentionConfig, ModelConfig, SuperResolutionConfig
 
 # The parts of a super-resolution model's decoder layers that read the encoder, each with its
-# name today ({i}: the layer's index), and the older forms of their names: first under
-# ``readings.<i>.`` (the decoder under ``decoder.``), then in the layer itself, then under
-# ``layers.<i>.reading.``.
+# name today without the decoder's prefix ({i}: the layer's index), and the older forms of their
+# names: first under ``readings.<i>.``, then in the layer itself, then under ``layers.<i>.reading.``.
 READING_PARTS = {"cross_attn": "layers.{i}.cross_attn.", "cross_norm": "layers.{i}.cross_norm.",
                  "cell_add": "cell_adds.{i}.", "cell_norm": "layers.{i}.c_norm."}
 PARTS = "|".join(READING_PARTS)
 OLDER_READING = re.compile(rf"(?:readings|layers)\.(\d+)\.(?:reading\.)?((?:{PARTS})\..*)")
 TODAY_READING = re.compile(r"(?:layers|cell_adds)\.(\d+)\.(.*)")
+# A super-resolution model's name for its decoder, and for the parts it holds beside it.
+DECODER = "decoder."
+BESIDE_DECODER = ("encoder.", "cell_remainder.", "cell_adds.")
 
 
 # An attention projection's older name -> (today's, the parts its output features fuse: q, k and v).
@@ -128,30 +132,30 @@ def in_older_order(weight: Tensor, heads: int, parts: int) -> Tensor:
 
 
 def reading_names(state: dict[str, Tensor], prefix: str = "") -> dict[str, Tensor]:
-    """``state`` with a super-resolution model's older names of its readings made today's."""
+    """``state`` with a super-resolution model's older names (its readings', its decoder's) made today's."""
     names = [name.removeprefix(prefix) for name in state if name.startswith(prefix)]
     if not any(name.startswith("encoder.") for name in names):
         return state
-    decoder = "decoder." if any(name.startswith("decoder.") for name in names) else ""
-    return {rename(name, prefix, decoder): value for name, value in state.items()}
+    return {rename(name, prefix): value for name, value in state.items()}
 
 
-def rename(name: str, prefix: str, decoder: str = "") -> str:
-    """One parameter's name today: a reading's (in any older form) as ``READING_PARTS`` names it,
-    the decoder's without ``decoder``'s prefix."""
+def rename(name: str, prefix: str) -> str:
+    """One parameter's name today: a reading's (in any older form) as ``READING_PARTS`` names it, and
+    every part of the decoder under ``DECODER``."""
     if not name.startswith(prefix):
         return name
-    own = name.removeprefix(prefix).removeprefix(decoder)
+    own = name.removeprefix(prefix).removeprefix(DECODER)
     found = OLDER_READING.fullmatch(own)
     if found:
         index, (part, rest) = found.group(1), found.group(2).split(".", 1)
         own = READING_PARTS[part].format(i=index) + rest
-    return prefix + own
+    return prefix + (own if own.startswith(BESIDE_DECODER) else DECODER + own)
 
 
 def as_reading(name: str) -> str:
-    """Today's name of a reading's parameter -> its name under ``layers.<i>.reading.``, the form the
-    codec's fingerprint hashes; any other name as it is."""
+    """Today's name of a parameter -> its name without ``DECODER`` and, a reading's, under
+    ``layers.<i>.reading.``: the form the codec's fingerprint hashes."""
+    name = name.removeprefix(DECODER)
     found = TODAY_READING.fullmatch(name)
     if found:
         index = found.group(1)

@@ -22,7 +22,7 @@ from ..model.config import ModelConfig
 from ..model.superres import build_model
 from .names import CONFIG_FILE, WEIGHTS_FILE
 from .older import current_names, model_config
-from ..model.transformer import ImageTransformer
+from ..model.transformer import AutoregressiveModel
 from .atomic import atomic_write
 from .errors import CheckpointError
 from .size import check_fits_memory
@@ -59,7 +59,7 @@ def read_weights(directory: str | os.PathLike) -> tuple[ModelConfig, dict[str, t
     return read_config(directory / CONFIG_FILE), read_tensors(directory / WEIGHTS_FILE)
 
 
-def model_from_folder(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> ImageTransformer:
+def model_from_folder(directory: str | os.PathLike, map_location: str | torch.device = "cpu") -> AutoregressiveModel:
     """The model in a local weights folder, in eval mode on ``map_location``, in float32 whatever
     precision the folder stores: the configuration checked, then every tensor against it."""
     config, stored = read_weights(directory)
@@ -68,7 +68,7 @@ def model_from_folder(directory: str | os.PathLike, map_location: str | torch.de
 
 
 def checked_model(config: ModelConfig, state: dict[str, torch.Tensor], source: Path, fix: str,
-                  map_location: str | torch.device) -> ImageTransformer:
+                  map_location: str | torch.device) -> AutoregressiveModel:
     """The model of ``config`` holding the tensors ``state`` read from ``source``, in eval mode; a
     CheckpointError naming any tensor that does not fit, and the ``fix``; one for a configuration
     too large for this machine's memory, before any of it is built (size.py)."""

@@ -105,7 +105,8 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
     ``build_model(config)``), with the attention kernels it runs on ``device``."""
     cfg = model.config
     steps = model.order.length  # decoder positions: sub-pixels or pixels
-    embedding = model.value_embedding
+    decoder = model.decoder if isinstance(model, SuperResolutionTransformer) else model
+    embedding = decoder.value_embedding
     raw = {embedding.proj} if isinstance(embedding, PixelEmbedding) else set()  # a table's look-up is no product
     # Every linear layer runs once per decoder step, except the encoder's and the projection of
     # cross-attention's keys and values, which run once per low-resolution sub-pixel, and the
@@ -115,10 +116,10 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
         context = model.encoder.order.length  # low-resolution sub-pixels
         encoder_layers = len(model.encoder.layers)
         per_context = set(model.encoder.modules())
-        per_context |= {layer.cross_attn.kv for layer in model.layers if layer.cross_attn is not None}
+        per_context |= {layer.cross_attn.kv for layer in decoder.layers if layer.cross_attn is not None}
         per_low_res_pixel = {cell_add.proj for cell_add in model.cell_adds or []}
         raw |= {model.cell_remainder.proj} if model.cell_remainder is not None else set()
-        crossing = sum(layer.cross_attn is not None for layer in model.layers)
+        crossing = sum(layer.cross_attn is not None for layer in decoder.layers)
     projections = inputs = 0
     for module in model.modules():
         if isinstance(module, nn.Linear):
@@ -134,7 +135,7 @@ def count_flops(model: ImageTransformer, device: torch.device | str = "cpu") -> 
                 projections += flops
     # Scores (q·k) and values (weights·v): 2 products of e per pair and head, h·e the attention's width.
     per_pair = 2 * FLOPS_PER_MAC * cfg.attention.n_heads * cfg.head_size
-    pairs = cfg.n_layers * decoder_attention_pairs(model, device)
+    pairs = cfg.n_layers * decoder_attention_pairs(decoder, device)
     # the encoder and cross-attention to all of it: every pair
     pairs += encoder_layers * context * context + crossing * steps * context
     return Flops(projections, inputs, per_pair * pairs)

@@ -1,14 +1,14 @@
 """Cached incremental sampling (docs/model.md §7): one generation step at a time through all layers.
 
 The model decodes a step with the same layers as the full pass, given a cache
-(``ImageTransformer.start_decoding`` / ``decode_step``): each self-attention layer keeps a
+(``model.start_decoding`` / ``decode_step``): each self-attention layer keeps a
 kv-cache just long enough for the oldest key any later query can still see (``PatternIndex.
 cache_length``: for 1D local attention with one memory block 2·lq steps, not the whole image), and
 each step reads its query block's keys from it; cross-attention's keys and values over the
 encoder output are computed once.
 ``sample_progressively`` is the loop around it and ``sample`` returns its finished images; tests
 check that teacher-forced decoding equals the full pass. A completion's given rows are not
-stepped through: one teacher-forced pass (``ImageTransformer.prefill``, the full pass over
+stepped through: one teacher-forced pass (``model.prefill``, the full pass over
 them) fills every cache with them, and the loop starts at
 the first step to draw. Every image of a call is one batch, whatever its temperature
 (``temperature`` may give one per image). ``sample_progressively`` can yield the images as they
@@ -42,15 +42,17 @@ from ..compat import mark_static_address
 from ..errors import UserError
 from .heads import check_temperature, params_and_bounds
 from .modes import eval_mode
-from .transformer import DecodingCache, ImageTransformer
+from .superres import SuperResolutionCache
+from .transformer import AutoregressiveModel, DecodingCache
 
 # (value generated at the step before, cache) -> the head's parameters (with ``exact_box_means``, and
 # the step's value bounds: heads.params_and_bounds): the model's ``decode_step``, or its compiled form
 # (a super-resolution model's or any other: superres.py).
-DecodeStep = Callable[[Tensor, DecodingCache], Tensor | tuple[Tensor, Tensor]]
+Cache = DecodingCache | SuperResolutionCache  # what a model's ``start_decoding`` returns
+DecodeStep = Callable[[Tensor, Cache], Tensor | tuple[Tensor, Tensor]]
 
 
-def model_device(model: ImageTransformer) -> torch.device:
+def model_device(model: AutoregressiveModel) -> torch.device:
     return next(model.parameters()).device
 
 
@@ -59,7 +61,7 @@ def check_count(count: int) -> None:
         raise UserError(f"number of images {count} is invalid: ask for at least 1")
 
 
-def first_input(model: ImageTransformer, count: int) -> Tensor:
+def first_input(model: AutoregressiveModel, count: int) -> Tensor:
     """``previous`` for step 0, which ``decode_step`` reads and ignores: zeros of the shape of
     one step's values, (count,) sub-pixels or (count, 3) pixels."""
     return torch.zeros((count, *model.head.value_shape), dtype=torch.long, device=model_device(model))
@@ -80,11 +82,11 @@ def cache_tensors(state: object) -> Iterator[Tensor]:
 class CompiledDecoding:
     """``model.decode_step`` compiled (``compile_decoding``), called as the step itself."""
 
-    def __init__(self, model: ImageTransformer, compiled: Callable) -> None:
+    def __init__(self, model: AutoregressiveModel, compiled: Callable) -> None:
         self.model, self.compiled = model, compiled
         self.marked: weakref.ref | None = None  # the cache whose tensors were last marked static
 
-    def __call__(self, previous: Tensor, cache: DecodingCache) -> Tensor | tuple[Tensor, Tensor]:
+    def __call__(self, previous: Tensor, cache: Cache) -> Tensor | tuple[Tensor, Tensor]:
         if self.marked is None or self.marked() is not cache:
             # The caches stay at one address for the whole decoding (written in place): marked so,
             # a CUDA graph may capture a step that writes them, rather than being skipped for
@@ -110,7 +112,7 @@ COMPILED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 ISOLATED = {"isolate_recompiles": True} if "isolate_recompiles" in inspect.signature(torch.compile).parameters else {}
 
 
-def compile_decoding(model: ImageTransformer, mode: str = "default") -> DecodeStep:
+def compile_decoding(model: AutoregressiveModel, mode: str = "default") -> DecodeStep:
     """``model.decode_step`` under ``torch.compile(fullgraph=True, dynamic=False)``, in ``mode``
     ("default"; "reduce-overhead" on CUDA: captured as a CUDA graph, replayed at every step).
 
@@ -183,7 +185,7 @@ class Drawer:
     """Draws each step's values from the head's parameters at each image's temperature: one
     draw for the batch where they share one, else one per temperature (its images gathered)."""
 
-    def __init__(self, model: ImageTransformer, temperatures: list[float], generator: torch.Generator | None,
+    def __init__(self, model: AutoregressiveModel, temperatures: list[float], generator: torch.Generator | None,
                  device: torch.device) -> None:
         self.head, self.generator = model.head, generator
         distinct = sorted(set(temperatures))
@@ -216,7 +218,7 @@ class Progress:
         return self.steps == self.total
 
 
-def partial_images(model: ImageTransformer, values: list[Tensor]) -> Tensor:
+def partial_images(model: AutoregressiveModel, values: list[Tensor]) -> Tensor:
     """The values of the steps decoded so far -> (count, H, W, 3) uint8, later cells 0."""
     sequence = torch.stack(values, dim=1)
     missing = model.order.length - sequence.shape[1]
@@ -225,7 +227,7 @@ def partial_images(model: ImageTransformer, values: list[Tensor]) -> Tensor:
     return model.images(sequence).to(torch.uint8)
 
 
-def given_values(model: ImageTransformer, count: int, prefix: Tensor | None, given_rows: int) -> Tensor | None:
+def given_values(model: AutoregressiveModel, count: int, prefix: Tensor | None, given_rows: int) -> Tensor | None:
     """The values a completion is given, read from ``prefix`` (count, H, W, 3): those of the steps
     in the first ``given_rows`` image rows (``model.given_steps``), (count, k) sub-pixels or
     (count, k, 3) pixels; None without given rows."""
@@ -240,7 +242,7 @@ def given_values(model: ImageTransformer, count: int, prefix: Tensor | None, giv
     return model.targets(prefix.to(model_device(model)))[:, :given_count]
 
 
-def check_given_fit(model: ImageTransformer, forced: Tensor, bounds: Tensor | None) -> None:
+def check_given_fit(model: AutoregressiveModel, forced: Tensor, bounds: Tensor | None) -> None:
     """With ``exact_box_means``, given values that no image with the low-res input's box means
     could have (a completion's rows from another image) are refused in one line, before any step
     is drawn: each given value must lie within the ``bounds`` of its step (the prefill's), which
@@ -250,7 +252,7 @@ def check_given_fit(model: ImageTransformer, forced: Tensor, bounds: Tensor | No
                         "(exact_box_means); give the rows of the image low_res was made from")
 
 
-def decoded(model: ImageTransformer, count: int, step: DecodeStep, draw: Drawer, cache: DecodingCache,
+def decoded(model: AutoregressiveModel, count: int, step: DecodeStep, draw: Drawer, cache: Cache,
             forced: Tensor | None, progress: bool) -> Iterator[tuple[list[Tensor], Tensor]]:
     """The decoding loop over ``cache``: yields (the values of the steps so far, whether every
     output so far was finite: a 0-d bool on the device, for the caller to read once) after the
@@ -274,7 +276,7 @@ def decoded(model: ImageTransformer, count: int, step: DecodeStep, draw: Drawer,
 
 @torch.no_grad()
 def sample_progressively(
-    model: ImageTransformer,
+    model: AutoregressiveModel,
     count: int,
     labels: Tensor | None = None,
     low_res: Tensor | None = None,
@@ -327,7 +329,7 @@ def sample_progressively(
     yield Progress(total, total, partial_images(model, values))
 
 
-def sample(model: ImageTransformer, count: int, *args, **kwargs) -> Tensor:
+def sample(model: AutoregressiveModel, count: int, *args, **kwargs) -> Tensor:
     """Generate ``count`` images (count, H, W, 3) uint8: the finished images of
     ``sample_progressively``, which takes the same arguments (and ``every``, which this has no use for)."""
     (finished,) = sample_progressively(model, count, *args, every=None, **kwargs)  # without every: one yield

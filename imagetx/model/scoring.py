@@ -11,7 +11,7 @@ from tqdm.auto import tqdm
 
 from .config import ModelConfig
 from .superres import downsample_area
-from .transformer import ImageTransformer, previous_values
+from .transformer import AutoregressiveModel, previous_values
 from .modes import eval_mode
 from .sampler import LOG_PROGRESS_SECONDS
 
@@ -28,7 +28,7 @@ def conditioning(config: ModelConfig, batch: dict[str, torch.Tensor]) -> dict[st
     return given
 
 
-def full_pass(model: ImageTransformer, images: torch.Tensor,
+def full_pass(model: AutoregressiveModel, images: torch.Tensor,
               labels: torch.Tensor | None = None, low_res: torch.Tensor | None = None) -> torch.Tensor:
     """(B, T, P) the head's parameters at every step of uint8 ``images`` (B, H, W, 3), teacher-forced
     (inputs unchecked: ``log_prob`` checks them); with ``exact_box_means`` and (B, T, 2c) each step's
@@ -37,16 +37,16 @@ def full_pass(model: ImageTransformer, images: torch.Tensor,
     return model(previous_values(model.targets(images)), **given)
 
 
-def batch_bits_per_dim(model: ImageTransformer, batch: dict[str, torch.Tensor],
+def batch_bits_per_dim(model: AutoregressiveModel, batch: dict[str, torch.Tensor],
                        given_rows: int = 0, check: bool = True) -> torch.Tensor:
     """(B,) bits/dim of every image of a batch (``conditioning`` reads what else it holds): of the
     whole image, or of the part below its first ``given_rows`` rows given them. ``check`` False:
-    the batch's values were checked as it was read (``ImageTransformer.log_prob``)."""
+    the batch's values were checked as it was read (``AutoregressiveModel.log_prob``)."""
     return model.bits_per_dim(batch["images"], **conditioning(model.config, batch), given_rows=given_rows, check=check)
 
 
 @torch.no_grad()
-def evaluate(model: ImageTransformer, images: torch.Tensor, labels: torch.Tensor | None,
+def evaluate(model: AutoregressiveModel, images: torch.Tensor, labels: torch.Tensor | None,
              batch_size: int = 32, rows: int = 0, progress: bool = True) -> dict[str, float]:
     """Bits/dim over all ``images`` (N, H, W, 3); with ``rows`` > 0, of the part below them.
     ``labels``: for a class-conditional model (None for unlabelled images). Scored in eval

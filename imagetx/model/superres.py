@@ -1,5 +1,5 @@
 """Super-resolution (docs/model.md §6): the decoder of ``transformer.py`` given a low-resolution
-image to enlarge, as the paper's encoder–decoder: ``ImageTransformer`` (a subclass) with
+image to enlarge, as the paper's encoder–decoder: a model composed of ``ImageTransformer`` and
 
 * an **encoder**: unmasked self-attention over the low-resolution image's sub-pixels;
 * in every decoder layer, after self-attention, a **reading** of the encoder's output: the layer's
@@ -14,7 +14,7 @@ image to enlarge, as the paper's encoder–decoder: ``ImageTransformer`` (a subc
 
 What each layer reads of the encoder's output is prepared once a pass (``read``: cross-attention's
 keys and values, the cell add's mapped pixels), and once for a whole decoding (``start_decoding``,
-kept as the decoding cache's ``context``), where the cell sums run on from the values generated;
+kept as ``SuperResolutionCache.context``), where the cell sums run on from the values generated;
 ``forward`` hands them to the decoder's as arguments. With ``exact_box_means`` ``forward`` (and so
 ``decode_step`` and ``prefill``) returns the head's parameters and, beside them, each step's value
 bounds, which the head's scores and draws take (heads.py, ``params_and_bounds``).
@@ -33,9 +33,10 @@ from .attention import FLEX_BLOCK_SIZE, CrossAttentionCache
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
 from .embedding import PositionEncoding, SubPixelEmbedding
-from .heads import CategoricalHead, head_type, params_and_bounds
+from .heads import CategoricalHead, head_type
 from .patterns import GenerationOrder
-from .transformer import DecodingCache, ImageTransformer, TransformerLayer, check_image_tensor, layer_sizes, zero_start
+from .transformer import (AutoregressiveModel, DecodingCache, ImageTransformer, TransformerLayer, check_image_tensor,
+                          layer_sizes, zero_start)
 
 
 def downsample_area(images: torch.Tensor, size: int) -> torch.Tensor:
@@ -122,46 +123,70 @@ class LowResContext:
     remainder: RemainderCache | None = None
 
 
-class SuperResolutionTransformer(ImageTransformer):
+@dataclass
+class SuperResolutionCache:
+    """What decoding keeps between steps: the decoder's cache (its step counter, class vector and
+    kv-caches) and the low-resolution input's context, prepared once."""
+
+    decoder: DecodingCache
+    context: LowResContext
+
+    @property
+    def step(self) -> Tensor:
+        """0-d long: the step decoded next (the decoder's counter)."""
+        return self.decoder.step
+
+
+class SuperResolutionTransformer(AutoregressiveModel):
     """The decoder given a low-resolution image (B, h, w, 3) as ``low_res``, read through an encoder
-    (docs/model.md §6): ``ImageTransformer`` with the encoder, the cell sums and each layer's
-    reading of the encoder, which its ``forward`` hands to the decoder's as arguments.
-    ``kernel``, ``flex_block_size``: the decoder's."""
+    (docs/model.md §6): composed of the decoder (``ImageTransformer``, its layers built with their
+    conditioning sublayers), the encoder, the cell sums and the cell adds, whose outputs ``forward``
+    hands to the decoder as arguments. ``kernel``, ``flex_block_size``, ``activation_checkpointing``: the
+    decoder's."""
 
     def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE,
                  activation_checkpointing: bool = False) -> None:
         if config.superres is None:
             raise UserError("a config without a superres section is a plain decoder: ImageTransformer(config)")
-        # Built in this order (the order of a fresh model's random draws): the decoder (with its
-        # layers' cross-attention), the encoder, the cell sums, then each layer's cell add.
+        super().__init__(config)
+        # Built in this order (the order of a fresh model's random draws and of the optimiser's
+        # parameters): the decoder (with its layers' cross-attention), the encoder, the cell sums,
+        # then each layer's cell add.
         cross_attention = config.superres.low_res_reading == "cross_attention"
-        super().__init__(config, kernel, flex_block_size, activation_checkpointing,
-                         cross_attention=cross_attention, conditioned=not cross_attention)
+        self.decoder = ImageTransformer(config, kernel, flex_block_size, activation_checkpointing,
+                                        cross_attention=cross_attention, conditioned=not cross_attention)
         self.encoder = Encoder(config)
         self.cell_remainder = None
         if config.superres.cell_remainder_input:
-            self.cell_remainder = CellRemainder(config, self.low_res_pixel_of_step(), self.step_channels)
+            self.cell_remainder = CellRemainder(config, self.low_res_pixel_of_step(), self.decoder.step_channels)
         self.cell_adds = None
         if not cross_attention:
-            self.cell_adds = nn.ModuleList(CellAdd(config.d_model, self.low_res_pixel_of_step()) for _ in self.layers)
+            self.cell_adds = nn.ModuleList(CellAdd(config.d_model, self.low_res_pixel_of_step())
+                                           for _ in self.decoder.layers)
         if config.superres.low_res_zero_start:
             zero_start(self.low_res_writers())
+
+    @property
+    def head(self) -> nn.Module:
+        """The decoder's output distribution."""
+        return self.decoder.head
 
     def low_res_pixel_of_step(self) -> Tensor:
         """(T,): the low-resolution pixel each decoder step lies in, as a raster index (what the
         cell add and the cell remainder read)."""
         scale = self.config.image_size // self.config.superres.low_res_size
-        pixel_cols = self.step_cols // self.head.steps_per_pixel
+        pixel_cols = self.decoder.step_cols // self.head.steps_per_pixel
         return (self.step_rows // scale) * self.config.superres.low_res_size + pixel_cols // scale
 
     def low_res_modules(self) -> list[nn.Module]:
         """The parts that read the low-resolution input (trained at their own rate), in the order the
         optimiser's group lists their parameters: the encoder, the cell sums, then per decoder layer
         its cross-attention and norm, or its cell add (and, post-norm, the norm after it)."""
+        layers = self.decoder.layers
         if self.cell_adds is None:
-            readings = [part for layer in self.layers for part in (layer.cross_attn, layer.cross_norm)]
+            readings = [part for layer in layers for part in (layer.cross_attn, layer.cross_norm)]
         else:
-            readings = [part for cell_add, layer in zip(self.cell_adds, self.layers) for part in (cell_add, layer.c_norm)]
+            readings = [part for cell_add, layer in zip(self.cell_adds, layers) for part in (cell_add, layer.c_norm)]
         return [part for part in (self.encoder, self.cell_remainder, *readings) if part is not None]
 
     def low_res_writers(self) -> list[nn.Linear]:
@@ -169,24 +194,25 @@ class SuperResolutionTransformer(ImageTransformer):
         which ``low_res_zero_start`` starts at zero: each layer's cross-attention output or cell
         add, the cell remainder's projection."""
         if self.cell_adds is None:
-            writers = [layer.cross_attn.proj for layer in self.layers]
+            writers = [layer.cross_attn.proj for layer in self.decoder.layers]
         else:
             writers = [cell_add.proj for cell_add in self.cell_adds]
         return writers + ([self.cell_remainder.proj] if self.cell_remainder is not None else [])
 
     def read(self, low_res: Tensor) -> LowResContext:
         """What each decoder layer reads of ``low_res`` (B, h, w, 3), through the encoder: once a pass."""
-        context = self.encoder(low_res, self.positions)  # (B, 3·h·w, d)
+        context = self.encoder(low_res, self.decoder.positions)  # (B, 3·h·w, d)
         if self.cell_adds is None:
-            return LowResContext([layer.cross_attn.prepare(context) for layer in self.layers])
+            return LowResContext([layer.cross_attn.prepare(context) for layer in self.decoder.layers])
         return LowResContext([cell_add.prepare(context) for cell_add in self.cell_adds])
 
-    def forward(self, previous: Tensor, cache: DecodingCache[LowResContext] | None = None,
+    def forward(self, previous: Tensor, cache: SuperResolutionCache | None = None,
                 labels: Tensor | None = None, low_res: Tensor | None = None,
                 transforms: Tensor | None = None) -> Tensor | tuple[Tensor, Tensor]:
         """The decoder's ``forward`` given ``low_res`` (teacher-forced) or the cache's: (B, t[, 3]) ->
         (B, t, P), with ``exact_box_means`` ((B, t, P), (B, t, 2c) each step's value bounds)."""
         start, context = (0, self.read(low_res)) if cache is None else (cache.step, cache.context)
+        decoder_cache = None if cache is None else cache.decoder
         steps = start + torch.arange(previous.shape[1], device=previous.device)  # (t,)
         extra = bounds = None
         if self.cell_remainder is not None:  # from low_res (teacher-forced) or, decoding, the sums so far
@@ -194,43 +220,43 @@ class SuperResolutionTransformer(ImageTransformer):
             extra = self.cell_remainder.embed(self.cell_remainder.features(*state))  # (B, t, d)
             bounds = self.cell_remainder.bounds(*state) if self.config.superres.exact_box_means else None
         if self.cell_adds is None:
-            params = super().forward(previous, cache, labels, transforms=transforms, extra=extra,
-                                     context=context.layers)
+            params = self.decoder(previous, decoder_cache, labels, transforms=transforms, extra=extra,
+                                  context=context.layers)
         else:  # each layer's c made as the decoder reaches it
             c = (cell_add(mapped, steps) for cell_add, mapped in zip(self.cell_adds, context.layers))
-            params = super().forward(previous, cache, labels, transforms=transforms, extra=extra, c=c)
+            params = self.decoder(previous, decoder_cache, labels, transforms=transforms, extra=extra, c=c)
         return params if bounds is None else (params, bounds)
 
-    def decode_step(self, previous: Tensor, cache: DecodingCache[LowResContext]) -> Tensor | tuple[Tensor, Tensor]:
-        """The decoder's ``decode_step``: (B, P), with ``exact_box_means`` ((B, P), (B, 2c))."""
-        params, bounds = params_and_bounds(self(previous[:, None], cache))
-        return params[:, 0] if bounds is None else (params[:, 0], bounds[:, 0])
-
     def start_decoding(self, batch: int, labels: Tensor | None = None, *, transforms: Tensor | None = None,
-                       low_res: Tensor | None = None, **inputs: Tensor | None) -> DecodingCache[LowResContext]:
+                       low_res: Tensor | None = None, **inputs: Tensor | None) -> SuperResolutionCache:
         """An empty cache for decoding ``batch`` images of ``low_res``; the encoder runs here, once.
-        ``inputs``: any other, which the decoder's ``conditioning`` refuses."""
-        cache = super().start_decoding(batch, labels, transforms=transforms, low_res=low_res, **inputs)
+        ``inputs``: any other, which the decoder refuses."""
+        decoder = self.decoder.start_decoding(batch, labels, transforms=transforms, **inputs)
+        self.check_low_res(batch, low_res)
         remainder = None if self.cell_remainder is None else self.cell_remainder.start_decoding(low_res)
-        return replace(cache, context=replace(self.read(low_res), remainder=remainder))
+        return SuperResolutionCache(decoder, replace(self.read(low_res), remainder=remainder))
 
     def conditioning(self, count: int, labels: Tensor | None, *, values: bool = True, transforms: Tensor | None = None,
                      low_res: Tensor | None = None, **inputs: Tensor | None) -> dict[str, Tensor | None]:
         """Labels, transform ids and the low-resolution input as this model needs them, for ``count``
         images (``values``: their values checked too), as ``forward``'s keyword arguments; labels,
         transforms and any other input (refused) as the decoder's ``conditioning`` takes them."""
-        given = super().conditioning(count, labels, values=values, transforms=transforms, **inputs)
+        given = self.decoder.conditioning(count, labels, values=values, transforms=transforms, **inputs)
+        self.check_low_res(count, low_res, values)
+        return {**given, "low_res": low_res}
+
+    def check_low_res(self, count: int, low_res: Tensor | None, values: bool = True) -> None:
+        """``low_res`` (count, h, w, 3) uint8-like (``values``: 0..255, checked), or a UserError."""
         low = self.config.superres.low_res_size
         if low_res is None:
             raise UserError(f"this super-resolution model needs low_res images of shape (B, {low}, {low}, 3)")
         check_image_tensor("low_res", low_res, low, values)
         if low_res.shape[0] != count:
             raise UserError(f"low_res has {low_res.shape[0]} images for {count} targets")
-        return {**given, "low_res": low_res}
 
 
 def build_model(config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE,
-                activation_checkpointing: bool = False) -> ImageTransformer:
+                activation_checkpointing: bool = False) -> AutoregressiveModel:
     """The network ``config`` describes: the decoder, or with a ``superres`` section the
     super-resolution model. ``kernel`` ("auto", "flex", "sdpa") and ``flex_block_size`` (16, 32, 64,
     128): how its decoder's self-attention runs, the same numbers every way (attention.py);

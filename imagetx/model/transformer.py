@@ -20,7 +20,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 import torch
 from torch import Tensor, nn
@@ -32,7 +31,7 @@ from .attention import (FLEX_BLOCK_SIZE, CrossAttention, CrossAttentionCache, KV
 from .config import CHANNELS, LEVELS, ModelConfig
 from .embedding import PositionEncoding
 from .heads import head_type, params_and_bounds
-from .patterns import PatternIndex, pattern_for
+from .patterns import GenerationOrder, PatternIndex, pattern_for
 
 
 # ----- what the model takes, checked: one UserError each ------------------------------------------
@@ -158,23 +157,99 @@ def previous_values(targets: Tensor) -> Tensor:
     return torch.cat([torch.zeros_like(targets[:, :1]), targets[:, :-1]], dim=1)
 
 
-# What a model built around the decoder prepares once per decoding, its conditioning; None for the decoder alone.
-Context = TypeVar("Context")
-
-
 @dataclass
-class DecodingCache(Generic[Context]):
-    """What ``forward`` keeps between decoding steps, written in place: ``step`` (0-d long, on the model's
+class DecodingCache:
+    """What the decoder keeps between decoding steps, written in place: ``step`` (0-d long, on the model's
     device), the step decoded next, the one step counter; the class vector (B, 1, d) or None; each
-    self-attention layer's kv-cache; ``context``, a wrapping model's prepared conditioning, else None."""
+    self-attention layer's kv-cache."""
 
     step: Tensor
     condition: Tensor | None
     layers: list[KVCache]
-    context: Context
 
 
-class ImageTransformer(nn.Module):
+class AutoregressiveModel(nn.Module):
+    """What a model over an image's steps offers, written once against its ``forward`` ((B, t[, 3]) the
+    value before each step -> (B, t, P) the head's parameters, with ``exact_box_means`` also (B, t, 2c)
+    value bounds), ``conditioning`` and ``start_decoding``: a decoding step, a prefill, likelihoods. The
+    decoder is one (``ImageTransformer``); a model composing it with conditioning of its own another."""
+
+    head: nn.Module  # the output distribution (heads.py)
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config.validate()
+        self.order = GenerationOrder.for_config(config)
+        self.register_buffer("step_rows", self.order.grid_cell()[0], persistent=False)  # (T,) each step's grid row
+
+    def decode_step(self, previous: Tensor, cache) -> Tensor | tuple[Tensor, Tensor]:
+        """(B,) or (B, 3) the value of step t − 1 -> (B, P) step t's parameters, the full pass's (at t = 0
+        ``previous`` counts for nothing); with bounds, ((B, P), (B, 2c)). No branch reads a value: every
+        step runs one graph."""
+        params, bounds = params_and_bounds(self(previous[:, None], cache))
+        return params[:, 0] if bounds is None else (params[:, 0], bounds[:, 0])
+
+    def prefill(self, given: Tensor, cache) -> Tensor | tuple[Tensor, Tensor]:
+        """(B, P[, 3]) a completion's first P values, at once into a fresh cache -> (B, P, params) (and
+        bounds), the full pass's first P steps; every cache left as P ``decode_step`` calls leave it. The
+        last value is not read: it is the next ``decode_step``'s ``previous``."""
+        length = given.shape[1]
+        if not 0 < length <= self.order.length:
+            raise UserError(f"prefill takes 1..{self.order.length} steps, not {length}")
+        if int(cache.step):  # read once per prefill: the layers attend from step 0
+            raise UserError(f"prefill fills a fresh cache (from start_decoding), not one at step {int(cache.step)}")
+        return self(previous_values(given), cache)
+
+    # ----- likelihoods ----------------------------------------------------------
+    def targets(self, images: Tensor) -> Tensor:
+        """(B, H, W, 3) -> (B, T) sub-pixel values or (B, T, 3) pixels, in generation order."""
+        return self.order.grid_to_sequence(self.head.to_grid(images.long()))
+
+    def images(self, sequence: Tensor) -> Tensor:
+        """``targets``' inverse: (B, T[, 3]) values in generation order -> (B, H, W, 3)."""
+        return self.head.to_images(self.order.sequence_to_grid(sequence))
+
+    def log_prob(self, images: Tensor, labels: Tensor | None = None, *, check: bool = True,
+                 **inputs: Tensor | None) -> Tensor:
+        """uint8 images (B, H, W, 3) -> (B, T) log-likelihood of every step, in nats; ``inputs``: the
+        model's other conditioning, by name (``conditioning``). ``check`` False reads no value back from
+        the device (shapes and dtypes only), for data whose values were checked as read."""
+        check_image_tensor("images", images, self.config.image_size, check)
+        given = self.conditioning(images.shape[0], labels, values=check, **inputs)
+        targets = self.targets(images)
+        params, bounds = params_and_bounds(self(previous_values(targets), **given))
+        return self.head.log_prob(params, targets, bounds)
+
+    def nll(self, images: Tensor, labels: Tensor | None = None, *, given_rows: int = 0, check: bool = True,
+            **inputs: Tensor | None) -> Tensor:
+        """(B,) negative log-likelihood of each whole image, in nats; with ``given_rows`` = k, of the
+        part below the first k rows given them (image completion, ``given_steps``)."""
+        log_p = self.log_prob(images, labels, check=check, **inputs)
+        return image_nll(log_p, self.given_steps(given_rows) if given_rows else None)
+
+    def bits_per_dim(self, images: Tensor, labels: Tensor | None = None, *, given_rows: int = 0, check: bool = True,
+                     **inputs: Tensor | None) -> Tensor:
+        """(B,) bits per scored sub-pixel of each image (docs/model.md §5): all of them, or those
+        below the first ``given_rows`` rows; ``transforms``, among ``inputs``: the images' transform
+        ids (None: the identity)."""
+        nats = self.nll(images, labels, given_rows=given_rows, check=check, **inputs)
+        return nats / (scored_dims(self.config, given_rows) * math.log(2))
+
+    def given_steps(self, rows: int) -> Tensor:
+        """(T,) bool: the steps in the first ``rows`` image rows, which a completion gives. In block-raster
+        order they must be whole rows of query blocks, so that every given step comes before every other
+        and the steps scored are exactly p(rest | given)."""
+        cfg = self.config
+        if not 0 <= rows <= cfg.image_size:
+            raise UserError(f"given_rows={rows} is invalid: give 0..{cfg.image_size} rows")
+        block_height = cfg.attention.query_block_shape[0]
+        if cfg.attention.kind == "local_2d" and rows % block_height:
+            raise UserError(f"given_rows={rows}: with 2D blocks of height {block_height} the given rows must be a "
+                            "whole number of block rows, to come first in generation order")
+        return self.step_rows < rows  # grid rows are image rows
+
+
+class ImageTransformer(AutoregressiveModel):
     """The decoder-only autoregressive model over sub-pixels or pixels. ``kernel``, ``flex_block_size``:
     how self-attention runs (attention.py), the same numbers every way; ``activation_checkpointing``:
     each layer's activations recomputed in the backward pass (memory for compute, the same numbers);
@@ -183,15 +258,12 @@ class ImageTransformer(nn.Module):
     def __init__(self, config: ModelConfig, kernel: str = "auto", flex_block_size: int = FLEX_BLOCK_SIZE,
                  activation_checkpointing: bool = False, cross_attention: bool = False,
                  conditioned: bool = False) -> None:
-        super().__init__()
         check_kernel(kernel, flex_block_size)
+        super().__init__(config)
         self.activation_checkpointing, self.flex_block_size = activation_checkpointing, flex_block_size
-        self.config = config.validate()
         d = config.d_model
         self.pattern = pattern_for(config)
-        self.order = self.pattern.order
-        rows, cols = self.order.grid_cell()
-        self.register_buffer("step_rows", rows, persistent=False)
+        _, cols = self.order.grid_cell()
         self.register_buffer("step_cols", cols, persistent=False)
         self.register_buffer("step_channels", cols % CHANNELS, persistent=False)
         head = head_type(config)  # what a step is, its grid and its input embedding; built last, below
@@ -226,7 +298,7 @@ class ImageTransformer(nn.Module):
                 context: Iterable[CrossAttentionCache] | None = None) -> Tensor:
         """(B, t[, 3]) the value before each step -> (B, t, P) the head's parameters: every step
         teacher-forced (no cache; ``labels`` and ``transforms`` (B,) ids), or the t steps from the
-        kv-cache's counter on (its class and transform its own). Conditioning from a wrapping model:
+        kv-cache's counter on (its class and transform its own). Conditioning from a composing model:
         ``extra`` (B, t, d) added to the inputs; per layer, ``c`` (B, t, d) and ``context``."""
         start, condition = (0, self.condition(labels, transforms)) if cache is None else (cache.step, cache.condition)
         steps = start + torch.arange(previous.shape[1], device=previous.device)  # (t,)
@@ -252,88 +324,24 @@ class ImageTransformer(nn.Module):
             vectors.append(table[:1][None] if transforms is None else self.transform_embedding(transforms)[:, None])
         return sum(vectors[1:], vectors[0]) if vectors else None
 
-    # ----- decoding, one step at a time ---------------------------------------
     def start_decoding(self, batch: int, labels: Tensor | None = None, *, transforms: Tensor | None = None,
                        **inputs: Tensor | None) -> DecodingCache:
         """An empty cache for decoding ``batch`` images with ``forward``, at step 0; ``inputs``: ``conditioning``'s."""
         self.conditioning(batch, labels, transforms=transforms, **inputs)
         step = torch.zeros((), dtype=torch.long, device=self.step_rows.device)
         kv_caches = [layer.self_attn.start_decoding(batch) for layer in self.layers]
-        return DecodingCache(step, self.condition(labels, transforms), kv_caches, None)
-
-    def decode_step(self, previous: Tensor, cache: DecodingCache) -> Tensor:
-        """(B,) or (B, 3) the value of step t − 1 -> (B, P) step t's parameters, the full pass's (at t = 0
-        ``previous`` counts for nothing). No branch reads a value: every step runs one graph."""
-        return self(previous[:, None], cache)[:, 0]
-
-    def prefill(self, given: Tensor, cache: DecodingCache) -> Tensor:
-        """(B, P[, 3]) a completion's first P values, at once into a fresh kv-cache -> (B, P, params), the
-        full pass's first P steps; every cache left as P ``decode_step`` calls leave it. The last value
-        is not read: it is the next ``decode_step``'s ``previous``."""
-        length = given.shape[1]
-        if not 0 < length <= self.order.length:
-            raise UserError(f"prefill takes 1..{self.order.length} steps, not {length}")
-        if int(cache.step):  # read once per prefill: the layers attend from step 0
-            raise UserError(f"prefill fills a fresh cache (from start_decoding), not one at step {int(cache.step)}")
-        return self(previous_values(given), cache)
-
-    # ----- likelihoods ----------------------------------------------------------
-    def targets(self, images: Tensor) -> Tensor:
-        """(B, H, W, 3) -> (B, T) sub-pixel values or (B, T, 3) pixels, in generation order."""
-        return self.order.grid_to_sequence(self.head.to_grid(images.long()))
-
-    def images(self, sequence: Tensor) -> Tensor:
-        """``targets``' inverse: (B, T[, 3]) values in generation order -> (B, H, W, 3)."""
-        return self.head.to_images(self.order.sequence_to_grid(sequence))
-
-    def log_prob(self, images: Tensor, labels: Tensor | None = None, *, check: bool = True,
-                 transforms: Tensor | None = None, **inputs: Tensor | None) -> Tensor:
-        """uint8 images (B, H, W, 3) -> (B, T) log-likelihood of every step, in nats; ``inputs``: a wrapping
-        model's conditioning, by name (``conditioning``). ``check`` False reads no value back from the
-        device (shapes and dtypes only), for data whose values were checked as read."""
-        check_image_tensor("images", images, self.config.image_size, check)
-        given = self.conditioning(images.shape[0], labels, values=check, transforms=transforms, **inputs)
-        targets = self.targets(images)
-        params, bounds = params_and_bounds(self(previous_values(targets), **given))
-        return self.head.log_prob(params, targets, bounds)
-
-    def nll(self, images: Tensor, labels: Tensor | None = None, *, given_rows: int = 0, check: bool = True,
-            transforms: Tensor | None = None, **inputs: Tensor | None) -> Tensor:
-        """(B,) negative log-likelihood of each whole image, in nats; with ``given_rows`` = k, of the
-        part below the first k rows given them (image completion, ``given_steps``)."""
-        log_p = self.log_prob(images, labels, check=check, transforms=transforms, **inputs)
-        return image_nll(log_p, self.given_steps(given_rows) if given_rows else None)
-
-    def bits_per_dim(self, images: Tensor, labels: Tensor | None = None, *, given_rows: int = 0, check: bool = True,
-                     transforms: Tensor | None = None, **inputs: Tensor | None) -> Tensor:
-        """(B,) bits per scored sub-pixel of each image (docs/model.md §5): all of them, or those
-        below the first ``given_rows`` rows; ``transforms``: the images' transform ids (None: the identity)."""
-        nats = self.nll(images, labels, given_rows=given_rows, check=check, transforms=transforms, **inputs)
-        return nats / (scored_dims(self.config, given_rows) * math.log(2))
+        return DecodingCache(step, self.condition(labels, transforms), kv_caches)
 
     def conditioning(self, count: int, labels: Tensor | None, *, values: bool = True,
                      transforms: Tensor | None = None, **inputs: Tensor | None) -> dict[str, Tensor | None]:
         """Labels and transform ids for ``count`` images, checked (``values``: their values too), as
-        ``forward``'s keyword arguments; ``inputs``, a wrapping model's conditioning: here, any given is refused."""
+        ``forward``'s keyword arguments; ``inputs``, a composing model's conditioning: here, any given is refused."""
         check_labels(labels, count, self.config.num_classes, values=values)
         check_transforms(transforms, count, self.config.num_transforms, values)
         refused = [name for name, value in inputs.items() if value is not None]
         if refused:
             raise UserError(f"this model takes no {refused[0]} input: pass {refused[0]}=None")
         return {"labels": labels, "transforms": transforms}
-
-    def given_steps(self, rows: int) -> Tensor:
-        """(T,) bool: the steps in the first ``rows`` image rows, which a completion gives. In block-raster
-        order they must be whole rows of query blocks, so that every given step comes before every other
-        and the steps scored are exactly p(rest | given)."""
-        cfg = self.config
-        if not 0 <= rows <= cfg.image_size:
-            raise UserError(f"given_rows={rows} is invalid: give 0..{cfg.image_size} rows")
-        block_height = cfg.attention.query_block_shape[0]
-        if cfg.attention.kind == "local_2d" and rows % block_height:
-            raise UserError(f"given_rows={rows}: with 2D blocks of height {block_height} the given rows must be a "
-                            "whole number of block rows, to come first in generation order")
-        return self.step_rows < rows  # grid rows are image rows
 
 
 def image_nll(log_p: Tensor, given: Tensor | None) -> Tensor:

@@ -1,6 +1,6 @@
 """The LightningModule (docs/model.md §5 metric, §8 recipe): loss, metrics, logging, optimiser.
 
-The network itself is the plain ``ImageTransformer``; this module owns what
+The network itself is a plain ``nn.Module`` (``build_model``); this module owns what
 training adds around it. One ``shared_step`` serves train and val, scoring each batch with
 ``batch_bits_per_dim``, as ``imagetx.evaluate`` does.
 
@@ -40,7 +40,7 @@ from ..model.flops import Flops, count_flops
 from ..model.attention import FLEX_BLOCK_SIZE
 from ..model.scoring import batch_bits_per_dim
 from ..model.superres import SuperResolutionTransformer, build_model
-from ..model.transformer import ImageTransformer, TransformerLayer
+from ..model.transformer import AutoregressiveModel, TransformerLayer
 from .grow import GROWN, deepen
 from .resume_state import check_restored
 from .nonfinite import NonFiniteLossError, NonFiniteSteps, gradients_not_finite, non_finite_tensors, step_kind
@@ -392,7 +392,7 @@ def compile_network(model: torch.nn.Module, mode: bool | str) -> None:
         model.compile(**COMPILE_OPTIONS)
 
 
-def parameter_groups(model: ImageTransformer, peak_lr: float, low_res_lr_scale: float) -> list[dict]:
+def parameter_groups(model: AutoregressiveModel, peak_lr: float, low_res_lr_scale: float) -> list[dict]:
     """The optimiser's parameter groups: the parts that read the low-resolution input at
     ``low_res_lr_scale`` times the peak learning rate, the rest at the peak."""
     parts = model.low_res_modules() if isinstance(model, SuperResolutionTransformer) else []
@@ -403,7 +403,7 @@ def parameter_groups(model: ImageTransformer, peak_lr: float, low_res_lr_scale: 
     return [group for group in groups if group["params"]]
 
 
-def make_optimizer(model: ImageTransformer, optimizer: str, peak_lr: float, betas: tuple[float, float], eps: float,
+def make_optimizer(model: AutoregressiveModel, optimizer: str, peak_lr: float, betas: tuple[float, float], eps: float,
                    weight_decay: float, low_res_lr_scale: float) -> torch.optim.Optimizer:
     """Training's optimiser over ``model`` at the peak learning rate (the schedule scales it):
     Adam for ``adam_noam``, AdamW for the others. The settings come from ``optimizer_settings``:

@@ -32,7 +32,7 @@ from ..io.errors import CheckpointError
 from ..io.load import load_model
 from ..io.weights import listed
 from ..model.superres import SuperResolutionTransformer
-from ..model.transformer import ImageTransformer, zero_start
+from ..model.transformer import AutoregressiveModel, zero_start
 from .continuation import is_packed, unpack
 
 
@@ -46,27 +46,31 @@ def read_source(source: str | Path) -> dict[str, torch.Tensor]:
         return load_model(unpack(path, Path(folder) / "joined.ckpt", option="--init_from")).state_dict()
 
 
-def source_layers(stored: dict[str, torch.Tensor]) -> int:
-    """How many decoder layers the weights ``stored`` have (``layers.<i>.`` tensors)."""
-    indices = {int(name.split(".")[1]) for name in stored if name.startswith("layers.")}
+def source_layers(stored: dict[str, torch.Tensor], prefix: str = "") -> int:
+    """How many decoder layers the weights ``stored`` have (``<prefix>layers.<i>.`` tensors)."""
+    indices = {int(name.removeprefix(prefix).split(".")[1]) for name in stored if name.startswith(f"{prefix}layers.")}
     return max(indices, default=-1) + 1
 
 
-def start_from(model: ImageTransformer, source: str | Path) -> str:
+def start_from(model: AutoregressiveModel, source: str | Path) -> str:
     """Copy the weights stored at ``source`` (a weights folder, a checkpoint written by
     imagetx.train, or a packed continuation folder) into ``model``, in place; a CheckpointError
     naming the tensors that do not fit. Returns what was done, in one line."""
     stored = read_source(source)
     own = model.state_dict()
-    # A plain decoder's weights start a super-resolution model's decoder (the decoder's names are
-    # the same in both); a super-resolution model's start one of its kind whole.
-    parts = model.low_res_modules() if isinstance(model, SuperResolutionTransformer) else []
+    # A plain decoder's weights start a super-resolution model's decoder (``model.decoder``, its
+    # tensors under ``decoder.``); a super-resolution model's start one of its kind whole.
+    composed = isinstance(model, SuperResolutionTransformer)
+    decoder, prefix = (model.decoder, "decoder.") if composed else (model, "")
+    if composed and not any(name.startswith(prefix) for name in stored):
+        stored = {prefix + name: value for name, value in stored.items()}
+    parts = model.low_res_modules() if composed else []
     low_res = {id(module) for module in parts}
     reading = {f"{name}.{key}" for name, module in model.named_modules() if id(module) in low_res
                for key in module.state_dict()}
-    kept_layers = source_layers(stored)
-    added = list(model.layers)[kept_layers:]
-    in_added = {f"layers.{index}.{key}" for index, layer in enumerate(added, start=kept_layers)
+    kept_layers = source_layers(stored, prefix)
+    added = list(decoder.layers)[kept_layers:]
+    in_added = {f"{prefix}layers.{index}.{key}" for index, layer in enumerate(added, start=kept_layers)
                 for key in layer.state_dict()}
     fresh = reading | in_added
     extra = [name for name in stored if name not in own]
@@ -90,7 +94,7 @@ def start_from(model: ImageTransformer, source: str | Path) -> str:
     kept = len(model.state_dict()) - len(stored) - added_own
     return (f"started from {source}: {len(stored)} tensors copied"
             + (f", {kept} that read the low-resolution input left as initialised" if kept else "")
-            + (f", {added_names(kept_layers, len(model.layers))} added as identity layers (their residual "
+            + (f", {added_names(kept_layers, len(decoder.layers))} added as identity layers (their residual "
                "writers at zero)" if added else ""))
 
 

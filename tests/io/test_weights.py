@@ -376,19 +376,20 @@ def test_a_run_driven_from_python_with_path_arguments_writes_a_checkpoint_load_m
 
 
 @pytest.mark.parametrize("reading", ["cell_add", "cross_attention"])
-@pytest.mark.parametrize("form", ["decoder beside", "in the layer", "the layer's reading"])
+@pytest.mark.parametrize("form", ["decoder beside", "in the layer", "the layer's reading", "the model the decoder"])
 def test_super_resolution_weights_under_their_older_names_load_as_today_s(tmp_path, form, reading):
     """A super-resolution model's weights were first named as the decoder's under ``decoder.`` and
     its readings of the encoder beside it (readings.0.cell_add...), then as the decoder's own, each
     layer's reading inside the layer (layers.0.cell_add...), then under the layer's reading
-    (layers.0.reading.cell_add...); today the cell adds are the model's (cell_adds.0...) and
-    cross-attention the layer's (layers.0.cross_attn...). Folders of each older form (the shipped
-    super-resolution models' among them) load, and score as the model they were written from."""
+    (layers.0.reading.cell_add...), then with the cell adds the model's (cell_adds.0...) and
+    cross-attention the layer's (layers.0.cross_attn...); today the model composes the decoder, its
+    tensors under ``decoder.`` (decoder.layers.0.cross_attn...). Folders of each older form (the
+    shipped super-resolution models' among them) load, and score as the model they were written from."""
     model = tiny_model(seed=3, image_size=8, head="dmol", encoder_layers=1, low_res_size=4, low_res_reading=reading,
                        cell_remainder_input=True, n_layers=2, norm="post")
     older = {}
     for name, value in model.state_dict().items():
-        name = as_reading(name)  # the layer's reading
+        name = name.removeprefix("decoder.") if form == "the model the decoder" else as_reading(name)
         if form == "in the layer":
             name = name.replace(".reading.", ".")
         elif form == "decoder beside" and ".reading." in name:
@@ -399,7 +400,8 @@ def test_super_resolution_weights_under_their_older_names_load_as_today_s(tmp_pa
         older[name] = value
     part = "cell_add.proj.weight" if reading == "cell_add" else "cross_attn.q.weight"
     old_name = {"decoder beside": f"readings.1.{part}", "in the layer": f"layers.1.{part}",
-                "the layer's reading": f"layers.1.reading.{part}"}[form]
+                "the layer's reading": f"layers.1.reading.{part}",
+                "the model the decoder": "cell_adds.1.proj.weight" if reading == "cell_add" else f"layers.1.{part}"}[form]
     assert old_name in older and "encoder.embedding.table.weight" in older
     write_weights(tmp_path / "older", older, model.config)
     loaded = load_model(tmp_path / "older")
@@ -430,7 +432,8 @@ def test_weights_in_the_older_projection_layout_load_as_today_s(tmp_path, kind):
     older = older_state(model)
     assert "layers.1.self_attn.to_qkv.weight" in older and "layers.1.self_attn.qkv.weight" not in older
     fused = older["layers.1.self_attn.to_qkv.weight"]
-    assert not torch.equal(fused, model.state_dict()["layers.1.self_attn.qkv.weight"])  # reordered
+    decoder = "decoder." if kind == "superres" else ""
+    assert not torch.equal(fused, model.state_dict()[f"{decoder}layers.1.self_attn.qkv.weight"])  # reordered
     if kind == "superres":
         assert "layers.0.reading.cross_attn.to_kv.weight" in older  # the form the codec's fingerprint hashes
     today = current_names(older, model)

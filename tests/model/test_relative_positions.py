@@ -75,7 +75,7 @@ def test_rotary_adds_no_parameters_and_only_turns_decoder_self_attention():
     model = tiny_model(relative_positions="rotary", encoder_layers=1, low_res_size=2)
     plain = tiny_model(encoder_layers=1, low_res_size=2)
     assert [n for n, _ in model.named_parameters()] == [n for n, _ in plain.named_parameters()]
-    layers = model.layers
+    layers = model.decoder.layers
     assert all(layer.self_attn.rotary is layers[0].self_attn.rotary for layer in layers)
     assert all(layer.self_attn.rotary is None for layer in model.encoder.layers)
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import random_images, random_labels, tiny_model
+from helpers import decoder_of, random_images, random_labels, tiny_model
 from imagetx.model.superres import downsample_area
 from imagetx.model.heads import params_and_bounds
 from imagetx.model.transformer import previous_values
@@ -83,7 +83,7 @@ def prefill_lengths(model) -> list[int]:
     """Prefills to check (none, step by step, is ``cached_params``): one step; a query block's length
     and either side of it; an image row (2D: a row of blocks); half the image, a completion's given
     rows; all steps but the last; every step."""
-    length, block = model.order.length, model.pattern.block_length
+    length, block = model.order.length, decoder_of(model).pattern.block_length
     attention = model.config.attention
     row = int(model.given_steps(attention.query_block_shape[0] if attention.kind == "local_2d" else 1).sum())
     half_image = int(model.given_steps(model.config.image_size // 2).sum())
@@ -643,7 +643,7 @@ def test_every_decoder_layer_is_called_as_a_module_in_the_full_pass_and_in_decod
 
     superres = {} if reading is None else dict(image_size=8, encoder_layers=1, low_res_size=4, low_res_reading=reading)
     model = tiny_model(**superres).eval()
-    layers = model.layers
+    layers = decoder_of(model).layers
     calls = []
     for index, layer in enumerate(layers):
         layer.register_forward_hook(lambda module, args, output, index=index: calls.append(index))
@@ -676,9 +676,10 @@ def test_an_attention_of_its_own_width_decodes_as_its_full_pass(reading):
     config = dataclasses.replace(config, attention=dataclasses.replace(config.attention, head_size=12)).validate()
     torch.manual_seed(11)
     model = build_model(config).double().eval()
-    assert model.layers[0].self_attn.qkv.weight.shape == (3 * 36, 16)
-    assert model.layers[0].self_attn.proj.weight.shape == (16, 36)
+    layer = decoder_of(model).layers[0]
+    assert layer.self_attn.qkv.weight.shape == (3 * 36, 16)
+    assert layer.self_attn.proj.weight.shape == (16, 36)
     if reading:
-        assert model.layers[0].cross_attn.kv.weight.shape == (2 * 36, 16)
+        assert layer.cross_attn.kv.weight.shape == (2 * 36, 16)
     images = random_images(2, config.image_size, seed=12)
     check_cached_equals_full(model, images, low_res=downsample_area(images, 4) if reading else None)

@@ -83,7 +83,7 @@ def test_the_cell_add_reaches_exactly_the_step_s_own_low_res_pixel(head):
     # cell add, so the gradient's support is the 3 sub-pixels of the low-res pixel under it.
     model = superres_model(head, "local_1d", low_res_size=4, n_layers=1, low_res_reading="cell_add")
     images, low_res = random_images(1, 8, seed=1), random_images(1, 4, seed=2)
-    context = model.encoder(low_res, model.positions).detach().requires_grad_()
+    context = model.encoder(low_res, model.decoder.positions).detach().requires_grad_()
     model.encoder.register_forward_hook(lambda module, args, output: context)  # the encoder's output a leaf
     params = full_pass(model, images, low_res=low_res)
     for t in range(params.shape[1]):
@@ -99,7 +99,7 @@ def test_the_cell_add_reaches_exactly_the_step_s_own_low_res_pixel(head):
 @pytest.mark.parametrize("head", ["categorical", "dmol"])
 def test_cross_attention_equals_the_dense_reference(head):
     model = superres_model(head, "local_1d", low_res_size=4)
-    attn = model.layers[0].cross_attn
+    attn = model.decoder.layers[0].cross_attn
     length = model.order.length
     x = torch.randn(2, length, 16, dtype=torch.float64, requires_grad=True)
     context = torch.randn(2, 48, 16, dtype=torch.float64, requires_grad=True)
@@ -118,7 +118,7 @@ def test_cross_attention_equals_the_dense_reference(head):
 def test_encoder_is_not_causal():
     model = superres_model("categorical", "local_1d")
     leaf = LeafEmbeddings(model)
-    context = model.encoder(random_images(1, 2, seed=3), model.positions)  # (1, 12, d)
+    context = model.encoder(random_images(1, 2, seed=3), model.decoder.positions)  # (1, 12, d)
     proj = torch.randn(context.shape[-1], dtype=context.dtype, generator=torch.Generator().manual_seed(0))
     for i in range(context.shape[1]):
         # a random projection: the plain sum of a LayerNorm output is constant
@@ -207,13 +207,14 @@ def test_the_super_resolution_model_is_the_decoder_composed_with_an_encoder(read
     assert type(build_model(dataclasses.replace(config, superres=None))) is ImageTransformer
     with pytest.raises(ValueError, match="a config without a superres section is a plain decoder"):
         SuperResolutionTransformer(dataclasses.replace(config, superres=None))
-    # it holds the decoder whole, with the decoder's own names; the decoder itself knows of no
-    # encoder: what its layers read comes as arguments
+    # it holds the decoder whole, under ``decoder.``; the decoder itself knows of no encoder: what
+    # its layers read comes as arguments
     decoder = set(build_model(dataclasses.replace(config, superres=None)).state_dict())
     composed = build_model(config)
-    assert decoder < set(composed.state_dict())
+    assert {f"decoder.{name}" for name in decoder} < set(composed.state_dict())
     assert set(ImageTransformer(config).state_dict()) == decoder
-    layer = composed.layers[0]
+    assert type(composed.decoder) is ImageTransformer and composed.head is composed.decoder.head
+    layer = composed.decoder.layers[0]
     assert (layer.cross_attn is not None) == (reading == "cross_attention")
     assert (layer.c_norm is not None) == (reading == "cell_add")  # post-norm: c normalised after its add
     assert (composed.cell_adds is None) == (reading == "cross_attention")

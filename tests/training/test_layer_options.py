@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import random_images, tiny_config
+from helpers import decoder_of, random_images, tiny_config
 from imagetx.model.superres import downsample_area
 from imagetx.model.superres import build_model
 from imagetx.training.module import compile_network
@@ -41,7 +41,7 @@ def test_activation_checkpointing_recomputes_each_layer_and_changes_no_number(su
         models.append(build_model(config, activation_checkpointing=checkpointed))
     calls = {False: [], True: []}
     for model, checkpointed in zip(models, (False, True)):
-        for layer in model.layers:
+        for layer in decoder_of(model).layers:
             # a pre-hook: the recomputation stops as soon as it has what the backward pass needs, before
             # the layer's own end (torch.utils.checkpoint's early stop), where a forward hook would run
             layer.register_forward_pre_hook(lambda module, args, seen=calls[checkpointed]: seen.append(module))

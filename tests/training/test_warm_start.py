@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from helpers import (TINY_TRAIN_MODEL, bits_per_dim, one_error_line, random_images, tiny_model,
+from helpers import (TINY_TRAIN_MODEL, bits_per_dim, decoder_of, one_error_line, random_images, tiny_model,
                      weights_checkpoint, write_train_config)
 from imagetx import ModelConfig, build_model
 from imagetx.io.errors import CheckpointError
@@ -54,8 +54,8 @@ def test_a_packed_continuation_is_a_source_and_joining_it_leaves_no_file_behind(
     before = sorted(tmp_path.rglob("*"))
     model = tiny_model(seed=2, **DECODER, **LOW_RES)
     assert f"{len(source.state_dict())} tensors copied" in start_from(model, tmp_path / "packed")
-    for name, value in source.state_dict().items():
-        assert torch.equal(model.state_dict()[name], value), name
+    for name, value in source.state_dict().items():  # into its decoder
+        assert torch.equal(model.state_dict()[f"decoder.{name}"], value), name
     assert sorted(tmp_path.rglob("*")) == before
     (tmp_path / "packed" / "continue.ckpt.part00").write_bytes(b"cut")
     with pytest.raises(CheckpointError, match=r"^--init_from .*packed: its parts do not add up"):
@@ -63,9 +63,9 @@ def test_a_packed_continuation_is_a_source_and_joining_it_leaves_no_file_behind(
 
 
 @pytest.mark.parametrize("source_fields, named", [
-    (dict(d_model=32, d_filter=64), "shapes that differ: value_embedding"),  # another width
-    (dict(num_classes=10), "tensors this model lacks: class_embedding"),
-    (dict(n_layers=2), "tensors this model lacks: layers.1"),
+    (dict(d_model=32, d_filter=64), "shapes that differ: decoder.value_embedding"),  # another width
+    (dict(num_classes=10), "tensors this model lacks: decoder.class_embedding"),
+    (dict(n_layers=2), "tensors this model lacks: decoder.layers.1"),
 ])
 def test_a_source_with_another_decoder_is_refused_and_the_model_is_untouched(tmp_path, source_fields, named):
     source = tiny_model(seed=1, **{**DECODER, **source_fields})
@@ -95,7 +95,7 @@ def test_a_deeper_model_starts_as_the_shallower_source_with_identity_layers_that
     with torch.no_grad():  # float32 rounding only: the same sums, with two zero branches added
         torch.testing.assert_close(bits_per_dim(model, images, low_res=low_res),
                                    bits_per_dim(source, images, low_res=low_res), rtol=1e-6, atol=1e-5)
-    added = list(model.layers)[1:]
+    added = list(decoder_of(model).layers)[1:]
     writers = [linear for layer in added for linear in layer.residual_writers()]
     assert all(not linear.weight.any() for linear in writers)
     assert all(layer.self_attn.qkv.weight.abs().sum() > 0 for layer in added)  # the rest as initialised
@@ -142,7 +142,7 @@ def test_train_init_from_starts_the_run_from_the_source_weights(tmp_path, data_r
     trained = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert trained["global_step"] == 2
     for name, value in source.state_dict().items():
-        assert torch.equal(trained["state_dict"][f"model.{name}"], value), name  # into its decoder
+        assert torch.equal(trained["state_dict"][f"model.decoder.{name}"], value), name  # into its decoder
 
 
 def test_train_refuses_init_from_with_resume(tmp_path, data_root, capsys):
