@@ -96,7 +96,7 @@ def exact_float32():
 
 def autocast(device: torch.device, bf16: bool):
     """bf16 autocast for the network (its DMOL head projects and scores in float32 regardless:
-    ``imagetx.model.embedding``), or nothing."""
+    ``imagetx.model.heads``), or nothing."""
     return torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
 
 

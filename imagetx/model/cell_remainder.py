@@ -28,8 +28,7 @@ from einops import rearrange
 from torch import Tensor, nn
 
 from .config import CHANNELS, HALF_RANGE, LEVELS, ModelConfig
-from .heads import head_type
-from .embedding import full_precision_linear, scoring_dtype
+from .heads import full_precision_linear, head_type, scoring_dtype
 
 
 @dataclass
@@ -98,7 +97,7 @@ class CellRemainder(nn.Module):
 
     def embed(self, features: Tensor) -> Tensor:
         """(B, t, c + 1) features -> (B, t, d), added to the decoder's input; in float32 under
-        mixed precision, as it reads raw values (embedding.py, ``full_precision_linear``)."""
+        mixed precision, as it reads raw values (heads.py, ``full_precision_linear``)."""
         return full_precision_linear(self.proj, features)
 
     def start_decoding(self, low_res: Tensor) -> RemainderCache:

@@ -39,7 +39,7 @@ from torch import nn
 
 from .config import CHANNELS
 from .attention import uses_flex
-from .embedding import PixelEmbedding
+from .heads import PixelEmbedding
 from .flex import block_mask, build_block_mask
 from .patterns import BlockIndex
 from .superres import SuperResolutionTransformer

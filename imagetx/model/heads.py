@@ -10,6 +10,7 @@ sub-pixel or a pixel), how images lie on the grid and how a step's input value i
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
@@ -18,7 +19,6 @@ from torch import Tensor, nn
 
 from ..errors import UserError
 from .config import CHANNELS, HALF_RANGE, LEVELS, ModelConfig
-from .embedding import PixelEmbedding, SubPixelEmbedding, full_precision_linear, scoring_dtype
 
 HALF_BIN = 1.0 / (LEVELS - 1)  # half-width of one value's bin on the [-1, 1] scale
 MIN_LOG_SCALE = -7.0  # PixelCNN++ clamp: keeps inv_s = exp(-s) below ~1100
@@ -29,6 +29,62 @@ TINY_GAP = 1e-30
 # Each channel's coupling coefficients, by index into the K-wide coefficient rows (PixelCNN++'s α, β, γ):
 # R none, G α·x_R, B β·x_R + γ·x_G.
 COUPLINGS = ((), (0,), (1, 2))
+
+
+# float32 at the network's two ends (docs/model.md §5): on [-1, 1] neighbouring levels are 2/255 ≈ 0.0078
+# apart, and bfloat16 resolves steps of 1/128 ≈ 0.0078 near ±1, so it would merge them.
+
+
+def scoring_dtype(tensor: Tensor) -> torch.dtype:
+    """float32, or the tensor's own dtype where it is wider (a float64 model works in float64)."""
+    return torch.promote_types(tensor.dtype, torch.float32)
+
+
+def full_precision_linear(proj: nn.Linear, x: Tensor) -> Tensor:
+    """``proj(x)`` in ``scoring_dtype`` of the weights, with autocast off."""
+    dtype = scoring_dtype(proj.weight)
+    bias = None if proj.bias is None else proj.bias.to(dtype)
+    # (the meta device of FLOP counting has no autocast to turn off)
+    with nullcontext() if x.is_meta else torch.autocast(x.device.type, enabled=False):
+        return F.linear(x.to(dtype), proj.weight.to(dtype), bias)
+
+
+class SubPixelEmbedding(nn.Module):
+    """Values (B, T) with channel ids (T,) -> (B, T, d): row v + 256·c, times √d. ``ordinal=True`` starts
+    each channel's rows on the line between two random vectors, so that intensity is readable from the
+    first step (docs/model.md §6)."""
+
+    def __init__(self, d_model: int, ordinal: bool = False) -> None:
+        super().__init__()
+        self.table = nn.Embedding(CHANNELS * LEVELS, d_model)
+        # T2T initialises with std d^-½ so that after the √d scale entries are ~unit size.
+        nn.init.normal_(self.table.weight, std=d_model**-0.5)
+        if ordinal:
+            self.make_ordinal()
+        self.scale = math.sqrt(d_model)
+
+    @torch.no_grad()
+    def make_ordinal(self) -> None:
+        """Row v of each channel := lerp(row 0, row 255, v / 255), keeping their random ends."""
+        table = self.table.weight.view(CHANNELS, LEVELS, -1)
+        fraction = torch.linspace(0.0, 1.0, LEVELS, dtype=table.dtype)[None, :, None]
+        table.copy_(table[:, :1] + (table[:, -1:] - table[:, :1]) * fraction)
+
+    def forward(self, values: Tensor, channels: Tensor) -> Tensor:
+        return self.table(values.long() + LEVELS * channels) * self.scale
+
+
+class PixelEmbedding(nn.Module):
+    """Pixels (B, T, 3) -> (B, T, d); T2T's 1×3 stride-3 convolution is this linear map."""
+
+    def __init__(self, d_model: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(CHANNELS, d_model)
+
+    def forward(self, pixels: Tensor, channels: Tensor | None = None) -> Tensor:
+        """``channels``: not read (a pixel holds all three), taken as ``SubPixelEmbedding`` takes them."""
+        values = pixels.to(scoring_dtype(self.proj.weight)) / HALF_RANGE - 1.0
+        return torch.relu(full_precision_linear(self.proj, values))
 
 
 def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:

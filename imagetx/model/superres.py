@@ -32,11 +32,10 @@ from ..errors import UserError
 from .attention import FLEX_BLOCK_SIZE, CrossAttentionCache
 from .cell_remainder import CellRemainder, RemainderCache
 from .config import CHANNELS, ModelConfig
-from .embedding import PositionEncoding, SubPixelEmbedding
-from .heads import CategoricalHead, head_type
+from .heads import CategoricalHead, SubPixelEmbedding, head_type
 from .patterns import GenerationOrder
-from .transformer import (AutoregressiveModel, DecodingCache, ImageTransformer, TransformerLayer, check_image_tensor,
-                          layer_sizes, zero_start)
+from .transformer import (AutoregressiveModel, DecodingCache, ImageTransformer, PositionEncoding, TransformerLayer,
+                          check_image_tensor, layer_sizes, zero_start)
 
 
 def downsample_area(images: torch.Tensor, size: int) -> torch.Tensor:

@@ -29,7 +29,6 @@ from ..errors import UserError
 from .attention import (FLEX_BLOCK_SIZE, CrossAttention, CrossAttentionCache, KVCache, Rotary2D, SelfAttention,
                         check_kernel, may_use_flex)
 from .config import CHANNELS, LEVELS, ModelConfig
-from .embedding import PositionEncoding
 from .heads import head_type, params_and_bounds
 from .patterns import GenerationOrder, PatternIndex, pattern_for
 
@@ -82,6 +81,42 @@ def check_transforms(transforms: Tensor | None, count: int, num_transforms: int,
     if not num_transforms:
         raise UserError("transforms given, but this model takes none (num_transforms=0): give no transforms")
     check_labels(transforms, count, num_transforms, "transforms", values)
+
+
+# ----- row and column position encodings (docs/model.md §2) -------------------------------------
+
+def sinusoid(positions: Tensor, dim: int) -> Tensor:
+    """(T,) integer positions -> (T, dim) sin/cos features with geometric frequencies."""
+    half = dim // 2
+    freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, dtype=torch.float32) / max(half, 1))
+    angles = positions.float()[:, None] * freqs[None, :]
+    out = torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
+    return nn.functional.pad(out, (0, dim - out.shape[-1]))  # odd dim: one zero column
+
+
+class PositionEncoding(nn.Module):
+    """Row and column encodings for a rows×cols grid, concatenated to d, looked up in tables: learned,
+    or sinusoids kept as a buffer, so that one decoding step's position is an index, not a recomputation."""
+
+    def __init__(self, rows: int, cols: int, d_model: int, kind: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.row_dim = d_model // 2
+        self.col_dim = d_model - self.row_dim
+        if kind == "learned":
+            self.rows = nn.Embedding(rows, self.row_dim)
+            self.cols = nn.Embedding(cols, self.col_dim)
+            nn.init.normal_(self.rows.weight, std=0.02)
+            nn.init.normal_(self.cols.weight, std=0.02)
+        else:
+            self.register_buffer("row_table", sinusoid(torch.arange(rows), self.row_dim), persistent=False)
+            self.register_buffer("col_table", sinusoid(torch.arange(cols), self.col_dim), persistent=False)
+
+    def forward(self, rows: Tensor, cols: Tensor) -> Tensor:
+        """(T,) grid rows and columns -> (T, d)."""
+        if self.kind == "learned":
+            return torch.cat([self.rows(rows), self.cols(cols)], dim=-1)
+        return torch.cat([self.row_table[rows], self.col_table[cols]], dim=-1)
 
 
 class TransformerLayer(nn.Module):
