@@ -1,11 +1,10 @@
 """Multi-head attention (docs/model.md §3, §4, §7): the layers, and ``attend``, the one function that
-computes attention for training, prefill and decoding alike.
-
-q, k, v are (B, h, T, e), e the head size: views of one fused projection whose output features are in
-(part, head, e) order, as in nanoGPT and timm. What the queries may see is one argument of ``attend``:
-a mask pattern's index (``PatternIndex``: its gathered blocks through SDPA, or the optional
-FlexAttention kernel, flex.py, imported only where it runs), a (Tq, Tk) bool mask, or None, every key
-(the encoder, cross-attention). 2D RoPE (``Rotary2D``) rotates queries and keys before any of these.
+computes attention for training, prefill and decoding alike. q, k, v are (B, h, T, e), e the head size:
+views of one fused projection with output features in (part, head, e) order, as nanoGPT's and timm's.
+What the queries may see is one argument of ``attend``: a mask pattern's index (``PatternIndex``: its
+gathered blocks through SDPA, or the optional FlexAttention kernel, flex.py, imported where it runs), a
+(Tq, Tk) bool mask, or None: every key (the encoder, cross-attention). 2D RoPE (``Rotary2D``) rotates
+queries and keys before any of these.
 """
 
 from __future__ import annotations
@@ -33,7 +32,6 @@ FLEX_MIN_HEAD_SIZE = 16
 
 
 # ----- the one entry ----------------------------------------------------------------------------
-
 def attend(q: Tensor, k: Tensor, v: Tensor, allowed: PatternIndex | Tensor | None = None,
            kernel: str = "auto") -> Tensor:
     """q (B, h, Tq, e) over k, v (B, h, Tk, e) -> (B, h, Tq, e): over the keys ``allowed`` lets each query
@@ -73,7 +71,6 @@ def may_use_flex(kernel: str, head_size: int) -> bool:
 
 
 # ----- the SDPA reference path --------------------------------------------------------------------
-
 def attend_in_blocks(q: Tensor, k: Tensor, v: Tensor, blocks: BlockIndex) -> Tensor:
     """q (B, h, Tq, e) over k, v (B, h, Tk, e) -> (B, h, Tq, e): each block of queries over its own
     gathered keys (key step Tk: a zero row, no key), in one SDPA call, O(T·S) for S keys a block. The
@@ -133,7 +130,6 @@ def rotate(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
 
 
 # ----- the layers ---------------------------------------------------------------------------------
-
 def project_heads(proj: nn.Linear, x: Tensor, n_heads: int, parts: int) -> tuple[Tensor, ...]:
     """x (B, T, d) through ``proj`` (d -> parts·h·e, output features in (part, head, e) order)
     -> ``parts`` tensors (B, h, T, e), views of the one projection."""

@@ -1,10 +1,8 @@
-"""Model configuration: the paper's hyper-parameters in one dataclass, with two sections.
-
-``ModelConfig`` holds the network's sizes and heads (docs/model.md §1–§3, §5); its ``attention``
-section the self-attention's heads and mask (§4), and its ``superres`` section, when set, adds an encoder
-over a low-resolution input that conditions the decoder (§6). It holds what the model computes, not
-how it runs (the attention kernel and its tiles are build options: ``build_model``). Every checkpoint
-stores it (``to_dict``: the geometry of the attention kind in use only), so that evaluation and
+"""Model configuration: the paper's hyper-parameters, the network's sizes and heads (docs/model.md
+§1–§3, §5), with two sections: ``attention``, the self-attention's heads and mask (§4), and ``superres``,
+when set, an encoder over a low-resolution input that conditions the decoder (§6). What the model
+computes, not how it runs (the attention kernel and its tiles are ``build_model``'s options). Every
+checkpoint stores it (``to_dict``: the attention kind's own geometry only), so that evaluation and
 sampling rebuild the model from the file alone; ``imagetx.io.older`` reads older files' configurations.
 """
 
@@ -28,7 +26,7 @@ HEADS, ATTENTIONS, POSITION_ENCODINGS, NORMS, LOW_RES_READINGS, RELATIVE_POSITIO
 GEOMETRY = {"local_1d": ("query_block_length", "memory_blocks"), "local_2d": ("query_block_shape", "memory_flange"),
             "full": ()}
 ATTENTION_DEFAULTS = {"query_block_length": 256, "memory_blocks": 1, "query_block_shape": (16, 16),
-                      "memory_flange": (16, 32)}
+                      "memory_flange": (16, 32)}  # 2D: T2T's defaults
 CHANNELS = 3  # RGB
 LEVELS = 256  # values of one sub-pixel
 # Half the value range, 127.5: v / HALF_RANGE - 1 maps the integers 0..255 onto [-1, 1]
@@ -40,31 +38,27 @@ HALF_RANGE = (LEVELS - 1) / 2
 class AttentionConfig:
     """§4: decoder self-attention — its heads, which earlier positions each step sees, and where they lie."""
     n_heads: int = 4  # heads of every attention layer
-    # Channels of each head (the attention's width: n_heads × head_size, projected from and back to
-    # d_model); None: d_model / n_heads, the paper's.
+    # Channels of each head (width n_heads × head_size, projected from and back to d_model); None: d_model / n_heads.
     head_size: int | None = None
     kind: Attention = "local_1d"  # which earlier positions a step sees: local 1D or 2D blocks, or all
     # 1D local attention: query blocks of this many positions, in raster order ...
     query_block_length: int = ATTENTION_DEFAULTS["query_block_length"]
     # ... each also seeing this many whole previous blocks (T2T: exactly one).
     memory_blocks: int = ATTENTION_DEFAULTS["memory_blocks"]
-    # 2D local attention: query block (rows, cols) in grid cells, and the flange (rows above, cols
-    # either side) of memory around it. T2T default: (16,16), (16,32). Any flange height is causal:
-    # in block-raster order every row above a block belongs to an earlier row of blocks.
+    # 2D local attention: query block (rows, cols) in grid cells, and the flange of memory around it (rows
+    # above, cols either side); any flange height is causal: every row above a block is in an earlier block row.
     query_block_shape: tuple[int, int] = ATTENTION_DEFAULTS["query_block_shape"]
     memory_flange: tuple[int, int] = ATTENTION_DEFAULTS["memory_flange"]
-    # Where each key lies relative to its query (not in the paper, whose inputs carry absolute
-    # positions only): "none", or "rotary", 2D RoPE of queries and keys (imagetx/model/attention.py:
-    # nothing added to the scores).
+    # Where each key lies relative to its query (not in the paper, whose inputs carry absolute positions
+    # only): "none", or "rotary", 2D RoPE of queries and keys (attention.py: nothing added to the scores).
     relative_positions: RelativePositions = "none"
 
     def __post_init__(self) -> None:
         # YAML and JSON hand us lists; the dataclass promises tuples.
         self.query_block_shape = tuple(self.query_block_shape)  # type: ignore[assignment]
         self.memory_flange = tuple(self.memory_flange)  # type: ignore[assignment]
-        # Another kind's geometry does nothing and is not stored (``to_dict``): refused where it is
-        # given, rather than kept and lost, so that a config is what it says and equals its stored
-        # form read back.
+        # Another kind's geometry does nothing and is not stored (``to_dict``): refused, rather than kept
+        # and lost, so that a config is what it says and equals its stored form read back.
         for kind, names in GEOMETRY.items():
             for name in names if kind != self.kind else ():
                 if getattr(self, name) != ATTENTION_DEFAULTS[name]:
@@ -78,23 +72,19 @@ class SuperResolutionConfig:
     """§6: an encoder over a low-resolution image that every decoder layer reads."""
     encoder_layers: int = 1  # unmasked self-attention layers over the low-res input
     low_res_size: int = 8  # side of the encoder's input image, in pixels
-    # How the encoder conditions each decoder layer: "cross_attention" (the paper's), or "cell_add":
-    # after self-attention, a linear map of the encoder's outputs for the low-res pixel the step
-    # lies in (imagetx/model/superres.py; not in the paper), as good as cross-attention to that
-    # pixel alone and cheaper: no query or output projection per step.
+    # How the encoder conditions each decoder layer: "cross_attention" (the paper's), or "cell_add" (not
+    # in the paper): after self-attention, a linear map of the encoder's output for the step's low-res
+    # pixel (superres.py), as good as cross-attention to that pixel alone, without its projections.
     low_res_reading: LowResReading = "cross_attention"
-    # True: each decoder step also gets the mean that the not-yet-generated values of its low-res
-    # cell must have for the cell to box-average to the input (exact for the box-mean inputs of
-    # §6; imagetx/model/cell_remainder.py). Not in the paper.
+    # Not in the paper, the three below. True: each decoder step also gets the mean that the values of its
+    # low-res cell not yet generated must have for the cell to box-average to the input (cell_remainder.py).
     cell_remainder_input: bool = False
-    # True: each step's distribution is restricted to the values that can still give its cell the
-    # input's rounded box mean, renormalised (per DMOL component and channel): samples downsample
-    # to their input exactly, and no mass goes to images that would not. Needs
-    # cell_remainder_input, whose sums give the bounds. Not in the paper.
+    # True: each step's distribution is restricted to the values that can still give its cell the input's
+    # rounded box mean, renormalised (per DMOL component and channel): samples downsample to their input
+    # exactly, and no mass goes to images that would not. Needs cell_remainder_input's sums.
     exact_box_means: bool = False
-    # True: the maps that add the low-res conditioning to the decoder (cross-attention's output
-    # projection, the cell add, the cell remainder's) start at zero, so a new model's outputs do
-    # not depend on its input until it learns to use it. Not in the paper.
+    # True: the maps that add the low-res conditioning to the decoder (cross-attention's output projection,
+    # the cell add, the cell remainder's) start at zero: a new model's outputs do not depend on its input.
     low_res_zero_start: bool = False
 
 
@@ -104,7 +94,7 @@ class ModelConfig:
     image_size: int = 32  # side of the square target image, in pixels
     num_classes: int = 0  # 0 = unconditional; else one learned vector per class (§2)
     # 0 = off; else distribution augmentation (Jun et al. 2020): one learned vector per transform id added
-    # to every step's input as a class's, 48 for the ids of imagetx/data/transforms.py; scored with id 0
+    # to every step's input as a class's (48: imagetx/data/transforms.py's ids); scored with id 0
     num_transforms: int = 0
     position_encoding: PositionEncodingKind = "sinusoidal"  # §2: absolute positions added to the inputs
     head: Head = "categorical"  # §5: a softmax per sub-pixel, or a mixture of logistics per pixel
@@ -128,9 +118,7 @@ class ModelConfig:
     @property
     def grid_shape(self) -> tuple[int, int]:
         """(rows, cols) of the generation grid: sub-pixels for categorical, pixels for DMOL."""
-        if self.head == "categorical":
-            return self.image_size, self.image_size * CHANNELS
-        return self.image_size, self.image_size
+        return self.image_size, self.image_size * (CHANNELS if self.head == "categorical" else 1)
 
     @property
     def rotary(self) -> bool:
@@ -178,9 +166,9 @@ class ModelConfig:
         if head_size is not None and (not isinstance(head_size, int) or head_size < 1):
             _invalid("attention.head_size", head_size, "must be a positive integer (or null: d_model / n_heads)")
         if head_size is None and self.d_model % self.attention.n_heads:
+            divisors = [k for k in range(1, min(self.d_model, 64) + 1) if self.d_model % k == 0]
             _invalid("attention.n_heads", self.attention.n_heads,
-                     f"must divide d_model={self.d_model} (e.g. {_divisors(self.d_model)}), "
-                     "or give attention.head_size")
+                     f"must divide d_model={self.d_model} (e.g. {divisors}), or give attention.head_size")
         if self.d_model % 2:
             _invalid("d_model", self.d_model, "must be even: half encodes the row, half the column")
         if self.rotary and self.head_size % 4:
@@ -209,12 +197,10 @@ class ModelConfig:
             qh, qw = attention.query_block_shape
             fh, fw = attention.memory_flange
             grid = f"(grid {rows}x{cols}, {self.head} head)"
-            if qh < 1 or rows % qh:
-                _invalid("attention.query_block_shape", attention.query_block_shape,
-                         f"block height must divide the grid's {rows} rows {grid}")
-            if qw < 1 or cols % qw:
-                _invalid("attention.query_block_shape", attention.query_block_shape,
-                         f"block width must divide the grid's {cols} columns {grid}")
+            for side, size, cells, unit in (("height", qh, rows, "rows"), ("width", qw, cols, "columns")):
+                if size < 1 or cells % size:
+                    _invalid("attention.query_block_shape", attention.query_block_shape,
+                             f"block {side} must divide the grid's {cells} {unit} {grid}")
             if fh < 0 or fw < 0:
                 _invalid("attention.memory_flange", attention.memory_flange, "flange sizes must be 0 or more")
 
@@ -265,7 +251,3 @@ def _from_fields(kind: type, values: dict[str, Any], name: str) -> Any:
 
 def _invalid(field_name: str, value: Any, valid: str) -> NoReturn:
     raise UserError(f"ModelConfig.{field_name}={value!r} is invalid: {valid}")
-
-
-def _divisors(n: int) -> list[int]:
-    return [k for k in range(1, min(n, 64) + 1) if n % k == 0]

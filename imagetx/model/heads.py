@@ -4,7 +4,7 @@ parameters, scores targets (log p in nats, per position) and samples with a temp
 at least, even under bf16 autocast (``full_precision_linear``). Value bounds (``exact_box_means``,
 docs/model.md §6: each step's c lowest values then its c highest, (..., 2c) long) travel beside the
 parameters and restrict each step to them, renormalised. A head also owns what one step is (a
-sub-pixel or a pixel), how images lie on the grid and how a step's input value is embedded.
+sub-pixel or a pixel), how images lie on the grid and how a step's input value is embedded (§2).
 """
 
 from __future__ import annotations
@@ -31,12 +31,10 @@ TINY_GAP = 1e-30
 COUPLINGS = ((), (0,), (1, 2))
 
 
-# float32 at the network's two ends (docs/model.md §5): on [-1, 1] neighbouring levels are 2/255 ≈ 0.0078
-# apart, and bfloat16 resolves steps of 1/128 ≈ 0.0078 near ±1, so it would merge them.
-
-
 def scoring_dtype(tensor: Tensor) -> torch.dtype:
-    """float32, or the tensor's own dtype where it is wider (a float64 model works in float64)."""
+    """float32, or the tensor's own dtype where it is wider (a float64 model works in float64): the
+    network's two ends never narrower (docs/model.md §5), as on [-1, 1] neighbouring levels are 2/255 ≈
+    0.0078 apart, and bfloat16 resolves steps of 1/128 ≈ 0.0078 near ±1, so it would merge them."""
     return torch.promote_types(tensor.dtype, torch.float32)
 
 
@@ -134,23 +132,13 @@ def truncated_logistic(u: Tensor, lower: Tensor, upper: Tensor) -> Tensor:
 
 def split_bounds(bounds: Tensor | None) -> tuple[Tensor, Tensor] | None:
     """(..., 2c) bounds -> (lowest, highest), each (..., c) long; None for None."""
-    if bounds is None:
-        return None
-    lowest, highest = bounds.long().chunk(2, dim=-1)
-    return lowest, highest
+    return None if bounds is None else tuple(bounds.long().chunk(2, dim=-1))
 
 
 def within(bounds: tuple[Tensor, Tensor], values: Tensor) -> Tensor:
     """Whether ``values`` lie within (lowest, highest) ``bounds``, elementwise after broadcasting."""
     lowest, highest = bounds
     return (values >= lowest) & (values <= highest)
-
-
-def all_within(bounds: tuple[Tensor, Tensor] | None, values: Tensor) -> Tensor:
-    """Values (..., c) -> (...) whether all c lie within their ``bounds`` (all do: no bounds)."""
-    if bounds is None:
-        return torch.ones_like(values[..., 0], dtype=torch.bool)
-    return within(bounds, values).all(-1)
 
 
 def params_and_bounds(outputs: Tensor | tuple[Tensor, Tensor]) -> tuple[Tensor, Tensor | None]:
@@ -164,8 +152,11 @@ class Head(nn.Module):
     value_shape: tuple[int, ...]  # one step's value: () a sub-pixel, (3,) a pixel
 
     def fits(self, targets: Tensor, bounds: Tensor | None) -> Tensor:
-        """(B, T) whether each step's target values lie within its ``bounds`` (all do: None)."""
-        return all_within(split_bounds(bounds), targets if self.value_shape else targets[..., None])
+        """(B, T) whether each step's target values (all c of them) lie within its ``bounds`` (all do: None)."""
+        values = targets if self.value_shape else targets[..., None]  # (B, T, c)
+        if bounds is None:
+            return torch.ones_like(values[..., 0], dtype=torch.bool)
+        return within(split_bounds(bounds), values).all(-1)
 
 
 def check_temperature(temperature: float) -> None:
@@ -179,6 +170,7 @@ class CategoricalHead(Head):
 
     steps_per_pixel = CHANNELS  # a step is a sub-pixel: a grid row holds 3W of them
     value_shape: tuple[int, ...] = ()  # one step's value: one sub-pixel
+    input_embedding = SubPixelEmbedding  # of a step's input value: a table row per channel and value
 
     def __init__(self, d_model: int) -> None:
         super().__init__()
@@ -187,11 +179,6 @@ class CategoricalHead(Head):
     @classmethod
     def from_config(cls, config: ModelConfig) -> "CategoricalHead":
         return cls(config.d_model)
-
-    @staticmethod
-    def input_embedding(d_model: int) -> SubPixelEmbedding:
-        """The embedding of a step's input value: a table row per channel and value."""
-        return SubPixelEmbedding(d_model)
 
     @staticmethod
     def to_grid(images: Tensor) -> Tensor:
@@ -238,6 +225,7 @@ class DMOLHead(Head):
 
     steps_per_pixel = 1  # a step is a whole pixel
     value_shape = (CHANNELS,)  # one step's value: a pixel's three
+    input_embedding = PixelEmbedding  # of a step's input value: a linear map of the pixel's three values
 
     def __init__(self, d_model: int, components: int) -> None:
         super().__init__()
@@ -248,11 +236,6 @@ class DMOLHead(Head):
     @classmethod
     def from_config(cls, config: ModelConfig) -> "DMOLHead":
         return cls(config.d_model, config.mixture_components)
-
-    @staticmethod
-    def input_embedding(d_model: int) -> PixelEmbedding:
-        """The embedding of a step's input value: a linear map of the pixel's three values."""
-        return PixelEmbedding(d_model)
 
     @staticmethod
     def to_grid(images: Tensor) -> Tensor:

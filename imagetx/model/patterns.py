@@ -1,12 +1,9 @@
-"""Attention patterns, the mask of which keys each query may see (docs/model.md §4), as geometry only;
-the T steps are in generation order (``GenerationOrder``: raster, or block-raster for 2D).
-
-A pattern (``CausalPattern``: full, 1D and 2D local) states two things, as attention-gym's
-``mask_mod`` does: ``mask_rule()``, arithmetic on query and key steps (on any device); and
-``block_keys()``, the steps of the keys of each block of ``block_length`` queries. The rest derives
-from those: ``can_attend()``, the dense (Tq, Tk) mask; ``blocks()``, the block keys and the rule's
-mask over them (``BlockIndex``), which a model keeps as buffers for training, prefill and decoding
-(``PatternIndex``).
+"""Attention patterns, which keys each query may see (docs/model.md §4), as geometry only, over T steps
+in generation order (``GenerationOrder``: raster, or block-raster for 2D). A pattern (``CausalPattern``:
+full, 1D and 2D local) states two things: ``mask_rule()``, arithmetic on query and key steps (on any
+device, as attention-gym's ``mask_mod``), and ``block_keys()``, the keys of each block of
+``block_length`` queries. From those derive the dense (Tq, Tk) mask (``can_attend()``) and the block
+keys with the rule's mask over them (``blocks()``), which a model keeps as buffers (``PatternIndex``).
 """
 
 from __future__ import annotations
@@ -22,9 +19,8 @@ from torch import Tensor, nn
 from ..errors import UserError
 from .config import ModelConfig
 
+
 # ----- the order of generation over the grid (docs/model.md §1) ---------------------------------------
-
-
 class GenerationOrder:
     """Raster order (``block=None``) or block-raster order over a rows×cols grid."""
 
@@ -32,11 +28,6 @@ class GenerationOrder:
         if block is not None and (rows % block[0] or cols % block[1]):
             raise UserError(f"block {block} does not tile the {rows}x{cols} grid")
         self.rows, self.cols, self.block = rows, cols, block
-
-    @classmethod
-    def for_config(cls, config: ModelConfig) -> "GenerationOrder":
-        rows, cols = config.grid_shape
-        return cls(rows, cols, config.attention.query_block_shape if config.attention.kind == "local_2d" else None)
 
     @property
     def length(self) -> int:
@@ -95,7 +86,6 @@ class BlockIndex:
 
 
 # ----- the pattern type --------------------------------------------------------------------------
-
 class CausalPattern:
     """Which earlier steps of ``order`` each step's query may see. Subclasses state the mask rule
     (``mask_rule``) and each query block's keys (``block_keys``); the masks derive from them here."""
@@ -117,8 +107,6 @@ class CausalPattern:
         """(n, S) long: the steps of the keys each block of ``block_length`` queries may read,
         every key the rule lets one of them see among them; a step outside [0, T): none."""
         raise NotImplementedError
-
-    # ----- the masks derived from them
 
     def can_attend(self) -> Tensor:
         """(T, T) bool, True where the query (row) may attend to the key (column)."""
@@ -149,10 +137,7 @@ class FullCausal(CausalPattern):
         self.block_length = order.length  # one block: full attention's sparsity is no sparsity
 
     def mask_rule(self) -> MaskRule:
-        def rule(query: Tensor, key: Tensor) -> Tensor:
-            return key <= query
-
-        return rule
+        return lambda query, key: key <= query
 
     def block_keys(self) -> Tensor:
         return torch.arange(self.length)[None]
@@ -234,7 +219,6 @@ class Local2D(CausalPattern):
 
 
 # ----- the index a model keeps of its pattern -----------------------------------------------------
-
 def reach(blocks: BlockIndex, length: int) -> int:
     """The longest distance from a query back to a key it sees (at least 1), a block at a time: from its
     last real query to the earliest key any of its queries sees (which the last query sees, in every
@@ -282,10 +266,11 @@ class PatternIndex(nn.Module):
         return BlockIndex(self.key_steps, self.can_attend, self.causal)
 
 
-def pattern_for(config) -> CausalPattern:
+def pattern_for(config: ModelConfig) -> CausalPattern:
     """The self-attention pattern (and, with it, the generation order) of a decoder built
     from ``config``: raster order for 1D and full attention, block-raster order for 2D."""
-    attention, order = config.attention, GenerationOrder.for_config(config)
+    attention = config.attention
+    order = GenerationOrder(*config.grid_shape, attention.query_block_shape if attention.kind == "local_2d" else None)
     if attention.kind == "full":
         return FullCausal(order)
     if attention.kind == "local_1d":

@@ -36,8 +36,6 @@ from .patterns import GenerationOrder, PatternIndex, pattern_for
 # ----- what the model takes, checked: one UserError each ------------------------------------------
 # Shapes and dtypes are metadata, free to check. Values (labels in range, non-uint8 images in 0..255)
 # are read back from the device, which waits for it: ``values=False`` skips them, for data checked as read.
-
-
 def check_image_tensor(name: str, images: Tensor, side: int, values: bool = True) -> None:
     """uint8-like (B, side, side, 3) with values 0..255 (``values``: checked), or a UserError naming ``name``."""
     expect = f"uint8 images of shape (B, {side}, {side}, 3) with values 0..255"
@@ -84,7 +82,6 @@ def check_transforms(transforms: Tensor | None, count: int, num_transforms: int,
 
 
 # ----- row and column position encodings (docs/model.md §2) -------------------------------------
-
 def sinusoid(positions: Tensor, dim: int) -> Tensor:
     """(T,) integer positions -> (T, dim) sin/cos features with geometric frequencies."""
     half = dim // 2
@@ -101,8 +98,7 @@ class PositionEncoding(nn.Module):
     def __init__(self, rows: int, cols: int, d_model: int, kind: str) -> None:
         super().__init__()
         self.kind = kind
-        self.row_dim = d_model // 2
-        self.col_dim = d_model - self.row_dim
+        self.row_dim, self.col_dim = d_model // 2, d_model - d_model // 2
         if kind == "learned":
             self.rows = nn.Embedding(rows, self.row_dim)
             self.cols = nn.Embedding(cols, self.col_dim)
