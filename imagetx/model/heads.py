@@ -197,10 +197,9 @@ class CategoricalHead(Head):
     def logits(self, params: Tensor, bounds: Tensor | None = None) -> Tensor:
         """The logits in the scoring precision, values outside a step's bounds masked to −inf."""
         logits = params.to(scoring_dtype(params))
-        limits = split_bounds(bounds)
-        if limits is None:
+        if bounds is None:
             return logits
-        return logits.masked_fill(~within(limits, torch.arange(LEVELS, device=params.device)), -math.inf)
+        return logits.masked_fill(~within(split_bounds(bounds), torch.arange(LEVELS, device=params.device)), -math.inf)
 
     def log_prob(self, params: Tensor, targets: Tensor, bounds: Tensor | None = None) -> Tensor:
         """params (B, T, 256) logits, targets (B, T) ints[, bounds (B, T, 2)] -> (B, T) log p in nats,
@@ -282,9 +281,8 @@ class DMOLHead(Head):
         inv_s = torch.exp(-log_scales)
         log_p = log_mass(inv_s * (centered - HALF_BIN), inv_s * (centered + HALF_BIN), 2.0 * HALF_BIN * inv_s,
                          math.log(2.0 * HALF_BIN) - log_scales, values == 0, values == LEVELS - 1)
-        limits = split_bounds(bounds)
-        if limits is not None:
-            lowest, highest = (b.unsqueeze(-1) for b in limits)  # (..., 3, 1)
+        if bounds is not None:
+            lowest, highest = (b.unsqueeze(-1) for b in split_bounds(bounds))  # (..., 3, 1)
             lower = centered - (values - lowest).to(means.dtype) / HALF_RANGE - HALF_BIN
             upper = centered + (highest - values).to(means.dtype) / HALF_RANGE + HALF_BIN
             width = (highest - lowest + 1).to(means.dtype) * 2.0 * HALF_BIN

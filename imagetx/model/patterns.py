@@ -28,6 +28,7 @@ class GenerationOrder:
         if block is not None and (rows % block[0] or cols % block[1]):
             raise UserError(f"block {block} does not tile the {rows}x{cols} grid")
         self.rows, self.cols, self.block = rows, cols, block
+        self.tile = block or (1, cols)  # raster order is block-raster order with blocks one grid row each
 
     @property
     def length(self) -> int:
@@ -35,18 +36,13 @@ class GenerationOrder:
 
     def grid_to_sequence(self, grid: torch.Tensor) -> torch.Tensor:
         """(B, rows, cols, ...) -> (B, T, ...) with T in generation order."""
-        if self.block is None:
-            return rearrange(grid, "b r c ... -> b (r c) ...")
-        qh, qw = self.block
+        qh, qw = self.tile
         return rearrange(grid, "b (nh qh) (nw qw) ... -> b (nh nw qh qw) ...", qh=qh, qw=qw)
 
     def sequence_to_grid(self, seq: torch.Tensor) -> torch.Tensor:
         """(B, T, ...) in generation order -> (B, rows, cols, ...)."""
-        if self.block is None:
-            return rearrange(seq, "b (r c) ... -> b r c ...", r=self.rows)
-        qh, qw = self.block
-        return rearrange(seq, "b (nh nw qh qw) ... -> b (nh qh) (nw qw) ...",
-                         nh=self.rows // qh, qh=qh, qw=qw)
+        qh, qw = self.tile
+        return rearrange(seq, "b (nh nw qh qw) ... -> b (nh qh) (nw qw) ...", nh=self.rows // qh, qh=qh, qw=qw)
 
     def grid_cell(self, steps: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(row, col) of the grid cell generated at each of ``steps`` (long, any shape; by default every
@@ -54,9 +50,7 @@ class GenerationOrder:
         indices inside a FlexAttention kernel and on the decoding step counter, on any device."""
         if steps is None:
             steps = torch.arange(self.length)
-        if self.block is None:
-            return steps // self.cols, steps % self.cols
-        qh, qw = self.block
+        qh, qw = self.tile
         block, inside = steps // (qh * qw), steps % (qh * qw)
         blocks_per_row = self.cols // qw
         return block // blocks_per_row * qh + inside // qw, block % blocks_per_row * qw + inside % qw
