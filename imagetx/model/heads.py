@@ -85,9 +85,13 @@ class PixelEmbedding(nn.Module):
         return torch.relu(full_precision_linear(self.proj, values))
 
 
-def draw(probs: Tensor, generator: torch.Generator | None = None) -> Tensor:
-    """(..., n) probabilities -> (...) indices: the exponential race argmax(p / E), E ~ Exp(1), the draws
-    of ``torch.multinomial`` without its checks, which read the probabilities back (a host sync on a GPU)."""
+def draw(logits: Tensor, temperature: float, generator: torch.Generator | None = None) -> Tensor:
+    """(..., n) logits -> (...) indices drawn from softmax(logits / temperature), temperature 0 the arg-max:
+    the exponential race argmax(p / E), E ~ Exp(1), the draws of ``torch.multinomial`` without its
+    checks, which read the probabilities back (a host sync on a GPU)."""
+    if temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(logits / temperature, dim=-1)
     race = torch.empty_like(probs).exponential_(1, generator=generator)
     return (probs / race).argmax(-1)
 
@@ -150,6 +154,7 @@ class Head(nn.Module):
     """What both heads share."""
 
     value_shape: tuple[int, ...]  # one step's value: () a sub-pixel, (3,) a pixel
+    proj: nn.Linear  # d -> the distribution's parameters
 
     def fits(self, targets: Tensor, bounds: Tensor | None) -> Tensor:
         """(B, T) whether each step's target values (all c of them) lie within its ``bounds`` (all do: None)."""
@@ -157,6 +162,10 @@ class Head(nn.Module):
         if bounds is None:
             return torch.ones_like(values[..., 0], dtype=torch.bool)
         return within(split_bounds(bounds), values).all(-1)
+
+    def forward(self, hidden: Tensor) -> Tensor:
+        """(B, T, d) -> (B, T, P) the distribution's parameters: 256 logits, or DMOL's 10K."""
+        return full_precision_linear(self.proj, hidden)
 
 
 def check_temperature(temperature: float) -> None:
@@ -190,10 +199,6 @@ class CategoricalHead(Head):
         """``to_grid``'s inverse: (B, H, 3W) -> (B, H, W, 3)."""
         return rearrange(grid, "b h (w c) -> b h w c", c=CHANNELS)
 
-    def forward(self, hidden: Tensor) -> Tensor:
-        """(B, T, d) -> (B, T, 256) logits."""
-        return full_precision_linear(self.proj, hidden)
-
     def logits(self, params: Tensor, bounds: Tensor | None = None) -> Tensor:
         """The logits in the scoring precision, values outside a step's bounds masked to −inf."""
         logits = params.to(scoring_dtype(params))
@@ -212,10 +217,7 @@ class CategoricalHead(Head):
                bounds: Tensor | None = None) -> Tensor:
         """(B, T, 256) logits[, bounds (B, T, 2)] -> (B, T) values; temperature 0 takes the arg-max."""
         check_temperature(temperature)
-        logits = self.logits(params, bounds)
-        if temperature == 0:
-            return logits.argmax(-1)
-        return draw(torch.softmax(logits / temperature, dim=-1), generator)
+        return draw(self.logits(params, bounds), temperature, generator)
 
 
 class DMOLHead(Head):
@@ -244,10 +246,6 @@ class DMOLHead(Head):
     @staticmethod
     def to_images(grid: Tensor) -> Tensor:
         return grid
-
-    def forward(self, hidden: Tensor) -> Tensor:
-        """(B, T, d) -> (B, T, 10K) parameters."""
-        return full_precision_linear(self.proj, hidden)
 
     def split(self, params: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """-> logits (..., K), means, log_scales, coeffs each (..., 3, K)."""
@@ -305,10 +303,7 @@ class DMOLHead(Head):
         logistic noise; 0 takes the most likely component and its means (clamped to the bounds)."""
         check_temperature(temperature)
         logits, means, log_scales, coeffs = self.split(params)
-        if temperature == 0:
-            component = logits.argmax(-1)
-        else:
-            component = draw(torch.softmax(logits / temperature, dim=-1), generator)
+        component = draw(logits, temperature, generator)
         pick = F.one_hot(component, self.components).to(means.dtype).unsqueeze(-2)  # (..., 1, K)
         # the picked component's means and coefficients (..., 3, 1), and log-scales (..., 3)
         means, coeffs = ((t * pick).sum(-1, keepdim=True).double() for t in (means, coeffs))
