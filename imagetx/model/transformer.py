@@ -30,7 +30,7 @@ from .attention import (FLEX_BLOCK_SIZE, CrossAttention, CrossAttentionCache, KV
                         check_kernel, may_use_flex)
 from .config import CHANNELS, LEVELS, ModelConfig
 from .heads import head_type, params_and_bounds
-from .patterns import GenerationOrder, PatternIndex, pattern_for
+from .patterns import PatternIndex, pattern_for
 
 
 # ----- what the model takes, checked: one UserError each ------------------------------------------
@@ -210,7 +210,8 @@ class AutoregressiveModel(nn.Module):
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config.validate()
-        self.order = GenerationOrder.for_config(config)
+        self.pattern = pattern_for(config)  # the decoder's self-attention mask, and with it the generation order
+        self.order = self.pattern.order
         self.register_buffer("step_rows", self.order.grid_cell()[0], persistent=False)  # (T,) each step's grid row
 
     def decode_step(self, previous: Tensor, cache) -> Tensor | tuple[Tensor, Tensor]:
@@ -293,7 +294,6 @@ class ImageTransformer(AutoregressiveModel):
         super().__init__(config)
         self.activation_checkpointing, self.flex_block_size = activation_checkpointing, flex_block_size
         d = config.d_model
-        self.pattern = pattern_for(config)
         _, cols = self.order.grid_cell()
         self.register_buffer("step_cols", cols, persistent=False)
         self.register_buffer("step_channels", cols % CHANNELS, persistent=False)
