@@ -23,7 +23,7 @@ import constriction
 import numpy as np
 import torch
 
-from ..model.transformer import ImageTransformer
+from ..model.transformer import AutoregressiveModel, ImageTransformer
 from .arithmetic import PORTABLE_COMMAND, Arithmetic, current, not_portable_reason
 from .coder import PayloadDecoder, decode_values, encode_values, progress_bar, torch_threads
 from .container import (FORMAT_VERSION, MAX_BATCH, MAX_IMAGES, MAX_THREADS, Checked, CodecError, Header, checked,
@@ -54,7 +54,7 @@ class CompressionStats:
         return 8 * self.file_bytes / self.dims
 
 
-def check_model(model: ImageTransformer) -> None:
+def check_model(model: AutoregressiveModel) -> None:
     """A model the codec can drive: unconditional, without a low-resolution input, on the CPU."""
     cfg = model.config
     if cfg.num_classes or cfg.superres:

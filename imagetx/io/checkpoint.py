@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from ..model.config import ModelConfig
-from ..model.transformer import ImageTransformer
+from ..model.transformer import AutoregressiveModel
 from .atomic import atomic_write
 from .errors import CheckpointError
 from .names import missing_model
@@ -131,7 +131,7 @@ def model_state_dict(checkpoint: dict[str, Any]) -> dict[str, torch.Tensor]:
             if key.startswith(LIGHTNING_PREFIX)}
 
 
-def model_from_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> ImageTransformer:
+def model_from_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> AutoregressiveModel:
     """Rebuild the model stored in the checkpoint file at ``path``, in eval mode."""
     checkpoint = read_checkpoint(path, map_location)
     try:
