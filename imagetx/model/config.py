@@ -137,7 +137,7 @@ class ModelConfig:
 
     # ----- validation --------------------------------------------------------
     def validate(self) -> "ModelConfig":
-        """Raise ValueError naming the field, its value and what would be valid."""
+        """Itself, or a UserError (a ValueError) naming the field, its value and what would be valid."""
         self._check_choices()
         self._check_network()
         self._check_attention_blocks()

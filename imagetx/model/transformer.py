@@ -82,10 +82,18 @@ def check_transforms(transforms: Tensor | None, count: int, num_transforms: int,
 
 
 # ----- row and column position encodings (docs/model.md §2) -------------------------------------
+# T2T's timing signal: wavelengths from 2π positions (neighbours told apart) to 2π·10,000 (no two rows
+# or columns of any grid here alike); every shipped model was trained with it.
+SINUSOID_BASE = 10_000.0
+# GPT-2's start for learned position tables: small beside the value embeddings' unit-size entries, so
+# that positions start as a nudge to each step's input.
+LEARNED_POSITION_STD = 0.02
+
+
 def sinusoid(positions: Tensor, dim: int) -> Tensor:
     """(T,) integer positions -> (T, dim) sin/cos features with geometric frequencies."""
     half = dim // 2
-    freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, dtype=torch.float32) / max(half, 1))
+    freqs = torch.exp(-math.log(SINUSOID_BASE) * torch.arange(half, dtype=torch.float32) / max(half, 1))
     angles = positions.float()[:, None] * freqs[None, :]
     out = torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
     return nn.functional.pad(out, (0, dim - out.shape[-1]))  # odd dim: one zero column
@@ -102,8 +110,8 @@ class PositionEncoding(nn.Module):
         if kind == "learned":
             self.rows = nn.Embedding(rows, self.row_dim)
             self.cols = nn.Embedding(cols, self.col_dim)
-            nn.init.normal_(self.rows.weight, std=0.02)
-            nn.init.normal_(self.cols.weight, std=0.02)
+            nn.init.normal_(self.rows.weight, std=LEARNED_POSITION_STD)
+            nn.init.normal_(self.cols.weight, std=LEARNED_POSITION_STD)
         else:
             self.register_buffer("row_table", sinusoid(torch.arange(rows), self.row_dim), persistent=False)
             self.register_buffer("col_table", sinusoid(torch.arange(cols), self.col_dim), persistent=False)

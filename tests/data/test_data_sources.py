@@ -634,7 +634,9 @@ def test_two_processes_reading_at_once_share_one_mapped_copy_and_no_reader_holds
 
     summary = data_memory.main(["--images", "8000", "--side", "64", "--processes", "2"])
     assert summary["same_images"]
-    assert max(summary["pss_growth_x"]) <= 0.65, summary
+    # shared: 0.5 each, private: 1.04 each; the bound their midpoint, as a busy machine's page accounting
+    # puts a shared reader up to about 0.7 (0.672 seen with a training run beside it)
+    assert max(summary["pss_growth_x"]) <= (0.5 + 1.04) / 2, summary
     assert max(summary["read_peak_x"]) <= 1.15, summary  # 1 + one of the 10 batch files + labels
 
 
