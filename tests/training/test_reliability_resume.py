@@ -283,3 +283,24 @@ def test_resume_from_a_bad_checkpoint_is_a_clear_error(tmp_path, data_root, caps
     captured = capsys.readouterr()
     last = captured.err.strip().splitlines()[-1]
     assert last.startswith("error:") and "bad.ckpt" in last and "Traceback" not in captured.err
+
+
+def test_a_super_resolution_checkpoint_under_the_subclass_names_resumes_as_the_uninterrupted_run(tmp_path, data_root):
+    """A super-resolution run's checkpoint written while the model was the decoder itself (its
+    decoder's tensors without ``decoder.``: every such checkpoint before the composition) resumes as
+    today's: the names read as today's, Adam's state matched by order, and the run ends bitwise as
+    one never interrupted."""
+    superres = {"superres": dict(encoder_layers=1, low_res_size=8, low_res_reading="cross_attention")}
+    straight = train(tmp_path, tmp_path / "straight-superres", data_root, STEPS, model={**SETTINGS["model"], **superres})
+    run_dir = tmp_path / "cut-superres"
+    train(tmp_path, run_dir, data_root, 7, model={**SETTINGS["model"], **superres})
+    last = run_dir / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, map_location="cpu", weights_only=False)
+    today = checkpoint["state_dict"]
+    assert "model.decoder.layers.0.cross_attn.q.weight" in today
+    checkpoint["state_dict"] = {name.replace("model.decoder.", "model.", 1): value for name, value in today.items()}
+    assert "model.layers.0.cross_attn.q.weight" in checkpoint["state_dict"]  # the subclass' names
+    torch.save(checkpoint, last)
+    resumed = train(tmp_path, run_dir, data_root, STEPS, extra=["--resume", "last"],
+                    model={**SETTINGS["model"], **superres})
+    assert_same_training_state(resumed, straight)
