@@ -224,8 +224,8 @@ class AutoregressiveModel(nn.Module):
 
     def decode_step(self, previous: Tensor, cache) -> Tensor | tuple[Tensor, Tensor]:
         """(B,) or (B, 3) the value of step t − 1 -> (B, P) step t's parameters, the full pass's (at t = 0
-        ``previous`` counts for nothing); with bounds, ((B, P), (B, 2c)). No branch reads a value: every
-        step runs one graph."""
+        ``previous`` counts for nothing); with bounds, ((B, P), (B, 2c)). ``cache``: what this model's
+        ``start_decoding`` returned, written in place. No branch reads a value: every step runs one graph."""
         params, bounds = params_and_bounds(self(previous[:, None], cache))
         return params[:, 0] if bounds is None else (params[:, 0], bounds[:, 0])
 
