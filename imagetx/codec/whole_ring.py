@@ -5,7 +5,8 @@ Files of formats 1 to 6 were coded with a decoder whose self-attention step atte
 whole ring of cached keys, R = ``patterns.reach`` slots (the model's ``cache_length`` − 1), and its
 own key, under a mask of R + 1 columns looked up per step (``step_masks``), its key kept after the
 step. The model's own decoding reads its query block's key slots and mask row
-(``attention.KVCache``): the same attention, other float sums. ``WholeRingCache`` is that earlier kv-cache, which ``coder.code_pass`` hands the model's
+(``attention.KVCache``): the same attention, other float sums. ``WholeRingCache`` is that earlier
+kv-cache, which ``coder.code_pass`` hands the model's
 ``forward`` for files of those formats (the cache is an argument of forward: nothing else of the
 model's arithmetic changed).
 """
@@ -70,6 +71,7 @@ def start_decoding(model: ImageTransformer, count: int, version: int) -> Decodin
         index = model.layers[0].self_attn.index
         ring = index.cache_length - 1  # the widest reach: the model's cache holds one step more, its own
         masks = step_masks(index.blocks, model.order.length, ring)
-        cache.layers = [WholeRingCache(torch.zeros_like(layer.keys[:, :, :ring]), torch.zeros_like(layer.values[:, :, :ring]),
-                                       index, masks) for layer in cache.layers]
+        cache.layers = [WholeRingCache(torch.zeros_like(layer.keys[:, :, :ring]),
+                                       torch.zeros_like(layer.values[:, :, :ring]), index, masks)
+                        for layer in cache.layers]
     return cache
