@@ -21,21 +21,21 @@ from pathlib import Path
 from statistics import mean
 
 from experiments.json_result import emit
+from scripts.plot_curve import read_rows
 
 RESULTS = Path(__file__).resolve().parent / "distribution_augmentation_results"
 REHEARSAL = Path(__file__).resolve().parent / "recipe_rehearsal_results"
 
 
 def validations(folder: Path) -> dict[int, float]:
-    """{step: val bits/dim} from every metrics file under ``folder`` (CSVLogger's versions, one per
-    resumption, each validation in one of them; .csv or .csv.gz)."""
-    found: dict[int, float] = {}
-    for path in sorted(folder.rglob("metrics*.csv")) + sorted(folder.rglob("metrics*.csv.gz")):
-        with (gzip.open(path, "rt") if path.suffix == ".gz" else path.open()) as f:
-            for row in csv.DictReader(f):
-                if row.get("val/bpd"):
-                    found[int(row["step"])] = float(row["val/bpd"])
-    return dict(sorted(found.items()))
+    """{step: val bits/dim} of a run: its CSVLogger versions joined by ``read_rows`` (a resumption's rows
+    replacing the earlier versions' from its first step on), or, for entry 38's rehearsal, the pieces
+    of its metrics committed as .csv.gz."""
+    if (folder / "csv").is_dir():
+        rows = read_rows(folder)
+    else:
+        rows = [row for path in sorted(folder.glob("metrics*.csv.gz")) for row in csv.DictReader(gzip.open(path, "rt"))]
+    return dict(sorted((int(row["step"]), float(row["val/bpd"])) for row in rows if row.get("val/bpd")))
 
 
 def run_record(folder: Path) -> dict:
@@ -56,21 +56,19 @@ def table(results: Path) -> dict:
         stand_in = json.loads((REHEARSAL / "val.json").read_text())["bpd"]
         arms["flips"] = [stand_in]
         runs["flips (entry 38's rehearsal)"] = {"validations": validations(REHEARSAL), "end": stand_in}
-    flips = arms.get("flips")
-    summary = {}
-    for arm, ends in sorted(arms.items()):
-        spread = max(ends) - min(ends) if len(ends) > 1 else None
-        entry = {"seeds": len(ends), "mean": mean(ends), "spread": spread}
-        if flips is not None and arm != "flips":
-            entry["minus_flips"] = entry["mean"] - mean(flips)
-            flips_spread = max(flips) - min(flips) if len(flips) > 1 else None
-            if spread is None or flips_spread is None:
-                entry["verdict"] = "waits for a second seed"
-            else:
-                margin = max(spread, flips_spread)
-                entry["verdict"] = ("win" if entry["minus_flips"] < -margin else
-                                    "loss" if entry["minus_flips"] > margin else "within the seeds' spread")
-        summary[arm] = entry
+    summary = {arm: {"seeds": len(ends), "mean": mean(ends), "spread": max(ends) - min(ends) if len(ends) > 1 else None}
+               for arm, ends in sorted(arms.items())}
+    flips = summary.get("flips")
+    for arm, entry in summary.items():
+        if flips is None or arm == "flips":
+            continue
+        entry["minus_flips"] = entry["mean"] - flips["mean"]
+        if entry["spread"] is None or flips["spread"] is None:
+            entry["verdict"] = "waits for a second seed"
+        else:
+            margin = max(entry["spread"], flips["spread"])
+            entry["verdict"] = ("win" if entry["minus_flips"] < -margin else
+                                "loss" if entry["minus_flips"] > margin else "within the seeds' spread")
     return {"runs": runs, "arms": summary, "flips_stand_in": stand_in}
 
 
