@@ -34,7 +34,10 @@ def validations(folder: Path) -> dict[int, float]:
     if (folder / "csv").is_dir():
         rows = read_rows(folder)
     else:
-        rows = [row for path in sorted(folder.glob("metrics*.csv.gz")) for row in csv.DictReader(gzip.open(path, "rt"))]
+        rows = []
+        for path in sorted(folder.glob("metrics*.csv.gz")):
+            with gzip.open(path, "rt") as handle:
+                rows += csv.DictReader(handle)
     return dict(sorted((int(row["step"]), float(row["val/bpd"])) for row in rows if row.get("val/bpd")))
 
 
@@ -77,6 +80,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--results", type=Path, default=RESULTS)
     parser.add_argument("--json", help="also write the result here")
     args = parser.parse_args(argv)
+    if not args.results.is_dir():
+        parser.error(f"--results {args.results}: no such folder (the study's runs, experiments/distribution_augmentation.sh)")
     result = table(args.results)
     for name, record in result["runs"].items():
         steps = ", ".join(f"{value:.4f} @{step:,}" for step, value in record["validations"].items())

@@ -3,10 +3,13 @@ and the verdict against flips, from a results folder laid out as distribution_au
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 
-from experiments.distribution_augmentation_table import table
+import pytest
+
+from experiments.distribution_augmentation_table import main, table, validations
 
 
 def fake_run(results, name: str, validations: dict[int, float], end: float | None) -> None:
@@ -45,3 +48,18 @@ def test_means_spreads_and_verdicts_against_flips(tmp_path):
     # both versions' validations are read, the running run's too
     assert result["runs"]["channels_s0"]["validations"] == {8599: 4.2, 17199: 3.7}
     assert result["runs"]["rotations_transposition_s1"] == {"validations": {8599: 4.0}, "end": None}
+
+
+def test_rehearsal_pieces_read_from_csv_gz(tmp_path):
+    """Entry 38's rehearsal keeps its metrics as .csv.gz pieces, not CSVLogger versions: every piece is read."""
+    for name, step, value in (("metrics.to-step-2197.csv.gz", 2197, 4.5), ("metrics.csv.gz", 8599, 3.98)):
+        with gzip.open(tmp_path / name, "wt") as handle:
+            handle.write(f"epoch,step,train/bpd,val/bpd\n0,{step},,{value}\n0,{step},1.5,\n")
+    assert validations(tmp_path) == {2197: 4.5, 8599: 3.98}
+
+
+def test_missing_results_folder_is_one_line(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--results", str(tmp_path / "nowhere")])
+    assert exit_info.value.code == 2
+    assert "no such folder" in capsys.readouterr().err
