@@ -41,7 +41,9 @@ cd "$CODE"
 "$PY" -m imagetx.train --config configs/cifar10_recipe.yaml --config experiments/distribution_augmentation.yaml \
     --resume auto --seed_everything "$SEED" "${AUGMENT[@]}" --data.root "$SUBSET" --wandb disabled \
     --trainer.default_root_dir "$RUN"
-# Scored with the identity transform (what evaluate does for a model with transforms unless told otherwise).
+# Scored with the identity transform (what evaluate does for a model with transforms unless told otherwise);
+# val.json appears whole, once evaluate has succeeded (its presence is what marks a run ended).
 "$PY" -m imagetx.evaluate --ckpt "$RUN/checkpoints/last.ckpt" --data.root "$SUBSET" --val_size 5000 --split val \
-    --batch_size 50 --device cpu | tail -1 >"$RUN/val.json"
+    --batch_size 50 --device cpu | tail -1 >"$RUN/val.json.part"
+mv "$RUN/val.json.part" "$RUN/val.json"
 cat "$RUN/val.json"

@@ -8,7 +8,8 @@ arm's mean over its finished seeds, their spread (max − min) and the differenc
 The flips arm is ``flips_s*`` where finished; entry 38's rehearsal of the same schedule with flips
 (experiments/recipe_rehearsal_results, seed 0, an older commit's code) stands in until one is, and
 is marked so. A win (issue 127) is an arm whose mean is below the flips arm's by more than the larger
-of the two arms' spreads; with one seed in either, no spread is known and the verdict waits.
+of the two arms' spreads; with one seed in either, no spread is known and the verdict waits (an arm
+whose one end is above the two-seed flips mean can no longer win: the verdict says so).
 """
 
 from __future__ import annotations
@@ -44,8 +45,9 @@ def validations(folder: Path) -> dict[int, float]:
 def run_record(folder: Path) -> dict:
     """One run's validations and end (None while it has not ended)."""
     end = folder / "val.json"
-    return {"validations": validations(folder),
-            "end": json.loads(end.read_text())["bpd"] if end.is_file() else None}
+    # Empty while evaluate runs, as distribution_augmentation.sh made it before it wrote val.json.part: not ended yet
+    text = end.read_text() if end.is_file() else ""
+    return {"validations": validations(folder), "end": json.loads(text)["bpd"] if text.strip() else None}
 
 
 def table(results: Path) -> dict:
@@ -66,7 +68,11 @@ def table(results: Path) -> dict:
         if flips is None or arm == "flips":
             continue
         entry["minus_flips"] = entry["mean"] - flips["mean"]
-        if entry["spread"] is None or flips["spread"] is None:
+        if entry["spread"] is None and flips["spread"] is not None and entry["mean"] > flips["mean"]:
+            # A second end x can not make a win from a first end s above the flips mean F: x >= s keeps the
+            # mean above F; x < s makes the margin at least s - x, and (s + x)/2 < F - (s - x) needs x > 3s - 2F > s.
+            entry["verdict"] = "waits for a second seed, which cannot make a win (its first end is above flips')"
+        elif entry["spread"] is None or flips["spread"] is None:
             entry["verdict"] = "waits for a second seed"
         else:
             margin = max(entry["spread"], flips["spread"])

@@ -36,6 +36,9 @@ def test_means_spreads_and_verdicts_against_flips(tmp_path):
     fake_run(tmp_path, "transposition_s1", {8599: 4.0, 17199: 3.5}, 3.43)
     fake_run(tmp_path, "rotations_transposition_s0", {8599: 4.0, 17199: 3.5}, 3.20)
     fake_run(tmp_path, "rotations_transposition_s1", {8599: 4.0}, None)  # still running: one seed so far
+    fake_run(tmp_path, "channels_transposition_s0", {8599: 4.0}, 3.43)  # one seed, above flips' mean
+    fake_run(tmp_path, "channels_transposition_s1", {8599: 4.0}, None)
+    (tmp_path / "channels_transposition_s1" / "val.json").write_text("")  # evaluate under way: not ended
     result = table(tmp_path)
     arms = result["arms"]
     assert result["flips_stand_in"] is None  # flips_s* ended: no stand-in
@@ -44,7 +47,10 @@ def test_means_spreads_and_verdicts_against_flips(tmp_path):
     assert arms["rotations"]["verdict"] == "loss"
     assert arms["transposition"]["verdict"] == "within the seeds' spread"
     assert arms["rotations_transposition"]["seeds"] == 1
-    assert arms["rotations_transposition"]["verdict"] == "waits for a second seed"
+    assert arms["rotations_transposition"]["verdict"] == "waits for a second seed"  # below flips: may win
+    assert arms["channels_transposition"]["seeds"] == 1
+    assert arms["channels_transposition"]["verdict"].endswith("cannot make a win (its first end is above flips')")
+    assert result["runs"]["channels_transposition_s1"]["end"] is None
     # both versions' validations are read, the running run's too
     assert result["runs"]["channels_s0"]["validations"] == {8599: 4.2, 17199: 3.7}
     assert result["runs"]["rotations_transposition_s1"] == {"validations": {8599: 4.0}, "end": None}
