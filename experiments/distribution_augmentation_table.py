@@ -68,12 +68,12 @@ def table(results: Path) -> dict:
         if flips is None or arm == "flips":
             continue
         entry["minus_flips"] = entry["mean"] - flips["mean"]
-        if entry["spread"] is None and flips["spread"] is not None and entry["mean"] > flips["mean"]:
+        if entry["spread"] is None or flips["spread"] is None:
+            entry["verdict"] = "waits for a second seed"
             # A second end x can not make a win from a first end s above the flips mean F: x >= s keeps the
             # mean above F; x < s makes the margin at least s - x, and (s + x)/2 < F - (s - x) needs x > 3s - 2F > s.
-            entry["verdict"] = "waits for a second seed, which cannot make a win (its first end is above flips')"
-        elif entry["spread"] is None or flips["spread"] is None:
-            entry["verdict"] = "waits for a second seed"
+            if flips["spread"] is not None and entry["mean"] > flips["mean"]:
+                entry["verdict"] += ", which cannot make a win (its first end is above flips')"
         else:
             margin = max(entry["spread"], flips["spread"])
             entry["verdict"] = ("win" if entry["minus_flips"] < -margin else
