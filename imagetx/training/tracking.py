@@ -76,9 +76,13 @@ def make_loggers(root: Path, wandb_choice: str, project: str) -> list:
     """CSV metrics always (for plots and for runs with W&B off), plus W&B unless disabled.
     W&B trouble (not installed, no network, a failing call) never stops training."""
     loggers: list = [RunCSVLogger(save_dir=str(root), name="csv")]
-    if choose_wandb_mode(wandb_choice) != "disabled":
+    mode = choose_wandb_mode(wandb_choice)
+    if mode != "disabled":
         try:
-            loggers.append(SafeWandbLogger(project=project, save_dir=str(root), log_model=False))
+            # The mode goes to wandb.init as well: W&B reads WANDB_MODE once per process, when it
+            # first sets itself up, so a second run in one process (a notebook, the Python API)
+            # would otherwise start in the first run's mode (online, trying the network).
+            loggers.append(SafeWandbLogger(project=project, save_dir=str(root), log_model=False, mode=mode))
         except Exception as error:  # e.g. wandb not installed
             print(f"W&B: cannot start ({type(error).__name__}: {error}); training without it, "
                   "metrics still go to csv/", file=sys.stderr)

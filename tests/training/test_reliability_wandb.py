@@ -121,3 +121,28 @@ def test_a_resumed_run_logs_on_to_the_same_wandb_run(tmp_path, data_root, monkey
     main(["--config", config, "--wandb", "offline", "--resume", "auto", "--trainer.max_steps", "4"])
     assert started == [first, first]
     assert torch.load(last, map_location="cpu", weights_only=True)[WANDB_RUN_KEY] == first
+
+
+def test_the_mode_asked_for_holds_after_wandb_set_itself_up_in_another_mode(tmp_path, data_root, monkeypatch):
+    """W&B reads WANDB_MODE once per process, when it first sets itself up: a run asked to log
+    offline after W&B had set itself up online (an earlier run in the same notebook, or test
+    process, with a key) tried the network ("Failed to get resume status") and logged nothing."""
+    import wandb
+
+    started = []
+    init = wandb.init
+
+    def recorded(*args, **kwargs):
+        run = init(*args, **kwargs)
+        started.append(run.settings.mode)
+        return run
+
+    monkeypatch.setattr(wandb, "init", recorded)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    wandb.teardown()  # whatever set-up an earlier test left behind goes; the next one reads "online"
+    wandb.setup()
+    assert wandb.setup().settings.mode == "online"  # the earlier run's mode, as W&B keeps it
+    train(tmp_path, data_root, "offline")
+    assert started == ["offline"]
+    wandb.finish()
+    wandb.teardown()  # later tests set W&B up afresh
