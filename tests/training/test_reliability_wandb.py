@@ -24,6 +24,22 @@ def finish_wandb():
         wandb.finish()
 
 
+@pytest.fixture
+def started_runs(monkeypatch):
+    """The W&B runs ``wandb.init`` starts during the test, in order."""
+    import wandb
+
+    runs = []
+    init = wandb.init
+
+    def recorded(*args, **kwargs):
+        runs.append(init(*args, **kwargs))
+        return runs[-1]
+
+    monkeypatch.setattr(wandb, "init", recorded)
+    return runs
+
+
 def train(tmp_path, data_root, wandb_mode):
     run_dir = tmp_path / "run"
     config = write_train_config(tmp_path / "c.yaml", run_dir, data_root, 3)
@@ -91,7 +107,7 @@ def test_safe_logger_guards_every_logging_call():
     assert logger._experiment is None
 
 
-def test_a_resumed_run_logs_on_to_the_same_wandb_run(tmp_path, data_root, monkeypatch):
+def test_a_resumed_run_logs_on_to_the_same_wandb_run(tmp_path, data_root, started_runs):
     """Issue 111: each resume started a new W&B run. The run's id is kept in the checkpoint and a
     resume (--resume last, or auto as a requeued job reruns the command) continues it, also after a
     part trained with W&B disabled."""
@@ -99,50 +115,33 @@ def test_a_resumed_run_logs_on_to_the_same_wandb_run(tmp_path, data_root, monkey
 
     from imagetx.training.tracking import WANDB_RUN_KEY
 
-    started = []
-    init = wandb.init
-
-    def recorded(*args, **kwargs):
-        run = init(*args, **kwargs)
-        started.append(run.id)
-        return run
-
-    monkeypatch.setattr(wandb, "init", recorded)
     run_dir = tmp_path / "run"
     config = str(write_train_config(tmp_path / "c.yaml", run_dir, data_root, 2))
     last = run_dir / "checkpoints" / "last.ckpt"
     main(["--config", config, "--wandb", "offline"])
     wandb.finish()  # as a new process would have it: no W&B run still open to be taken up again
-    assert len(started) == 1
-    first = started[0]
+    assert len(started_runs) == 1
+    first = started_runs[0].id
     assert torch.load(last, map_location="cpu", weights_only=True)[WANDB_RUN_KEY] == first
     main(["--config", config, "--wandb", "disabled", "--resume", "last", "--trainer.max_steps", "3"])
     assert torch.load(last, map_location="cpu", weights_only=True)[WANDB_RUN_KEY] == first  # carried over
     main(["--config", config, "--wandb", "offline", "--resume", "auto", "--trainer.max_steps", "4"])
-    assert started == [first, first]
+    assert [run.id for run in started_runs] == [first, first]
     assert torch.load(last, map_location="cpu", weights_only=True)[WANDB_RUN_KEY] == first
 
 
-def test_the_mode_asked_for_holds_after_wandb_set_itself_up_in_another_mode(tmp_path, data_root, monkeypatch):
+def test_the_mode_asked_for_holds_after_wandb_set_itself_up_in_another_mode(tmp_path, data_root, monkeypatch,
+                                                                           started_runs):
     """W&B reads WANDB_MODE once per process, when it first sets itself up: a run asked to log
     offline after W&B had set itself up online (an earlier run in the same notebook, or test
     process, with a key) tried the network ("Failed to get resume status") and logged nothing."""
     import wandb
 
-    started = []
-    init = wandb.init
-
-    def recorded(*args, **kwargs):
-        run = init(*args, **kwargs)
-        started.append(run.settings.mode)
-        return run
-
-    monkeypatch.setattr(wandb, "init", recorded)
     monkeypatch.setenv("WANDB_MODE", "online")
     wandb.teardown()  # whatever set-up an earlier test left behind goes; the next one reads "online"
     wandb.setup()
     assert wandb.setup().settings.mode == "online"  # the earlier run's mode, as W&B keeps it
     train(tmp_path, data_root, "offline")
-    assert started == ["offline"]
+    assert [run.settings.mode for run in started_runs] == ["offline"]
     wandb.finish()
     wandb.teardown()  # later tests set W&B up afresh
