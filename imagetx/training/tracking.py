@@ -81,7 +81,7 @@ def make_loggers(root: Path, wandb_choice: str, project: str) -> list:
         try:
             # The mode goes to wandb.init as well: W&B reads WANDB_MODE once per process, when it
             # first sets itself up, so a second run in one process (a notebook, the Python API)
-            # would otherwise start in the first run's mode (online, trying the network).
+            # would otherwise start in the first run's mode (online: trying the network).
             loggers.append(SafeWandbLogger(project=project, save_dir=str(root), log_model=False, mode=mode))
         except Exception as error:  # e.g. wandb not installed
             print(f"W&B: cannot start ({type(error).__name__}: {error}); training without it, "
