@@ -139,8 +139,7 @@ def test_the_mode_asked_for_holds_after_wandb_set_itself_up_in_another_mode(tmp_
 
     monkeypatch.setenv("WANDB_MODE", "online")
     wandb.teardown()  # whatever set-up an earlier test left behind goes; the next one reads "online"
-    wandb.setup()
-    assert wandb.setup().settings.mode == "online"  # the earlier run's mode, as W&B keeps it
+    assert wandb.setup().settings.mode == "online"  # an earlier run's set-up, whose mode W&B keeps
     train(tmp_path, data_root, "offline")
     assert [run.settings.mode for run in started_runs] == ["offline"]
     wandb.finish()
