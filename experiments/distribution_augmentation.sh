@@ -30,12 +30,18 @@ fi
 # The code of the commit the study began at (a later session rebuilds the same copy from it).
 [ -f "$RESULTS/COMMIT" ] || git rev-parse HEAD >"$RESULTS/COMMIT"
 CODE="$WORK/code-$(cat "$RESULTS/COMMIT")"
+# Each start writes into a folder of its own and renames it into place, so that two arms started at once on a
+# fresh machine do not collide (mv -T fails when the other start got there first; its copy is the same).
 if [ ! -d "$CODE/imagetx" ]; then
-    mkdir -p "$CODE.tmp" && git archive "$(cat "$RESULTS/COMMIT")" | tar -x -C "$CODE.tmp" && mv "$CODE.tmp" "$CODE"
+    TMP=$(mktemp -d "$CODE.XXXXXX")
+    git archive "$(cat "$RESULTS/COMMIT")" | tar -x -C "$TMP"
+    mv -T "$TMP" "$CODE" 2>/dev/null || rm -rf "$TMP"
 fi
 SUBSET="$WORK/cifar10_1720"
 if [ ! -f "$SUBSET/train-0.npz" ]; then  # entry 35's subset: the first 1,720 training images and the 5,000 val
-    (cd "$CODE" && "$PY" -m experiments.subset_shards "$SOURCE" "$SUBSET.tmp" --train 1720) && mv "$SUBSET.tmp" "$SUBSET"
+    TMP=$(mktemp -d "$SUBSET.XXXXXX")
+    (cd "$CODE" && "$PY" -m experiments.subset_shards "$SOURCE" "$TMP" --train 1720)
+    mv -T "$TMP" "$SUBSET" 2>/dev/null || rm -rf "$TMP"
 fi
 cd "$CODE"
 "$PY" -m imagetx.train --config configs/cifar10_recipe.yaml --config experiments/distribution_augmentation.yaml \
