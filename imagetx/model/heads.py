@@ -1,9 +1,9 @@
 """Output distributions (docs/model.md §5): categorical over 256 values, and the discretised
 mixture of logistics (DMOL) of PixelCNN++. A head maps the decoder output (B, T, d) to distribution
 parameters, scores targets (log p in nats, per position) and samples with a temperature, in float32
-at least, even under bf16 autocast (``full_precision_linear``). Value bounds (``exact_box_means``,
-docs/model.md §6: each step's c lowest values then its c highest, (..., 2c) long) travel beside the
-parameters and restrict each step to them, renormalised. A head also owns what one step is (a
+at least, even under bf16 autocast (``full_precision_linear``). Value bounds (each step's c lowest
+values then its c highest, (..., 2c) long; docs/model.md §6) travel beside the parameters and restrict
+each step to them, renormalised. A head also owns what one step is (a
 sub-pixel or a pixel), how images lie on the grid and how a step's input value is embedded (§2).
 """
 
@@ -48,25 +48,14 @@ def full_precision_linear(proj: nn.Linear, x: Tensor) -> Tensor:
 
 
 class SubPixelEmbedding(nn.Module):
-    """Values (B, T) with channel ids (T,) -> (B, T, d): row v + 256·c, times √d. ``ordinal=True`` starts
-    each channel's rows on the line between two random vectors, so that intensity is readable from the
-    first step (docs/model.md §6)."""
+    """Values (B, T) with channel ids (T,) -> (B, T, d): row v + 256·c, times √d."""
 
-    def __init__(self, d_model: int, ordinal: bool = False) -> None:
+    def __init__(self, d_model: int) -> None:
         super().__init__()
         self.table = nn.Embedding(CHANNELS * LEVELS, d_model)
         # T2T initialises with std d^-½ so that after the √d scale entries are ~unit size.
         nn.init.normal_(self.table.weight, std=d_model**-0.5)
-        if ordinal:
-            self.make_ordinal()
         self.scale = math.sqrt(d_model)
-
-    @torch.no_grad()
-    def make_ordinal(self) -> None:
-        """Row v of each channel := lerp(row 0, row 255, v / 255), keeping their random ends."""
-        table = self.table.weight.view(CHANNELS, LEVELS, -1)
-        fraction = torch.linspace(0.0, 1.0, LEVELS, dtype=table.dtype)[None, :, None]
-        table.copy_(table[:, :1] + (table[:, -1:] - table[:, :1]) * fraction)
 
     def forward(self, values: Tensor, channels: Tensor) -> Tensor:
         return self.table(values.long() + LEVELS * channels) * self.scale

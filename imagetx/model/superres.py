@@ -31,7 +31,7 @@ from torch import Tensor, nn
 from ..errors import UserError
 from .attention import FLEX_BLOCK_SIZE, CrossAttentionCache
 from .cell_remainder import CellRemainder, RemainderCache
-from .config import CHANNELS, ModelConfig
+from .config import CHANNELS, LEVELS, ModelConfig
 from .heads import CategoricalHead, SubPixelEmbedding, head_type
 from .patterns import GenerationOrder
 from .transformer import (AutoregressiveModel, DecodingCache, ImageTransformer, PositionEncoding, TransformerLayer,
@@ -50,13 +50,22 @@ def downsample_area(images: torch.Tensor, size: int) -> torch.Tensor:
     return ((2 * patches + area) // (2 * area)).to(torch.uint8)  # floor(mean + ½)
 
 
+@torch.no_grad()
+def ordinal_start(table: Tensor) -> None:
+    """A value table (3·256, d), in place: row v of each channel := lerp(row 0, row 255, v / 255), keeping
+    the random ends, so that intensity is readable from the first step (docs/model.md §6)."""
+    rows = table.view(CHANNELS, LEVELS, -1)
+    fraction = torch.linspace(0.0, 1.0, LEVELS, dtype=rows.dtype)[None, :, None]
+    rows.copy_(rows[:, :1] + (rows[:, -1:] - rows[:, :1]) * fraction)
+
+
 class Encoder(nn.Module):
     """Unmasked self-attention over the low-resolution image's sub-pixels (docs/model.md §6).
 
     Each low-resolution sub-pixel is placed, for its position encoding, at the centre of the
     high-resolution cells it summarises, using the decoder's own position encoding, so that
     cross-attention can match the low-resolution input under each target cell by position. Its
-    value table starts ordinal (``SubPixelEmbedding``), so intensities are readable from the
+    value table starts ordinal (``ordinal_start``), so intensities are readable from the
     first step.
     """
 
@@ -76,7 +85,8 @@ class Encoder(nn.Module):
         self.register_buffer("channels", channels, persistent=False)
         self.register_buffer("rows", target_rows, persistent=False)
         self.register_buffer("cols", target_cols, persistent=False)
-        self.embedding = SubPixelEmbedding(config.d_model, ordinal=True)
+        self.embedding = SubPixelEmbedding(config.d_model)
+        ordinal_start(self.embedding.table.weight)
         self.dropout = nn.Dropout(config.dropout)
         self.layers = nn.ModuleList(TransformerLayer(**layer_sizes(config)) for _ in range(config.superres.encoder_layers))
         self.final_norm = nn.LayerNorm(config.d_model) if config.norm == "pre" else nn.Identity()

@@ -209,9 +209,10 @@ class DecodingCache:
 
 class AutoregressiveModel(nn.Module):
     """What a model over an image's steps offers, written once against its ``forward`` ((B, t[, 3]) the
-    value before each step -> (B, t, P) the head's parameters, with ``exact_box_means`` also (B, t, 2c)
-    value bounds), ``conditioning`` and ``start_decoding``: a decoding step, a prefill, likelihoods. The
-    decoder is one (``ImageTransformer``); a model composing it with conditioning of its own another."""
+    value before each step -> (B, t, P) the head's parameters, or those and (B, t, 2c) value bounds:
+    ``heads.params_and_bounds``), ``conditioning`` and ``start_decoding``: a decoding step, a prefill,
+    likelihoods. The decoder is one (``ImageTransformer``); a model composing it with conditioning of
+    its own another."""
 
     head: nn.Module  # the output distribution (heads.py)
 
@@ -265,7 +266,7 @@ class AutoregressiveModel(nn.Module):
         """(B,) negative log-likelihood of each whole image, in nats; with ``given_rows`` = k, of the
         part below the first k rows given them (image completion, ``given_steps``)."""
         log_p = self.log_prob(images, labels, check=check, **inputs)
-        return image_nll(log_p, self.given_steps(given_rows) if given_rows else None)
+        return -(log_p[:, ~self.given_steps(given_rows)] if given_rows else log_p).sum(dim=1)
 
     def bits_per_dim(self, images: Tensor, labels: Tensor | None = None, *, given_rows: int = 0, check: bool = True,
                      **inputs: Tensor | None) -> Tensor:
@@ -273,7 +274,8 @@ class AutoregressiveModel(nn.Module):
         below the first ``given_rows`` rows; ``transforms``, among ``inputs``: the images' transform
         ids (None: the identity)."""
         nats = self.nll(images, labels, given_rows=given_rows, check=check, **inputs)
-        return nats / (scored_dims(self.config, given_rows) * math.log(2))
+        cfg = self.config
+        return nats / (cfg.dims_per_image * (cfg.image_size - given_rows) // cfg.image_size * math.log(2))
 
     def given_steps(self, rows: int) -> Tensor:
         """(T,) bool: the steps in the first ``rows`` image rows, which a completion gives. In block-raster
@@ -381,14 +383,3 @@ class ImageTransformer(AutoregressiveModel):
         if refused:
             raise UserError(f"this model takes no {refused[0]} input: pass {refused[0]}=None")
         return {"labels": labels, "transforms": transforms}
-
-
-def image_nll(log_p: Tensor, given: Tensor | None) -> Tensor:
-    """(B, T) log-likelihoods of every step -> (B,) negative log-likelihood of the steps not
-    ``given`` ((T,) bool, or None: none given)."""
-    return -(log_p if given is None else log_p[:, ~given]).sum(dim=1)
-
-
-def scored_dims(config: ModelConfig, given_rows: int) -> int:
-    """Sub-pixels scored per image below ``given_rows`` given rows: bits/dim's denominator."""
-    return config.dims_per_image * (config.image_size - given_rows) // config.image_size
