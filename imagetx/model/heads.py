@@ -3,8 +3,8 @@ mixture of logistics (DMOL) of PixelCNN++. A head maps the decoder output (B, T,
 parameters, scores targets (log p in nats, per position) and samples with a temperature, in float32
 at least, even under bf16 autocast (``full_precision_linear``). Value bounds (each step's c lowest
 values then its c highest, (..., 2c) long; docs/model.md §6) travel beside the parameters and restrict
-each step to them, renormalised. A head also owns what one step is (a
-sub-pixel or a pixel), how images lie on the grid and how a step's input value is embedded (§2).
+each step to them, renormalised. A head also owns what one step is (a sub-pixel or a pixel), how
+images lie on the grid and how a step's input value is embedded (§2).
 """
 
 from __future__ import annotations
